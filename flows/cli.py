@@ -1,0 +1,162 @@
+"""The ``privpipe`` command line.
+
+    privpipe run [--params params.yaml]          the pipeline as a Prefect flow, tracked in MLflow
+    privpipe stage NAME [--params ...] [--track] one stage alone (what dvc repro calls)
+    privpipe init-data                           write the embedded default data (digits) if missing
+    privpipe privacy dpsgd --noise-multiplier 1.1 --sample-rate 0.01 --steps 10000 --delta 1e-5
+
+Bad input ends with one line on stderr naming the key or file, and exit code 2;
+a refused budget or a failed stage with exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Sequence
+
+STAGES = ("prepare", "dp_pca", "finetune", "evaluate")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="privpipe", description="Privacy-preserving ML pipeline.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the whole pipeline as a Prefect flow")
+    run.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+
+    stage = commands.add_parser("stage", help="run one stage without Prefect (dvc repro uses this)")
+    stage.add_argument("name", choices=STAGES)
+    stage.add_argument("--params", default="params.yaml")
+    stage.add_argument("--track", action="store_true",
+                       help="evaluate only: record the finished pipeline's outputs as an MLflow run")
+
+    init = commands.add_parser("init-data", help="write the embedded default dataset under data/raw if missing")
+    init.add_argument("--params", default="params.yaml")
+
+    privacy = commands.add_parser("privacy", help="privacy calculators")
+    calculators = privacy.add_subparsers(dest="calculator", required=True)
+    dpsgd = calculators.add_parser("dpsgd", help="ε of DP-SGD (Poisson-subsampled Gaussian) for given σ, q, T, δ")
+    dpsgd.add_argument("--noise-multiplier", type=_positive_float, required=True, help="σ")
+    dpsgd.add_argument("--sample-rate", type=_positive_float, required=True, help="q = lot size / n")
+    dpsgd.add_argument("--steps", type=_positive_int, required=True, help="T")
+    dpsgd.add_argument("--delta", type=_positive_float, required=True, help="δ")
+    dpsgd.add_argument("--accountant", choices=("best", "pld", "rdp"), default="best")
+    return parser
+
+
+def _privacy_dpsgd(args: argparse.Namespace) -> int:
+    from privpipe.privacy import PoissonGaussianEvent, compute_epsilon
+
+    if not args.sample_rate <= 1:
+        raise ValueError(f"--sample-rate: must be in (0, 1], got {args.sample_rate}")
+    if not args.delta < 1:
+        raise ValueError(f"--delta: must be in (0, 1), got {args.delta}")
+    event = PoissonGaussianEvent(stage="dpsgd", noise_multiplier=args.noise_multiplier,
+                                 sample_rate=args.sample_rate, steps=args.steps)
+    spend = compute_epsilon([event], delta=args.delta, accountant=args.accountant)
+    print(f"ε = {spend.epsilon:.4f} at δ = {spend.delta:g} ({spend.accountant.upper()} accountant; "
+          f"σ = {args.noise_multiplier:g}, q = {args.sample_rate:g}, T = {args.steps}, Poisson sampling, "
+          "add-or-remove-one adjacency)")
+    return 0
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from privpipe.config import load_params
+
+    params = load_params(args.params)
+    if args.name == "prepare":
+        from tasks.prepare import run_prepare as run
+    elif args.name == "dp_pca":
+        from tasks.dp_pca import run_dp_pca as run
+    elif args.name == "finetune":
+        from tasks.finetune import run_finetune as run
+    else:
+        from tasks.evaluate import run_evaluate as run
+    out = run(params)
+    if args.track:
+        if args.name != "evaluate":
+            raise ValueError("--track: only the evaluate stage can record a run")
+        from flows.record import record_finished_pipeline
+
+        out = record_finished_pipeline(params, out, params_file=args.params)
+        print(f"recorded MLflow run {out['run_id']}")
+    return 0
+
+
+def _init_data(args: argparse.Namespace) -> int:
+    from privpipe.config import load_params
+    from tasks.prepare import ensure_default_data
+
+    params = load_params(args.params)
+    written = ensure_default_data(params)
+    print(f"{params.prepare.path}: {'written from scikit-learn' if written else 'present'}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from privpipe.config import load_params
+
+    load_params(args.params)  # validate before Prefect starts anything
+    from flows.pipeline import pipeline
+    from tasks import tracking
+
+    result = pipeline(params_file=args.params)
+    params = load_params(args.params)
+    print()
+    print(f"test accuracy   {result['accuracy_test']:.4f}   (train {result['accuracy_train']:.4f})")
+    print(f"privacy spent   ε = {result['epsilon']:.4f}, δ = {result['delta']:g}  "
+          f"({result['accountant'].upper()} accountant over all stages; per stage in metrics/privacy.json)")
+    if "model_version" in result:
+        print(f"model           {result['model_name']} version {result['model_version']} (MLflow registry)")
+    print(f"MLflow          {tracking.run_url_hint(params, result['run_id'])}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from privpipe.config import ConfigError
+    from privpipe.data import DataError
+    from privpipe.privacy import BudgetExceeded
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            if args.command == "privacy":
+                return _privacy_dpsgd(args)
+            if args.command == "stage":
+                return _stage(args)
+            if args.command == "init-data":
+                return _init_data(args)
+            return _run(args)
+    except (ConfigError, DataError, ValueError, FileNotFoundError) as exc:
+        print(f"privpipe: error: {exc}", file=sys.stderr)
+        return 2
+    except BudgetExceeded as exc:
+        print(f"privpipe: refused: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

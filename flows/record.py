@@ -1,0 +1,38 @@
+"""Record a pipeline that ran outside Prefect (``dvc repro``) as one MLflow run.
+
+    privpipe stage evaluate --track
+
+Reads the stage outputs from their files and logs them with the same functions
+the flow's tasks use, so both ways of running show the same things in MLflow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from privpipe.config import Params
+from privpipe.privacy import Ledger
+from tasks import paths, tracking
+from tasks.common import read_json
+from tasks.evaluate import track_evaluation
+
+__all__ = ["record_finished_pipeline"]
+
+
+def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, params_file: str) -> dict[str, Any]:
+    run_id = tracking.start_run(params, run_name="dvc-repro", params_file=params_file)
+    try:
+        tracking.log_prepare(params, run_id, read_json(paths.metrics_file("prepare")))
+        pca = read_json(paths.metrics_file("dp_pca"))
+        tracking.log_dp_pca(params, run_id, pca, Ledger.from_dict(read_json(paths.DP_PCA / "ledger.json")))
+        tuned = read_json(paths.metrics_file("finetune"))
+        history = read_json(paths.FINETUNE / "history.json")
+        tracking.log_finetune(params, run_id, tuned, Ledger.from_dict(read_json(paths.FINETUNE / "ledger.json")),
+                              history["epochs"], history["epsilon_by_step"])
+        result = track_evaluation(params, run_id, evaluation)
+    except BaseException:
+        tracking.finish_run(params, run_id, status="FAILED")
+        raise
+    tracking.finish_run(params, run_id)
+    return {**result, "run_id": run_id}

@@ -1,0 +1,267 @@
+"""Typed, validated view of params.yaml.
+
+    params = load_params("params.yaml")
+
+Every knob of the pipeline lives in params.yaml; this module turns it into frozen
+dataclasses and checks every value before any work starts. A bad value raises
+:class:`ConfigError` whose message names the key (``finetune.lot_size``) and what
+is wrong with it, so the command line can print one line and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "PrivacyConfig",
+    "PrepareConfig",
+    "DpPcaConfig",
+    "FinetuneConfig",
+    "EvaluateConfig",
+    "Params",
+    "load_params",
+    "parse_params",
+    "flatten",
+]
+
+ACCOUNTANTS = ("best", "pld", "rdp")
+DATASETS = ("digits", "mnist")
+LR_SCHEDULES = ("constant", "linear_then_constant")
+CLIPPINGS = ("flat", "per_layer")
+GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost")
+
+
+class ConfigError(ValueError):
+    """A parameter is missing, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0
+    experiment: str = "privpipe"
+    model_name: str = "privpipe-digits"
+    tracking_uri: str = "sqlite:///mlflow.db"
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    epsilon_budget: float = 3.0
+    delta: float = 1e-5
+    accountant: str = "best"
+    secure_rng: bool = False
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    dataset: str = "digits"
+    path: str = "data/raw/digits.csv"
+    download: bool = False
+    test_fraction: float = 0.2
+    max_train_records: int = 0
+
+
+@dataclass(frozen=True)
+class DpPcaConfig:
+    enabled: bool = True
+    components: int = 30
+    noise_multiplier: float | None = 8.0
+    epsilon: float | None = None
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    hidden_units: tuple[int, ...] = (1000,)
+    epochs: int = 30
+    lot_size: int = 64
+    learning_rate: float = 0.5
+    lr_schedule: str = "constant"
+    lr_end: float = 0.052
+    lr_decay_epochs: int = 10
+    momentum: float = 0.0
+    max_grad_norm: float = 1.0
+    clipping: str = "flat"
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = 3.0
+    grad_sample_mode: str = "hooks"
+    epsilon_curve_points: int = 20
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    register_model: bool = True
+
+
+@dataclass(frozen=True)
+class Params:
+    run: RunConfig = field(default_factory=RunConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    dp_pca: DpPcaConfig = field(default_factory=DpPcaConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+
+    def flat(self) -> dict[str, Any]:
+        """All parameters as ``section.key`` → value (what MLflow records)."""
+        return flatten(dataclasses.asdict(self))
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, prefix=f"{name}."))
+        else:
+            out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def load_params(path: str | Path) -> Params:
+    """Read and validate a params file; raise :class:`ConfigError` on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    return parse_params(raw if raw is not None else {}, source=str(path))
+
+
+def parse_params(raw: Any, *, source: str = "params") -> Params:
+    """Build :class:`Params` from a parsed YAML mapping, validating every value."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: expected a mapping of sections at the top level")
+    sections = {f.name: f.type for f in fields(Params)}
+    unknown = sorted(set(raw) - set(sections))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section (known: {', '.join(sections)})")
+    built = {}
+    for f in fields(Params):
+        cls = f.default_factory().__class__  # type: ignore[misc]
+        built[f.name] = _build_section(f.name, cls, raw.get(f.name) or {})
+    params = Params(**built)
+    _validate(params)
+    return params
+
+
+def _build_section(name: str, cls: type, raw: Any) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{name}: expected a mapping, got {type(raw).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"{name}.{unknown[0]}: unknown key")
+    defaults = cls()
+    values = {}
+    for key, f in known.items():
+        value = raw.get(key, getattr(defaults, key))
+        values[key] = _coerce(f"{name}.{key}", value, getattr(defaults, key), f.type)
+    return cls(**values)
+
+
+def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
+    """Check a value against its field's annotation (annotations are strings here)."""
+    optional = "None" in annotation
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{key}: must be set (got null)")
+    if annotation.startswith("tuple"):
+        if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise ConfigError(f"{key}: expected a list of integers, got {value!r}")
+        return tuple(value)
+    base = annotation.replace("| None", "").strip()
+    if base == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if base == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if base == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: must be finite, got {value!r}")
+        return float(value)
+    if base == "str":
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
+        return value
+    raise AssertionError(f"unhandled annotation {annotation} for {key}")
+
+
+def _require(ok: bool, key: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {problem}")
+
+
+def _one_of(value: str, choices: tuple[str, ...], key: str) -> None:
+    _require(value in choices, key, f"unknown value {value!r} (choose one of {', '.join(choices)})")
+
+
+def _validate(p: Params) -> None:
+    _require(p.privacy.epsilon_budget > 0, "privacy.epsilon_budget", "must be > 0")
+    _require(0 < p.privacy.delta < 1, "privacy.delta", "must be in (0, 1)")
+    _one_of(p.privacy.accountant, ACCOUNTANTS, "privacy.accountant")
+
+    _one_of(p.prepare.dataset, DATASETS, "prepare.dataset")
+    _require(0 < p.prepare.test_fraction < 1, "prepare.test_fraction", "must be in (0, 1)")
+    _require(p.prepare.max_train_records >= 0, "prepare.max_train_records", "must be >= 0")
+
+    pca = p.dp_pca
+    if pca.enabled:
+        _require(pca.components >= 1, "dp_pca.components", "must be >= 1")
+        _require(
+            (pca.noise_multiplier is None) != (pca.epsilon is None),
+            "dp_pca.noise_multiplier",
+            "set exactly one of dp_pca.noise_multiplier and dp_pca.epsilon",
+        )
+        if pca.noise_multiplier is not None:
+            _require(pca.noise_multiplier > 0, "dp_pca.noise_multiplier", "must be > 0")
+        if pca.epsilon is not None:
+            _require(pca.epsilon > 0, "dp_pca.epsilon", "must be > 0")
+
+    ft = p.finetune
+    _require(all(h >= 1 for h in ft.hidden_units), "finetune.hidden_units", "every layer needs >= 1 unit")
+    _require(ft.epochs >= 1, "finetune.epochs", "must be >= 1")
+    _require(ft.lot_size >= 1, "finetune.lot_size", "must be >= 1")
+    _require(ft.learning_rate > 0, "finetune.learning_rate", "must be > 0")
+    _one_of(ft.lr_schedule, LR_SCHEDULES, "finetune.lr_schedule")
+    _require(ft.lr_end > 0, "finetune.lr_end", "must be > 0")
+    _require(ft.lr_decay_epochs >= 1, "finetune.lr_decay_epochs", "must be >= 1")
+    _require(0 <= ft.momentum < 1, "finetune.momentum", "must be in [0, 1)")
+    _require(ft.max_grad_norm > 0, "finetune.max_grad_norm", "must be > 0 (it bounds each example's influence)")
+    _one_of(ft.clipping, CLIPPINGS, "finetune.clipping")
+    _one_of(ft.grad_sample_mode, GRAD_SAMPLE_MODES, "finetune.grad_sample_mode")
+    _require(
+        (ft.noise_multiplier is None) != (ft.target_epsilon is None),
+        "finetune.noise_multiplier",
+        "set exactly one of finetune.noise_multiplier and finetune.target_epsilon",
+    )
+    if ft.noise_multiplier is not None:
+        _require(ft.noise_multiplier > 0, "finetune.noise_multiplier", "must be > 0")
+    if ft.target_epsilon is not None:
+        _require(ft.target_epsilon > 0, "finetune.target_epsilon", "must be > 0")
+        _require(
+            ft.target_epsilon <= p.privacy.epsilon_budget,
+            "finetune.target_epsilon",
+            f"exceeds privacy.epsilon_budget ({p.privacy.epsilon_budget})",
+        )
+    _require(ft.epsilon_curve_points >= 2, "finetune.epsilon_curve_points", "must be >= 2")
+    if ft.clipping == "per_layer":
+        _require(ft.grad_sample_mode != "ghost", "finetune.clipping", "per_layer clipping is not supported with ghost clipping")

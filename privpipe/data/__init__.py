@@ -1,0 +1,17 @@
+"""Datasets: loading from local files in standard formats, splitting, storing."""
+
+from privpipe.data.digits import export_digits_csv, load_labeled_csv
+from privpipe.data.mnist import load_mnist, read_idx
+from privpipe.data.records import DataError, Records
+from privpipe.data.split import stratified_split, subsample
+
+__all__ = [
+    "Records",
+    "DataError",
+    "export_digits_csv",
+    "load_labeled_csv",
+    "load_mnist",
+    "read_idx",
+    "stratified_split",
+    "subsample",
+]

@@ -1,0 +1,60 @@
+"""Records: features, integer labels and stable record ids, kept together.
+
+The id is what a deletion request names, so every record carries one from the
+moment it is loaded. Stored as a folder of ``.npy`` files (byte-identical for
+identical content, so DVC hashes stay stable across re-runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Records", "DataError"]
+
+
+class DataError(ValueError):
+    """A data file is missing, malformed or holds values the pipeline cannot use."""
+
+
+@dataclass(frozen=True)
+class Records:
+    features: np.ndarray  # float32, shape (n, d)
+    labels: np.ndarray  # int64, shape (n,)
+    ids: np.ndarray  # str, shape (n,)
+
+    def __post_init__(self) -> None:
+        n = len(self.features)
+        if self.features.ndim != 2:
+            raise DataError(f"features must be 2-D (n, d), got shape {self.features.shape}")
+        if self.labels.shape != (n,) or self.ids.shape != (n,):
+            raise DataError(f"features, labels and ids disagree in length ({n}, {len(self.labels)}, {len(self.ids)})")
+        if not np.isfinite(self.features).all():
+            raise DataError("features contain NaN or infinite values")
+        if len(np.unique(self.ids)) != n:
+            raise DataError("record ids are not unique")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, index: np.ndarray) -> "Records":
+        return Records(self.features[index], self.labels[index], self.ids[index])
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / "features.npy", self.features)
+        np.save(folder / "labels.npy", self.labels)
+        np.save(folder / "ids.npy", self.ids.astype(str))
+
+    @classmethod
+    def load(cls, folder: Path) -> "Records":
+        try:
+            return cls(
+                np.load(folder / "features.npy"),
+                np.load(folder / "labels.npy"),
+                np.load(folder / "ids.npy"),
+            )
+        except FileNotFoundError as exc:
+            raise DataError(f"{exc.filename}: missing (run the prepare stage first)") from None

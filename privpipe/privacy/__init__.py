@@ -1,0 +1,37 @@
+"""Privacy accounting: events, the run ledger, noise calibration, secure noise."""
+
+from privpipe.privacy.calibrate import calibrate_noise_multiplier
+from privpipe.privacy.events import (
+    Event,
+    GaussianEvent,
+    LaplaceEvent,
+    PoissonGaussianEvent,
+    RdpCurveEvent,
+    event_from_dict,
+)
+from privpipe.privacy.ledger import (
+    RDP_ORDERS,
+    BudgetExceeded,
+    Ledger,
+    Spend,
+    classic_rdp_epsilon,
+    compute_epsilon,
+)
+from privpipe.privacy.secure_noise import secure_normal
+
+__all__ = [
+    "Event",
+    "GaussianEvent",
+    "PoissonGaussianEvent",
+    "LaplaceEvent",
+    "RdpCurveEvent",
+    "event_from_dict",
+    "Ledger",
+    "Spend",
+    "BudgetExceeded",
+    "compute_epsilon",
+    "classic_rdp_epsilon",
+    "calibrate_noise_multiplier",
+    "secure_normal",
+    "RDP_ORDERS",
+]

@@ -1,0 +1,38 @@
+"""Gaussian noise from the operating system's cryptographically secure generator.
+
+Opacus' own secure mode needs ``torchcsprng``, which has no build for current
+PyTorch. This module draws uniform bits from ``os.urandom`` (the kernel CSPRNG),
+turns them into normals with Box–Muller in float64, and, like Opacus' secure
+mode, returns the sum of 4 normals scaled by 1/2 (Holohan & Braghin 2021, §5.1):
+a single float normal leaks its low-order bits (Mironov 2012's attack on
+floating-point noise); summing several makes the attack cost ~2^159.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+__all__ = ["secure_normal"]
+
+_DRAWS = 4  # summed normals per output; std of the sum is sqrt(4) = 2, hence the 1/2
+
+
+def _secure_uniform(count: int) -> np.ndarray:
+    """``count`` floats uniform on (0, 1] with 53 random bits each."""
+    bits = np.frombuffer(os.urandom(8 * count), dtype=np.uint64) >> np.uint64(11)
+    return (bits.astype(np.float64) + 1.0) / float(2**53)
+
+
+def secure_normal(shape: torch.Size | tuple[int, ...], *, std: float,
+                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
+    """N(0, std²) noise of the given shape from the OS CSPRNG."""
+    count = int(np.prod(shape, dtype=np.int64))
+    pairs = (count * _DRAWS + 1) // 2
+    u1, u2 = _secure_uniform(pairs), _secure_uniform(pairs)
+    radius = np.sqrt(-2.0 * np.log(u1))
+    normals = np.concatenate([radius * np.cos(2 * np.pi * u2), radius * np.sin(2 * np.pi * u2)])
+    summed = normals[: count * _DRAWS].reshape(_DRAWS, count).sum(axis=0) / np.sqrt(_DRAWS)
+    return torch.from_numpy(summed * std).to(dtype=dtype, device=device).reshape(shape)

@@ -1,0 +1,56 @@
+"""Small I/O helpers shared by the stages: atomic writes, JSON, logging."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_json", "read_json", "write_text", "stage_logger"]
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: missing (run the earlier stages first)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+
+
+def stage_logger(stage: str) -> logging.Logger | logging.LoggerAdapter:
+    """Prefect's run logger inside a flow or task run, else a plain logger (dvc repro)."""
+    try:
+        from prefect import get_run_logger
+        from prefect.exceptions import MissingContextError
+
+        try:
+            return get_run_logger()
+        except MissingContextError:
+            pass
+    except ImportError:
+        pass
+    logger = logging.getLogger(f"privpipe.{stage}")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return logger

@@ -1,0 +1,76 @@
+"""dp_pca: a differentially private projection of the sensitive features.
+
+    privpipe stage dp_pca        # what dvc repro runs
+
+Starts the run's privacy ledger (it is the first stage that touches the sensitive
+data), checks the planned cost against the budget, then releases the projection.
+Output: artifacts/dp_pca/{projection.npy, ledger.json}.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from privpipe.config import ConfigError, Params
+from privpipe.data import Records
+from privpipe.dp_pca import dp_pca, dp_pca_event
+from privpipe.privacy import Ledger
+from tasks import paths
+from tasks.common import stage_logger, write_json, write_text
+
+__all__ = ["run_dp_pca", "dp_pca_task", "new_ledger"]
+
+
+def new_ledger(params: Params) -> Ledger:
+    return Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
+                  accountant=params.privacy.accountant)
+
+
+def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.DP_PCA) -> dict[str, Any]:
+    """Write the projection (or none, if disabled) and the ledger; return paths and figures."""
+    log = stage_logger("dp_pca")
+    cfg = params.dp_pca
+    ledger = new_ledger(params)
+    records = Records.load(sensitive)
+    projection_file = out / "projection.npy"
+    sigma = None
+    if cfg.enabled:
+        dim = records.features.shape[1]
+        if cfg.components > dim:
+            raise ConfigError(f"dp_pca.components: {cfg.components} exceeds the feature dimension {dim}")
+        sigma = cfg.noise_multiplier
+        if sigma is None:
+            sigma = new_ledger(params).calibrate(lambda s: dp_pca_event(noise_multiplier=s),
+                                                 target_epsilon=cfg.epsilon)
+        ledger.ensure_affordable(dp_pca_event(noise_multiplier=sigma))
+        rng = np.random.default_rng([params.run.seed, 1])
+        projection = dp_pca(records.features, components=cfg.components, noise_multiplier=sigma,
+                            rng=rng, secure=params.privacy.secure_rng)
+        ledger.record(dp_pca_event(noise_multiplier=sigma))
+        out.mkdir(parents=True, exist_ok=True)
+        np.save(projection_file, projection)
+        spend = ledger.stage_epsilon("dp_pca")
+        log.info("dp_pca: k = %d of %d, σ = %.4g → %s", cfg.components, dim, sigma, spend)
+    else:
+        projection_file.unlink(missing_ok=True)
+        log.info("dp_pca: disabled (no projection, no privacy cost)")
+    write_text(out / "ledger.json", ledger.to_json())
+    figures = {"enabled": cfg.enabled, "noise_multiplier": sigma,
+               "epsilon": ledger.stage_epsilon("dp_pca").epsilon if cfg.enabled else 0.0}
+    write_json(paths.metrics_file("dp_pca"), figures)
+    return {"dir": str(out), "projection": str(projection_file) if cfg.enabled else None,
+            "ledger": str(out / "ledger.json"), **figures}
+
+
+@task(name="dp_pca", cache_policy=NO_CACHE)
+def dp_pca_task(params: Params, run_id: str, sensitive: str) -> dict[str, Any]:
+    from tasks import tracking
+
+    out = run_dp_pca(params, sensitive=Path(sensitive))
+    tracking.log_dp_pca(params, run_id, out, Ledger.from_json(Path(out["ledger"]).read_text()))
+    return out

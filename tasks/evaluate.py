@@ -1,0 +1,64 @@
+"""evaluate: accuracy of the released model, the run's final privacy summary, registration.
+
+    privpipe stage evaluate [--track]       # what dvc repro runs
+
+Writes metrics/evaluate.json and metrics/privacy.json (the ledger's summary). In a
+flow run (or with ``--track``) it also logs and registers the model in MLflow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from privpipe.config import Params
+from privpipe.data import Records
+from privpipe.models import load_released
+from privpipe.privacy import Ledger
+from tasks import paths
+from tasks.common import read_json, stage_logger, write_json
+
+__all__ = ["run_evaluate", "track_evaluation", "evaluate_task", "accuracy"]
+
+
+def accuracy(model: torch.nn.Module, records: Records) -> float:
+    with torch.no_grad():
+        predicted = model(torch.as_tensor(records.features)).argmax(dim=1).numpy()
+    return float((predicted == records.labels).mean())
+
+
+def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
+                 model_dir: Path = paths.FINETUNE) -> dict[str, Any]:
+    log = stage_logger("evaluate")
+    model = load_released(model_dir)
+    ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))
+    figures = {"accuracy_train": accuracy(model, Records.load(sensitive)),
+               "accuracy_test": accuracy(model, Records.load(test))}
+    spend = ledger.epsilon()
+    write_json(paths.metrics_file("evaluate"), figures)
+    write_json(paths.metrics_file("privacy"), ledger.summary())
+    log.info("evaluate: test accuracy %.4f (train %.4f); run total %s", figures["accuracy_test"],
+             figures["accuracy_train"], spend)
+    return {**figures, "epsilon": spend.epsilon, "delta": spend.delta, "accountant": spend.accountant,
+            "model_dir": str(model_dir), "ledger": str(model_dir / "ledger.json")}
+
+
+def track_evaluation(params: Params, run_id: str, out: dict[str, Any], *, test: Path = paths.TEST) -> dict[str, Any]:
+    """Log the evaluation and the model to MLflow and register it."""
+    from tasks import tracking
+
+    ledger = Ledger.from_dict(read_json(Path(out["ledger"])))
+    example = Records.load(test).features[:5]
+    registered = tracking.log_evaluate(params, run_id, out, ledger, load_released(Path(out["model_dir"])), example)
+    tracking.log_privacy(params, run_id, ledger)
+    return {**out, **registered}
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate_task(params: Params, run_id: str, sensitive: str, test: str, model_dir: str) -> dict[str, Any]:
+    out = run_evaluate(params, sensitive=Path(sensitive), test=Path(test), model_dir=Path(model_dir))
+    return track_evaluation(params, run_id, out, test=Path(test))

@@ -1,0 +1,102 @@
+"""finetune: DP-SGD on the (projected) sensitive data.
+
+    privpipe stage finetune        # what dvc repro runs
+
+Reads the ledger the earlier stages wrote, fixes σ (given, or found for
+``finetune.target_epsilon`` as the run's total), refuses if the planned steps
+would overspend, trains, and appends the event that actually ran.
+Output: artifacts/finetune/{model.pt, model.json, history.json, ledger.json}.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from privpipe.config import Params
+from privpipe.data import Records
+from privpipe.dp_pca import unit_rows
+from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
+from privpipe.models import make_mlp, released_model, save_released
+from privpipe.privacy import Ledger, compute_epsilon
+from tasks import paths
+from tasks.common import read_json, stage_logger, write_json, write_text
+
+__all__ = ["run_finetune", "finetune_task"]
+
+
+def _load_projection(dp_pca_dir: Path) -> np.ndarray | None:
+    file = dp_pca_dir / "projection.npy"
+    return np.load(file) if file.exists() else None
+
+
+def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, dp_pca_dir: Path = paths.DP_PCA,
+                 out: Path = paths.FINETUNE) -> dict[str, Any]:
+    log = stage_logger("finetune")
+    cfg = params.finetune
+    ledger = Ledger.from_dict(read_json(dp_pca_dir / "ledger.json"))
+    records = Records.load(sensitive)
+    projection = _load_projection(dp_pca_dir)
+    features = unit_rows(records.features)
+    if projection is not None:
+        features = features @ projection
+    schedule = dpsgd_schedule(n=len(records), lot_size=cfg.lot_size, epochs=cfg.epochs)
+    sigma = cfg.noise_multiplier
+    if sigma is None:
+        sigma = ledger.calibrate(lambda s: schedule.event(noise_multiplier=s), target_epsilon=cfg.target_epsilon)
+        log.info("finetune: σ = %.4g reaches total ε ≤ %g", sigma, cfg.target_epsilon)
+    planned = schedule.event(noise_multiplier=sigma)
+    after = ledger.ensure_affordable(planned)
+    log.info("finetune: %d steps at q = %.4g, σ = %.4g; run total will be %s", schedule.steps,
+             schedule.sample_rate, sigma, after)
+
+    classes = int(records.labels.max()) + 1
+    mlp = make_mlp(features.shape[1], cfg.hidden_units, classes)
+    with warnings.catch_warnings():
+        if not params.privacy.secure_rng:
+            warnings.simplefilter("ignore")  # the flow warns once per run instead
+        result = train_dpsgd(
+            mlp, features, records.labels, noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm,
+            lot_size=cfg.lot_size, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
+            lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end, lr_decay_epochs=cfg.lr_decay_epochs,
+            momentum=cfg.momentum, clipping=cfg.clipping, grad_sample_mode=cfg.grad_sample_mode,
+            secure_rng=params.privacy.secure_rng, seed=params.run.seed,
+            on_epoch=lambda h: log.info("finetune: epoch %d/%d, loss %.4f", h["epoch"], cfg.epochs, h["loss"]),
+        )
+    if result.event != planned:
+        raise RuntimeError(f"DP-SGD ran {result.event}, not the planned {planned}; refusing to mis-account")
+    ledger.record(result.event)
+
+    steps = np.unique(np.linspace(1, schedule.steps, cfg.epsilon_curve_points).round().astype(int))
+    curve = [{"step": int(s), "epsilon": compute_epsilon([schedule.event(noise_multiplier=sigma, steps=int(s))],
+                                                         delta=ledger.delta, accountant=ledger.accountant).epsilon}
+             for s in steps]
+    model = released_model(result.model, projection)
+    spec = {"input_dim": int(records.features.shape[1]), "projection_dim": None if projection is None
+            else int(projection.shape[1]), "hidden_units": list(cfg.hidden_units), "classes": classes}
+    save_released(model, out, spec=spec)
+    write_json(out / "history.json", {"epochs": result.history, "epsilon_by_step": curve})
+    write_text(out / "ledger.json", ledger.to_json())
+    spend = ledger.stage_epsilon("finetune")
+    figures = {"noise_multiplier": sigma, "sample_rate": schedule.sample_rate, "steps": schedule.steps,
+               "epsilon": spend.epsilon, "final_loss": result.history[-1]["loss"]}
+    write_json(paths.metrics_file("finetune"), figures)
+    log.info("finetune: done, stage %s; run total %s", spend, ledger.epsilon())
+    return {"model_dir": str(out), "ledger": str(out / "ledger.json"), "history": str(out / "history.json"),
+            **figures}
+
+
+@task(name="finetune", cache_policy=NO_CACHE)
+def finetune_task(params: Params, run_id: str, sensitive: str, dp_pca_dir: str) -> dict[str, Any]:
+    from tasks import tracking
+
+    out = run_finetune(params, sensitive=Path(sensitive), dp_pca_dir=Path(dp_pca_dir))
+    history = read_json(Path(out["history"]))
+    tracking.log_finetune(params, run_id, out, Ledger.from_json(Path(out["ledger"]).read_text()),
+                          history["epochs"], history["epsilon_by_step"])
+    return out

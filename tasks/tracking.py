@@ -1,0 +1,154 @@
+"""MLflow recording: parameters, privacy spend, curves, the ledger, the model.
+
+Everything goes through an explicit run id (MLflow's fluent API is thread-local,
+and Prefect may run tasks on other threads). Metric names an auditor looks for:
+
+- ``privacy.epsilon`` / ``privacy.delta``: the run's total, by the ledger's accountant
+- ``privacy.<stage>.epsilon`` / ``privacy.<stage>.delta``: each stage alone
+- ``privacy.finetune.epsilon_by_step``: the stage's ε as DP-SGD went on (a curve)
+- ``accuracy.train`` / ``accuracy.test``
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import torch
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+import privpipe
+from privpipe.config import Params
+from privpipe.privacy import Ledger
+from tasks.versioning import git_commit
+
+__all__ = ["resolve_tracking_uri", "start_run", "finish_run", "log_prepare", "log_privacy", "log_dp_pca",
+           "log_finetune", "log_evaluate", "run_url_hint"]
+
+_MAX_PARAM_BATCH = 100  # MLflow's per-call limit for params
+
+
+def resolve_tracking_uri(uri: str, root: Path = Path(".")) -> str:
+    """Make a relative ``sqlite:///file.db`` absolute (``sqlite:////abs/file.db``) against ``root``."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str((root / uri[len(prefix):]).resolve())
+    return uri
+
+
+def _client(params: Params) -> MlflowClient:
+    uri = resolve_tracking_uri(params.run.tracking_uri)
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _metrics(client: MlflowClient, run_id: str, values: dict[str, float], step: int = 0) -> None:
+    stamp = _now_ms()
+    client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, step) for k, v in values.items()])
+
+
+def start_run(params: Params, *, run_name: str | None = None, params_file: str = "params.yaml") -> str:
+    """Create the run (experiment on first use), log every parameter and the git commit."""
+    client = _client(params)
+    experiment = client.get_experiment_by_name(params.run.experiment)
+    if experiment is None:
+        artifacts = (Path("mlartifacts").resolve()).as_uri()
+        experiment_id = client.create_experiment(params.run.experiment, artifact_location=artifacts)
+    else:
+        experiment_id = experiment.experiment_id
+    run = client.create_run(experiment_id, run_name=run_name, tags={
+        "git.commit": git_commit(), "privpipe.version": privpipe.__version__, "privpipe.params_file": params_file,
+    })
+    flat = [Param(k, str(v)) for k, v in sorted(params.flat().items())]
+    for i in range(0, len(flat), _MAX_PARAM_BATCH):
+        client.log_batch(run.info.run_id, params=flat[i:i + _MAX_PARAM_BATCH])
+    return run.info.run_id
+
+
+def finish_run(params: Params, run_id: str, *, status: str = "FINISHED") -> None:
+    _client(params).set_terminated(run_id, status)
+
+
+def run_url_hint(params: Params, run_id: str) -> str:
+    client = _client(params)
+    run = client.get_run(run_id)
+    uri = resolve_tracking_uri(params.run.tracking_uri)
+    return (f"mlflow ui --backend-store-uri {uri}  →  http://127.0.0.1:5000/#/experiments/"
+            f"{run.info.experiment_id}/runs/{run_id}")
+
+
+def log_prepare(params: Params, run_id: str, out: dict[str, str]) -> None:
+    client = _client(params)
+    client.set_tag(run_id, "dvc.data_version", out["data_version"])
+    _metrics(client, run_id, {f"data.{k}": float(out[k]) for k in ("n_sensitive", "n_test", "n_features", "n_classes")})
+
+
+def log_privacy(params: Params, run_id: str, ledger: Ledger) -> None:
+    """Total and per-stage (ε, δ) as metrics, the accountant as a tag, the ledger as an artifact."""
+    client = _client(params)
+    summary = ledger.summary()
+    values = {"privacy.epsilon": summary["total"]["epsilon"], "privacy.delta": summary["total"]["delta"],
+              "privacy.epsilon_budget": ledger.epsilon_budget}
+    for stage, spend in summary["stages"].items():
+        values[f"privacy.{stage}.epsilon"] = spend["epsilon"]
+        values[f"privacy.{stage}.delta"] = spend["delta"]
+    _metrics(client, run_id, values)
+    client.set_tag(run_id, "privacy.accountant", summary["total"]["accountant"])
+    client.log_text(run_id, ledger.to_json(), "privacy/ledger.json")
+
+
+def log_dp_pca(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger) -> None:
+    if out.get("noise_multiplier") is not None:
+        _metrics(_client(params), run_id, {"dp_pca.noise_multiplier": out["noise_multiplier"]})
+    log_privacy(params, run_id, ledger)
+
+
+def log_finetune(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger,
+                 history: list[dict[str, float]], curve: list[dict[str, float]]) -> None:
+    client = _client(params)
+    stamp = _now_ms()
+    metrics = [Metric("finetune.loss", h["loss"], stamp, int(h["step"])) for h in history]
+    metrics += [Metric("finetune.learning_rate", h["lr"], stamp, int(h["step"])) for h in history]
+    metrics += [Metric("privacy.finetune.epsilon_by_step", c["epsilon"], stamp, int(c["step"])) for c in curve]
+    metrics += [Metric("finetune.noise_multiplier", out["noise_multiplier"], stamp, 0),
+                Metric("finetune.sample_rate", out["sample_rate"], stamp, 0),
+                Metric("finetune.steps", out["steps"], stamp, 0)]
+    for i in range(0, len(metrics), 500):
+        client.log_batch(run_id, metrics=metrics[i:i + 500])
+    log_privacy(params, run_id, ledger)
+
+
+def log_evaluate(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger,
+                 model: torch.nn.Module, example: np.ndarray) -> dict[str, Any]:
+    """Accuracy metrics; log the released model, register it, tag the version with its (ε, δ)."""
+    client = _client(params)
+    _metrics(client, run_id, {"accuracy.train": out["accuracy_train"], "accuracy.test": out["accuracy_test"]})
+    client.set_tag(run_id, "privpipe.released", "student/fine-tuned model only; no teacher or raw data is logged")
+    spend = ledger.epsilon()
+    privacy_tags = {"privacy.epsilon": f"{spend.epsilon:.6g}", "privacy.delta": f"{spend.delta:g}",
+                    "privacy.accountant": spend.accountant}
+    with mlflow.start_run(run_id=run_id):
+        # pt2 (torch.export) is a graph, not pickled code: loading it runs nothing of ours
+        info = mlflow.pytorch.log_model(
+            model, name="model", serialization_format="pt2", input_example=example.astype(np.float32),
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"],
+            tags=privacy_tags,
+        )
+    registered: dict[str, Any] = {"model_uri": info.model_uri}
+    if params.evaluate.register_model:
+        run = client.get_run(run_id)
+        version = mlflow.register_model(info.model_uri, params.run.model_name, tags={
+            **privacy_tags, "dvc.data_version": run.data.tags.get("dvc.data_version", "unknown"),
+            "git.commit": run.data.tags.get("git.commit", "unknown"), "mlflow.run_id": run_id,
+        })
+        registered.update(model_name=version.name, model_version=str(version.version))
+        client.set_tag(run_id, "registered_model", f"{version.name}/{version.version}")
+    return registered

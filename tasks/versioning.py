@@ -1,0 +1,55 @@
+"""Which code and which data a run used: the git commit and the DVC data version."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+import yaml
+
+__all__ = ["git_commit", "data_version", "file_md5"]
+
+
+def git_commit(root: Path = Path(".")) -> str:
+    """HEAD's commit, with ``+dirty`` if tracked files differ; ``unknown`` outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def file_md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _dvc_md5(path: Path) -> str | None:
+    """The md5 that ``<path>.dvc`` records for a DVC-tracked file, if there is one."""
+    pointer = path.with_name(path.name + ".dvc")
+    if not pointer.is_file():
+        return None
+    outs = (yaml.safe_load(pointer.read_text()) or {}).get("outs") or [{}]
+    return outs[0].get("md5")
+
+
+def data_version(paths: list[Path]) -> str:
+    """A label for the exact input bytes.
+
+    For a single DVC-tracked file whose content matches its ``.dvc`` pointer this
+    is DVC's own md5 (so ``dvc`` and MLflow agree); otherwise ``untracked:`` plus a
+    digest over the files' md5s, or ``modified:`` if the content left its pointer.
+    """
+    hashes = [file_md5(p) for p in paths]
+    if len(paths) == 1:
+        tracked = _dvc_md5(paths[0])
+        if tracked is not None:
+            return tracked if tracked == hashes[0] else f"modified:{hashes[0]}"
+    combined = hashlib.md5("".join(hashes).encode()).hexdigest()
+    return f"untracked:{combined}"
