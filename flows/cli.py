@@ -12,6 +12,7 @@ a refused budget or a failed stage with exit code 1.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import warnings
 from typing import Sequence
@@ -82,8 +83,31 @@ def _privacy_dpsgd(args: argparse.Namespace) -> int:
     return 0
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time of each record (not the one at set-up)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def _log_stages_to_stderr() -> None:
+    logger = logging.getLogger("privpipe")
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def _stage(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
+
+    _log_stages_to_stderr()
 
     params = load_params(args.params)
     if args.name == "prepare":

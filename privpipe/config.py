@@ -90,7 +90,7 @@ class FinetuneConfig:
     clipping: str = "flat"
     noise_multiplier: float | None = None
     target_epsilon: float | None = 3.0
-    grad_sample_mode: str = "hooks"
+    grad_sample_mode: str = "ghost"
     epsilon_curve_points: int = 20
 
 

@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from privpipe.privacy import PoissonGaussianEvent, secure_normal
 
-__all__ = ["DpSgdSchedule", "DpSgdResult", "dpsgd_schedule", "learning_rate_at", "train_dpsgd"]
+__all__ = ["DpSgdSchedule", "DpSgdResult", "PrivateTraining", "dpsgd_schedule", "learning_rate_at",
+           "make_private_training", "train_dpsgd"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,78 @@ def _use_secure_noise(optimizer: torch.optim.Optimizer) -> None:
     optimizer.__class__ = SecureNoise
 
 
+@dataclass
+class PrivateTraining:
+    """What Opacus hands back: the wrapped model, the DP optimizer, the loss, the Poisson loader."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    criterion: nn.Module
+    loader: DataLoader
+    schedule: DpSgdSchedule
+
+
+def make_private_training(
+    model: nn.Module,
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    lot_size: int,
+    epochs: int,
+    learning_rate: float,
+    momentum: float = 0.0,
+    clipping: str = "flat",
+    grad_sample_mode: str = "ghost",
+    secure_rng: bool = False,
+    seed: int = 0,
+) -> PrivateTraining:
+    """Wrap ``model`` for DP-SGD: Poisson loader, per-example clipping to C, noise N(0, σ²C²).
+
+    Privacy arguments are keyword-only and checked before anything is built.
+    """
+    if not noise_multiplier > 0:
+        raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
+    if not max_grad_norm > 0:
+        raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+    if clipping not in ("flat", "per_layer"):
+        raise ValueError(f"clipping must be flat or per_layer, got {clipping!r}")
+    if clipping == "per_layer" and grad_sample_mode == "ghost":
+        raise ValueError("per_layer clipping is not available with ghost clipping (use hooks)")
+    schedule = dpsgd_schedule(n=len(features), lot_size=lot_size, epochs=epochs)
+    if not secure_rng:
+        warnings.warn("DP-SGD noise comes from a seeded PRNG (privacy.secure_rng: false): fine for research, "
+                      "not for a deployment that must resist floating-point attacks on the noise", stacklevel=2)
+
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    dataset = TensorDataset(torch.as_tensor(features, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.long))
+    loader = DataLoader(dataset, batch_size=lot_size, generator=generator)
+    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=momentum)
+    params = [p for p in model.parameters() if p.requires_grad]
+    clip = [max_grad_norm / math.sqrt(len(params))] * len(params) if clipping == "per_layer" else max_grad_norm
+
+    with warnings.catch_warnings():
+        # Opacus warns that *its* secure mode is off; ours (above) says whether the noise really is secure
+        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
+        engine = PrivacyEngine(accountant="rdp")  # its accountant is unused: the ledger accounts
+    made = engine.make_private(
+        module=model, optimizer=optimizer, criterion=nn.CrossEntropyLoss(), data_loader=loader,
+        noise_multiplier=noise_multiplier, max_grad_norm=clip, poisson_sampling=True,
+        clipping=clipping, grad_sample_mode=grad_sample_mode, noise_generator=generator,
+    )
+    if grad_sample_mode == "ghost":
+        private_model, dp_optimizer, criterion, dp_loader = made
+    else:
+        (private_model, dp_optimizer, dp_loader), criterion = made, nn.CrossEntropyLoss()
+    if abs(dp_loader.sample_rate - schedule.sample_rate) > 1e-12 or len(dp_loader) != schedule.steps_per_epoch:
+        raise RuntimeError("Opacus' Poisson loader disagrees with the planned schedule; refusing to mis-account")
+    if secure_rng:
+        _use_secure_noise(dp_optimizer)
+    return PrivateTraining(private_model, dp_optimizer, criterion, dp_loader, schedule)
+
+
 def train_dpsgd(
     model: nn.Module,
     features: np.ndarray,
@@ -106,66 +179,34 @@ def train_dpsgd(
     lr_decay_epochs: int = 10,
     momentum: float = 0.0,
     clipping: str = "flat",
-    grad_sample_mode: str = "hooks",
+    grad_sample_mode: str = "ghost",
     secure_rng: bool = False,
     seed: int = 0,
     on_epoch: Callable[[dict[str, float]], None] | None = None,
 ) -> DpSgdResult:
     """Train ``model`` in place with DP-SGD; returns it with the privacy event actually run.
 
-    Privacy arguments are keyword-only and checked first. ε is not computed here:
-    record ``result.event`` in a :class:`privpipe.privacy.Ledger`.
+    ε is not computed here: record ``result.event`` in a :class:`privpipe.privacy.Ledger`.
     """
-    if not noise_multiplier > 0:
-        raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
-    if not max_grad_norm > 0:
-        raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
-    if clipping not in ("flat", "per_layer"):
-        raise ValueError(f"clipping must be flat or per_layer, got {clipping!r}")
-    schedule = dpsgd_schedule(n=len(features), lot_size=lot_size, epochs=epochs)
-    if not secure_rng:
-        warnings.warn("DP-SGD noise comes from a seeded PRNG (finetune.secure_rng: false): fine for research, "
-                      "not for a deployment that must resist floating-point attacks on the noise", stacklevel=2)
-
-    torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
-    dataset = TensorDataset(torch.as_tensor(features, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.long))
-    loader = DataLoader(dataset, batch_size=lot_size, generator=generator)
-    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=momentum)
-    params = [p for p in model.parameters() if p.requires_grad]
-    clip = [max_grad_norm / math.sqrt(len(params))] * len(params) if clipping == "per_layer" else max_grad_norm
-
-    engine = PrivacyEngine(accountant="rdp")  # its accountant is unused: the ledger accounts
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
-        made = engine.make_private(
-            module=model, optimizer=optimizer, criterion=nn.CrossEntropyLoss(), data_loader=loader,
-            noise_multiplier=noise_multiplier, max_grad_norm=clip, poisson_sampling=True,
-            clipping=clipping, grad_sample_mode=grad_sample_mode, noise_generator=generator,
-        )
-    if grad_sample_mode == "ghost":
-        private_model, dp_optimizer, criterion, dp_loader = made
-    else:
-        (private_model, dp_optimizer, dp_loader), criterion = made, nn.CrossEntropyLoss()
-    if abs(dp_loader.sample_rate - schedule.sample_rate) > 1e-12 or len(dp_loader) != schedule.steps_per_epoch:
-        raise RuntimeError("Opacus' Poisson loader disagrees with the planned schedule; refusing to mis-account")
-    if secure_rng:
-        _use_secure_noise(dp_optimizer)
-
+    run = make_private_training(
+        model, features, labels, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+        lot_size=lot_size, epochs=epochs, learning_rate=learning_rate, momentum=momentum, clipping=clipping,
+        grad_sample_mode=grad_sample_mode, secure_rng=secure_rng, seed=seed,
+    )
     history: list[dict[str, float]] = []
     step = 0
-    private_model.train()
+    run.model.train()
     for epoch in range(epochs):
         total_loss, batches = 0.0, 0
-        for x, y in dp_loader:
-            lr = learning_rate_at(step / schedule.steps_per_epoch, start=learning_rate, schedule=lr_schedule,
+        for x, y in run.loader:
+            lr = learning_rate_at(step / run.schedule.steps_per_epoch, start=learning_rate, schedule=lr_schedule,
                                   end=lr_end, decay_epochs=lr_decay_epochs)
-            for group in dp_optimizer.param_groups:
+            for group in run.optimizer.param_groups:
                 group["lr"] = lr
-            dp_optimizer.zero_grad()
-            loss = criterion(private_model(x), y)
+            run.optimizer.zero_grad()
+            loss = run.criterion(run.model(x), y)
             loss.backward()
-            dp_optimizer.step()
+            run.optimizer.step()
             step += 1
             if len(y):
                 total_loss += float(loss.detach())
@@ -176,10 +217,11 @@ def train_dpsgd(
             on_epoch(record)
 
     for cleanup in ("remove_hooks", "del_grad_sample"):
-        if hasattr(private_model, cleanup):
-            getattr(private_model, cleanup)()
-    trained = getattr(private_model, "_module", private_model)
-    return DpSgdResult(model=_strip_hooks(trained), event=schedule.event(noise_multiplier=noise_multiplier), history=history)
+        if hasattr(run.model, cleanup):
+            getattr(run.model, cleanup)()
+    trained = getattr(run.model, "_module", run.model)
+    return DpSgdResult(model=_strip_hooks(trained), event=run.schedule.event(noise_multiplier=noise_multiplier),
+                       history=history)
 
 
 def _strip_hooks(model: nn.Module) -> nn.Module:

@@ -50,7 +50,4 @@ def stage_logger(stage: str) -> logging.Logger | logging.LoggerAdapter:
             pass
     except ImportError:
         pass
-    logger = logging.getLogger(f"privpipe.{stage}")
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return logger
+    return logging.getLogger(f"privpipe.{stage}")  # the command line configures its output

@@ -1,0 +1,49 @@
+# privpipe — every target installs what it needs into .venv first.
+#   make run     the pipeline on the embedded default (scikit-learn's digits)
+#   make test    the test suite (fast, offline)
+#   make repro   the same pipeline through DVC (dvc repro)
+#   make ui      the MLflow UI on http://127.0.0.1:5000
+#   make bench   the benchmarks (needs ../shared/data or --mnist DIR)
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+export PYTHONUNBUFFERED := 1
+export DVC_NO_ANALYTICS := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := true
+
+.PHONY: install run test repro ui bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/privpipe run
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+repro: $(STAMP)
+	$(BIN)/privpipe init-data
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+
+ui: $(STAMP)
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow ui \
+	  --backend-store-uri sqlite:///$(abspath mlflow.db) --host 127.0.0.1 --port 5000 --workers 1
+
+bench: $(STAMP)
+	$(BIN)/python bench/epoch_time.py
+	$(BIN)/python bench/accountant_speed.py
+	$(BIN)/python bench/mnist_dpsgd.py --config all
+
+clean:
+	rm -rf artifacts data/prepared mlflow.db mlartifacts .prefect

@@ -1,0 +1,62 @@
+"""Test-session settings: offline, and every tool's state in a temporary folder."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_STATE = Path(tempfile.mkdtemp(prefix="privpipe-tests-"))
+# set before anything imports prefect, mlflow or dvc
+os.environ.update({
+    "PREFECT_HOME": str(_STATE / "prefect"),
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "DVC_SITE_CACHE_DIR": str(_STATE / "dvc-site"),
+    "HF_HUB_OFFLINE": "1",
+})
+
+# Prefect, MLflow and absl (under dp_accounting) bind log handlers to sys.stderr on import:
+# import them now, while that is the session's stream, not one test's capsys stream that is
+# closed when that test ends.
+import mlflow  # noqa: E402,F401
+import prefect  # noqa: E402,F401
+
+import privpipe.privacy  # noqa: E402,F401
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect API for the whole session (its start-up takes ~20 s)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty project folder as the working directory, with the digits DVC pointer."""
+    (tmp_path / "data/raw").mkdir(parents=True)
+    (tmp_path / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write_params(folder: Path, **sections: dict) -> Path:
+    """params.yaml = the project's defaults with ``sections`` merged in (quick settings for tests)."""
+    import yaml
+
+    params = yaml.safe_load((PROJECT / "params.yaml").read_text())
+    for name, values in sections.items():
+        params.setdefault(name, {}).update(values)
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path

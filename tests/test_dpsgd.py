@@ -1,0 +1,128 @@
+"""DP-SGD: what one step does to the gradient, the schedule, and training end to end."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from privpipe.dpsgd import dpsgd_schedule, learning_rate_at, make_private_training, train_dpsgd
+from privpipe.privacy import PoissonGaussianEvent, secure_normal
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def one_step(model: nn.Module, x: np.ndarray, y: np.ndarray, **kwargs):
+    """Take one DP-SGD step; return (the lot that was sampled, Σ-scale gradient, expected lot size)."""
+    run = make_private_training(model, x, y, epochs=1, learning_rate=0.0, **kwargs)
+    xb, yb = next(iter(run.loader))
+    run.optimizer.zero_grad()
+    run.criterion(run.model(xb), yb).backward()
+    run.optimizer.step()
+    grads = [p.grad.detach().clone() * run.optimizer.expected_batch_size for p in model.parameters()]
+    return xb, yb, grads
+
+
+def per_example_grads(weight: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    grads = []
+    for xi, yi in zip(xb, yb):
+        w = weight.detach().clone().requires_grad_(True)
+        nn.functional.cross_entropy((xi @ w.T)[None], yi[None]).backward()
+        grads.append(w.grad)
+    return torch.stack(grads)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_step_clips_each_example_to_c(mode):
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(64, 5)) * 5).astype(np.float32)  # large inputs: most gradients need clipping
+    y = rng.integers(0, 3, size=64)
+    model = nn.Sequential(nn.Linear(5, 3, bias=False))
+    start = model[0].weight.detach().clone()
+    clip = 0.5
+    xb, yb, (summed,) = one_step(model, x, y, noise_multiplier=1e-9, max_grad_norm=clip, lot_size=32,
+                                 grad_sample_mode=mode)
+    g = per_example_grads(start, xb, yb)
+    norms = g.flatten(1).norm(dim=1)
+    assert (norms > clip).sum() > len(norms) // 2
+    clipped = g * (clip / norms).clamp(max=1.0)[:, None, None]
+    assert torch.allclose(summed, clipped.sum(0), atol=1e-4)
+    assert summed.norm() <= clip * len(xb) + 1e-4
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_step_adds_noise_of_scale_sigma_c(secure):
+    # all-zero inputs give zero gradients, so what the optimizer hands back is the noise alone
+    x = np.zeros((200, 1000), dtype=np.float32)
+    y = np.zeros(200, dtype=np.int64)
+    model = nn.Sequential(nn.Linear(1000, 10, bias=False))
+    sigma, clip = 1.5, 2.0
+    _, _, (noise,) = one_step(model, x, y, noise_multiplier=sigma, max_grad_norm=clip, lot_size=100,
+                              grad_sample_mode="hooks", secure_rng=secure)
+    assert noise.std().item() == pytest.approx(sigma * clip, rel=0.05)
+    assert abs(noise.mean().item()) < 0.1
+
+
+def test_per_layer_clipping_bounds_each_tensor():
+    rng = np.random.default_rng(1)
+    x = (rng.normal(size=(64, 4)) * 50).astype(np.float32)
+    y = rng.integers(0, 2, size=64)
+    model = nn.Sequential(nn.Linear(4, 2))
+    _, yb, grads = one_step(model, x, y, noise_multiplier=1e-9, max_grad_norm=1.0, lot_size=32,
+                            clipping="per_layer", grad_sample_mode="hooks")
+    per_tensor = 1.0 / math.sqrt(2)  # C split over weight and bias
+    for g in grads:
+        assert g.norm() <= per_tensor * len(yb) + 1e-4
+
+
+def test_schedule_matches_opacus_poisson_loader():
+    schedule = dpsgd_schedule(n=1000, lot_size=64, epochs=3)
+    assert schedule.steps_per_epoch == 16 and schedule.sample_rate == pytest.approx(1 / 16)
+    assert schedule.event(noise_multiplier=1.0) == PoissonGaussianEvent(
+        stage="finetune", noise_multiplier=1.0, sample_rate=1 / 16, steps=48)
+    with pytest.raises(ValueError, match="lot_size"):
+        dpsgd_schedule(n=10, lot_size=64, epochs=1)
+
+
+def test_learning_rate_schedule_of_the_seed():
+    kwargs = dict(start=0.1, schedule="linear_then_constant", end=0.052, decay_epochs=10)
+    assert learning_rate_at(0, **kwargs) == pytest.approx(0.1)
+    assert learning_rate_at(5, **kwargs) == pytest.approx(0.076)
+    assert learning_rate_at(10, **kwargs) == pytest.approx(0.052)
+    assert learning_rate_at(50, **kwargs) == pytest.approx(0.052)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(noise_multiplier=0.0), "noise_multiplier"),
+    (dict(max_grad_norm=0.0), "max_grad_norm"),
+    (dict(clipping="per_layer"), "ghost"),
+])
+def test_privacy_arguments_are_validated_first(bad, match):
+    kwargs = dict(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=4, epochs=1, learning_rate=0.1)
+    kwargs.update(bad)
+    with pytest.raises(ValueError, match=match):
+        train_dpsgd(nn.Linear(2, 2), np.zeros((8, 2), np.float32), np.zeros(8, np.int64), **kwargs)
+
+
+def test_training_learns_and_reports_the_event_it_ran():
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(3, 8)) * 3
+    y = rng.integers(0, 3, size=600)
+    x = (centers[y] + rng.normal(size=(600, 8))).astype(np.float32)
+    result = train_dpsgd(nn.Sequential(nn.Linear(8, 3)), x, y, noise_multiplier=0.8, max_grad_norm=1.0,
+                         lot_size=60, epochs=5, learning_rate=0.5)
+    with torch.no_grad():
+        accuracy = (result.model(torch.as_tensor(x)).argmax(1).numpy() == y).mean()
+    assert accuracy > 0.8
+    assert result.event == PoissonGaussianEvent(stage="finetune", noise_multiplier=0.8, sample_rate=0.1, steps=50)
+    assert [h["epoch"] for h in result.history] == [1, 2, 3, 4, 5]
+
+
+def test_secure_normal_has_the_asked_scale():
+    draws = secure_normal((100_000,), std=3.0)
+    assert draws.std().item() == pytest.approx(3.0, rel=0.02)
+    assert abs(draws.mean().item()) < 0.05
+    assert not torch.equal(draws, secure_normal((100_000,), std=3.0))

@@ -1,0 +1,91 @@
+"""The whole pipeline on the digits, as a Prefect flow, recorded in MLflow (in a temp folder)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from conftest import write_params
+from privpipe.privacy import Ledger
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def finished(prefect_harness, tmp_path_factory):
+    """Run the flow once (quick settings) and hand its folder and result to the tests below."""
+    import os
+
+    folder = tmp_path_factory.mktemp("project")
+    (folder / "data/raw").mkdir(parents=True)
+    from conftest import PROJECT
+
+    (folder / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
+    write_params(folder, finetune={"epochs": 10}, run={"model_name": "test-model"})
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        from flows.pipeline import pipeline
+
+        result = pipeline(params_file="params.yaml")
+    finally:
+        os.chdir(previous)
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+    return folder, result, client
+
+
+def test_mlflow_epsilon_equals_the_ledger(finished):
+    folder, result, client = finished
+    ledger = Ledger.from_json((folder / "artifacts/finetune/ledger.json").read_text())
+    run = client.get_run(result["run_id"])
+    assert run.data.metrics["privacy.epsilon"] == pytest.approx(ledger.epsilon().epsilon, rel=1e-12)
+    assert run.data.metrics["privacy.delta"] == ledger.delta
+    for stage in ("dp_pca", "finetune"):
+        assert run.data.metrics[f"privacy.{stage}.epsilon"] == pytest.approx(ledger.stage_epsilon(stage).epsilon)
+    assert run.data.tags["privacy.accountant"] == ledger.epsilon().accountant
+    assert ledger.epsilon().epsilon <= 3.0 + 1e-9  # target_epsilon of the defaults
+    # the logged ledger artifact alone recomputes the same figure
+    logged = client.download_artifacts(result["run_id"], "privacy/ledger.json", str(folder / "download"))
+    assert Ledger.from_json(open(logged).read()).epsilon() == ledger.epsilon()
+
+
+def test_accuracy_clears_a_floor_and_is_logged(finished):
+    _, result, client = finished
+    metrics = client.get_run(result["run_id"]).data.metrics
+    assert metrics["accuracy.test"] == result["accuracy_test"] > 0.6
+    assert 0 < metrics["accuracy.train"] <= 1
+
+
+def test_run_records_params_curves_and_versions(finished):
+    folder, result, client = finished
+    run = client.get_run(result["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["finetune.epochs"] == "10"
+    assert run.data.params["privacy.accountant"] == "best"
+    curve = client.get_metric_history(result["run_id"], "privacy.finetune.epsilon_by_step")
+    assert len(curve) >= 2
+    values = [m.value for m in sorted(curve, key=lambda m: m.step)]
+    assert values == sorted(values) and values[-1] == pytest.approx(run.data.metrics["privacy.finetune.epsilon"])
+    # the exported digits match the DVC pointer, so the tag is DVC's own md5
+    pointer = yaml.safe_load((folder / "data/raw/digits.csv.dvc").read_text())
+    assert run.data.tags["dvc.data_version"] == pointer["outs"][0]["md5"]
+    assert "git.commit" in run.data.tags
+
+
+def test_model_is_registered_with_its_privacy_tags(finished):
+    _, result, client = finished
+    version = client.get_model_version("test-model", result["model_version"])
+    assert float(version.tags["privacy.epsilon"]) == pytest.approx(result["epsilon"], rel=1e-5)
+    assert float(version.tags["privacy.delta"]) == result["delta"]
+    assert version.tags["mlflow.run_id"] == result["run_id"]
+
+
+def test_stage_outputs_for_dvc_metrics(finished):
+    folder, result, _ = finished
+    privacy = json.loads((folder / "metrics/privacy.json").read_text())
+    assert privacy["total"]["epsilon"] == pytest.approx(result["epsilon"])
+    assert set(privacy["stages"]) == {"dp_pca", "finetune"}
+    assert json.loads((folder / "metrics/evaluate.json").read_text())["accuracy_test"] == result["accuracy_test"]
