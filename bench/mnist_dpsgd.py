@@ -47,6 +47,7 @@ class Config:
     hidden: tuple[int, ...] = (1000,)
     momentum: float = 0.0
     grad_sample_mode: str = "ghost"
+    input_scale: float = 1.0  # fixed factor on the unit-norm projected features (finetune.input_scale)
 
 
 CONFIGS = {
@@ -56,9 +57,9 @@ CONFIGS = {
     "seed-small": Config(sigma=2, pca_sigma=4, target_epsilon=8.0, max_epochs=1000),
     # beyond the seed: fewer, larger steps at a tuned rate, same model family
     "beyond-eps1": Config(sigma=3.0, pca_sigma=16, target_epsilon=1.0, max_epochs=120, lot=1200, clip=1.0,
-                          lr=1.0, lr_end=1.0, lr_schedule="constant", momentum=0.5),
-    "beyond-eps3": Config(sigma=2.0, pca_sigma=16, target_epsilon=3.0, max_epochs=120, lot=1200, clip=1.0,
-                          lr=1.0, lr_end=1.0, lr_schedule="constant", momentum=0.5),
+                          lr=1.0, lr_end=1.0, lr_schedule="constant", momentum=0.5, input_scale=8.0),
+    "beyond-eps3": Config(sigma=3.0, pca_sigma=16, target_epsilon=3.0, max_epochs=300, lot=1200, clip=1.0,
+                          lr=1.0, lr_end=1.0, lr_schedule="constant", momentum=0.5, input_scale=8.0),
 }
 
 
@@ -87,13 +88,13 @@ def run(name: str, cfg: Config, data: dict, seed: int) -> None:
     start = time.perf_counter()
     projection = dp_pca(train.features, components=cfg.components, noise_multiplier=cfg.pca_sigma,
                         rng=np.random.default_rng(seed))
-    x = unit_rows(train.features) @ projection
+    x = unit_rows(train.features) @ projection * cfg.input_scale
     result = train_dpsgd(make_mlp(cfg.components, cfg.hidden, 10), x, train.labels, noise_multiplier=cfg.sigma,
                          max_grad_norm=cfg.clip, lot_size=cfg.lot, epochs=epochs, learning_rate=cfg.lr,
                          lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end, lr_decay_epochs=10,
                          momentum=cfg.momentum, grad_sample_mode=cfg.grad_sample_mode, seed=seed)
     seconds = time.perf_counter() - start
-    model = released_model(result.model, projection)
+    model = released_model(result.model, projection, input_scale=cfg.input_scale)
     with torch.no_grad():
         accuracy = float((model(torch.as_tensor(test.features)).argmax(1).numpy() == test.labels).mean())
     events = [dp_pca_event(noise_multiplier=cfg.pca_sigma), result.event]

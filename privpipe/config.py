@@ -79,9 +79,10 @@ class DpPcaConfig:
 @dataclass(frozen=True)
 class FinetuneConfig:
     hidden_units: tuple[int, ...] = (1000,)
+    input_scale: float = 8.0
     epochs: int = 30
     lot_size: int = 64
-    learning_rate: float = 0.5
+    learning_rate: float = 0.1
     lr_schedule: str = "constant"
     lr_end: float = 0.052
     lr_decay_epochs: int = 10
@@ -238,6 +239,7 @@ def _validate(p: Params) -> None:
 
     ft = p.finetune
     _require(all(h >= 1 for h in ft.hidden_units), "finetune.hidden_units", "every layer needs >= 1 unit")
+    _require(ft.input_scale > 0, "finetune.input_scale", "must be > 0")
     _require(ft.epochs >= 1, "finetune.epochs", "must be >= 1")
     _require(ft.lot_size >= 1, "finetune.lot_size", "must be >= 1")
     _require(ft.learning_rate > 0, "finetune.learning_rate", "must be > 0")

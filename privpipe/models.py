@@ -1,4 +1,4 @@
-"""The released model: unit-norm rows → fixed DP-PCA projection → ReLU MLP.
+"""The released model: unit-norm rows → fixed DP-PCA projection → fixed scale → ReLU MLP.
 
 Only the MLP is trained with DP-SGD; normalisation and projection are frozen, so
 they are part of the released model (it takes raw features) but not of training.
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["UnitNorm", "Projection", "make_mlp", "released_model", "save_released", "load_released"]
+__all__ = ["UnitNorm", "Projection", "Scale", "make_mlp", "released_model", "save_released", "load_released"]
 
 
 class UnitNorm(nn.Module):
@@ -36,6 +36,18 @@ class Projection(nn.Module):
         return x @ self.matrix
 
 
+class Scale(nn.Module):
+    """Multiply by a fixed constant: unit-norm projected features are small (‖x‖ ≤ 1), and
+    DP-SGD with clipping trains better on inputs of order one. Data-independent, so free."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = float(factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
 def make_mlp(in_features: int, hidden_units: Sequence[int], classes: int) -> nn.Sequential:
     """ReLU MLP; ``hidden_units=[]`` gives multinomial logistic regression."""
     layers: list[nn.Module] = []
@@ -47,11 +59,12 @@ def make_mlp(in_features: int, hidden_units: Sequence[int], classes: int) -> nn.
     return nn.Sequential(*layers)
 
 
-def released_model(mlp: nn.Module, projection: np.ndarray | None) -> nn.Sequential:
-    """Chain normalisation, projection (if DP-PCA ran) and the trained MLP."""
+def released_model(mlp: nn.Module, projection: np.ndarray | None, *, input_scale: float = 1.0) -> nn.Sequential:
+    """Chain normalisation, projection (if DP-PCA ran), the fixed input scale and the trained MLP."""
     front: list[nn.Module] = [UnitNorm()]
     if projection is not None:
         front.append(Projection(projection))
+    front.append(Scale(input_scale))
     return nn.Sequential(*front, mlp).eval()
 
 
@@ -67,6 +80,7 @@ def load_released(folder: Path) -> nn.Sequential:
     spec = json.loads((folder / "model.json").read_text())
     in_features = spec["projection_dim"] or spec["input_dim"]
     projection = np.zeros((spec["input_dim"], spec["projection_dim"])) if spec["projection_dim"] else None
-    model = released_model(make_mlp(in_features, spec["hidden_units"], spec["classes"]), projection)
+    model = released_model(make_mlp(in_features, spec["hidden_units"], spec["classes"]), projection,
+                           input_scale=spec["input_scale"])
     model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
     return model.eval()

@@ -45,6 +45,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, dp_pca_di
     features = unit_rows(records.features)
     if projection is not None:
         features = features @ projection
+    features = features * cfg.input_scale
     schedule = dpsgd_schedule(n=len(records), lot_size=cfg.lot_size, epochs=cfg.epochs)
     sigma = cfg.noise_multiplier
     if sigma is None:
@@ -76,9 +77,10 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, dp_pca_di
     curve = [{"step": int(s), "epsilon": compute_epsilon([schedule.event(noise_multiplier=sigma, steps=int(s))],
                                                          delta=ledger.delta, accountant=ledger.accountant).epsilon}
              for s in steps]
-    model = released_model(result.model, projection)
+    model = released_model(result.model, projection, input_scale=cfg.input_scale)
     spec = {"input_dim": int(records.features.shape[1]), "projection_dim": None if projection is None
-            else int(projection.shape[1]), "hidden_units": list(cfg.hidden_units), "classes": classes}
+            else int(projection.shape[1]), "hidden_units": list(cfg.hidden_units), "classes": classes,
+            "input_scale": cfg.input_scale}
     save_released(model, out, spec=spec)
     write_json(out / "history.json", {"epochs": result.history, "epsilon_by_step": curve})
     write_text(out / "ledger.json", ledger.to_json())

@@ -1,0 +1,27 @@
+"""The released model: what it does to raw features, and that it survives save/load."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from privpipe.models import load_released, make_mlp, released_model, save_released
+
+
+def test_released_model_normalises_projects_scales_then_classifies():
+    projection = np.linalg.qr(np.random.default_rng(0).normal(size=(6, 3)))[0]
+    mlp = make_mlp(3, [4], 2)
+    model = released_model(mlp, projection, input_scale=8.0)
+    x = torch.tensor([[3.0, 4.0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
+    expected_input = (x / torch.tensor([[5.0], [1.0]])) @ torch.as_tensor(projection, dtype=torch.float32) * 8.0
+    assert torch.allclose(model(x), mlp(expected_input))
+
+
+def test_save_and_load_give_the_same_predictions(tmp_path):
+    projection = np.random.default_rng(1).normal(size=(10, 4))
+    model = released_model(make_mlp(4, [8], 3), projection, input_scale=2.0)
+    spec = {"input_dim": 10, "projection_dim": 4, "hidden_units": [8], "classes": 3, "input_scale": 2.0}
+    save_released(model, tmp_path, spec=spec)
+    x = torch.randn(5, 10)
+    with torch.no_grad():
+        assert torch.equal(load_released(tmp_path)(x), model(x))
