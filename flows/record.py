@@ -8,7 +8,6 @@ the flow's tasks use, so both ways of running show the same things in MLflow.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from privpipe.config import Params

@@ -215,6 +215,16 @@ def _one_of(value: str, choices: tuple[str, ...], key: str) -> None:
     _require(value in choices, key, f"unknown value {value!r} (choose one of {', '.join(choices)})")
 
 
+def _noise_or_epsilon(section: str, noise: float | None, epsilon_key: str, epsilon: float | None) -> None:
+    """A noisy stage is set either by its noise multiplier or by the ε it may cost, never both."""
+    _require((noise is None) != (epsilon is None), f"{section}.noise_multiplier",
+             f"set exactly one of {section}.noise_multiplier and {section}.{epsilon_key}")
+    if noise is not None:
+        _require(noise > 0, f"{section}.noise_multiplier", "must be > 0")
+    if epsilon is not None:
+        _require(epsilon > 0, f"{section}.{epsilon_key}", "must be > 0")
+
+
 def _validate(p: Params) -> None:
     _require(p.privacy.epsilon_budget > 0, "privacy.epsilon_budget", "must be > 0")
     _require(0 < p.privacy.delta < 1, "privacy.delta", "must be in (0, 1)")
@@ -227,15 +237,7 @@ def _validate(p: Params) -> None:
     pca = p.dp_pca
     if pca.enabled:
         _require(pca.components >= 1, "dp_pca.components", "must be >= 1")
-        _require(
-            (pca.noise_multiplier is None) != (pca.epsilon is None),
-            "dp_pca.noise_multiplier",
-            "set exactly one of dp_pca.noise_multiplier and dp_pca.epsilon",
-        )
-        if pca.noise_multiplier is not None:
-            _require(pca.noise_multiplier > 0, "dp_pca.noise_multiplier", "must be > 0")
-        if pca.epsilon is not None:
-            _require(pca.epsilon > 0, "dp_pca.epsilon", "must be > 0")
+        _noise_or_epsilon("dp_pca", pca.noise_multiplier, "epsilon", pca.epsilon)
 
     ft = p.finetune
     _require(all(h >= 1 for h in ft.hidden_units), "finetune.hidden_units", "every layer needs >= 1 unit")
@@ -250,15 +252,8 @@ def _validate(p: Params) -> None:
     _require(ft.max_grad_norm > 0, "finetune.max_grad_norm", "must be > 0 (it bounds each example's influence)")
     _one_of(ft.clipping, CLIPPINGS, "finetune.clipping")
     _one_of(ft.grad_sample_mode, GRAD_SAMPLE_MODES, "finetune.grad_sample_mode")
-    _require(
-        (ft.noise_multiplier is None) != (ft.target_epsilon is None),
-        "finetune.noise_multiplier",
-        "set exactly one of finetune.noise_multiplier and finetune.target_epsilon",
-    )
-    if ft.noise_multiplier is not None:
-        _require(ft.noise_multiplier > 0, "finetune.noise_multiplier", "must be > 0")
+    _noise_or_epsilon("finetune", ft.noise_multiplier, "target_epsilon", ft.target_epsilon)
     if ft.target_epsilon is not None:
-        _require(ft.target_epsilon > 0, "finetune.target_epsilon", "must be > 0")
         _require(
             ft.target_epsilon <= p.privacy.epsilon_budget,
             "finetune.target_epsilon",

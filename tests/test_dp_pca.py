@@ -45,3 +45,12 @@ def test_unit_rows_and_validation():
         dp_pca(np.ones((5, 3)), components=4, noise_multiplier=1.0, rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match="noise_multiplier"):
         dp_pca(np.ones((5, 3)), components=2, noise_multiplier=0.0, rng=np.random.default_rng(0))
+
+
+def test_noise_can_be_calibrated_to_a_stage_epsilon():
+    from privpipe.privacy import Ledger
+
+    ledger = Ledger(epsilon_budget=2.0, delta=1e-5)
+    sigma = ledger.calibrate(lambda s: dp_pca_event(noise_multiplier=s), target_epsilon=1.0)
+    assert ledger.epsilon([dp_pca_event(noise_multiplier=sigma)]).epsilon <= 1.0
+    assert ledger.epsilon([dp_pca_event(noise_multiplier=sigma * 0.99)]).epsilon > 1.0
