@@ -19,8 +19,8 @@ export DO_NOT_TRACK := true
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install -qq --upgrade pip
+	$(BIN)/pip install -qq -e '.[test]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

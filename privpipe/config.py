@@ -37,6 +37,7 @@ DATASETS = ("digits", "mnist")
 LR_SCHEDULES = ("constant", "linear_then_constant")
 CLIPPINGS = ("flat", "per_layer")
 GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost")
+MODELS = ("mlp", "cnn")
 
 
 class ConfigError(ValueError):
@@ -78,6 +79,7 @@ class DpPcaConfig:
 
 @dataclass(frozen=True)
 class FinetuneConfig:
+    model: str = "mlp"
     hidden_units: tuple[int, ...] = (1000,)
     input_scale: float = 8.0
     epochs: int = 30
@@ -240,6 +242,9 @@ def _validate(p: Params) -> None:
         _noise_or_epsilon("dp_pca", pca.noise_multiplier, "epsilon", pca.epsilon)
 
     ft = p.finetune
+    _one_of(ft.model, MODELS, "finetune.model")
+    _require(ft.model != "cnn" or not pca.enabled, "finetune.model",
+             "cnn trains on raw pixels; set dp_pca.enabled: false")
     _require(all(h >= 1 for h in ft.hidden_units), "finetune.hidden_units", "every layer needs >= 1 unit")
     _require(ft.input_scale > 0, "finetune.input_scale", "must be > 0")
     _require(ft.epochs >= 1, "finetune.epochs", "must be >= 1")

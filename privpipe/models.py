@@ -1,7 +1,12 @@
-"""The released model: unit-norm rows → fixed DP-PCA projection → fixed scale → ReLU MLP.
+"""The released model: a frozen front (preprocessing) and the network DP-SGD trained.
 
-Only the MLP is trained with DP-SGD; normalisation and projection are frozen, so
-they are part of the released model (it takes raw features) but not of training.
+- ``mlp``: unit-norm rows → DP-PCA projection (if it ran) → fixed scale → ReLU MLP
+  (Abadi et al. 2016).
+- ``cnn``: raw pixels reshaped to 1×28×28 → the tanh CNN of Tramer & Boneh 2021
+  (for MNIST-sized images; no projection).
+
+The front has no trainable parameters, so it is part of the released model (which
+takes raw features) but not of training.
 """
 
 from __future__ import annotations
@@ -14,7 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["UnitNorm", "Projection", "Scale", "make_mlp", "released_model", "save_released", "load_released"]
+__all__ = ["UnitNorm", "Projection", "Scale", "Reshape", "make_mlp", "make_cnn", "make_network", "front_layers",
+           "released_model", "save_released", "load_released", "MODELS"]
+
+MODELS = ("mlp", "cnn")
+CNN_SIDE = 28  # the CNN's kernel sizes and strides fit 28×28 images
 
 
 class UnitNorm(nn.Module):
@@ -59,13 +68,52 @@ def make_mlp(in_features: int, hidden_units: Sequence[int], classes: int) -> nn.
     return nn.Sequential(*layers)
 
 
-def released_model(mlp: nn.Module, projection: np.ndarray | None, *, input_scale: float = 1.0) -> nn.Sequential:
-    """Chain normalisation, projection (if DP-PCA ran), the fixed input scale and the trained MLP."""
+class Reshape(nn.Module):
+    """Flat pixel rows → (batch, 1, side, side) images."""
+
+    def __init__(self, side: int) -> None:
+        super().__init__()
+        self.side = int(side)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, 1, self.side, self.side)
+
+
+def make_cnn(classes: int) -> nn.Sequential:
+    """Tramer & Boneh 2021's MNIST CNN: tanh activations, which DP-SGD trains better than ReLU
+    (Papernot et al. 2021): 16 conv 8×8/2 → pool → 32 conv 4×4/2 → pool → 32 → classes."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 8, stride=2, padding=3), nn.Tanh(), nn.MaxPool2d(2, 1),
+        nn.Conv2d(16, 32, 4, stride=2), nn.Tanh(), nn.MaxPool2d(2, 1),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 32), nn.Tanh(), nn.Linear(32, classes),
+    )
+
+
+def make_network(kind: str, *, in_features: int, hidden_units: Sequence[int], classes: int) -> nn.Sequential:
+    """The trainable part: ``mlp`` on ``in_features`` inputs, or ``cnn`` on 28×28 images."""
+    if kind == "mlp":
+        return make_mlp(in_features, hidden_units, classes)
+    if kind == "cnn":
+        if in_features != CNN_SIDE * CNN_SIDE:
+            raise ValueError(f"the cnn model needs {CNN_SIDE}×{CNN_SIDE} images, got {in_features} features")
+        return make_cnn(classes)
+    raise ValueError(f"unknown model {kind!r} (choose one of {', '.join(MODELS)})")
+
+
+def front_layers(kind: str, projection: np.ndarray | None, *, input_scale: float) -> list[nn.Module]:
+    """The frozen preprocessing a model of ``kind`` sees its inputs through."""
+    if kind == "cnn":
+        return [Reshape(CNN_SIDE)]
     front: list[nn.Module] = [UnitNorm()]
     if projection is not None:
         front.append(Projection(projection))
-    front.append(Scale(input_scale))
-    return nn.Sequential(*front, mlp).eval()
+    return front + [Scale(input_scale)]
+
+
+def released_model(network: nn.Module, projection: np.ndarray | None, *, input_scale: float = 1.0,
+                   kind: str = "mlp") -> nn.Sequential:
+    """Chain the frozen front for ``kind`` and the trained network."""
+    return nn.Sequential(*front_layers(kind, projection, input_scale=input_scale), network).eval()
 
 
 def save_released(model: nn.Sequential, folder: Path, *, spec: dict) -> None:
@@ -78,9 +126,10 @@ def save_released(model: nn.Sequential, folder: Path, *, spec: dict) -> None:
 def load_released(folder: Path) -> nn.Sequential:
     """Inverse of :func:`save_released` (weights only: no pickled code is executed)."""
     spec = json.loads((folder / "model.json").read_text())
+    kind = spec.get("model", "mlp")
     in_features = spec["projection_dim"] or spec["input_dim"]
     projection = np.zeros((spec["input_dim"], spec["projection_dim"])) if spec["projection_dim"] else None
-    model = released_model(make_mlp(in_features, spec["hidden_units"], spec["classes"]), projection,
-                           input_scale=spec["input_scale"])
+    network = make_network(kind, in_features=in_features, hidden_units=spec["hidden_units"], classes=spec["classes"])
+    model = released_model(network, projection, input_scale=spec["input_scale"], kind=kind)
     model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
     return model.eval()

@@ -1,4 +1,4 @@
-"""finetune: DP-SGD on the (projected) sensitive data.
+"""finetune: DP-SGD on the sensitive data (projected by DP-PCA for the MLP, raw pixels for the CNN).
 
     privpipe stage finetune        # what dvc repro runs
 
@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from privpipe.config import Params
+from privpipe.config import ConfigError, Params
 from privpipe.data import Records
-from privpipe.dp_pca import unit_rows
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
-from privpipe.models import make_mlp, released_model, save_released
+from privpipe.models import front_layers, make_network, released_model, save_released
 from privpipe.privacy import Ledger, compute_epsilon
 from tasks import paths
 from tasks.common import read_json, stage_logger, write_json, write_text
@@ -42,10 +42,11 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, dp_pca_di
     ledger = Ledger.from_dict(read_json(dp_pca_dir / "ledger.json"))
     records = Records.load(sensitive)
     projection = _load_projection(dp_pca_dir)
-    features = unit_rows(records.features)
-    if projection is not None:
-        features = features @ projection
-    features = features * cfg.input_scale
+    if cfg.model == "cnn" and projection is not None:
+        raise ConfigError("finetune.model: cnn trains on raw pixels; set dp_pca.enabled: false")
+    front = torch.nn.Sequential(*front_layers(cfg.model, projection, input_scale=cfg.input_scale))
+    with torch.no_grad():  # the frozen preprocessing, applied once rather than every step
+        features = front(torch.as_tensor(records.features)).numpy()
     schedule = dpsgd_schedule(n=len(records), lot_size=cfg.lot_size, epochs=cfg.epochs)
     sigma = cfg.noise_multiplier
     if sigma is None:
@@ -57,12 +58,16 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, dp_pca_di
              schedule.sample_rate, sigma, after)
 
     classes = int(records.labels.max()) + 1
-    mlp = make_mlp(features.shape[1], cfg.hidden_units, classes)
+    try:
+        network = make_network(cfg.model, in_features=int(np.prod(features.shape[1:])),
+                               hidden_units=cfg.hidden_units, classes=classes)
+    except ValueError as exc:
+        raise ConfigError(f"finetune.model: {exc}") from None
     with warnings.catch_warnings():
         if not params.privacy.secure_rng:
             warnings.simplefilter("ignore")  # the flow warns once per run instead
         result = train_dpsgd(
-            mlp, features, records.labels, noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm,
+            network, features, records.labels, noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm,
             lot_size=cfg.lot_size, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
             lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end, lr_decay_epochs=cfg.lr_decay_epochs,
             momentum=cfg.momentum, clipping=cfg.clipping, grad_sample_mode=cfg.grad_sample_mode,
@@ -77,8 +82,8 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, dp_pca_di
     curve = [{"step": int(s), "epsilon": compute_epsilon([schedule.event(noise_multiplier=sigma, steps=int(s))],
                                                          delta=ledger.delta, accountant=ledger.accountant).epsilon}
              for s in steps]
-    model = released_model(result.model, projection, input_scale=cfg.input_scale)
-    spec = {"input_dim": int(records.features.shape[1]), "projection_dim": None if projection is None
+    model = released_model(result.model, projection, input_scale=cfg.input_scale, kind=cfg.model)
+    spec = {"model": cfg.model, "input_dim": int(records.features.shape[1]), "projection_dim": None if projection is None
             else int(projection.shape[1]), "hidden_units": list(cfg.hidden_units), "classes": classes,
             "input_scale": cfg.input_scale}
     save_released(model, out, spec=spec)

@@ -61,6 +61,14 @@ def test_unknown_keys_and_sections_are_refused():
         parse_params(raw)
 
 
+def test_cnn_needs_raw_pixels():
+    raw = with_value("finetune", "model", "cnn")
+    with pytest.raises(ConfigError, match="finetune.model: cnn trains on raw pixels; set dp_pca.enabled: false"):
+        parse_params(raw)
+    raw["dp_pca"]["enabled"] = False
+    assert parse_params(raw).finetune.model == "cnn"
+
+
 def test_target_epsilon_above_budget_is_refused():
     raw = with_value("finetune", "target_epsilon", 50.0)
     with pytest.raises(ConfigError, match="finetune.target_epsilon: exceeds privacy.epsilon_budget"):

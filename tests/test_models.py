@@ -25,3 +25,25 @@ def test_save_and_load_give_the_same_predictions(tmp_path):
     x = torch.randn(5, 10)
     with torch.no_grad():
         assert torch.equal(load_released(tmp_path)(x), model(x))
+
+
+def test_cnn_takes_flat_28x28_pixels_and_round_trips(tmp_path):
+    from privpipe.models import make_network
+
+    model = released_model(make_network("cnn", in_features=784, hidden_units=[], classes=10), None, kind="cnn")
+    x = torch.rand(3, 784)
+    assert model(x).shape == (3, 10)
+    spec = {"model": "cnn", "input_dim": 784, "projection_dim": None, "hidden_units": [], "classes": 10,
+            "input_scale": 1.0}
+    save_released(model, tmp_path, spec=spec)
+    with torch.no_grad():
+        assert torch.equal(load_released(tmp_path)(x), model(x))
+
+
+def test_cnn_refuses_other_image_sizes():
+    import pytest
+
+    from privpipe.models import make_network
+
+    with pytest.raises(ValueError, match="28×28"):
+        make_network("cnn", in_features=64, hidden_units=[], classes=10)
