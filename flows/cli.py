@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     calculators = privacy.add_subparsers(dest="calculator", required=True)
     dpsgd = calculators.add_parser("dpsgd", help="ε of DP-SGD (Poisson-subsampled Gaussian) for given σ, q, T, δ")
     dpsgd.add_argument("--noise-multiplier", type=_positive_float, required=True, help="σ")
-    dpsgd.add_argument("--sample-rate", type=_positive_float, required=True, help="q = lot size / n")
+    dpsgd.add_argument("--sample-rate", type=_positive_float, required=True, help="q, the Poisson sampling rate (≈ lot size / n)")
     dpsgd.add_argument("--steps", type=_positive_int, required=True, help="T")
     dpsgd.add_argument("--delta", type=_positive_float, required=True, help="δ")
     dpsgd.add_argument("--accountant", choices=("best", "pld", "rdp"), default="best")

@@ -26,8 +26,9 @@ from tasks.prepare import prepare_task
 __all__ = ["pipeline", "privacy_markdown"]
 
 INSECURE_RNG_WARNING = (
-    "privacy.secure_rng is false: noise comes from a seeded pseudo-random generator, which is fine for "
-    "experiments but open to floating-point attacks on the noise; set privacy.secure_rng: true for deployment"
+    "privacy.secure_rng is false: noise and DP-SGD's lot sampling come from pseudo-random generators seeded "
+    "with run.seed, so the run is reproducible but whoever knows the seed can undo the noise; fine for "
+    "experiments, not for a released model (set privacy.secure_rng: true)"
 )
 
 
@@ -59,13 +60,13 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     try:
         prepared = prepare_task(params, run_id)
         pca = dp_pca_task(params, run_id, prepared["sensitive"])
-        tuned = finetune_task(params, run_id, prepared["sensitive"], pca["dir"])
+        tuned = finetune_task(params, run_id, prepared["sensitive"], prepared["test"], pca["dir"])
         result = evaluate_task(params, run_id, prepared["sensitive"], prepared["test"], tuned["model_dir"])
+        ledger = Ledger.from_dict(read_json(result["ledger"]))
+        create_markdown_artifact(key="privacy-summary", markdown=privacy_markdown(ledger, result),
+                                 description="privacy spend of this run")
     except BaseException:
         tracking.finish_run(params, run_id, status="FAILED")
         raise
-    ledger = Ledger.from_dict(read_json(result["ledger"]))
-    create_markdown_artifact(key="privacy-summary", markdown=privacy_markdown(ledger, result),
-                             description="privacy spend of this run")
     tracking.finish_run(params, run_id)
     return {**result, "run_id": run_id}

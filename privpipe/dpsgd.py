@@ -15,6 +15,7 @@ is always Poisson here (Opacus' ``poisson_sampling=True``).
 from __future__ import annotations
 
 import math
+import secrets
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable
@@ -133,11 +134,16 @@ def make_private_training(
         raise ValueError("per_layer clipping is not available with ghost clipping (use hooks)")
     schedule = dpsgd_schedule(n=len(features), lot_size=lot_size, epochs=epochs)
     if not secure_rng:
-        warnings.warn("DP-SGD noise comes from a seeded PRNG (privacy.secure_rng: false): fine for research, "
-                      "not for a deployment that must resist floating-point attacks on the noise", stacklevel=2)
+        warnings.warn("DP-SGD noise and lot sampling come from PRNGs seeded with the run's seed "
+                      "(privacy.secure_rng: false): reproducible for research, but whoever knows the seed can "
+                      "undo the noise; use secure_rng for anything released", stacklevel=2)
 
-    torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # model initialisation stays reproducible either way
+    # Which records form each lot must be as secret as the noise: in secure mode the sampler's
+    # seed comes from the OS (never logged); otherwise both follow run.seed, reproducibly.
+    sampling_seed = secrets.randbits(63) if secure_rng else seed
+    generator = torch.Generator().manual_seed(sampling_seed)
+    noise_generator = torch.Generator().manual_seed(seed + 1)
     dataset = TensorDataset(torch.as_tensor(features, dtype=torch.float32), torch.as_tensor(labels, dtype=torch.long))
     loader = DataLoader(dataset, batch_size=lot_size, generator=generator)
     optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=momentum)
@@ -151,12 +157,14 @@ def make_private_training(
     made = engine.make_private(
         module=model, optimizer=optimizer, criterion=nn.CrossEntropyLoss(), data_loader=loader,
         noise_multiplier=noise_multiplier, max_grad_norm=clip, poisson_sampling=True,
-        clipping=clipping, grad_sample_mode=grad_sample_mode, noise_generator=generator,
+        clipping=clipping, grad_sample_mode=grad_sample_mode, noise_generator=noise_generator,
     )
     if grad_sample_mode == "ghost":
         private_model, dp_optimizer, criterion, dp_loader = made
     else:
         (private_model, dp_optimizer, dp_loader), criterion = made, nn.CrossEntropyLoss()
+    # Opacus' sampler runs int(1/q) steps an epoch, which float rounding makes one short for some n/L
+    dp_loader.batch_sampler.steps = schedule.steps_per_epoch
     if abs(dp_loader.sample_rate - schedule.sample_rate) > 1e-12 or len(dp_loader) != schedule.steps_per_epoch:
         raise RuntimeError("Opacus' Poisson loader disagrees with the planned schedule; refusing to mis-account")
     if secure_rng:

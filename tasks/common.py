@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["write_json", "read_json", "write_text", "stage_logger"]
+__all__ = ["write_json", "read_json", "write_text", "staged_dir", "stage_logger"]
 
 
 def write_text(path: Path, text: str) -> None:
@@ -23,6 +25,27 @@ def write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def staged_dir(target: Path) -> Iterator[Path]:
+    """Build a stage's output folder under a temporary name; put it in place only once complete.
+
+    On error the temporary folder is removed and ``target`` keeps its previous content, so
+    a later stage never reads a model from one run beside a ledger from another.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    previous = target.with_name(f".{target.name}.previous-{os.getpid()}")
+    if target.exists():
+        os.replace(target, previous)
+    os.replace(staging, target)
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def write_json(path: Path, data: Any) -> None:

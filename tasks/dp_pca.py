@@ -10,7 +10,7 @@ Output: artifacts/dp_pca/{projection.npy, ledger.json}.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from prefect import task
@@ -19,11 +19,11 @@ from prefect.cache_policies import NO_CACHE
 from privpipe.config import ConfigError, Params
 from privpipe.data import Records
 from privpipe.dp_pca import dp_pca, dp_pca_event
-from privpipe.privacy import Ledger
+from privpipe.privacy import Event, Ledger
 from tasks import paths
-from tasks.common import stage_logger, write_json, write_text
+from tasks.common import stage_logger, staged_dir, write_json, write_text
 
-__all__ = ["run_dp_pca", "dp_pca_task", "new_ledger"]
+__all__ = ["run_dp_pca", "dp_pca_task", "new_ledger", "calibrate_for"]
 
 
 def new_ledger(params: Params) -> Ledger:
@@ -37,34 +37,39 @@ def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path =
     cfg = params.dp_pca
     ledger = new_ledger(params)
     records = Records.load(sensitive)
-    projection_file = out / "projection.npy"
-    sigma = None
+    projection = sigma = None
     if cfg.enabled:
         dim = records.features.shape[1]
         if cfg.components > dim:
             raise ConfigError(f"dp_pca.components: {cfg.components} exceeds the feature dimension {dim}")
         sigma = cfg.noise_multiplier
         if sigma is None:
-            sigma = new_ledger(params).calibrate(lambda s: dp_pca_event(noise_multiplier=s),
-                                                 target_epsilon=cfg.epsilon)
+            sigma = calibrate_for(ledger, dp_pca_event, target_epsilon=cfg.epsilon, key="dp_pca.epsilon")
         ledger.ensure_affordable(dp_pca_event(noise_multiplier=sigma))
         rng = np.random.default_rng([params.run.seed, 1])
         projection = dp_pca(records.features, components=cfg.components, noise_multiplier=sigma,
                             rng=rng, secure=params.privacy.secure_rng)
         ledger.record(dp_pca_event(noise_multiplier=sigma))
-        out.mkdir(parents=True, exist_ok=True)
-        np.save(projection_file, projection)
-        spend = ledger.stage_epsilon("dp_pca")
-        log.info("dp_pca: k = %d of %d, σ = %.4g → %s", cfg.components, dim, sigma, spend)
+        log.info("dp_pca: k = %d of %d, σ = %.4g → %s", cfg.components, dim, sigma, ledger.stage_epsilon("dp_pca"))
     else:
-        projection_file.unlink(missing_ok=True)
         log.info("dp_pca: disabled (no projection, no privacy cost)")
-    write_text(out / "ledger.json", ledger.to_json())
+    with staged_dir(out) as staging:
+        if projection is not None:
+            np.save(staging / "projection.npy", projection)
+        write_text(staging / "ledger.json", ledger.to_json())
     figures = {"enabled": cfg.enabled, "noise_multiplier": sigma,
                "epsilon": ledger.stage_epsilon("dp_pca").epsilon if cfg.enabled else 0.0}
     write_json(paths.metrics_file("dp_pca"), figures)
-    return {"dir": str(out), "projection": str(projection_file) if cfg.enabled else None,
+    return {"dir": str(out), "projection": str(out / "projection.npy") if cfg.enabled else None,
             "ledger": str(out / "ledger.json"), **figures}
+
+
+def calibrate_for(ledger: Ledger, make_event: Callable[..., Event], *, target_epsilon: float, key: str) -> float:
+    """σ for ``target_epsilon`` (see Ledger.calibrate), with an unreachable target reported against ``key``."""
+    try:
+        return ledger.calibrate(lambda s: make_event(noise_multiplier=s), target_epsilon=target_epsilon)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc} (already spent: ε = {ledger.epsilon().epsilon:.4g})") from None
 
 
 @task(name="dp_pca", cache_policy=NO_CACHE)

@@ -25,7 +25,8 @@ from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
 from privpipe.models import front_layers, make_network, released_model, save_released
 from privpipe.privacy import Ledger, compute_epsilon
 from tasks import paths
-from tasks.common import read_json, stage_logger, write_json, write_text
+from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
+from tasks.dp_pca import calibrate_for
 
 __all__ = ["run_finetune", "finetune_task"]
 
@@ -35,12 +36,24 @@ def _load_projection(dp_pca_dir: Path) -> np.ndarray | None:
     return np.load(file) if file.exists() else None
 
 
-def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, dp_pca_dir: Path = paths.DP_PCA,
-                 out: Path = paths.FINETUNE) -> dict[str, Any]:
+def _check_ledger_matches(ledger: Ledger, params: Params, source: Path) -> None:
+    """The ledger carries the run's δ and budget from dp_pca; params edited since must not be ignored."""
+    for key, recorded, current in (("privacy.delta", ledger.delta, params.privacy.delta),
+                                   ("privacy.epsilon_budget", ledger.epsilon_budget, params.privacy.epsilon_budget),
+                                   ("privacy.accountant", ledger.accountant, params.privacy.accountant)):
+        if recorded != current:
+            raise ConfigError(f"{key}: is {current} but {source} was written with {recorded}; re-run dp_pca first")
+
+
+def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
+                 dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.FINETUNE) -> dict[str, Any]:
     log = stage_logger("finetune")
     cfg = params.finetune
     ledger = Ledger.from_dict(read_json(dp_pca_dir / "ledger.json"))
+    _check_ledger_matches(ledger, params, dp_pca_dir / "ledger.json")
     records = Records.load(sensitive)
+    if cfg.lot_size > len(records):
+        raise ConfigError(f"finetune.lot_size: {cfg.lot_size} exceeds the {len(records)} sensitive records")
     projection = _load_projection(dp_pca_dir)
     if cfg.model == "cnn" and projection is not None:
         raise ConfigError("finetune.model: cnn trains on raw pixels; set dp_pca.enabled: false")
@@ -50,14 +63,15 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, dp_pca_di
     schedule = dpsgd_schedule(n=len(records), lot_size=cfg.lot_size, epochs=cfg.epochs)
     sigma = cfg.noise_multiplier
     if sigma is None:
-        sigma = ledger.calibrate(lambda s: schedule.event(noise_multiplier=s), target_epsilon=cfg.target_epsilon)
+        sigma = calibrate_for(ledger, schedule.event, target_epsilon=cfg.target_epsilon, key="finetune.target_epsilon")
         log.info("finetune: σ = %.4g reaches total ε ≤ %g", sigma, cfg.target_epsilon)
     planned = schedule.event(noise_multiplier=sigma)
     after = ledger.ensure_affordable(planned)
     log.info("finetune: %d steps at q = %.4g, σ = %.4g; run total will be %s", schedule.steps,
              schedule.sample_rate, sigma, after)
 
-    classes = int(records.labels.max()) + 1
+    # the label set is public knowledge (it is the task); test labels make sure no class is missing
+    classes = int(max(records.labels.max(), Records.load(test).labels.max())) + 1
     try:
         network = make_network(cfg.model, in_features=int(np.prod(features.shape[1:])),
                                hidden_units=cfg.hidden_units, classes=classes)
@@ -86,9 +100,10 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, dp_pca_di
     spec = {"model": cfg.model, "input_dim": int(records.features.shape[1]), "projection_dim": None if projection is None
             else int(projection.shape[1]), "hidden_units": list(cfg.hidden_units), "classes": classes,
             "input_scale": cfg.input_scale}
-    save_released(model, out, spec=spec)
-    write_json(out / "history.json", {"epochs": result.history, "epsilon_by_step": curve})
-    write_text(out / "ledger.json", ledger.to_json())
+    with staged_dir(out) as staging:
+        save_released(model, staging, spec=spec)
+        write_json(staging / "history.json", {"epochs": result.history, "epsilon_by_step": curve})
+        write_text(staging / "ledger.json", ledger.to_json())
     spend = ledger.stage_epsilon("finetune")
     figures = {"noise_multiplier": sigma, "sample_rate": schedule.sample_rate, "steps": schedule.steps,
                "epsilon": spend.epsilon, "final_loss": result.history[-1]["loss"]}
@@ -99,10 +114,10 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, dp_pca_di
 
 
 @task(name="finetune", cache_policy=NO_CACHE)
-def finetune_task(params: Params, run_id: str, sensitive: str, dp_pca_dir: str) -> dict[str, Any]:
+def finetune_task(params: Params, run_id: str, sensitive: str, test: str, dp_pca_dir: str) -> dict[str, Any]:
     from tasks import tracking
 
-    out = run_finetune(params, sensitive=Path(sensitive), dp_pca_dir=Path(dp_pca_dir))
+    out = run_finetune(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir))
     history = read_json(Path(out["history"]))
     tracking.log_finetune(params, run_id, out, Ledger.from_json(Path(out["ledger"]).read_text()),
                           history["epochs"], history["epsilon_by_step"])

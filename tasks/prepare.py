@@ -18,7 +18,7 @@ from privpipe.config import ConfigError, Params
 from privpipe.data import DataError, Records, export_digits_csv, load_labeled_csv, load_mnist, stratified_split, subsample
 from privpipe.data.mnist import mnist_files
 from tasks import paths
-from tasks.common import stage_logger, write_json
+from tasks.common import stage_logger, staged_dir, write_json
 from tasks.versioning import data_version
 
 __all__ = ["run_prepare", "prepare_task", "ensure_default_data"]
@@ -63,8 +63,9 @@ def run_prepare(params: Params) -> dict[str, str]:
         )
     if len(set(train.labels.tolist())) < 2:
         raise DataError(f"{sources[0]}: the sensitive set needs at least two classes")
-    train.save(paths.SENSITIVE)
-    test.save(paths.TEST)
+    with staged_dir(paths.PREPARED) as out:
+        train.save(out / paths.SENSITIVE.name)
+        test.save(out / paths.TEST.name)
     version = data_version(sources)
     summary = {"n_sensitive": n, "n_test": len(test), "n_features": int(train.features.shape[1]),
                "n_classes": int(max(train.labels.max(), test.labels.max()) + 1), "data_version": version}

@@ -131,7 +131,9 @@ def log_evaluate(params: Params, run_id: str, out: dict[str, Any], ledger: Ledge
     """Accuracy metrics; log the released model, register it, tag the version with its (ε, δ)."""
     client = _client(params)
     _metrics(client, run_id, {"accuracy.train": out["accuracy_train"], "accuracy.test": out["accuracy_test"]})
-    client.set_tag(run_id, "privpipe.released", "student/fine-tuned model only; no teacher or raw data is logged")
+    client.set_tag(run_id, "privacy.not_covered",
+                   "accuracy.train and finetune.loss are computed on the sensitive data without noise: "
+                   "for the data owner, not covered by ε; the released model and privacy.* metrics are")
     spend = ledger.epsilon()
     privacy_tags = {"privacy.epsilon": f"{spend.epsilon:.6g}", "privacy.delta": f"{spend.delta:g}",
                     "privacy.accountant": spend.accountant}
@@ -142,6 +144,7 @@ def log_evaluate(params: Params, run_id: str, out: dict[str, Any], ledger: Ledge
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"],
             tags=privacy_tags,
         )
+    client.update_run(run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
     registered: dict[str, Any] = {"model_uri": info.model_uri}
     if params.evaluate.register_model:
         run = client.get_run(run_id)

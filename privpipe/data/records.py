@@ -51,10 +51,12 @@ class Records:
     @classmethod
     def load(cls, folder: Path) -> "Records":
         try:
-            return cls(
-                np.load(folder / "features.npy"),
-                np.load(folder / "labels.npy"),
-                np.load(folder / "ids.npy"),
-            )
+            arrays = [np.load(folder / f"{name}.npy") for name in ("features", "labels", "ids")]
         except FileNotFoundError as exc:
             raise DataError(f"{exc.filename}: missing (run the prepare stage first)") from None
+        except ValueError as exc:
+            raise DataError(f"{folder}: unreadable array ({exc})") from None
+        try:
+            return cls(*arrays)
+        except DataError as exc:
+            raise DataError(f"{folder}: {exc}") from None
