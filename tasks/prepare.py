@@ -44,6 +44,8 @@ def _load(params: Params) -> tuple[Records, Records, list[Path]]:
         records = load_labeled_csv(source)
         train, test = stratified_split(records, test_fraction=cfg.test_fraction, seed=params.run.seed)
         return train, test, [source]
+    if cfg.download:
+        source.mkdir(parents=True, exist_ok=True)  # torchvision fetches into it
     if not source.is_dir():
         raise DataError(f"prepare.path: {source} is not a folder of MNIST IDX files")
     splits = load_mnist(source, download=cfg.download)
