@@ -92,7 +92,7 @@ class _StderrHandler(logging.StreamHandler):
 
     @stream.setter
     def stream(self, _value) -> None:
-        pass
+        """Ignored: the stream is always the current sys.stderr."""
 
 
 def _log_stages_to_stderr() -> None:

@@ -63,14 +63,10 @@ def read_json(path: Path) -> Any:
 
 def stage_logger(stage: str) -> logging.Logger | logging.LoggerAdapter:
     """Prefect's run logger inside a flow or task run, else a plain logger (dvc repro)."""
-    try:
-        from prefect import get_run_logger
-        from prefect.exceptions import MissingContextError
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
 
-        try:
-            return get_run_logger()
-        except MissingContextError:
-            pass
-    except ImportError:
-        pass
-    return logging.getLogger(f"privpipe.{stage}")  # the command line configures its output
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(f"privpipe.{stage}")  # the command line configures its output
