@@ -17,7 +17,7 @@ from privpipe.privacy.ledger import (
     classic_rdp_epsilon,
     compute_epsilon,
 )
-from privpipe.privacy.secure_noise import secure_normal
+from privpipe.privacy.secure_noise import NoiseSource, secure_laplace, secure_normal
 
 __all__ = [
     "Event",
@@ -33,5 +33,7 @@ __all__ = [
     "classic_rdp_epsilon",
     "calibrate_noise_multiplier",
     "secure_normal",
+    "secure_laplace",
+    "NoiseSource",
     "RDP_ORDERS",
 ]

@@ -116,10 +116,13 @@ class RdpCurveEvent(Event):
 
     For analyses no library has (PATE's data-dependent bound). Composition is
     RDP-only; orders the curve does not list count as +∞ (never chosen).
+    ``delta`` is the probability that the curve itself is not a bound (a noisy,
+    sanitised release can undershoot); the ledger spends it out of the run's δ.
     """
 
     orders: tuple[float, ...] = ()
     rdp: tuple[float, ...] = ()
+    delta: float = 0.0
     mechanism: ClassVar[str] = "rdp_curve"
     supports_pld: ClassVar[bool] = False
 
@@ -132,6 +135,8 @@ class RdpCurveEvent(Event):
             raise ValueError("RDP orders must be > 1")
         if any(not r >= 0 for r in self.rdp):
             raise ValueError("RDP values must be >= 0 (and not NaN)")
+        if not 0 <= self.delta < 1:
+            raise ValueError(f"delta must be in [0, 1), got {self.delta!r}")
 
     def rdp_at(self, orders: Sequence[float]) -> np.ndarray:
         table = dict(zip(self.orders, self.rdp))

@@ -75,7 +75,11 @@ def _rdp_curve(events: Sequence[Event]) -> np.ndarray:
 
 
 def _rdp_epsilon(events: Sequence[Event], delta: float) -> float:
-    epsilon, _ = rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, _rdp_curve(events), delta)
+    # a custom curve that holds only with probability 1 - δ_e spends δ_e of the run's δ
+    spent = sum(e.delta for e in events if isinstance(e, RdpCurveEvent))
+    if spent >= delta:
+        raise ValueError(f"custom RDP curves need δ = {spent:g} of the run's δ = {delta:g}; nothing is left to convert")
+    epsilon, _ = rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, _rdp_curve(events), delta - spent)
     return float(epsilon)
 
 

@@ -1,4 +1,4 @@
-"""Gaussian noise from the operating system's cryptographically secure generator.
+"""Gaussian and Laplace noise from the operating system's cryptographically secure generator.
 
 Opacus' own secure mode needs ``torchcsprng``, which has no build for current
 PyTorch. This module draws uniform bits from ``os.urandom`` (the kernel CSPRNG),
@@ -15,7 +15,7 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["secure_normal"]
+__all__ = ["secure_normal", "secure_laplace", "NoiseSource"]
 
 _DRAWS = 4  # summed normals per output; std of the sum is sqrt(4) = 2, hence the 1/2
 
@@ -36,3 +36,28 @@ def secure_normal(shape: torch.Size | tuple[int, ...], *, std: float,
     normals = np.concatenate([radius * np.cos(2 * np.pi * u2), radius * np.sin(2 * np.pi * u2)])
     summed = normals[: count * _DRAWS].reshape(_DRAWS, count).sum(axis=0) / np.sqrt(_DRAWS)
     return torch.from_numpy(summed * std).to(dtype=dtype, device=device).reshape(shape)
+
+
+def secure_laplace(count: int, *, scale: float) -> np.ndarray:
+    """``count`` draws of Laplace(0, scale) from the OS CSPRNG, as the difference of two
+    exponentials −log U with 53-bit uniforms (no sign bit taken from the same draw)."""
+    return scale * (np.log(_secure_uniform(count)) - np.log(_secure_uniform(count)))
+
+
+class NoiseSource:
+    """NumPy noise for mechanisms outside Opacus: seeded (reproducible, for tests and trials)
+    or, with ``secure=True``, from the OS CSPRNG (what a real release should use)."""
+
+    def __init__(self, *, seed: int | np.random.SeedSequence, secure: bool) -> None:
+        self.secure = bool(secure)
+        self._rng = np.random.default_rng(seed)
+
+    def normal(self, shape: tuple[int, ...], *, std: float) -> np.ndarray:
+        if self.secure:
+            return secure_normal(shape, std=std, dtype=torch.float64).numpy()
+        return self._rng.normal(0.0, std, size=shape)
+
+    def laplace(self, shape: tuple[int, ...], *, scale: float) -> np.ndarray:
+        if self.secure:
+            return secure_laplace(int(np.prod(shape, dtype=np.int64)), scale=scale).reshape(shape)
+        return self._rng.laplace(0.0, scale, size=shape)
