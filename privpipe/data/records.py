@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Records", "DataError"]
+__all__ = ["Records", "DataError", "class_count"]
 
 
 class DataError(ValueError):
@@ -60,3 +60,8 @@ class Records:
             return cls(*arrays)
         except DataError as exc:
             raise DataError(f"{folder}: {exc}") from None
+
+
+def class_count(*sets: Records) -> int:
+    """The number of classes, from the labels of the given sets (the class set is public: it is the task)."""
+    return int(max(int(r.labels.max()) for r in sets if len(r)) + 1)
