@@ -1,0 +1,261 @@
+"""Noisy-vote aggregation (LNMax, GNMax, Confident-GNMax) on fixed histograms and seeds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from privpipe.pate.aggregate import MECHANISMS, UNANSWERED, aggregate, confident_gnmax, gnmax, lnmax
+from privpipe.privacy.secure_noise import NoiseSource
+
+CLASSES = 10
+TEACHERS = 250
+
+
+def seeded(seed: int = 0) -> NoiseSource:
+    return NoiseSource(seed=seed, secure=False)
+
+
+def run(mechanism: str, histograms: np.ndarray, noise: NoiseSource, scale: str = "normal") -> np.ndarray:
+    """Each mechanism at its usual (paper-sized) noise, or with ``scale='tiny'`` almost none."""
+    tiny = scale == "tiny"
+    if mechanism == "lnmax":
+        return lnmax(histograms, gamma=1e6 if tiny else 0.05, noise=noise)
+    if mechanism == "gnmax":
+        return gnmax(histograms, sigma=1e-6 if tiny else 40.0, noise=noise)
+    return confident_gnmax(histograms, threshold=0.0 if tiny else 150.0, sigma1=1e-6 if tiny else 30.0,
+                           sigma2=1e-6 if tiny else 40.0, noise=noise)
+
+
+def unanimous(queries: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every teacher votes for one class, a different one per query."""
+    winners = np.arange(queries) % CLASSES
+    histograms = np.zeros((queries, CLASSES), dtype=np.int64)
+    histograms[np.arange(queries), winners] = TEACHERS
+    return histograms, winners
+
+
+def random_histograms(rng: np.random.Generator, queries: int, classes: int = CLASSES,
+                      teachers: int = TEACHERS) -> np.ndarray:
+    return np.stack([np.bincount(rng.integers(0, classes, teachers), minlength=classes) for _ in range(queries)])
+
+
+# -- outputs -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_huge_margin_returns_the_plurality(mechanism, seed):
+    histograms, winners = unanimous(50)
+    labels = run(mechanism, histograms, seeded(seed))
+    assert labels.dtype == np.int64 and labels.shape == (50,)
+    # Laplace(20) / N(0, 40²) against a 250-vote margin: a wrong label has probability < 1e-5
+    np.testing.assert_array_equal(labels, winners)
+
+
+def test_margin_example_from_the_brief():
+    histogram = np.array([[0, 250, 0, 0, 0, 0, 0, 0, 0, 0]])
+    for mechanism in MECHANISMS:
+        for seed in range(5):
+            assert run(mechanism, histogram, seeded(seed)).tolist() == [1]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_tiny_noise_equals_argmax(mechanism):
+    rng = np.random.default_rng(7)
+    histograms = random_histograms(rng, 200)
+    # keep rows whose maximum is unique (np.argmax breaks ties by index, noise at random)
+    ordered = np.sort(histograms, axis=1)
+    histograms = histograms[ordered[:, -1] > ordered[:, -2]]
+    assert len(histograms) > 100
+    labels = run(mechanism, histograms, seeded(3), scale="tiny")
+    np.testing.assert_array_equal(labels, np.argmax(histograms, axis=1))
+    assert (labels != UNANSWERED).all()
+
+
+def test_confident_gnmax_threshold_above_teachers_answers_nothing():
+    histograms, _ = unanimous(30)
+    labels = confident_gnmax(histograms, threshold=TEACHERS + 1, sigma1=1e-6, sigma2=40.0, noise=seeded(0))
+    assert labels.dtype == np.int64
+    assert (labels == UNANSWERED).all() and UNANSWERED == -1
+
+
+def test_confident_gnmax_threshold_zero_answers_everything():
+    rng = np.random.default_rng(11)
+    histograms = random_histograms(rng, 40)
+    labels = confident_gnmax(histograms, threshold=0.0, sigma1=1e-6, sigma2=40.0, noise=seeded(0))
+    assert (labels >= 0).all() and (labels < CLASSES).all()
+
+
+def test_confident_gnmax_answers_exactly_the_rows_whose_top_count_clears_the_threshold():
+    histograms = np.array([[250, 0, 0], [100, 90, 60], [200, 50, 0], [84, 83, 83], [199, 51, 0]])
+    labels = confident_gnmax(histograms, threshold=199.5, sigma1=1e-6, sigma2=1e-6, noise=seeded(4))
+    assert labels.tolist() == [0, UNANSWERED, 0, UNANSWERED, UNANSWERED]
+
+
+# -- the exact draws of a seeded NoiseSource -------------------------------------------------
+
+
+def test_gnmax_uses_normal_noise_of_std_sigma_from_the_seed():
+    rng = np.random.default_rng(5)
+    histograms = random_histograms(rng, 300)
+    sigma = 7.5
+    expected = np.argmax(histograms + np.random.default_rng(21).normal(0.0, sigma, histograms.shape), axis=1)
+    np.testing.assert_array_equal(gnmax(histograms, sigma=sigma, noise=seeded(21)), expected)
+
+
+def test_lnmax_uses_laplace_noise_of_scale_one_over_gamma_from_the_seed():
+    rng = np.random.default_rng(6)
+    histograms = random_histograms(rng, 300)
+    gamma = 0.2
+    expected = np.argmax(histograms + np.random.default_rng(22).laplace(0.0, 1.0 / gamma, histograms.shape), axis=1)
+    np.testing.assert_array_equal(lnmax(histograms, gamma=gamma, noise=seeded(22)), expected)
+
+
+def test_confident_gnmax_draws_threshold_noise_then_argmax_noise_for_answered_rows():
+    rng = np.random.default_rng(8)
+    histograms = random_histograms(rng, 300, classes=4, teachers=40)
+    threshold, sigma1, sigma2 = 17.0, 3.0, 2.0
+    generator = np.random.default_rng(23)
+    answered = histograms.max(axis=1) + generator.normal(0.0, sigma1, len(histograms)) >= threshold
+    assert 0 < answered.sum() < len(histograms)
+    expected = np.full(len(histograms), -1)
+    chosen = histograms[answered]
+    expected[answered] = np.argmax(chosen + generator.normal(0.0, sigma2, chosen.shape), axis=1)
+    labels = confident_gnmax(histograms, threshold=threshold, sigma1=sigma1, sigma2=sigma2, noise=seeded(23))
+    np.testing.assert_array_equal(labels, expected)
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_reproducible_for_a_seed_and_different_across_seeds(mechanism):
+    # ambiguous: 250 teachers split evenly over the first two classes, lightly elsewhere
+    histograms = np.tile(np.array([[100, 100, 10, 10, 10, 5, 5, 5, 5, 0]]), (300, 1))
+    first = run(mechanism, histograms, seeded(10))
+    again = run(mechanism, histograms, seeded(10))
+    other = run(mechanism, histograms, seeded(11))
+    np.testing.assert_array_equal(first, again)
+    assert (first != other).any()
+    # both leading classes are actually drawn (noise breaks the tie both ways)
+    assert {0, 1} <= set(first.tolist())
+
+
+def test_aggregate_dispatches_to_each_mechanism():
+    rng = np.random.default_rng(9)
+    histograms = random_histograms(rng, 100)
+    np.testing.assert_array_equal(aggregate(histograms, mechanism="lnmax", gamma=0.1, noise=seeded(1)),
+                                  lnmax(histograms, gamma=0.1, noise=seeded(1)))
+    np.testing.assert_array_equal(aggregate(histograms, mechanism="gnmax", sigma=5.0, noise=seeded(1)),
+                                  gnmax(histograms, sigma=5.0, noise=seeded(1)))
+    np.testing.assert_array_equal(
+        aggregate(histograms, mechanism="confident_gnmax", threshold=40, sigma1=5.0, sigma2=3.0, noise=seeded(1)),
+        confident_gnmax(histograms, threshold=40, sigma1=5.0, sigma2=3.0, noise=seeded(1)))
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_secure_noise_returns_valid_labels(mechanism):
+    histograms, winners = unanimous(20)
+    labels = run(mechanism, histograms, NoiseSource(seed=0, secure=True))
+    assert labels.dtype == np.int64 and labels.shape == (20,)
+    np.testing.assert_array_equal(labels, winners)
+    ambiguous = np.tile(np.array([[125, 125, 0, 0, 0, 0, 0, 0, 0, 0]]), (200, 1))
+    labels = run(mechanism, ambiguous, NoiseSource(seed=0, secure=True))
+    assert labels.dtype == np.int64 and labels.shape == (200,)
+    assert ((labels == UNANSWERED) | ((labels >= 0) & (labels < CLASSES))).all()
+    # the OS generator is not the seed's: the even split goes both ways
+    assert {0, 1} <= set(labels.tolist())
+
+
+# -- statistics of the noise ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gap, sigma", [(3, 2.0), (10, 5.0), (0, 4.0)])
+def test_gnmax_picks_the_runner_up_with_the_gaussian_probability(gap, sigma):
+    draws = 20_000
+    histograms = np.tile(np.array([[50 + gap, 50]]), (draws, 1))
+    labels = gnmax(histograms, sigma=sigma, noise=seeded(gap))
+    # runner-up wins iff N1 − N0 > gap, N1 − N0 ~ N(0, 2σ²)
+    expected = norm.cdf(-gap / (math.sqrt(2.0) * sigma))
+    standard_error = math.sqrt(expected * (1 - expected) / draws)
+    assert abs((labels == 1).mean() - expected) <= 4 * standard_error
+
+
+@pytest.mark.parametrize("gap, gamma", [(3, 0.5), (8, 0.25)])
+def test_lnmax_picks_the_runner_up_with_the_laplace_difference_probability(gap, gamma):
+    draws = 20_000
+    histograms = np.tile(np.array([[40 + gap, 40]]), (draws, 1))
+    labels = lnmax(histograms, gamma=gamma, noise=seeded(gap))
+    # L1 − L0 with L_i ~ Laplace(1/γ): Pr[L1 − L0 > g] = (2 + γg)/4 · e^{−γg}
+    expected = (2 + gamma * gap) / 4 * math.exp(-gamma * gap)
+    standard_error = math.sqrt(expected * (1 - expected) / draws)
+    assert abs((labels == 1).mean() - expected) <= 4 * standard_error
+
+
+def test_confident_gnmax_answers_with_the_threshold_probability():
+    draws = 20_000
+    histograms = np.tile(np.array([[30, 10]]), (draws, 1))
+    threshold, sigma1 = 33.0, 4.0
+    labels = confident_gnmax(histograms, threshold=threshold, sigma1=sigma1, sigma2=1.0, noise=seeded(2))
+    expected = norm.cdf((30 - threshold) / sigma1)
+    standard_error = math.sqrt(expected * (1 - expected) / draws)
+    assert abs((labels != UNANSWERED).mean() - expected) <= 4 * standard_error
+    assert set(labels.tolist()) <= {UNANSWERED, 0}
+
+
+# -- bad parameters -------------------------------------------------------------------------
+
+
+GOOD = np.array([[3, 1, 1], [0, 5, 0]])
+
+
+@pytest.mark.parametrize("sigma", [0.0, -1.0, float("nan")])
+def test_gnmax_rejects_non_positive_sigma(sigma):
+    with pytest.raises(ValueError, match="sigma"):
+        gnmax(GOOD, sigma=sigma, noise=seeded())
+
+
+@pytest.mark.parametrize("gamma", [0.0, -0.5, float("nan")])
+def test_lnmax_rejects_non_positive_gamma(gamma):
+    with pytest.raises(ValueError, match="gamma"):
+        lnmax(GOOD, gamma=gamma, noise=seeded())
+
+
+@pytest.mark.parametrize("field", ["sigma1", "sigma2"])
+@pytest.mark.parametrize("value", [0.0, -2.0])
+def test_confident_gnmax_rejects_non_positive_sigmas(field, value):
+    params = {"threshold": 3.0, "sigma1": 1.0, "sigma2": 1.0, field: value}
+    with pytest.raises(ValueError, match=field):
+        confident_gnmax(GOOD, noise=seeded(), **params)
+
+
+@pytest.mark.parametrize("histograms", [
+    np.array([3, 1, 1]),  # 1-D
+    np.zeros((2, 3, 4)),  # 3-D
+    np.array([[5], [5]]),  # one class
+    np.zeros((3, 0)),  # no classes
+])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_bad_histogram_shapes_raise(histograms, mechanism):
+    with pytest.raises(ValueError, match="histograms"):
+        run(mechanism, histograms, seeded())
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_negative_counts_raise(mechanism):
+    with pytest.raises(ValueError, match=">= 0"):
+        run(mechanism, np.array([[3, -1, 3], [1, 2, 2]]), seeded())
+
+
+def test_aggregate_rejects_an_unknown_mechanism_and_missing_parameters():
+    with pytest.raises(ValueError, match="unknown mechanism"):
+        aggregate(GOOD, mechanism="exponential", noise=seeded(), sigma=1.0)
+    with pytest.raises(ValueError, match="sigma is required"):
+        aggregate(GOOD, mechanism="gnmax", noise=seeded(), gamma=1.0)
+    with pytest.raises(ValueError, match="gamma is required"):
+        aggregate(GOOD, mechanism="lnmax", noise=seeded())
+    with pytest.raises(ValueError, match="threshold is required"):
+        aggregate(GOOD, mechanism="confident_gnmax", noise=seeded(), sigma1=1.0, sigma2=1.0)
+    with pytest.raises(ValueError, match="sigma must be > 0"):
+        aggregate(GOOD, mechanism="gnmax", noise=seeded(), sigma=0.0)
