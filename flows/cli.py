@@ -17,7 +17,7 @@ import sys
 import warnings
 from typing import Sequence
 
-STAGES = ("prepare", "dp_pca", "finetune", "evaluate")
+STAGES = ("prepare", "partition", "dp_pca", "teachers", "aggregate", "student", "finetune", "evaluate")
 
 
 def _positive_float(text: str) -> float:
@@ -109,15 +109,10 @@ def _stage(args: argparse.Namespace) -> int:
 
     _log_stages_to_stderr()
 
+    import importlib
+
     params = load_params(args.params)
-    if args.name == "prepare":
-        from tasks.prepare import run_prepare as run
-    elif args.name == "dp_pca":
-        from tasks.dp_pca import run_dp_pca as run
-    elif args.name == "finetune":
-        from tasks.finetune import run_finetune as run
-    else:
-        from tasks.evaluate import run_evaluate as run
+    run = getattr(importlib.import_module(f"tasks.{args.name}"), f"run_{args.name}")
     out = run(params)
     if args.track:
         if args.name != "evaluate":

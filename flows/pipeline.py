@@ -1,9 +1,12 @@
-"""The training pipeline as a Prefect flow: prepare → dp_pca → finetune → evaluate.
+"""The training pipeline as a Prefect flow:
+prepare → partition → dp_pca → teachers → aggregate → student → finetune → evaluate.
 
     privpipe run [--params params.yaml]
 
 One MLflow run per flow run; its id is passed to every task explicitly. Tasks
-hand each other file paths. The flow ends with a markdown artifact (in Prefect)
+hand each other file paths. Teachers are mapped tasks: the task runner trains them
+in parallel. ``student.enabled: false`` skips the PATE stages (finetune then starts
+from scratch); ``finetune.enabled: false`` deploys the student. The flow ends with a markdown artifact (in Prefect)
 that summarises the run's privacy spend.
 """
 
@@ -18,10 +21,14 @@ from privpipe.config import load_params
 from privpipe.privacy import Ledger
 from tasks import tracking
 from tasks.common import read_json
+from tasks.aggregate import aggregate_task
 from tasks.dp_pca import dp_pca_task
-from tasks.evaluate import evaluate_task
-from tasks.finetune import finetune_task
+from tasks.evaluate import deployed_dir, evaluate_task
+from tasks.finetune import finetune_task, start_dir
+from tasks.partition import partition_task
 from tasks.prepare import prepare_task
+from tasks.student import student_task
+from tasks.teachers import clear_partial_votes, collect_votes_task, teacher_task
 
 __all__ = ["pipeline", "privacy_markdown"]
 
@@ -44,9 +51,25 @@ def privacy_markdown(ledger: Ledger, result: dict[str, Any]) -> str:
     for stage, spend in summary["stages"].items():
         lines.append(f"| {stage} | {spend['epsilon']:.4f} | {spend['delta']:g} | {spend['accountant']} |")
     lines += ["", f"Test accuracy {result['accuracy_test']:.4f}, train accuracy {result['accuracy_train']:.4f}."]
+    if "accuracy_target" in result:
+        lines.append(f"Target-domain accuracy {result['accuracy_target']:.4f}.")
+    if "aggregate" in summary["stages"]:
+        lines.append("PATE teachers were trained on the sensitive data and are never released; "
+                     "only the student (and what was built on it) is.")
     if "model_version" in result:
         lines.append(f"Registered model: `{result['model_name']}` version {result['model_version']}.")
     return "\n".join(lines)
+
+
+def _pate(params, run_id: str, prepared: dict[str, str], partition_dir: str, dp_pca_dir: str) -> dict[str, Any]:
+    """teachers (mapped, one task each) → aggregate → student."""
+    sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
+    clear_partial_votes()
+    votes = teacher_task.map(params, range(params.partition.shards), sensitive, partition_dir, dp_pca_dir,
+                             public, test)
+    teachers = collect_votes_task(params, run_id, public, votes)
+    labels = aggregate_task(params, run_id, teachers["dir"], public, sensitive, test, dp_pca_dir)
+    return student_task(params, run_id, labels["dir"], public, test, sensitive, dp_pca_dir)
 
 
 @flow(name="privpipe-pipeline")
@@ -59,9 +82,15 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     run_id = tracking.start_run(params, params_file=params_file)
     try:
         prepared = prepare_task(params, run_id)
-        pca = dp_pca_task(params, run_id, prepared["sensitive"])
-        tuned = finetune_task(params, run_id, prepared["sensitive"], prepared["test"], pca["dir"])
-        result = evaluate_task(params, run_id, prepared["sensitive"], prepared["test"], tuned["model_dir"])
+        sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
+        if params.student.enabled:
+            shards = partition_task(params, run_id, sensitive, test)
+        pca = dp_pca_task(params, run_id, sensitive)
+        if params.student.enabled:
+            _pate(params, run_id, prepared, shards["dir"], pca["dir"])
+        if params.finetune.enabled:
+            finetune_task(params, run_id, sensitive, test, pca["dir"], str(start_dir(params)))
+        result = evaluate_task(params, run_id, sensitive, test, str(deployed_dir(params)))
         ledger = Ledger.from_dict(read_json(result["ledger"]))
         create_markdown_artifact(key="privacy-summary", markdown=privacy_markdown(ledger, result),
                                  description="privacy spend of this run")

@@ -24,6 +24,10 @@ __all__ = [
     "PrivacyConfig",
     "PrepareConfig",
     "DpPcaConfig",
+    "PartitionConfig",
+    "TeachersConfig",
+    "AggregateConfig",
+    "StudentConfig",
     "FinetuneConfig",
     "EvaluateConfig",
     "Params",
@@ -38,6 +42,9 @@ LR_SCHEDULES = ("constant", "linear_then_constant")
 CLIPPINGS = ("flat", "per_layer")
 GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost")
 MODELS = ("mlp", "cnn")
+PARTITION_STRATEGIES = ("iid", "dirichlet", "label_shards")
+AGGREGATORS = ("lnmax", "gnmax", "confident_gnmax")
+ANALYSES = ("data_dependent", "data_independent")
 
 
 class ConfigError(ValueError):
@@ -66,6 +73,11 @@ class PrepareConfig:
     path: str = "data/raw/digits.csv"
     download: bool = False
     test_fraction: float = 0.2
+    public_fraction: float = 0.1
+    target_fraction: float = 0.15
+    public_queries: int = 9000
+    target_domain: bool = True
+    target_test_fraction: float = 0.3
     max_train_records: int = 0
 
 
@@ -78,7 +90,58 @@ class DpPcaConfig:
 
 
 @dataclass(frozen=True)
+class PartitionConfig:
+    shards: int = 10
+    strategy: str = "iid"
+    alpha: float = 0.5
+    labels_per_shard: int = 2
+    min_records: int = 10
+
+
+@dataclass(frozen=True)
+class TeachersConfig:
+    model: str = "mlp"
+    hidden_units: tuple[int, ...] = (100,)
+    epochs: int = 40
+    batch_size: int = 32
+    learning_rate: float = 0.003
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class AggregateConfig:
+    mechanism: str = "confident_gnmax"
+    queries: int = 0
+    gamma: float | None = None
+    sigma: float | None = None
+    threshold: float | None = 7.0
+    sigma1: float | None = 2.0
+    sigma2: float | None = 1.5
+    analysis: str = "data_dependent"
+    rdp_order: float = 20.0
+    ss_beta: float = 0.01
+    ss_noise: float = 20.0
+    ss_failure_probability: float = 1e-7
+
+
+@dataclass(frozen=True)
+class StudentConfig:
+    enabled: bool = True
+    steps: int = 1500
+    labeled_batch: int = 100
+    unlabeled_batch: int = 100
+    learning_rate: float = 0.001
+    weight_decay: float = 0.0001
+    walker_weight: float = 1.0
+    visit_weight: float = 0.5
+    cover_weight: float = 0.1
+    delay_steps: int = 200
+    ramp_steps: int = 300
+
+
+@dataclass(frozen=True)
 class FinetuneConfig:
+    enabled: bool = True
     model: str = "mlp"
     hidden_units: tuple[int, ...] = (1000,)
     input_scale: float = 8.0
@@ -108,6 +171,10 @@ class Params:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     dp_pca: DpPcaConfig = field(default_factory=DpPcaConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    teachers: TeachersConfig = field(default_factory=TeachersConfig)
+    aggregate: AggregateConfig = field(default_factory=AggregateConfig)
+    student: StudentConfig = field(default_factory=StudentConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
@@ -235,6 +302,14 @@ def _validate(p: Params) -> None:
     _one_of(p.prepare.dataset, DATASETS, "prepare.dataset")
     _require(0 < p.prepare.test_fraction < 1, "prepare.test_fraction", "must be in (0, 1)")
     _require(p.prepare.max_train_records >= 0, "prepare.max_train_records", "must be >= 0")
+    for key in ("public_fraction", "target_fraction", "target_test_fraction"):
+        _require(0 < getattr(p.prepare, key) < 1, f"prepare.{key}", "must be in (0, 1)")
+    _require(p.prepare.test_fraction + p.prepare.public_fraction + p.prepare.target_fraction < 1,
+             "prepare.public_fraction", "test, public and target fractions leave no sensitive records")
+    _require(p.prepare.public_queries >= 1, "prepare.public_queries", "must be >= 1")
+    _validate_pate(p)
+    _require(p.student.enabled or p.finetune.enabled, "finetune.enabled",
+             "with student.enabled also false there is no model to deploy")
 
     pca = p.dp_pca
     if pca.enabled:
@@ -267,3 +342,44 @@ def _validate(p: Params) -> None:
     _require(ft.epsilon_curve_points >= 2, "finetune.epsilon_curve_points", "must be >= 2")
     if ft.clipping == "per_layer":
         _require(ft.grad_sample_mode != "ghost", "finetune.clipping", "per_layer clipping is not supported with ghost clipping")
+
+
+def _validate_pate(p: Params) -> None:
+    part, teach, agg, stu = p.partition, p.teachers, p.aggregate, p.student
+    _require(part.shards >= 1, "partition.shards", "must be >= 1")
+    _one_of(part.strategy, PARTITION_STRATEGIES, "partition.strategy")
+    _require(part.alpha > 0, "partition.alpha", "must be > 0")
+    _require(part.labels_per_shard >= 1, "partition.labels_per_shard", "must be >= 1")
+    _require(part.min_records >= 1, "partition.min_records", "must be >= 1")
+    _one_of(teach.model, MODELS, "teachers.model")
+    _require(teach.model != "cnn" or not p.dp_pca.enabled, "teachers.model",
+             "cnn trains on raw pixels; set dp_pca.enabled: false")
+    _require(all(h >= 1 for h in teach.hidden_units), "teachers.hidden_units", "every layer needs >= 1 unit")
+    for key in ("epochs", "batch_size"):
+        _require(getattr(teach, key) >= 1, f"teachers.{key}", "must be >= 1")
+    _require(teach.learning_rate > 0, "teachers.learning_rate", "must be > 0")
+    _require(teach.weight_decay >= 0, "teachers.weight_decay", "must be >= 0")
+
+    _one_of(agg.mechanism, AGGREGATORS, "aggregate.mechanism")
+    needed = {"lnmax": ("gamma",), "gnmax": ("sigma",), "confident_gnmax": ("threshold", "sigma1", "sigma2")}
+    for key in needed[agg.mechanism]:
+        value = getattr(agg, key)
+        _require(value is not None, f"aggregate.{key}", f"must be set for {agg.mechanism}")
+        _require(key == "threshold" or value > 0, f"aggregate.{key}", "must be > 0")
+    _require(agg.queries >= 0, "aggregate.queries", "must be >= 0 (0 = the whole public pool)")
+    _one_of(agg.analysis, ANALYSES, "aggregate.analysis")
+    from privpipe.privacy import RDP_ORDERS  # the orders the ledger composes at
+
+    _require(agg.rdp_order in RDP_ORDERS, "aggregate.rdp_order",
+             f"must be one of the ledger's RDP orders ({', '.join(f'{a:g}' for a in RDP_ORDERS)})")
+    _require(0 < agg.ss_beta < 1 / (2 * agg.rdp_order), "aggregate.ss_beta",
+             f"must be in (0, 1/(2·rdp_order)) = (0, {1 / (2 * agg.rdp_order):.4g}) for the smooth-sensitivity release")
+    _require(agg.ss_noise > 0, "aggregate.ss_noise", "must be > 0")
+    _require(0 < agg.ss_failure_probability < p.privacy.delta, "aggregate.ss_failure_probability",
+             f"must be in (0, privacy.delta = {p.privacy.delta:g}): it is spent out of the run's δ")
+
+    for key in ("steps", "labeled_batch", "unlabeled_batch"):
+        _require(getattr(stu, key) >= 1, f"student.{key}", "must be >= 1")
+    _require(stu.learning_rate > 0, "student.learning_rate", "must be > 0")
+    for key in ("weight_decay", "walker_weight", "visit_weight", "cover_weight", "delay_steps", "ramp_steps"):
+        _require(getattr(stu, key) >= 0, f"student.{key}", "must be >= 0")

@@ -154,6 +154,7 @@ def make_private_training(
         # Opacus warns that *its* secure mode is off; ours (above) says whether the noise really is secure
         warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
         engine = PrivacyEngine(accountant="rdp")  # its accountant is unused: the ledger accounts
+    model.train()  # a model handed over from an earlier stage (the student) arrives in eval mode
     made = engine.make_private(
         module=model, optimizer=optimizer, criterion=nn.CrossEntropyLoss(), data_loader=loader,
         noise_multiplier=noise_multiplier, max_grad_norm=clip, poisson_sampling=True,

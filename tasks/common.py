@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["write_json", "read_json", "write_text", "staged_dir", "stage_logger"]
+__all__ = ["write_json", "read_json", "write_text", "staged_dir", "stage_logger", "skip_stage"]
 
 
 def write_text(path: Path, text: str) -> None:
@@ -70,3 +70,14 @@ def stage_logger(stage: str) -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger(f"privpipe.{stage}")  # the command line configures its output
+
+
+def skip_stage(stage: str, out: Path, reason: str) -> dict[str, Any]:
+    """A switched-off stage still leaves its output folder and metrics (saying so), as ``dvc repro`` expects."""
+    from tasks import paths
+
+    with staged_dir(out) as staging:
+        write_json(staging / "skipped.json", {"stage": stage, "reason": reason})
+    write_json(paths.metrics_file(stage), {"skipped": True})
+    stage_logger(stage).info("%s: skipped (%s)", stage, reason)
+    return {"dir": str(out), "skipped": True}

@@ -21,14 +21,26 @@ from privpipe.data import Records
 from privpipe.dp_pca import dp_pca, dp_pca_event
 from privpipe.privacy import Event, Ledger
 from tasks import paths
-from tasks.common import stage_logger, staged_dir, write_json, write_text
+from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
 
-__all__ = ["run_dp_pca", "dp_pca_task", "new_ledger", "calibrate_for"]
+__all__ = ["run_dp_pca", "dp_pca_task", "new_ledger", "load_ledger", "calibrate_for"]
 
 
 def new_ledger(params: Params) -> Ledger:
     return Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
                   accountant=params.privacy.accountant)
+
+
+def load_ledger(source: Path, params: Params) -> Ledger:
+    """An earlier stage's ledger; it carries the run's δ and budget from dp_pca, and params edited
+    since must not be silently ignored."""
+    ledger = Ledger.from_dict(read_json(source))
+    for key, recorded, current in (("privacy.delta", ledger.delta, params.privacy.delta),
+                                   ("privacy.epsilon_budget", ledger.epsilon_budget, params.privacy.epsilon_budget),
+                                   ("privacy.accountant", ledger.accountant, params.privacy.accountant)):
+        if recorded != current:
+            raise ConfigError(f"{key}: is {current} but {source} was written with {recorded}; re-run dp_pca first")
+    return ledger
 
 
 def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.DP_PCA) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from privpipe.privacy import Ledger
 from tasks import paths
 from tasks.common import read_json, stage_logger, write_json
 
-__all__ = ["run_evaluate", "track_evaluation", "evaluate_task", "accuracy"]
+__all__ = ["run_evaluate", "track_evaluation", "evaluate_task", "accuracy", "deployed_dir"]
 
 
 def accuracy(model: torch.nn.Module, records: Records) -> float:
@@ -32,13 +32,22 @@ def accuracy(model: torch.nn.Module, records: Records) -> float:
     return float((predicted == records.labels).mean())
 
 
+def deployed_dir(params: Params) -> Path:
+    """The model this run deploys: the fine-tuned one, or the student when finetune is off."""
+    return paths.FINETUNE if params.finetune.enabled else paths.STUDENT
+
+
 def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
-                 model_dir: Path = paths.FINETUNE) -> dict[str, Any]:
+                 model_dir: Path | None = None) -> dict[str, Any]:
     log = stage_logger("evaluate")
+    model_dir = Path(model_dir if model_dir is not None else deployed_dir(params))
     model = load_released(model_dir)
     ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))
     figures = {"accuracy_train": accuracy(model, Records.load(sensitive)),
                "accuracy_test": accuracy(model, Records.load(test))}
+    target_test = Path(test).parent / paths.TARGET_TEST.name
+    if target_test.exists():
+        figures["accuracy_target"] = accuracy(model, Records.load(target_test))
     spend = ledger.epsilon()
     write_json(paths.metrics_file("evaluate"), figures)
     write_json(paths.metrics_file("privacy"), ledger.summary())

@@ -22,13 +22,13 @@ from prefect.cache_policies import NO_CACHE
 from privpipe.config import ConfigError, Params
 from privpipe.data import Records
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
-from privpipe.models import front_layers, make_network, released_model, save_released
+from privpipe.models import front_layers, load_released, make_network, released_model, save_released
 from privpipe.privacy import Ledger, compute_epsilon
 from tasks import paths
-from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
-from tasks.dp_pca import calibrate_for
+from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_json, write_text
+from tasks.dp_pca import calibrate_for, load_ledger
 
-__all__ = ["run_finetune", "finetune_task"]
+__all__ = ["run_finetune", "finetune_task", "start_dir"]
 
 
 def _load_projection(dp_pca_dir: Path) -> np.ndarray | None:
@@ -36,21 +36,21 @@ def _load_projection(dp_pca_dir: Path) -> np.ndarray | None:
     return np.load(file) if file.exists() else None
 
 
-def _check_ledger_matches(ledger: Ledger, params: Params, source: Path) -> None:
-    """The ledger carries the run's δ and budget from dp_pca; params edited since must not be ignored."""
-    for key, recorded, current in (("privacy.delta", ledger.delta, params.privacy.delta),
-                                   ("privacy.epsilon_budget", ledger.epsilon_budget, params.privacy.epsilon_budget),
-                                   ("privacy.accountant", ledger.accountant, params.privacy.accountant)):
-        if recorded != current:
-            raise ConfigError(f"{key}: is {current} but {source} was written with {recorded}; re-run dp_pca first")
+def start_dir(params: Params) -> Path:
+    """Where finetune starts: the student (weights and ledger) when PATE ran, else DP-PCA's ledger."""
+    return paths.STUDENT if params.student.enabled else paths.DP_PCA
 
 
 def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
-                 dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.FINETUNE) -> dict[str, Any]:
+                 dp_pca_dir: Path = paths.DP_PCA, start: Path | None = None,
+                 out: Path = paths.FINETUNE) -> dict[str, Any]:
+    """DP-SGD from the student's weights (``start`` holds model.pt) or from scratch (``start`` = dp_pca_dir)."""
+    if not params.finetune.enabled:
+        return skip_stage("finetune", out, "finetune.enabled is false: the student is deployed")
     log = stage_logger("finetune")
     cfg = params.finetune
-    ledger = Ledger.from_dict(read_json(dp_pca_dir / "ledger.json"))
-    _check_ledger_matches(ledger, params, dp_pca_dir / "ledger.json")
+    start = Path(start if start is not None else start_dir(params))
+    ledger = load_ledger(start / "ledger.json", params)
     records = Records.load(sensitive)
     if cfg.lot_size > len(records):
         raise ConfigError(f"finetune.lot_size: {cfg.lot_size} exceeds the {len(records)} sensitive records")
@@ -72,11 +72,15 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
 
     # the label set is public knowledge (it is the task); test labels make sure no class is missing
     classes = int(max(records.labels.max(), Records.load(test).labels.max())) + 1
-    try:
-        network = make_network(cfg.model, in_features=int(np.prod(features.shape[1:])),
-                               hidden_units=cfg.hidden_units, classes=classes)
-    except ValueError as exc:
-        raise ConfigError(f"finetune.model: {exc}") from None
+    if (start / "model.pt").exists():
+        network = load_released(start)[-1]  # the student's trainable part; the front is rebuilt below
+        log.info("finetune: starting from the student in %s", start)
+    else:
+        try:
+            network = make_network(cfg.model, in_features=int(np.prod(features.shape[1:])),
+                                   hidden_units=cfg.hidden_units, classes=classes)
+        except ValueError as exc:
+            raise ConfigError(f"finetune.model: {exc}") from None
     with warnings.catch_warnings():
         if not params.privacy.secure_rng:
             warnings.simplefilter("ignore")  # the flow warns once per run instead
@@ -114,10 +118,12 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
 
 
 @task(name="finetune", cache_policy=NO_CACHE)
-def finetune_task(params: Params, run_id: str, sensitive: str, test: str, dp_pca_dir: str) -> dict[str, Any]:
+def finetune_task(params: Params, run_id: str, sensitive: str, test: str, dp_pca_dir: str,
+                  start: str) -> dict[str, Any]:
     from tasks import tracking
 
-    out = run_finetune(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir))
+    out = run_finetune(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir),
+                       start=Path(start))
     history = read_json(Path(out["history"]))
     tracking.log_finetune(params, run_id, out, Ledger.from_json(Path(out["ledger"]).read_text()),
                           history["epochs"], history["epsilon_by_step"])

@@ -7,7 +7,14 @@ from pathlib import Path
 PREPARED = Path("data/prepared")
 SENSITIVE = PREPARED / "sensitive"
 TEST = PREPARED / "test"
+PUBLIC = PREPARED / "public"  # the student's query pool (source domain; labels kept only to score aggregation)
+TARGET = PREPARED / "target"  # unlabeled related-domain data for the student's association
+TARGET_TEST = PREPARED / "target_test"  # labeled related-domain data, for target accuracy only
 DP_PCA = Path("artifacts/dp_pca")
+PARTITION = Path("artifacts/partition")
+TEACHERS = Path("artifacts/teachers")
+AGGREGATE = Path("artifacts/aggregate")
+STUDENT = Path("artifacts/student")
 FINETUNE = Path("artifacts/finetune")
 METRICS = Path("metrics")
 DEFAULT_DIGITS_CSV = Path("data/raw/digits.csv")

@@ -1,21 +1,31 @@
-"""prepare: load the sensitive set and the test set, split, and store them.
+"""prepare: load the data, split it into the pipeline's sets, and store them.
 
     privpipe stage prepare        # what dvc repro runs
 
-Digits (default): the CSV under data/raw (written from scikit-learn's copy on
-first use), split into sensitive/test with a stratified, seeded split.
-MNIST: the four IDX files in ``prepare.path``; its train set is sensitive.
+Sets (data/prepared/…): ``sensitive`` (the private training data: teachers, DP-PCA and
+DP-SGD see it), ``public`` (the student's unlabeled query pool from the same domain),
+``test``, and, with ``prepare.target_domain``, ``target`` (unlabeled data from a related
+domain for the student's association) and ``target_test`` (labeled, to score it).
+
+- Digits (default): the CSV under data/raw (written from scikit-learn's copy on first
+  use), split stratified and seeded into test, public, target and sensitive shares; the
+  target share goes through :func:`privpipe.data.domains.digits_target_transform`.
+- MNIST: the four IDX files in ``prepare.path``. As in PATE, the train set is sensitive,
+  the first ``prepare.public_queries`` test images are the public pool and the rest the
+  test set; the target domain is scikit-learn's UCI digits brought to 28×28.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DataError, Records, export_digits_csv, load_labeled_csv, load_mnist, stratified_split, subsample
+from privpipe.data.domains import digits_target_transform, uci_digits_as_mnist
 from privpipe.data.mnist import mnist_files
 from tasks import paths
 from tasks.common import stage_logger, staged_dir, write_json
@@ -36,45 +46,84 @@ def ensure_default_data(params: Params) -> bool:
     return False
 
 
-def _load(params: Params) -> tuple[Records, Records, list[Path]]:
-    cfg = params.prepare
+def _split_off(records: Records, share: float, seed: int) -> tuple[Records, Records]:
+    """(rest, the split-off share of ``records``), stratified."""
+    return stratified_split(records, test_fraction=share, seed=seed)
+
+
+def _with_features(records: Records, features: np.ndarray, suffix: str) -> Records:
+    return Records(features.astype(np.float32), records.labels, np.char.add(records.ids.astype(str), suffix))
+
+
+def _load_digits(params: Params) -> tuple[dict[str, Records], list[Path]]:
+    cfg, seed = params.prepare, params.run.seed
     source = Path(cfg.path)
-    if cfg.dataset == "digits":
-        ensure_default_data(params)
-        records = load_labeled_csv(source)
-        train, test = stratified_split(records, test_fraction=cfg.test_fraction, seed=params.run.seed)
-        return train, test, [source]
+    ensure_default_data(params)
+    records = load_labeled_csv(source)
+    rest, test = _split_off(records, cfg.test_fraction, seed)
+    # later shares are of what is left, so each is the stated share of the whole file
+    left = 1.0 - cfg.test_fraction
+    rest, public = _split_off(rest, cfg.public_fraction / left, seed)
+    left -= cfg.public_fraction
+    sets = {"test": test, "public": public}
+    if cfg.target_domain:
+        rest, held_out = _split_off(rest, cfg.target_fraction / left, seed)
+        shifted = _with_features(held_out, digits_target_transform(held_out.features), ":target")
+        sets["target"], sets["target_test"] = _split_off(shifted, cfg.target_test_fraction, seed)
+    sets["sensitive"] = rest
+    return sets, [source]
+
+
+def _load_mnist(params: Params) -> tuple[dict[str, Records], list[Path]]:
+    cfg, seed = params.prepare, params.run.seed
+    source = Path(cfg.path)
     if cfg.download:
         source.mkdir(parents=True, exist_ok=True)  # torchvision fetches into it
     if not source.is_dir():
         raise DataError(f"prepare.path: {source} is not a folder of MNIST IDX files")
     splits = load_mnist(source, download=cfg.download)
-    return splits["train"], splits["test"], mnist_files(source)
+    test = splits["test"]
+    if cfg.public_queries >= len(test):
+        raise ConfigError(f"prepare.public_queries: {cfg.public_queries} leaves no test images of {len(test)}")
+    index = list(range(len(test)))
+    sets = {"sensitive": splits["train"], "public": test.subset(index[:cfg.public_queries]),
+            "test": test.subset(index[cfg.public_queries:])}
+    if cfg.target_domain:
+        from sklearn.datasets import load_digits
+
+        uci = load_digits()  # ships with scikit-learn: no download
+        ids = np.array([f"uci-digits-{i:04d}" for i in range(len(uci.target))])
+        shifted = Records(uci_digits_as_mnist(uci.data).astype(np.float32), uci.target.astype(np.int64), ids)
+        sets["target"], sets["target_test"] = _split_off(shifted, cfg.target_test_fraction, seed)
+    return sets, mnist_files(source)
 
 
 def run_prepare(params: Params) -> dict[str, str]:
-    """Write data/prepared/{sensitive,test}; return their paths and the data version."""
+    """Write data/prepared/*; return their paths and the data version."""
     log = stage_logger("prepare")
-    train, test, sources = _load(params)
-    train = subsample(train, size=params.prepare.max_train_records, seed=params.run.seed)
-    n = len(train)
+    sets, sources = (_load_digits if params.prepare.dataset == "digits" else _load_mnist)(params)
+    sets["sensitive"] = subsample(sets["sensitive"], size=params.prepare.max_train_records, seed=params.run.seed)
+    sensitive = sets["sensitive"]
+    n = len(sensitive)
     if params.privacy.delta >= 1.0 / n:
         raise ConfigError(
             f"privacy.delta: {params.privacy.delta:g} is not below 1/n = {1.0 / n:.3g} (n = {n} sensitive records); "
             "a δ that large permits leaking a whole record"
         )
-    if len(set(train.labels.tolist())) < 2:
+    if len(set(sensitive.labels.tolist())) < 2:
         raise DataError(f"{sources[0]}: the sensitive set needs at least two classes")
     with staged_dir(paths.PREPARED) as out:
-        train.save(out / paths.SENSITIVE.name)
-        test.save(out / paths.TEST.name)
+        for name, records in sets.items():
+            records.save(out / name)
     version = data_version(sources)
-    summary = {"n_sensitive": n, "n_test": len(test), "n_features": int(train.features.shape[1]),
-               "n_classes": int(max(train.labels.max(), test.labels.max()) + 1), "data_version": version}
+    summary = {f"n_{name}": len(records) for name, records in sets.items()}
+    summary.update({"n_features": int(sensitive.features.shape[1]), "data_version": version,
+                    "n_classes": int(max(r.labels.max() for r in sets.values()) + 1)})
     write_json(paths.metrics_file("prepare"), summary)
-    log.info("prepare: %d sensitive and %d test records from %s (data version %s)", n, len(test),
-             params.prepare.path, version)
-    return {"sensitive": str(paths.SENSITIVE), "test": str(paths.TEST), **{k: str(v) for k, v in summary.items()}}
+    log.info("prepare: %s from %s (data version %s)",
+             ", ".join(f"{len(r)} {name}" for name, r in sets.items()), params.prepare.path, version)
+    out = {name: str(paths.PREPARED / name) for name in sets}
+    return {**out, **{k: str(v) for k, v in summary.items()}}
 
 
 @task(name="prepare", cache_policy=NO_CACHE)

@@ -88,7 +88,29 @@ def run_url_hint(params: Params, run_id: str) -> str:
 def log_prepare(params: Params, run_id: str, out: dict[str, str]) -> None:
     client = _client(params)
     client.set_tag(run_id, "dvc.data_version", out["data_version"])
-    _metrics(client, run_id, {f"data.{k}": float(out[k]) for k in ("n_sensitive", "n_test", "n_features", "n_classes")})
+    _metrics(client, run_id, {f"data.{k}": float(v) for k, v in out.items() if k.startswith("n_")})
+
+
+def log_stage_figures(params: Params, run_id: str, stage: str, out: dict[str, Any]) -> None:
+    """Every numeric figure a stage returned, as ``<stage>.<name>`` metrics; strings as tags."""
+    client = _client(params)
+    numbers = {f"{stage}.{k}": float(v) for k, v in out.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    _metrics(client, run_id, numbers)
+    for key, value in out.items():
+        if isinstance(value, bool):
+            client.set_tag(run_id, f"{stage}.{key}", str(value).lower())
+        elif isinstance(value, str) and key not in ("dir", "ledger", "votes", "model_dir"):
+            client.set_tag(run_id, f"{stage}.{key}", value)
+
+
+def log_curve(params: Params, run_id: str, key: str, points: list[tuple[int, float]]) -> None:
+    """A metric over steps (MLflow draws it as a curve)."""
+    client = _client(params)
+    stamp = _now_ms()
+    metrics = [Metric(key, float(value), stamp, int(step)) for step, value in points]
+    for i in range(0, len(metrics), 500):
+        client.log_batch(run_id, metrics=metrics[i:i + 500])
 
 
 def log_privacy(params: Params, run_id: str, ledger: Ledger) -> None:
@@ -130,7 +152,8 @@ def log_evaluate(params: Params, run_id: str, out: dict[str, Any], ledger: Ledge
                  model: torch.nn.Module, example: np.ndarray) -> dict[str, Any]:
     """Accuracy metrics; log the released model, register it, tag the version with its (ε, δ)."""
     client = _client(params)
-    _metrics(client, run_id, {"accuracy.train": out["accuracy_train"], "accuracy.test": out["accuracy_test"]})
+    _metrics(client, run_id, {f"accuracy.{k.removeprefix('accuracy_')}": v for k, v in out.items()
+                              if k.startswith("accuracy_")})
     client.set_tag(run_id, "privacy.not_covered",
                    "accuracy.train and finetune.loss are computed on the sensitive data without noise: "
                    "for the data owner, not covered by ε; the released model and privacy.* metrics are")

@@ -36,7 +36,8 @@ def repo(tmp_path: Path) -> Path:
             shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(source, target)
-    write_params(tmp_path, finetune={"epochs": 3}, dp_pca={"components": 16})
+    write_params(tmp_path, finetune={"epochs": 3}, dp_pca={"components": 16}, teachers={"epochs": 10},
+                 student={"steps": 100, "delay_steps": 20, "ramp_steps": 20})
     sh("git", "init", "-q", cwd=tmp_path)
     sh(sys.executable, "-m", "dvc", "init", "-q", cwd=tmp_path)
     shutil.copy(PROJECT / ".dvc/config", tmp_path / ".dvc/config")
@@ -49,11 +50,13 @@ def test_repro_then_experiment_variant(repo: Path):
     sh(sys.executable, "-m", "flows.cli", "init-data", cwd=repo)
     sh(sys.executable, "-m", "dvc", "repro", cwd=repo)
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
-    assert set(lock["stages"]) == {"prepare", "dp_pca", "finetune", "evaluate"}
+    assert set(lock["stages"]) == {"prepare", "partition", "dp_pca", "teachers", "aggregate", "student",
+                                   "finetune", "evaluate"}
     assert any(dep["path"] == "tasks/finetune.py" for dep in lock["stages"]["finetune"]["deps"])
     finetune = json.loads((repo / "metrics/finetune.json").read_text())
     privacy = json.loads((repo / "metrics/privacy.json").read_text())
     assert privacy["total"]["epsilon"] <= 3.0 + 1e-9
+    assert set(privacy["stages"]) == {"dp_pca", "aggregate", "finetune"}
     # evaluate --track recorded the run in the project's MLflow store
     assert (repo / "mlflow.db").exists()
 

@@ -24,7 +24,8 @@ def finished(prefect_harness, tmp_path_factory):
     from conftest import PROJECT
 
     (folder / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
-    write_params(folder, finetune={"epochs": 10}, run={"model_name": "test-model"})
+    write_params(folder, finetune={"epochs": 20}, run={"model_name": "test-model"},
+                 teachers={"epochs": 20}, student={"steps": 300, "delay_steps": 50, "ramp_steps": 100})
     previous = os.getcwd()
     os.chdir(folder)
     try:
@@ -43,7 +44,7 @@ def test_mlflow_epsilon_equals_the_ledger(finished):
     run = client.get_run(result["run_id"])
     assert run.data.metrics["privacy.epsilon"] == pytest.approx(ledger.epsilon().epsilon, rel=1e-12)
     assert run.data.metrics["privacy.delta"] == ledger.delta
-    for stage in ("dp_pca", "finetune"):
+    for stage in ("dp_pca", "aggregate", "finetune"):
         assert run.data.metrics[f"privacy.{stage}.epsilon"] == pytest.approx(ledger.stage_epsilon(stage).epsilon)
     assert run.data.tags["privacy.accountant"] == ledger.epsilon().accountant
     assert ledger.epsilon().epsilon <= 3.0 + 1e-9  # target_epsilon of the defaults
@@ -63,7 +64,7 @@ def test_run_records_params_curves_and_versions(finished):
     folder, result, client = finished
     run = client.get_run(result["run_id"])
     assert run.info.status == "FINISHED"
-    assert run.data.params["finetune.epochs"] == "10"
+    assert run.data.params["finetune.epochs"] == "20"
     assert run.data.params["privacy.accountant"] == "best"
     curve = client.get_metric_history(result["run_id"], "privacy.finetune.epsilon_by_step")
     assert len(curve) >= 2
@@ -87,5 +88,28 @@ def test_stage_outputs_for_dvc_metrics(finished):
     folder, result, _ = finished
     privacy = json.loads((folder / "metrics/privacy.json").read_text())
     assert privacy["total"]["epsilon"] == pytest.approx(result["epsilon"])
-    assert set(privacy["stages"]) == {"dp_pca", "finetune"}
+    assert set(privacy["stages"]) == {"dp_pca", "aggregate", "finetune"}
     assert json.loads((folder / "metrics/evaluate.json").read_text())["accuracy_test"] == result["accuracy_test"]
+
+
+def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
+    folder, result, client = finished
+    ledger = Ledger.from_json((folder / "artifacts/finetune/ledger.json").read_text())
+    assert ledger.stages() == ["dp_pca", "aggregate", "finetune"]
+    (release,) = [e for e in ledger.events if e.stage == "aggregate"]
+    analysis = json.loads((folder / "artifacts/aggregate/analysis.json").read_text())
+    # the ledger composes the sanitised release, at its one order, with its failure probability in δ
+    assert release.mechanism == "rdp_curve" and release.orders == (analysis["sanitised_release"]["order"],)
+    assert release.rdp[0] == pytest.approx(analysis["sanitised_release"]["rdp"])
+    assert release.delta == analysis["sanitised_release"]["failure_probability"] > 0
+    run = client.get_run(result["run_id"])
+    for stage in ("partition", "teachers", "aggregate", "student"):
+        assert json.loads((folder / f"metrics/{stage}.json").read_text())
+    assert run.data.metrics["aggregate.answered"] == analysis["answered"] > 0
+    assert run.data.metrics["aggregate.epsilon_data_independent"] > 0
+    assert "accuracy.target" in run.data.metrics and "student.accuracy_test" in run.data.metrics
+    # the raw data-dependent bound stays out of MLflow
+    assert not any("raw" in key or "smooth" in key for key in run.data.metrics)
+    assert (folder / "artifacts/aggregate/private/data_dependent.json").exists()
+    assert not (folder / "artifacts/teachers.partial").exists()
+    assert run.data.tags["teachers.released"] == "false"  # the run records that teachers stay private

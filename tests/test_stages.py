@@ -1,40 +1,81 @@
-"""The stage functions dvc repro runs, on a tiny MNIST-format fixture with the CNN."""
+"""The stage functions dvc repro runs, on a tiny MNIST-format fixture with CNNs."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from conftest import write_params
 from privpipe.config import load_params
 from privpipe.privacy import Ledger
+from tasks.aggregate import run_aggregate
 from tasks.dp_pca import run_dp_pca
 from tasks.evaluate import run_evaluate
 from tasks.finetune import run_finetune
+from tasks.partition import run_partition
 from tasks.prepare import run_prepare
+from tasks.student import run_student
+from tasks.teachers import run_teachers
 from test_data import write_mnist
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
+CNN_FINETUNE = {"model": "cnn", "lot_size": 10, "epochs": 2, "max_grad_norm": 0.1}
 
-def test_mnist_idx_files_through_the_cnn(project):
+
+def test_mnist_idx_files_through_pate_and_the_cnn(project):
     (project / "mnist").mkdir()
-    write_mnist(project / "mnist", n_train=40, n_test=10)
-    write_params(project, prepare={"dataset": "mnist", "path": "mnist"}, dp_pca={"enabled": False},
-                 finetune={"model": "cnn", "lot_size": 10, "epochs": 2, "max_grad_norm": 0.1})
+    write_mnist(project / "mnist", n_train=60, n_test=30)
+    write_params(project, prepare={"dataset": "mnist", "path": "mnist", "public_queries": 20},
+                 dp_pca={"enabled": False}, partition={"shards": 3, "min_records": 5},
+                 teachers={"model": "cnn", "epochs": 2},
+                 aggregate={"mechanism": "confident_gnmax", "queries": 10, "threshold": 0.0, "sigma1": 50.0,
+                            "sigma2": 50.0, "sigma": None},
+                 student={"steps": 20, "delay_steps": 5, "ramp_steps": 5, "labeled_batch": 10,
+                          "unlabeled_batch": 10},
+                 finetune=CNN_FINETUNE)
     params = load_params("params.yaml")
 
     prepared = run_prepare(params)
-    assert prepared["n_sensitive"] == "40" and prepared["data_version"].startswith("untracked:")
-    pca = run_dp_pca(params)
-    assert pca["projection"] is None and pca["epsilon"] == 0.0
+    assert prepared["n_sensitive"] == "60" and prepared["n_public"] == "20" and prepared["n_test"] == "10"
+    assert prepared["data_version"].startswith("untracked:")
+    assert int(prepared["n_target"]) + int(prepared["n_target_test"]) == 1797  # the UCI digits at 28×28
+    shards = run_partition(params)
+    assert shards["records"] == 60 and shards["smallest"] >= 5
+    assert run_dp_pca(params)["projection"] is None
+    teachers = run_teachers(params)
+    votes = np.load(project / "artifacts/teachers/votes.npy")
+    assert votes.shape == (3, 10) and teachers["queries"] == 10
+    labels = run_aggregate(params)
+    assert 0 < labels["answered"] <= 10
+    ledger = Ledger.from_json((project / "artifacts/aggregate/ledger.json").read_text())
+    assert ledger.stages() == ["aggregate"] and labels["epsilon"] == pytest.approx(ledger.stage_epsilon("aggregate").epsilon)
+    student = run_student(params)
+    assert student["labeled"] == labels["answered"] and student["unlabeled_source"] == "target"
+    assert 0.0 <= student["accuracy_target"] <= 1.0
     tuned = run_finetune(params)
     assert json.loads((project / "artifacts/finetune/model.json").read_text())["model"] == "cnn"
     ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
-    assert ledger.stages() == ["finetune"]
-    assert tuned["epsilon"] == pytest.approx(ledger.epsilon().epsilon) and tuned["epsilon"] <= 3.0
-    assert tuned["steps"] == 8  # 4 steps an epoch at q = 10/40
+    assert ledger.stages() == ["aggregate", "finetune"] and ledger.epsilon().epsilon <= 3.0 + 1e-9
+    assert tuned["steps"] == 12  # 6 steps an epoch at q = 10/60
     result = run_evaluate(params)
-    assert 0.0 <= result["accuracy_test"] <= 1.0
+    assert 0.0 <= result["accuracy_test"] <= 1.0 and "accuracy_target" in result
     assert json.loads((project / "metrics/privacy.json").read_text())["total"]["epsilon"] == result["epsilon"]
+
+
+def test_without_the_student_finetune_starts_from_scratch(project):
+    (project / "mnist").mkdir()
+    write_mnist(project / "mnist", n_train=40, n_test=10)
+    write_params(project, prepare={"dataset": "mnist", "path": "mnist", "public_queries": 5, "target_domain": False},
+                 dp_pca={"enabled": False}, student={"enabled": False}, finetune=CNN_FINETUNE)
+    params = load_params("params.yaml")
+    run_prepare(params)
+    for run in (run_partition, run_dp_pca, run_teachers, run_aggregate, run_student):
+        run(params)
+    assert json.loads((project / "metrics/aggregate.json").read_text()) == {"skipped": True}
+    tuned = run_finetune(params)
+    assert Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text()).stages() == ["finetune"]
+    assert tuned["steps"] == 8  # 4 steps an epoch at q = 10/40
+    assert 0.0 <= run_evaluate(params)["accuracy_test"] <= 1.0

@@ -1,0 +1,128 @@
+"""aggregate: label the public queries by noisy teacher vote, and account for it.
+
+    privpipe stage aggregate        # what dvc repro runs
+
+Checks the worst case (every query answered, at the data-independent bound) against
+the budget before any noise is drawn. Then aggregates (``aggregate.mechanism``) and
+analyses: the data-independent bound, the raw data-dependent bound (private: written
+only to artifacts/aggregate/private/, never to MLflow or metrics) and the sanitised
+release. The ledger records the sanitised release with ``aggregate.analysis:
+data_dependent``, or the data-independent events otherwise.
+Output: artifacts/aggregate/{labels.npy (−1 = unanswered), query_ids.npy, analysis.json,
+ledger.json, private/data_dependent.json}.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from privpipe.config import Params
+from privpipe.data import Records, class_count
+from privpipe.pate.aggregate import aggregate
+from privpipe.pate.analysis import (AggregatorSpec, data_dependent_rdp, data_independent_events,
+                                    planned_release_event, sanitise)
+from privpipe.pate.teachers import vote_histograms
+from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_epsilon
+from tasks import paths
+from tasks.common import skip_stage, stage_logger, staged_dir, write_json, write_text
+from tasks.dp_pca import load_ledger
+from tasks.teachers import query_records
+
+__all__ = ["run_aggregate", "aggregate_task", "aggregator_spec"]
+
+
+def aggregator_spec(params: Params, *, teachers: int, classes: int) -> AggregatorSpec:
+    cfg = params.aggregate
+    return AggregatorSpec(mechanism=cfg.mechanism, teachers=teachers, classes=classes, gamma=cfg.gamma,
+                          sigma=cfg.sigma, threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2)
+
+
+def _planned(params: Params, spec: AggregatorSpec, queries: int) -> list[Event]:
+    cfg = params.aggregate
+    if cfg.analysis == "data_independent":
+        return data_independent_events(spec, queries=queries, answered=queries)
+    return [planned_release_event(spec, queries=queries, order=cfg.rdp_order, beta=cfg.ss_beta,
+                                  noise_scale=cfg.ss_noise, failure_probability=cfg.ss_failure_probability)]
+
+
+def _alone(events: list[Event], ledger: Ledger) -> float:
+    return compute_epsilon(events, delta=ledger.delta, accountant=ledger.accountant).epsilon if events else 0.0
+
+
+def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public: Path = paths.PUBLIC,
+                  sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST, dp_pca_dir: Path = paths.DP_PCA,
+                  out: Path = paths.AGGREGATE) -> dict[str, Any]:
+    if not params.student.enabled:
+        return skip_stage("aggregate", out, "student.enabled is false")
+    log = stage_logger("aggregate")
+    cfg = params.aggregate
+    ledger = load_ledger(dp_pca_dir / "ledger.json", params)
+    votes = np.load(teachers_dir / "votes.npy")
+    queries = query_records(params, public)
+    if not np.array_equal(np.load(teachers_dir / "query_ids.npy"), queries.ids.astype(str)):
+        raise ValueError(f"{teachers_dir}: votes are for other queries; re-run the teachers stage")
+    classes = class_count(Records.load(sensitive), Records.load(test))
+    histograms = vote_histograms(votes, classes=classes)
+    spec = aggregator_spec(params, teachers=votes.shape[0], classes=classes)
+    after = ledger.ensure_affordable(*_planned(params, spec, len(queries)))
+    log.info("aggregate: %s on %d queries from %d teachers; at worst the run total becomes %s",
+             cfg.mechanism, len(queries), votes.shape[0], after)
+
+    seed = np.random.SeedSequence([params.run.seed, 2])
+    labels = aggregate(histograms, mechanism=cfg.mechanism, noise=NoiseSource(seed=seed, secure=params.privacy.secure_rng),
+                       gamma=cfg.gamma, sigma=cfg.sigma, threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2)
+    answered = labels >= 0
+    independent = data_independent_events(spec, queries=len(queries), answered=int(answered.sum()))
+    raw_curve = data_dependent_rdp(spec, histograms, answered, orders=RDP_ORDERS)
+    raw_epsilon, raw_order = rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, raw_curve, ledger.delta)
+    release = None
+    if cfg.analysis == "data_dependent":  # computing it publishes it, so only when the ledger pays for it
+        release = sanitise(spec, histograms, answered, order=cfg.rdp_order, beta=cfg.ss_beta,
+                           noise_scale=cfg.ss_noise, failure_probability=cfg.ss_failure_probability,
+                           noise=NoiseSource(seed=np.random.SeedSequence([params.run.seed, 3]),
+                                             secure=params.privacy.secure_rng))
+    ledger.record(*([release.event()] if release else independent))
+
+    figures = {
+        "queries": len(queries), "answered": int(answered.sum()), "teachers": int(votes.shape[0]),
+        "label_accuracy": float((labels[answered] == queries.labels[answered]).mean()) if answered.any() else 0.0,
+        "epsilon": ledger.stage_epsilon("aggregate").epsilon,
+        "epsilon_data_independent": _alone(independent, ledger),
+    }
+    if release:
+        figures["epsilon_sanitised"] = _alone([release.event()], ledger)
+    analysis = {"mechanism": cfg.mechanism, "analysis_recorded": cfg.analysis, "spec": spec.__dict__,
+                "sanitised_release": release.public() if release else None, **figures}
+    private = {"warning": "data-dependent values: do not publish", "orders": list(RDP_ORDERS),
+               "rdp": raw_curve.tolist(), "epsilon": float(raw_epsilon), "order": float(raw_order)}
+    if release:
+        private.update(rdp_at_release_order=release.raw, smooth_sensitivity=release.smooth_sensitivity)
+    with staged_dir(out) as staging:
+        np.save(staging / "labels.npy", labels)
+        np.save(staging / "query_ids.npy", queries.ids.astype(str))
+        write_json(staging / "analysis.json", analysis)
+        write_json(staging / "private" / "data_dependent.json", private)
+        write_text(staging / "ledger.json", ledger.to_json())
+    write_json(paths.metrics_file("aggregate"), figures)
+    log.info("aggregate: %d of %d answered (label accuracy %.3f); stage ε = %.4g recorded (%s), "
+             "data-independent ε = %.4g; run total %s", figures["answered"], len(queries), figures["label_accuracy"],
+             figures["epsilon"], cfg.analysis, figures["epsilon_data_independent"], ledger.epsilon())
+    return {"dir": str(out), "ledger": str(out / "ledger.json"), **figures}
+
+
+@task(name="aggregate", cache_policy=NO_CACHE)
+def aggregate_task(params: Params, run_id: str, teachers_dir: str, public: str, sensitive: str, test: str,
+                   dp_pca_dir: str) -> dict[str, Any]:
+    from tasks import tracking
+
+    out = run_aggregate(params, teachers_dir=Path(teachers_dir), public=Path(public), sensitive=Path(sensitive),
+                        test=Path(test), dp_pca_dir=Path(dp_pca_dir))
+    tracking.log_stage_figures(params, run_id, "aggregate", out)
+    tracking.log_privacy(params, run_id, Ledger.from_json(Path(out["ledger"]).read_text()))
+    return out

@@ -1,0 +1,139 @@
+"""teachers: one model per shard, trained independently; their votes on the public queries.
+
+    privpipe stage teachers        # what dvc repro runs (teachers one after another)
+
+In the flow every teacher is its own mapped Prefect task, so the task runner (threads
+here; Dask or Ray later, unchanged) trains them in parallel. Each writes its votes to
+artifacts/teachers.partial/; :func:`collect_votes` checks that every teacher reported
+and writes artifacts/teachers/{votes.npy (teachers × queries), query_ids.npy}. The
+votes are the input of the privacy analysis. Teachers' weights are never saved:
+teachers are never released.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from privpipe.config import Params
+from privpipe.data import Records, class_count
+from privpipe.models import front_layers, make_network
+from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier
+from tasks import paths
+from tasks.common import skip_stage, stage_logger, staged_dir, write_json
+from tasks.partition import load_shards
+
+__all__ = ["train_teacher", "collect_votes", "run_teachers", "clear_partial_votes", "teacher_task", "collect_votes_task",
+           "query_records", "model_front"]
+
+PARTIAL = paths.TEACHERS.with_name(paths.TEACHERS.name + ".partial")
+
+
+def model_front(params: Params, kind: str, dp_pca_dir: Path) -> torch.nn.Sequential:
+    """The frozen preprocessing: unit rows → DP-PCA projection (if it ran) → scale, or the CNN reshape."""
+    file = Path(dp_pca_dir) / "projection.npy"
+    projection = np.load(file) if file.exists() else None
+    return torch.nn.Sequential(*front_layers(kind, projection, input_scale=params.finetune.input_scale))
+
+
+def query_records(params: Params, public: Path = paths.PUBLIC) -> Records:
+    """The public records the teachers are asked about: the first ``aggregate.queries`` (0 = all)."""
+    pool = Records.load(public)
+    wanted = params.aggregate.queries or len(pool)
+    if wanted > len(pool):
+        raise ValueError(f"aggregate.queries: {wanted} exceeds the {len(pool)} public records")
+    return pool.subset(np.arange(wanted))
+
+
+def _apply(front: torch.nn.Module, features: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return front(torch.as_tensor(features)).numpy()
+
+
+def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSITIVE,
+                  partition_dir: Path = paths.PARTITION, dp_pca_dir: Path = paths.DP_PCA,
+                  public: Path = paths.PUBLIC, test: Path = paths.TEST, partial: Path = PARTIAL) -> Path:
+    """Train teacher ``teacher`` on its shard alone and save its votes on the queries."""
+    cfg = params.teachers
+    records = Records.load(sensitive)
+    mine = records.subset(np.flatnonzero(load_shards(partition_dir, records) == teacher))
+    front = model_front(params, cfg.model, dp_pca_dir)
+    features = _apply(front, mine.features)
+    seed = int(np.random.SeedSequence([params.run.seed, teacher]).generate_state(1)[0])
+    torch.manual_seed(seed)  # each teacher's initial weights: reproducible and different from the others'
+    network = make_network(cfg.model, in_features=int(np.prod(features.shape[1:])), hidden_units=cfg.hidden_units,
+                           classes=class_count(records, Records.load(test)))
+    config = TeacherConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+                           weight_decay=cfg.weight_decay)
+    network = train_classifier(network, features, mine.labels, config=config, seed=seed)
+    votes = predict_labels(network, _apply(front, query_records(params, public).features))
+    partial.mkdir(parents=True, exist_ok=True)
+    target = partial / f"teacher-{teacher:05d}.npy"
+    tmp = target.with_suffix(".tmp.npy")
+    np.save(tmp, votes)
+    tmp.replace(target)  # a teacher's votes appear whole or not at all
+    return target
+
+
+def collect_votes(params: Params, *, public: Path = paths.PUBLIC, partial: Path = PARTIAL,
+                  out: Path = paths.TEACHERS) -> dict[str, Any]:
+    """Stack every teacher's votes; refuse if any teacher is missing."""
+    teachers = params.partition.shards
+    files = [partial / f"teacher-{k:05d}.npy" for k in range(teachers)]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise RuntimeError(f"{partial}: no votes from {len(missing)} of {teachers} teachers ({missing[0]}, …)")
+    votes = np.stack([np.load(f) for f in files])
+    queries = query_records(params, public)
+    if votes.shape[1] != len(queries):
+        raise RuntimeError(f"{partial}: votes cover {votes.shape[1]} queries, expected {len(queries)}")
+    with staged_dir(out) as staging:
+        np.save(staging / "votes.npy", votes)
+        np.save(staging / "query_ids.npy", queries.ids.astype(str))
+        write_json(staging / "summary.json", {"teachers": teachers, "queries": len(queries),
+                                              "released": False, "model": params.teachers.model})
+    shutil.rmtree(partial, ignore_errors=True)
+    figures = {"teachers": teachers, "queries": len(queries)}
+    write_json(paths.metrics_file("teachers"), figures)
+    return {"dir": str(out), "votes": str(out / "votes.npy"), **figures}
+
+
+def clear_partial_votes(partial: Path = PARTIAL) -> None:
+    """Forget votes of an earlier, unfinished run: every teacher of this run must report anew."""
+    shutil.rmtree(partial, ignore_errors=True)
+
+
+def run_teachers(params: Params) -> dict[str, Any]:
+    """All teachers one after another, then collect (the DVC stage)."""
+    if not params.student.enabled:
+        return skip_stage("teachers", paths.TEACHERS, "student.enabled is false")
+    log = stage_logger("teachers")
+    clear_partial_votes()
+    for k in range(params.partition.shards):
+        train_teacher(params, k)
+        log.info("teachers: %d/%d trained", k + 1, params.partition.shards)
+    return collect_votes(params)
+
+
+@task(name="teacher", cache_policy=NO_CACHE)
+def teacher_task(params: Params, teacher: int, sensitive: str, partition_dir: str, dp_pca_dir: str,
+                 public: str, test: str) -> str:
+    return str(train_teacher(params, teacher, sensitive=Path(sensitive), partition_dir=Path(partition_dir),
+                             dp_pca_dir=Path(dp_pca_dir), public=Path(public), test=Path(test)))
+
+
+@task(name="collect-votes", cache_policy=NO_CACHE)
+def collect_votes_task(params: Params, run_id: str, public: str, vote_files: list[str]) -> dict[str, Any]:
+    from tasks import tracking
+
+    out = collect_votes(params, public=Path(public))
+    tracking.log_stage_figures(params, run_id, "teachers", {**out, "released": False})
+    stage_logger("teachers").info("teachers: %d votes on %d queries collected (teachers are not released)",
+                                  out["teachers"], out["queries"])
+    return out
