@@ -1,7 +1,8 @@
 """The ``privpipe`` command line.
 
     privpipe run [--params params.yaml]          the pipeline as a Prefect flow, tracked in MLflow
-    privpipe stage NAME [--params ...] [--track] one stage alone (what dvc repro calls)
+    privpipe stage NAME [--params ...] [--track] one stage alone (what dvc repro calls); NAME is one of
+                                                 prepare partition dp_pca teachers aggregate student finetune evaluate
     privpipe init-data                           write the embedded default data (digits) if missing
     privpipe privacy dpsgd --noise-multiplier 1.1 --sample-rate 0.01 --steps 10000 --delta 1e-5
 
@@ -145,6 +146,8 @@ def _run(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     print()
     print(f"test accuracy   {result['accuracy_test']:.4f}   (train {result['accuracy_train']:.4f})")
+    if "accuracy_target" in result:
+        print(f"target domain   {result['accuracy_target']:.4f}   (accuracy on the related domain's labeled test set)")
     print(f"privacy spent   ε = {result['epsilon']:.4f}, δ = {result['delta']:g}  "
           f"({result['accountant'].upper()} accountant over all stages; per stage in metrics/privacy.json)")
     if "model_version" in result:

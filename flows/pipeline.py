@@ -21,14 +21,14 @@ from privpipe.config import load_params
 from privpipe.privacy import Ledger
 from tasks import tracking
 from tasks.common import read_json
-from tasks.aggregate import aggregate_task
+from tasks.aggregate import aggregate_task, run_aggregate
 from tasks.dp_pca import dp_pca_task
 from tasks.evaluate import deployed_dir, evaluate_task
-from tasks.finetune import finetune_task, start_dir
-from tasks.partition import partition_task
+from tasks.finetune import finetune_task, run_finetune, start_dir
+from tasks.partition import partition_task, run_partition
 from tasks.prepare import prepare_task
-from tasks.student import student_task
-from tasks.teachers import clear_partial_votes, collect_votes_task, teacher_task
+from tasks.student import run_student, student_task
+from tasks.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
 
 __all__ = ["pipeline", "privacy_markdown"]
 
@@ -65,11 +65,10 @@ def _pate(params, run_id: str, prepared: dict[str, str], partition_dir: str, dp_
     """teachers (mapped, one task each) → aggregate → student."""
     sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
     clear_partial_votes()
-    votes = teacher_task.map(params, range(params.partition.shards), sensitive, partition_dir, dp_pca_dir,
-                             public, test)
+    votes = teacher_task.map(params, range(params.partition.shards), sensitive, partition_dir, dp_pca_dir, public)
     teachers = collect_votes_task(params, run_id, public, votes)
-    labels = aggregate_task(params, run_id, teachers["dir"], public, sensitive, test, dp_pca_dir)
-    return student_task(params, run_id, labels["dir"], public, test, sensitive, dp_pca_dir)
+    labels = aggregate_task(params, run_id, teachers["dir"], public, dp_pca_dir)
+    return student_task(params, run_id, labels["dir"], public, test, dp_pca_dir)
 
 
 @flow(name="privpipe-pipeline")
@@ -84,12 +83,17 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
         prepared = prepare_task(params, run_id)
         sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
         if params.student.enabled:
-            shards = partition_task(params, run_id, sensitive, test)
+            shards = partition_task(params, run_id, sensitive)
         pca = dp_pca_task(params, run_id, sensitive)
         if params.student.enabled:
             _pate(params, run_id, prepared, shards["dir"], pca["dir"])
+        else:  # switched-off stages replace their outputs with a note, as under dvc repro
+            for run in (run_partition, run_teachers, run_aggregate, run_student):
+                run(params)
         if params.finetune.enabled:
             finetune_task(params, run_id, sensitive, test, pca["dir"], str(start_dir(params)))
+        else:
+            run_finetune(params)
         result = evaluate_task(params, run_id, sensitive, test, str(deployed_dir(params)))
         ledger = Ledger.from_dict(read_json(result["ledger"]))
         create_markdown_artifact(key="privacy-summary", markdown=privacy_markdown(ledger, result),

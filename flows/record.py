@@ -18,6 +18,8 @@ from tasks.evaluate import track_evaluation
 
 __all__ = ["record_finished_pipeline"]
 
+PATE_STAGES = ("partition", "teachers", "aggregate", "student")
+
 
 def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, params_file: str) -> dict[str, Any]:
     run_id = tracking.start_run(params, run_name="dvc-repro", params_file=params_file)
@@ -25,10 +27,17 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
         tracking.log_prepare(params, run_id, read_json(paths.metrics_file("prepare")))
         pca = read_json(paths.metrics_file("dp_pca"))
         tracking.log_dp_pca(params, run_id, pca, Ledger.from_dict(read_json(paths.DP_PCA / "ledger.json")))
-        tuned = read_json(paths.metrics_file("finetune"))
-        history = read_json(paths.FINETUNE / "history.json")
-        tracking.log_finetune(params, run_id, tuned, Ledger.from_dict(read_json(paths.FINETUNE / "ledger.json")),
-                              history["epochs"], history["epsilon_by_step"])
+        for stage in PATE_STAGES:
+            figures = read_json(paths.metrics_file(stage))
+            if not figures.get("skipped"):
+                tracking.log_stage_figures(params, run_id, stage, figures)
+        if params.student.enabled:
+            tracking.log_stage_figures(params, run_id, "teachers", {"released": False})
+        if params.finetune.enabled:
+            tuned = read_json(paths.metrics_file("finetune"))
+            history = read_json(paths.FINETUNE / "history.json")
+            tracking.log_finetune(params, run_id, tuned, Ledger.from_dict(read_json(paths.FINETUNE / "ledger.json")),
+                                  history["epochs"], history["epsilon_by_step"])
         result = track_evaluation(params, run_id, evaluation)
     except BaseException:
         tracking.finish_run(params, run_id, status="FAILED")

@@ -380,6 +380,9 @@ def _validate_pate(p: Params) -> None:
 
     for key in ("steps", "labeled_batch", "unlabeled_batch"):
         _require(getattr(stu, key) >= 1, f"student.{key}", "must be >= 1")
+    _require(not stu.enabled or p.finetune.model == "cnn" or len(p.finetune.hidden_units) >= 1,
+             "finetune.hidden_units", "the student needs at least one hidden layer: its output is the embedding "
+             "the association losses work on")
     _require(stu.learning_rate > 0, "student.learning_rate", "must be > 0")
     for key in ("weight_decay", "walker_weight", "visit_weight", "cover_weight", "delay_steps", "ramp_steps"):
         _require(getattr(stu, key) >= 0, f"student.{key}", "must be >= 0")

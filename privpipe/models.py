@@ -12,17 +12,29 @@ takes raw features) but not of training.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
 __all__ = ["UnitNorm", "Projection", "Scale", "Reshape", "make_mlp", "make_cnn", "make_network", "front_layers",
-           "released_model", "save_released", "load_released", "MODELS"]
+           "released_model", "save_released", "load_released", "seeded", "MODELS"]
 
 MODELS = ("mlp", "cnn")
+_BuildT = TypeVar("_BuildT")
+_INIT_LOCK = threading.Lock()
+
+
+def seeded(seed: int, build: Callable[[], _BuildT]) -> _BuildT:
+    """Run ``build`` (e.g. make a network) under ``torch.manual_seed(seed)``, holding a lock and
+    restoring the global generator afterwards: mapped tasks (teachers) build in parallel threads,
+    and without the lock one thread's seed could initialise another's weights."""
+    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
 CNN_SIDE = 28  # the CNN's kernel sizes and strides fit 28×28 images
 
 

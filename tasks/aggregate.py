@@ -5,11 +5,14 @@
 Checks the worst case (every query answered, at the data-independent bound) against
 the budget before any noise is drawn. Then aggregates (``aggregate.mechanism``) and
 analyses: the data-independent bound, the raw data-dependent bound (private: written
-only to artifacts/aggregate/private/, never to MLflow or metrics) and the sanitised
+only to artifacts/private/, never to MLflow, metrics or a DVC output) and the sanitised
 release. The ledger records the sanitised release with ``aggregate.analysis:
 data_dependent``, or the data-independent events otherwise.
 Output: artifacts/aggregate/{labels.npy (−1 = unanswered), query_ids.npy, analysis.json,
-ledger.json, private/data_dependent.json}.
+ledger.json}; artifacts/private/aggregate_data_dependent.json.
+The data-independent bound charges every query asked (answered or not): which ones were
+answered depends on the votes, and charging only those would be an odometer reading,
+not a bound.
 """
 
 from __future__ import annotations
@@ -23,15 +26,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
-from privpipe.data import Records, class_count
+from privpipe.data import DATASET_CLASSES, DataError
 from privpipe.pate.aggregate import aggregate
 from privpipe.pate.analysis import (AggregatorSpec, data_dependent_rdp, data_independent_events,
                                     planned_release_event, sanitise)
 from privpipe.pate.teachers import vote_histograms
 from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_epsilon
 from tasks import paths
-from tasks.common import skip_stage, stage_logger, staged_dir, write_json, write_text
-from tasks.dp_pca import load_ledger
+from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, write_json, write_text
+from tasks.dp_pca import check_projection, load_ledger
 from tasks.teachers import query_records
 
 __all__ = ["run_aggregate", "aggregate_task", "aggregator_spec"]
@@ -56,36 +59,38 @@ def _alone(events: list[Event], ledger: Ledger) -> float:
 
 
 def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public: Path = paths.PUBLIC,
-                  sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST, dp_pca_dir: Path = paths.DP_PCA,
-                  out: Path = paths.AGGREGATE) -> dict[str, Any]:
+                  dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.AGGREGATE) -> dict[str, Any]:
     if not params.student.enabled:
         return skip_stage("aggregate", out, "student.enabled is false")
     log = stage_logger("aggregate")
     cfg = params.aggregate
     ledger = load_ledger(dp_pca_dir / "ledger.json", params)
+    check_projection(read_json(teachers_dir / "summary.json")["dp_pca_digest"], dp_pca_dir,
+                     source=teachers_dir, rerun="teachers")
     votes = np.load(teachers_dir / "votes.npy")
     queries = query_records(params, public)
     if not np.array_equal(np.load(teachers_dir / "query_ids.npy"), queries.ids.astype(str)):
-        raise ValueError(f"{teachers_dir}: votes are for other queries; re-run the teachers stage")
-    classes = class_count(Records.load(sensitive), Records.load(test))
+        raise DataError(f"{teachers_dir}: votes are for other queries; re-run the teachers stage")
+    classes = DATASET_CLASSES[params.prepare.dataset]
     histograms = vote_histograms(votes, classes=classes)
     spec = aggregator_spec(params, teachers=votes.shape[0], classes=classes)
     after = ledger.ensure_affordable(*_planned(params, spec, len(queries)))
     log.info("aggregate: %s on %d queries from %d teachers; at worst the run total becomes %s",
              cfg.mechanism, len(queries), votes.shape[0], after)
 
-    seed = np.random.SeedSequence([params.run.seed, 2])
-    labels = aggregate(histograms, mechanism=cfg.mechanism, noise=NoiseSource(seed=seed, secure=params.privacy.secure_rng),
+    noise = NoiseSource(seed=seed_for(params.run.seed, "aggregate"), secure=params.privacy.secure_rng)
+    labels = aggregate(histograms, mechanism=cfg.mechanism, noise=noise,
                        gamma=cfg.gamma, sigma=cfg.sigma, threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2)
     answered = labels >= 0
-    independent = data_independent_events(spec, queries=len(queries), answered=int(answered.sum()))
-    raw_curve = data_dependent_rdp(spec, histograms, answered, orders=RDP_ORDERS)
-    raw_epsilon, raw_order = rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, raw_curve, ledger.delta)
-    release = None
+    # which queries got answered depends on the votes; a data-independent bound must not depend on it
+    independent = data_independent_events(spec, queries=len(queries), answered=len(queries))
+    release = private = None
     if cfg.analysis == "data_dependent":  # computing it publishes it, so only when the ledger pays for it
+        raw_curve = data_dependent_rdp(spec, histograms, answered, orders=RDP_ORDERS)
+        raw_epsilon, raw_order = rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, raw_curve, ledger.delta)
         release = sanitise(spec, histograms, answered, order=cfg.rdp_order, beta=cfg.ss_beta,
                            noise_scale=cfg.ss_noise, failure_probability=cfg.ss_failure_probability,
-                           noise=NoiseSource(seed=np.random.SeedSequence([params.run.seed, 3]),
+                           noise=NoiseSource(seed=seed_for(params.run.seed, "sanitise"),
                                              secure=params.privacy.secure_rng))
     ledger.record(*([release.event()] if release else independent))
 
@@ -99,17 +104,18 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
         figures["epsilon_sanitised"] = _alone([release.event()], ledger)
     analysis = {"mechanism": cfg.mechanism, "analysis_recorded": cfg.analysis, "spec": spec.__dict__,
                 "sanitised_release": release.public() if release else None, **figures}
-    private = {"warning": "data-dependent values: do not publish", "orders": list(RDP_ORDERS),
-               "rdp": raw_curve.tolist(), "epsilon": float(raw_epsilon), "order": float(raw_order)}
     if release:
-        private.update(rdp_at_release_order=release.raw, smooth_sensitivity=release.smooth_sensitivity)
+        private = {"warning": "data-dependent values: do not publish", "orders": list(RDP_ORDERS),
+                   "rdp": raw_curve.tolist(), "epsilon": float(raw_epsilon), "order": float(raw_order),
+                   "rdp_at_release_order": release.raw, "smooth_sensitivity": release.smooth_sensitivity}
     with staged_dir(out) as staging:
         np.save(staging / "labels.npy", labels)
         np.save(staging / "query_ids.npy", queries.ids.astype(str))
         write_json(staging / "analysis.json", analysis)
-        write_json(staging / "private" / "data_dependent.json", private)
         write_text(staging / "ledger.json", ledger.to_json())
     write_json(paths.metrics_file("aggregate"), figures)
+    if private:  # outside every DVC output and never logged: dvc push and MLflow do not see it
+        write_json(paths.PRIVATE / "aggregate_data_dependent.json", private)
     log.info("aggregate: %d of %d answered (label accuracy %.3f); stage ε = %.4g recorded (%s), "
              "data-independent ε = %.4g; run total %s", figures["answered"], len(queries), figures["label_accuracy"],
              figures["epsilon"], cfg.analysis, figures["epsilon_data_independent"], ledger.epsilon())
@@ -117,12 +123,10 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
 
 
 @task(name="aggregate", cache_policy=NO_CACHE)
-def aggregate_task(params: Params, run_id: str, teachers_dir: str, public: str, sensitive: str, test: str,
-                   dp_pca_dir: str) -> dict[str, Any]:
+def aggregate_task(params: Params, run_id: str, teachers_dir: str, public: str, dp_pca_dir: str) -> dict[str, Any]:
     from tasks import tracking
 
-    out = run_aggregate(params, teachers_dir=Path(teachers_dir), public=Path(public), sensitive=Path(sensitive),
-                        test=Path(test), dp_pca_dir=Path(dp_pca_dir))
+    out = run_aggregate(params, teachers_dir=Path(teachers_dir), public=Path(public), dp_pca_dir=Path(dp_pca_dir))
     tracking.log_stage_figures(params, run_id, "aggregate", out)
     tracking.log_privacy(params, run_id, Ledger.from_json(Path(out["ledger"]).read_text()))
     return out

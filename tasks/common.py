@@ -11,7 +11,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["write_json", "read_json", "write_text", "staged_dir", "stage_logger", "skip_stage"]
+import numpy as np
+
+__all__ = ["write_json", "read_json", "write_text", "staged_dir", "stage_logger", "skip_stage", "seed_for",
+           "SEED_STREAMS"]
+
+#: run.seed is split into independent streams, one per use (numpy SeedSequence keys)
+SEED_STREAMS = {"dp_pca": 1, "aggregate": 2, "sanitise": 3, "teacher": 4, "student": 5}
 
 
 def write_text(path: Path, text: str) -> None:
@@ -46,6 +52,11 @@ def staged_dir(target: Path) -> Iterator[Path]:
         os.replace(target, previous)
     os.replace(staging, target)
     shutil.rmtree(previous, ignore_errors=True)
+
+
+def seed_for(seed: int, stream: str, *index: int) -> np.random.SeedSequence:
+    """The seed of one use of randomness (``stream``, and e.g. a teacher's index) under ``run.seed``."""
+    return np.random.SeedSequence([seed, SEED_STREAMS[stream], *index])
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -9,6 +9,7 @@ Output: artifacts/dp_pca/{projection.npy, ledger.json}.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,13 +18,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import Records
+from privpipe.data import DataError, Records
 from privpipe.dp_pca import dp_pca, dp_pca_event
 from privpipe.privacy import Event, Ledger
 from tasks import paths
-from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
+from tasks.common import read_json, seed_for, stage_logger, staged_dir, write_json, write_text
 
-__all__ = ["run_dp_pca", "dp_pca_task", "new_ledger", "load_ledger", "calibrate_for"]
+__all__ = ["run_dp_pca", "dp_pca_task", "new_ledger", "load_ledger", "calibrate_for", "load_projection",
+           "projection_digest", "check_projection"]
 
 
 def new_ledger(params: Params) -> Ledger:
@@ -58,7 +60,7 @@ def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path =
         if sigma is None:
             sigma = calibrate_for(ledger, dp_pca_event, target_epsilon=cfg.epsilon, key="dp_pca.epsilon")
         ledger.ensure_affordable(dp_pca_event(noise_multiplier=sigma))
-        rng = np.random.default_rng([params.run.seed, 1])
+        rng = np.random.default_rng(seed_for(params.run.seed, "dp_pca"))
         projection = dp_pca(records.features, components=cfg.components, noise_multiplier=sigma,
                             rng=rng, secure=params.privacy.secure_rng)
         ledger.record(dp_pca_event(noise_multiplier=sigma))
@@ -74,6 +76,24 @@ def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path =
     write_json(paths.metrics_file("dp_pca"), figures)
     return {"dir": str(out), "projection": str(out / "projection.npy") if cfg.enabled else None,
             "ledger": str(out / "ledger.json"), **figures}
+
+
+def load_projection(dp_pca_dir: Path) -> np.ndarray | None:
+    """The released projection, or None when DP-PCA was off."""
+    file = Path(dp_pca_dir) / "projection.npy"
+    return np.load(file) if file.exists() else None
+
+
+def projection_digest(dp_pca_dir: Path) -> str:
+    """Identifies the DP-PCA release a later stage built on (its ledger accounts for exactly one)."""
+    file = Path(dp_pca_dir) / "projection.npy"
+    return hashlib.sha256(file.read_bytes()).hexdigest() if file.exists() else "none"
+
+
+def check_projection(recorded: str, dp_pca_dir: Path, *, source: Path, rerun: str) -> None:
+    """Refuse to mix outputs built on different DP-PCA releases: the ledger would count one of two."""
+    if recorded != projection_digest(dp_pca_dir):
+        raise DataError(f"{source}: built on another DP-PCA projection than {dp_pca_dir}; re-run the {rerun} stage")
 
 
 def calibrate_for(ledger: Ledger, make_event: Callable[..., Event], *, target_epsilon: float, key: str) -> float:

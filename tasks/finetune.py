@@ -20,20 +20,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import Records
+from privpipe.data import DATASET_CLASSES, Records
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
 from privpipe.models import front_layers, load_released, make_network, released_model, save_released
 from privpipe.privacy import Ledger, compute_epsilon
 from tasks import paths
 from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_json, write_text
-from tasks.dp_pca import calibrate_for, load_ledger
+from tasks.dp_pca import calibrate_for, check_projection, load_ledger, load_projection
 
 __all__ = ["run_finetune", "finetune_task", "start_dir"]
-
-
-def _load_projection(dp_pca_dir: Path) -> np.ndarray | None:
-    file = dp_pca_dir / "projection.npy"
-    return np.load(file) if file.exists() else None
 
 
 def start_dir(params: Params) -> Path:
@@ -54,7 +49,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     records = Records.load(sensitive)
     if cfg.lot_size > len(records):
         raise ConfigError(f"finetune.lot_size: {cfg.lot_size} exceeds the {len(records)} sensitive records")
-    projection = _load_projection(dp_pca_dir)
+    projection = load_projection(dp_pca_dir)
     if cfg.model == "cnn" and projection is not None:
         raise ConfigError("finetune.model: cnn trains on raw pixels; set dp_pca.enabled: false")
     front = torch.nn.Sequential(*front_layers(cfg.model, projection, input_scale=cfg.input_scale))
@@ -71,8 +66,10 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
              schedule.sample_rate, sigma, after)
 
     # the label set is public knowledge (it is the task); test labels make sure no class is missing
-    classes = int(max(records.labels.max(), Records.load(test).labels.max())) + 1
+    classes = DATASET_CLASSES[params.prepare.dataset]
     if (start / "model.pt").exists():
+        check_projection(read_json(start / "model.json").get("dp_pca_digest", ""), dp_pca_dir,
+                         source=start, rerun="student")
         network = load_released(start)[-1]  # the student's trainable part; the front is rebuilt below
         log.info("finetune: starting from the student in %s", start)
     else:

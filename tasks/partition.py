@@ -11,6 +11,7 @@ Output: artifacts/partition/{shards.npy, summary.json}.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -19,56 +20,60 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import Records, class_count
+from privpipe.data import DATASET_CLASSES, DataError, Records
 from privpipe.data.partition import assign_shards
 from tasks import paths
-from tasks.common import skip_stage, stage_logger, staged_dir, write_json
+from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_json
 
 __all__ = ["run_partition", "partition_task", "load_shards"]
 
 
-def run_partition(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
-                  out: Path = paths.PARTITION) -> dict[str, Any]:
+def run_partition(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.PARTITION) -> dict[str, Any]:
     if not params.student.enabled:
         return skip_stage("partition", out, "student.enabled is false")
     log = stage_logger("partition")
     cfg = params.partition
     records = Records.load(sensitive)
-    # the class count is public (it is the task); inferring it from the sensitive labels would let
-    # one record (the last of a class) change every shard's classes
-    classes = class_count(records, Records.load(test))
+    classes = DATASET_CLASSES[params.prepare.dataset]  # public: from the task, not from the labels
     try:
         shards = assign_shards(records.ids, records.labels, shards=cfg.shards, strategy=cfg.strategy,
                                seed=params.run.seed, alpha=cfg.alpha, labels_per_shard=cfg.labels_per_shard,
                                min_records=cfg.min_records, classes=classes)
-    except ValueError as exc:
+    except ValueError as exc:  # the library names the argument: shards, alpha, labels_per_shard, …
         message = str(exc)
-        raise ConfigError(message if message.startswith("partition.") else f"partition.{message}") from None
+        if message.split(":")[0] in ("ids", "labels"):
+            raise DataError(f"{sensitive}: {message}") from None
+        raise ConfigError(f"partition.{message}") from None
+    # shard sizes depend on the sensitive labels (per-class counts under label skew): kept with the
+    # partition, not in metrics, MLflow or logs
     sizes = np.bincount(shards, minlength=cfg.shards)
-    summary = {"shards": cfg.shards, "strategy": cfg.strategy, "records": len(records),
-               "smallest": int(sizes.min()), "largest": int(sizes.max()), "sizes": sizes.tolist()}
+    public = {"shards": cfg.shards, "strategy": cfg.strategy}
     with staged_dir(out) as staging:
         np.save(staging / "shards.npy", shards)
-        write_json(staging / "summary.json", summary)
-    write_json(paths.metrics_file("partition"), {k: v for k, v in summary.items() if k != "sizes"})
-    log.info("partition: %d records into %d %s shards (%d–%d each)", len(records), cfg.shards, cfg.strategy,
-             sizes.min(), sizes.max())
-    return {"dir": str(out), **{k: v for k, v in summary.items() if k != "sizes"}}
+        write_json(staging / "summary.json", {**public, "records_digest": _digest(records.ids),
+                                              "sizes": sizes.tolist()})
+    write_json(paths.metrics_file("partition"), public)
+    log.info("partition: %d %s shards", cfg.shards, cfg.strategy)
+    return {"dir": str(out), **public}
+
+
+def _digest(ids: np.ndarray) -> str:
+    return hashlib.sha256("\n".join(ids.astype(str)).encode()).hexdigest()
 
 
 def load_shards(partition_dir: Path, records: Records) -> np.ndarray:
     """The shard of every sensitive record; refuses a partition of some other data."""
     shards = np.load(Path(partition_dir) / "shards.npy")
-    if shards.shape != (len(records),):
-        raise ValueError(f"{partition_dir}: partition has {len(shards)} records, the sensitive set "
-                         f"{len(records)}; re-run the partition stage")
+    if read_json(Path(partition_dir) / "summary.json")["records_digest"] != _digest(records.ids):
+        raise DataError(f"{partition_dir}: partition of other records than the sensitive set; "
+                        "re-run the partition stage")
     return shards
 
 
 @task(name="partition", cache_policy=NO_CACHE)
-def partition_task(params: Params, run_id: str, sensitive: str, test: str) -> dict[str, Any]:
+def partition_task(params: Params, run_id: str, sensitive: str) -> dict[str, Any]:
     from tasks import tracking
 
-    out = run_partition(params, sensitive=Path(sensitive), test=Path(test))
+    out = run_partition(params, sensitive=Path(sensitive))
     tracking.log_stage_figures(params, run_id, "partition", out)
     return out

@@ -15,6 +15,7 @@ PARTITION = Path("artifacts/partition")
 TEACHERS = Path("artifacts/teachers")
 AGGREGATE = Path("artifacts/aggregate")
 STUDENT = Path("artifacts/student")
+PRIVATE = Path("artifacts/private")  # data-dependent values that must not be published: not a DVC output
 FINETUNE = Path("artifacts/finetune")
 METRICS = Path("metrics")
 DEFAULT_DIGITS_CSV = Path("data/raw/digits.csv")

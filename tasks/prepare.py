@@ -24,7 +24,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import DataError, Records, export_digits_csv, load_labeled_csv, load_mnist, stratified_split, subsample
+from privpipe.data import (DATASET_CLASSES, DataError, Records, check_labels, export_digits_csv, load_labeled_csv,
+                           load_mnist, stratified_split, subsample)
 from privpipe.data.domains import digits_target_transform, uci_digits_as_mnist
 from privpipe.data.mnist import mnist_files
 from tasks import paths
@@ -110,6 +111,8 @@ def run_prepare(params: Params) -> dict[str, str]:
             f"privacy.delta: {params.privacy.delta:g} is not below 1/n = {1.0 / n:.3g} (n = {n} sensitive records); "
             "a δ that large permits leaking a whole record"
         )
+    for name, records in sets.items():
+        check_labels(records, classes=DATASET_CLASSES[params.prepare.dataset], source=f"{sources[0]} ({name} set)")
     if len(set(sensitive.labels.tolist())) < 2:
         raise DataError(f"{sources[0]}: the sensitive set needs at least two classes")
     with staged_dir(paths.PREPARED) as out:
@@ -118,7 +121,7 @@ def run_prepare(params: Params) -> dict[str, str]:
     version = data_version(sources)
     summary = {f"n_{name}": len(records) for name, records in sets.items()}
     summary.update({"n_features": int(sensitive.features.shape[1]), "data_version": version,
-                    "n_classes": int(max(r.labels.max() for r in sets.values()) + 1)})
+                    "n_classes": DATASET_CLASSES[params.prepare.dataset]})
     write_json(paths.metrics_file("prepare"), summary)
     log.info("prepare: %s from %s (data version %s)",
              ", ".join(f"{len(r)} {name}" for name, r in sets.items()), params.prepare.path, version)

@@ -22,12 +22,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import Records, class_count
-from privpipe.models import make_network, released_model, save_released
+from privpipe.data import DATASET_CLASSES, DataError, Records
+from privpipe.models import make_network, released_model, save_released, seeded
 from privpipe.pate.student import StudentConfig, train_student
 from tasks import paths
-from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_json, write_text
-from tasks.dp_pca import load_ledger
+from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, write_json, write_text
+from tasks.dp_pca import load_ledger, load_projection, projection_digest
 from tasks.teachers import model_front, query_records
 
 __all__ = ["run_student", "student_task", "model_spec", "target_sets"]
@@ -53,8 +53,7 @@ def _accuracy(model: torch.nn.Module, records: Records) -> float:
 
 
 def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public: Path = paths.PUBLIC,
-                test: Path = paths.TEST, sensitive: Path = paths.SENSITIVE, dp_pca_dir: Path = paths.DP_PCA,
-                out: Path = paths.STUDENT) -> dict[str, Any]:
+                test: Path = paths.TEST, dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.STUDENT) -> dict[str, Any]:
     if not params.student.enabled:
         return skip_stage("student", out, "student.enabled is false")
     log = stage_logger("student")
@@ -63,10 +62,10 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
     labels = np.load(aggregate_dir / "labels.npy")
     queries = query_records(params, public)
     if not np.array_equal(np.load(aggregate_dir / "query_ids.npy"), queries.ids.astype(str)):
-        raise ValueError(f"{aggregate_dir}: labels are for other queries; re-run the aggregate stage")
+        raise DataError(f"{aggregate_dir}: labels are for other queries; re-run the aggregate stage")
     answered = labels >= 0
     if not answered.any():
-        raise ValueError("aggregate: no query was answered, so the student has no labels; lower "
+        raise DataError(f"{aggregate_dir}: no query was answered, so the student has no labels; lower "
                          "aggregate.threshold or ask more aggregate.queries")
     front = model_front(params, params.finetune.model, dp_pca_dir)
     targets = target_sets(Path(public).parent)
@@ -75,10 +74,11 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
         labeled = front(torch.as_tensor(queries.features[answered])).numpy()
         unlabeled = front(torch.as_tensor(pool.features)).numpy()
     test_records = Records.load(test)
-    classes = class_count(Records.load(sensitive), test_records)
+    classes = DATASET_CLASSES[params.prepare.dataset]
+    seed = int(seed_for(params.run.seed, "student").generate_state(1)[0])
     try:
-        network = make_network(params.finetune.model, in_features=int(np.prod(labeled.shape[1:])),
-                               hidden_units=params.finetune.hidden_units, classes=classes)
+        network = seeded(seed, lambda: make_network(params.finetune.model, in_features=int(np.prod(labeled.shape[1:])),
+                                                    hidden_units=params.finetune.hidden_units, classes=classes))
     except ValueError as exc:
         raise ConfigError(f"finetune.model: {exc}") from None
     config = StudentConfig(steps=cfg.steps, labeled_batch=cfg.labeled_batch, unlabeled_batch=cfg.unlabeled_batch,
@@ -86,10 +86,9 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
                            walker_weight=cfg.walker_weight, visit_weight=cfg.visit_weight,
                            cover_weight=cfg.cover_weight, delay_steps=cfg.delay_steps, ramp_steps=cfg.ramp_steps)
     result = train_student(network, labeled_x=labeled, labeled_y=labels[answered], unlabeled_x=unlabeled,
-                           config=config, seed=params.run.seed,
+                           config=config, seed=seed,
                            on_log=lambda h: log.info("student: step %d/%d, loss %.4f", h["step"], cfg.steps, h["loss"]))
-    projection_file = Path(dp_pca_dir) / "projection.npy"
-    projection = np.load(projection_file) if projection_file.exists() else None
+    projection = load_projection(dp_pca_dir)
     model = released_model(result.network, projection, input_scale=params.finetune.input_scale,
                            kind=params.finetune.model)
     figures = {"labeled": int(answered.sum()), "unlabeled": len(pool),
@@ -97,7 +96,8 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
                "accuracy_test": _accuracy(model, test_records)}
     if targets:
         figures["accuracy_target"] = _accuracy(model, targets[1])
-    spec = model_spec(params, test_records, None if projection is None else int(projection.shape[1]), classes)
+    spec = {**model_spec(params, test_records, None if projection is None else int(projection.shape[1]), classes),
+            "dp_pca_digest": projection_digest(dp_pca_dir)}
     with staged_dir(out) as staging:
         save_released(model, staging, spec=spec)
         write_json(staging / "history.json", {"steps": result.history})
@@ -110,12 +110,12 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
 
 
 @task(name="student", cache_policy=NO_CACHE)
-def student_task(params: Params, run_id: str, aggregate_dir: str, public: str, test: str, sensitive: str,
+def student_task(params: Params, run_id: str, aggregate_dir: str, public: str, test: str,
                  dp_pca_dir: str) -> dict[str, Any]:
     from tasks import tracking
 
     out = run_student(params, aggregate_dir=Path(aggregate_dir), public=Path(public), test=Path(test),
-                      sensitive=Path(sensitive), dp_pca_dir=Path(dp_pca_dir))
+                      dp_pca_dir=Path(dp_pca_dir))
     tracking.log_stage_figures(params, run_id, "student", out)
     history = read_json(Path(out["model_dir"]) / "history.json")["steps"]
     tracking.log_curve(params, run_id, "student.loss", [(h["step"], h["loss"]) for h in history])

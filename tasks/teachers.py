@@ -21,12 +21,13 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from privpipe.config import Params
-from privpipe.data import Records, class_count
-from privpipe.models import front_layers, make_network
+from privpipe.config import ConfigError, Params
+from privpipe.data import DATASET_CLASSES, DataError, Records
+from privpipe.models import front_layers, make_network, seeded
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier
 from tasks import paths
-from tasks.common import skip_stage, stage_logger, staged_dir, write_json
+from tasks.common import seed_for, skip_stage, stage_logger, staged_dir, write_json
+from tasks.dp_pca import load_projection, projection_digest
 from tasks.partition import load_shards
 
 __all__ = ["train_teacher", "collect_votes", "run_teachers", "clear_partial_votes", "teacher_task", "collect_votes_task",
@@ -37,9 +38,7 @@ PARTIAL = paths.TEACHERS.with_name(paths.TEACHERS.name + ".partial")
 
 def model_front(params: Params, kind: str, dp_pca_dir: Path) -> torch.nn.Sequential:
     """The frozen preprocessing: unit rows → DP-PCA projection (if it ran) → scale, or the CNN reshape."""
-    file = Path(dp_pca_dir) / "projection.npy"
-    projection = np.load(file) if file.exists() else None
-    return torch.nn.Sequential(*front_layers(kind, projection, input_scale=params.finetune.input_scale))
+    return torch.nn.Sequential(*front_layers(kind, load_projection(dp_pca_dir), input_scale=params.finetune.input_scale))
 
 
 def query_records(params: Params, public: Path = paths.PUBLIC) -> Records:
@@ -47,7 +46,7 @@ def query_records(params: Params, public: Path = paths.PUBLIC) -> Records:
     pool = Records.load(public)
     wanted = params.aggregate.queries or len(pool)
     if wanted > len(pool):
-        raise ValueError(f"aggregate.queries: {wanted} exceeds the {len(pool)} public records")
+        raise ConfigError(f"aggregate.queries: {wanted} exceeds the {len(pool)} public records")
     return pool.subset(np.arange(wanted))
 
 
@@ -58,17 +57,18 @@ def _apply(front: torch.nn.Module, features: np.ndarray) -> np.ndarray:
 
 def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSITIVE,
                   partition_dir: Path = paths.PARTITION, dp_pca_dir: Path = paths.DP_PCA,
-                  public: Path = paths.PUBLIC, test: Path = paths.TEST, partial: Path = PARTIAL) -> Path:
+                  public: Path = paths.PUBLIC, partial: Path = PARTIAL) -> Path:
     """Train teacher ``teacher`` on its shard alone and save its votes on the queries."""
     cfg = params.teachers
     records = Records.load(sensitive)
     mine = records.subset(np.flatnonzero(load_shards(partition_dir, records) == teacher))
     front = model_front(params, cfg.model, dp_pca_dir)
     features = _apply(front, mine.features)
-    seed = int(np.random.SeedSequence([params.run.seed, teacher]).generate_state(1)[0])
-    torch.manual_seed(seed)  # each teacher's initial weights: reproducible and different from the others'
-    network = make_network(cfg.model, in_features=int(np.prod(features.shape[1:])), hidden_units=cfg.hidden_units,
-                           classes=class_count(records, Records.load(test)))
+    seed = int(seed_for(params.run.seed, "teacher", teacher).generate_state(1)[0])
+    # each teacher's initial weights: reproducible, different from the others', safe in parallel threads
+    network = seeded(seed, lambda: make_network(cfg.model, in_features=int(np.prod(features.shape[1:])),
+                                                hidden_units=cfg.hidden_units,
+                                                classes=DATASET_CLASSES[params.prepare.dataset]))
     config = TeacherConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
                            weight_decay=cfg.weight_decay)
     network = train_classifier(network, features, mine.labels, config=config, seed=seed)
@@ -82,22 +82,25 @@ def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSI
 
 
 def collect_votes(params: Params, *, public: Path = paths.PUBLIC, partial: Path = PARTIAL,
-                  out: Path = paths.TEACHERS) -> dict[str, Any]:
+                  dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.TEACHERS) -> dict[str, Any]:
     """Stack every teacher's votes; refuse if any teacher is missing."""
     teachers = params.partition.shards
     files = [partial / f"teacher-{k:05d}.npy" for k in range(teachers)]
     missing = [f.name for f in files if not f.exists()]
     if missing:
-        raise RuntimeError(f"{partial}: no votes from {len(missing)} of {teachers} teachers ({missing[0]}, …)")
+        raise DataError(f"{partial}: no votes from {len(missing)} of {teachers} teachers ({missing[0]}, …); "
+                        "re-run the teachers stage")
     votes = np.stack([np.load(f) for f in files])
     queries = query_records(params, public)
     if votes.shape[1] != len(queries):
-        raise RuntimeError(f"{partial}: votes cover {votes.shape[1]} queries, expected {len(queries)}")
+        raise DataError(f"{partial}: votes cover {votes.shape[1]} queries, expected {len(queries)}; "
+                        "re-run the teachers stage")
     with staged_dir(out) as staging:
         np.save(staging / "votes.npy", votes)
         np.save(staging / "query_ids.npy", queries.ids.astype(str))
         write_json(staging / "summary.json", {"teachers": teachers, "queries": len(queries),
-                                              "released": False, "model": params.teachers.model})
+                                              "released": False, "model": params.teachers.model,
+                                              "dp_pca_digest": projection_digest(dp_pca_dir)})
     shutil.rmtree(partial, ignore_errors=True)
     figures = {"teachers": teachers, "queries": len(queries)}
     write_json(paths.metrics_file("teachers"), figures)
@@ -123,13 +126,15 @@ def run_teachers(params: Params) -> dict[str, Any]:
 
 @task(name="teacher", cache_policy=NO_CACHE)
 def teacher_task(params: Params, teacher: int, sensitive: str, partition_dir: str, dp_pca_dir: str,
-                 public: str, test: str) -> str:
+                 public: str) -> str:
     return str(train_teacher(params, teacher, sensitive=Path(sensitive), partition_dir=Path(partition_dir),
-                             dp_pca_dir=Path(dp_pca_dir), public=Path(public), test=Path(test)))
+                             dp_pca_dir=Path(dp_pca_dir), public=Path(public)))
 
 
 @task(name="collect-votes", cache_policy=NO_CACHE)
 def collect_votes_task(params: Params, run_id: str, public: str, vote_files: list[str]) -> dict[str, Any]:
+    """``vote_files`` (the mapped teachers' results) makes Prefect wait for every teacher; the
+    files are then found by teacher index, so a missing one is named."""
     from tasks import tracking
 
     out = collect_votes(params, public=Path(public))

@@ -88,3 +88,12 @@ def test_records_round_trip_and_stratified_split(tmp_path):
     train.save(tmp_path / "train")
     again = Records.load(tmp_path / "train")
     assert np.array_equal(again.features, train.features) and list(again.ids) == list(train.ids)
+
+
+def test_labels_outside_the_task_are_refused():
+    from privpipe.data import DATASET_CLASSES, check_labels
+
+    records = Records(np.zeros((3, 2), dtype=np.float32), np.array([0, 9, 10]), np.array(["a", "b", "c"]))
+    with pytest.raises(DataError, match=r"data/raw/x.csv: label 10 is outside 0..9"):
+        check_labels(records, classes=DATASET_CLASSES["digits"], source="data/raw/x.csv")
+    check_labels(records.subset(np.array([0, 1])), classes=10, source="ok")

@@ -47,3 +47,16 @@ def test_cnn_refuses_other_image_sizes():
 
     with pytest.raises(ValueError, match="28×28"):
         make_network("cnn", in_features=64, hidden_units=[], classes=10)
+
+
+def test_seeded_builds_are_reproducible_and_leave_the_global_generator_alone():
+    from privpipe.models import make_mlp, seeded
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    first = seeded(7, lambda: make_mlp(4, [3], 2))
+    second = seeded(7, lambda: make_mlp(4, [3], 2))
+    other = seeded(8, lambda: make_mlp(4, [3], 2))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
+    assert not torch.equal(first[0].weight, other[0].weight)

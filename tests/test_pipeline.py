@@ -110,6 +110,6 @@ def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
     assert "accuracy.target" in run.data.metrics and "student.accuracy_test" in run.data.metrics
     # the raw data-dependent bound stays out of MLflow
     assert not any("raw" in key or "smooth" in key for key in run.data.metrics)
-    assert (folder / "artifacts/aggregate/private/data_dependent.json").exists()
+    assert (folder / "artifacts/private/aggregate_data_dependent.json").exists()
     assert not (folder / "artifacts/teachers.partial").exists()
     assert run.data.tags["teachers.released"] == "false"  # the run records that teachers stay private

@@ -9,12 +9,13 @@ import pytest
 
 from conftest import write_params
 from privpipe.config import load_params
+from privpipe.data import DataError, Records
 from privpipe.privacy import Ledger
 from tasks.aggregate import run_aggregate
 from tasks.dp_pca import run_dp_pca
 from tasks.evaluate import run_evaluate
 from tasks.finetune import run_finetune
-from tasks.partition import run_partition
+from tasks.partition import load_shards, run_partition
 from tasks.prepare import run_prepare
 from tasks.student import run_student
 from tasks.teachers import run_teachers
@@ -23,19 +24,19 @@ from test_data import write_mnist
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 CNN_FINETUNE = {"model": "cnn", "lot_size": 10, "epochs": 2, "max_grad_norm": 0.1}
+SETTINGS = dict(prepare={"dataset": "mnist", "path": "mnist", "public_queries": 20},
+                dp_pca={"enabled": False}, partition={"shards": 3, "min_records": 5},
+                teachers={"model": "cnn", "epochs": 2},
+                aggregate={"mechanism": "confident_gnmax", "queries": 10, "threshold": 0.0, "sigma1": 50.0,
+                           "sigma2": 50.0, "sigma": None},
+                student={"steps": 20, "delay_steps": 5, "ramp_steps": 5, "labeled_batch": 10, "unlabeled_batch": 10},
+                finetune=CNN_FINETUNE)
 
 
 def test_mnist_idx_files_through_pate_and_the_cnn(project):
     (project / "mnist").mkdir()
     write_mnist(project / "mnist", n_train=60, n_test=30)
-    write_params(project, prepare={"dataset": "mnist", "path": "mnist", "public_queries": 20},
-                 dp_pca={"enabled": False}, partition={"shards": 3, "min_records": 5},
-                 teachers={"model": "cnn", "epochs": 2},
-                 aggregate={"mechanism": "confident_gnmax", "queries": 10, "threshold": 0.0, "sigma1": 50.0,
-                            "sigma2": 50.0, "sigma": None},
-                 student={"steps": 20, "delay_steps": 5, "ramp_steps": 5, "labeled_batch": 10,
-                          "unlabeled_batch": 10},
-                 finetune=CNN_FINETUNE)
+    write_params(project, **SETTINGS)
     params = load_params("params.yaml")
 
     prepared = run_prepare(params)
@@ -43,13 +44,33 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
     assert prepared["data_version"].startswith("untracked:")
     assert int(prepared["n_target"]) + int(prepared["n_target_test"]) == 1797  # the UCI digits at 28×28
     shards = run_partition(params)
-    assert shards["records"] == 60 and shards["smallest"] >= 5
+    sizes = json.loads((project / "artifacts/partition/summary.json").read_text())["sizes"]
+    assert shards["shards"] == 3 and sum(sizes) == 60 and min(sizes) >= 5
+    assert json.loads((project / "metrics/partition.json").read_text()) == {"shards": 3, "strategy": "iid"}
     assert run_dp_pca(params)["projection"] is None
     teachers = run_teachers(params)
     votes = np.load(project / "artifacts/teachers/votes.npy")
     assert votes.shape == (3, 10) and teachers["queries"] == 10
+    # the ledger is only right if aggregate analyses the votes of teachers built on today's DP-PCA
+    np.save(project / "artifacts/dp_pca/projection.npy", np.eye(784, 2))
+    with pytest.raises(DataError, match="artifacts/teachers: built on another DP-PCA projection"):
+        run_aggregate(params)
+    (project / "artifacts/dp_pca/projection.npy").unlink()
+    with pytest.raises(DataError, match="partition of other records"):
+        load_shards(project / "artifacts/partition", Records.load(project / "data/prepared/test"))
+
+    # data-independent accounting charges every query asked, answered or not
+    write_params(project, **{**SETTINGS, "aggregate": {**SETTINGS["aggregate"], "analysis": "data_independent"}})
+    independent = run_aggregate(load_params("params.yaml"))
+    events = Ledger.from_json((project / "artifacts/aggregate/ledger.json").read_text()).events
+    assert [(e.mechanism, e.count) for e in events] == [("gaussian", 10), ("gaussian", 10)]
+    assert "epsilon_sanitised" not in independent
+    assert not (project / "artifacts/private").exists()  # raw data-dependent values only when they are used
+
+    write_params(project, **SETTINGS)
     labels = run_aggregate(params)
     assert 0 < labels["answered"] <= 10
+    assert (project / "artifacts/private/aggregate_data_dependent.json").exists()
     ledger = Ledger.from_json((project / "artifacts/aggregate/ledger.json").read_text())
     assert ledger.stages() == ["aggregate"] and labels["epsilon"] == pytest.approx(ledger.stage_epsilon("aggregate").epsilon)
     student = run_student(params)

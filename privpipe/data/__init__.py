@@ -2,12 +2,13 @@
 
 from privpipe.data.digits import export_digits_csv, load_labeled_csv
 from privpipe.data.mnist import load_mnist, read_idx
-from privpipe.data.records import DataError, Records, class_count
+from privpipe.data.records import DATASET_CLASSES, DataError, Records, check_labels
 from privpipe.data.split import stratified_split, subsample
 
 __all__ = [
     "Records",
-    "class_count",
+    "DATASET_CLASSES",
+    "check_labels",
     "DataError",
     "export_digits_csv",
     "load_labeled_csv",

@@ -25,8 +25,10 @@ other gap replaced by the smallest), (m−1)(2 + γ·gap)/(4e^{γ·gap}) for LNM
 threshold, by min(Pr[answer], Pr[no answer]) from the top count. Each per-query bound is
 capped by the data-independent RDP, so it never exceeds it. The threshold costs on every
 query; the noisy argmax only on answered ones (realised outcomes, as in the paper's
-reported figures; weighting by the probability of answering would under-count, since
-E[e^X] ≥ e^{E[X]}).
+reported figures: the data-dependent figure is a statement about this dataset and its
+run; weighting by the probability of answering would under-count, since
+E[e^X] ≥ e^{E[X]}). The data-independent bound, by contrast, should be charged for every
+query asked (``answered=queries``): the pipeline does so.
 
 **Sanitised release** (2018, §4 and Theorem 23). The data-dependent value F(D) depends on
 the data, so it is released as U = F + SS·(c·σ_s + N(0, σ_s²)) with SS a β-smooth bound on

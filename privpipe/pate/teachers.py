@@ -70,7 +70,9 @@ def train_classifier(network: nn.Module, features: np.ndarray, labels: np.ndarra
 
     Mini-batches are a fresh shuffle each epoch from a generator seeded with ``seed``, so
     the same initial weights, data and seed give the same trained weights. A batch size
-    above the shard size gives one batch of the whole shard.
+    above the shard size gives one batch of the whole shard. Nothing here touches torch's
+    global generator (teachers train in parallel threads), so networks must not use
+    dropout; the models in ``privpipe.models`` do not.
     """
     x, y = _training_tensors(features, labels, _device(network))
     n = len(y)
@@ -78,17 +80,14 @@ def train_classifier(network: nn.Module, features: np.ndarray, labels: np.ndarra
     order_rng = torch.Generator().manual_seed(seed)
     optimiser = torch.optim.Adam(network.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     loss_fn = nn.CrossEntropyLoss()
-    # layers that draw from the global RNG (dropout) get a seeded copy, left as it was afterwards
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        network.train()
-        for _ in range(config.epochs):
-            order = torch.randperm(n, generator=order_rng).to(x.device)
-            for start in range(0, n, batch_size):
-                batch = order[start:start + batch_size]
-                optimiser.zero_grad(set_to_none=True)
-                loss_fn(network(x[batch]), y[batch]).backward()
-                optimiser.step()
+    network.train()
+    for _ in range(config.epochs):
+        order = torch.randperm(n, generator=order_rng).to(x.device)
+        for start in range(0, n, batch_size):
+            batch = order[start:start + batch_size]
+            optimiser.zero_grad(set_to_none=True)
+            loss_fn(network(x[batch]), y[batch]).backward()
+            optimiser.step()
     return network.eval()
 
 
