@@ -139,3 +139,24 @@ def test_ledger_rejects_malformed_json():
     with pytest.raises(ValueError, match="unknown privacy mechanism"):
         Ledger.from_json('{"format": 1, "epsilon_budget": 1, "delta": 1e-5, "accountant": "rdp", '
                          '"events": [{"mechanism": "magic", "stage": "x"}]}')
+
+
+def test_best_splits_delta_between_pld_and_a_custom_curve():
+    from dp_accounting.pld import pld_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    from privpipe.privacy.ledger import PLD_DISCRETIZATION, SPLIT_DELTA_SHARES
+
+    standard = [GaussianEvent(stage="dp_pca", noise_multiplier=8.0),
+                PoissonGaussianEvent(stage="finetune", noise_multiplier=3.0, sample_rate=0.06, steps=500)]
+    curve = RdpCurveEvent(stage="aggregate", orders=(20.0,), rdp=(0.5,), delta=1e-7)
+    best = compute_epsilon([*standard, curve], delta=1e-5)
+    joint = compute_epsilon([*standard, curve], delta=1e-5, accountant="rdp")
+    # by hand: basic composition of PLD (standard events, δ₁) and RDP at order 20 (the curve, δ₂ − its own δ)
+    pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    for event in standard:
+        pld.compose(event.to_dp_event())
+    by_hand = min(pld.get_epsilon(1e-5 * (1 - s)) + rdp_privacy_accountant.compute_epsilon(
+        [20.0], [0.5], 1e-5 * s - 1e-7)[0] for s in SPLIT_DELTA_SHARES)
+    assert best.accountant == "pld+rdp" and best.epsilon == pytest.approx(by_hand, rel=1e-9)
+    assert best.epsilon < joint.epsilon

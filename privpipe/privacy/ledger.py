@@ -15,7 +15,11 @@ adjacency, the same relation Opacus and Abadi et al. use):
 - ``pld``: privacy-loss distributions with pessimistic discretisation, so the
   reported ε is an upper bound. Only when every event has a PLD (not custom RDP curves).
 - ``best``: both where possible; the smaller ε is reported, and named. Each is a
-  sound upper bound, so their minimum is one too.
+  sound upper bound, so their minimum is one too. With custom RDP curves (which have no
+  PLD) ``best`` also tries ``pld+rdp``: PLD for the standard events at δ₁ and RDP for the
+  curves at δ₂, added by basic composition (ε₁ + ε₂, δ₁ + δ₂ = δ), for a few fixed
+  splits of δ. A curve known at one order only (PATE's sanitised bound) would otherwise
+  force every other stage onto that order.
 
 ε goes down as noise goes up and δ goes up; δ is fixed per run and ε is reported at it.
 """
@@ -43,6 +47,8 @@ ACCOUNTANTS = ("best", "pld", "rdp")
 RDP_ORDERS: tuple[float, ...] = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 #: PLD discretisation: ε error of order 1e-4·(number of compositions), always upward.
 PLD_DISCRETIZATION = 1e-4
+#: shares of δ given to the custom curves when ``best`` splits PLD and RDP (fixed, data-independent)
+SPLIT_DELTA_SHARES = (0.1, 0.3, 0.5, 0.7, 0.9)
 LEDGER_FORMAT = 1
 
 
@@ -83,10 +89,14 @@ def _rdp_epsilon(events: Sequence[Event], delta: float) -> float:
     return float(epsilon)
 
 
-def _pld_epsilon(events: Sequence[Event], delta: float) -> float:
+def _pld(events: Sequence[Event]) -> pld_privacy_accountant.PLDAccountant:
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
     accountant.compose(dp_event.ComposedDpEvent([e.to_dp_event() for e in events]))
-    return float(accountant.get_epsilon(delta))
+    return accountant
+
+
+def _pld_epsilon(events: Sequence[Event], delta: float) -> float:
+    return float(_pld(events).get_epsilon(delta))
 
 
 def compute_epsilon(events: Sequence[Event], *, delta: float, accountant: str = "best") -> Spend:
@@ -110,7 +120,21 @@ def compute_epsilon(events: Sequence[Event], *, delta: float, accountant: str = 
         candidates.append(Spend(_rdp_epsilon(events, delta), delta, "rdp"))
     if accountant in ("best", "pld") and pld_ok:
         candidates.append(Spend(_pld_epsilon(events, delta), delta, "pld"))
+    if accountant == "best" and not pld_ok:
+        candidates += _split_candidates(events, delta)
     return min(candidates, key=lambda s: s.epsilon)
+
+
+def _split_candidates(events: Sequence[Event], delta: float) -> list[Spend]:
+    """PLD for the standard events plus RDP for the custom curves, for each fixed split of δ."""
+    standard = [e for e in events if e.supports_pld]
+    custom = [e for e in events if not e.supports_pld]
+    if not standard:
+        return []
+    spent = sum(e.delta for e in custom if isinstance(e, RdpCurveEvent))
+    pld = _pld(standard)  # one PLD, read at each δ₁
+    return [Spend(float(pld.get_epsilon(delta * (1 - share))) + _rdp_epsilon(custom, delta * share), delta, "pld+rdp")
+            for share in SPLIT_DELTA_SHARES if delta * share > spent]
 
 
 def classic_rdp_epsilon(events: Sequence[Event], *, delta: float) -> float:
@@ -205,7 +229,8 @@ class Ledger:
             sigma = calibrate_noise_multiplier(total("rdp"), target_epsilon=target_epsilon)
         finally:
             absl_logger.setLevel(level)
-        if self.accountant == "rdp" or not all(e.supports_pld for e in [*self.events, make_event(sigma)]):
+        planned = [*self.events, make_event(sigma)]
+        if self.accountant == "rdp" or (self.accountant == "pld" and not all(e.supports_pld for e in planned)):
             return sigma
         return calibrate_noise_multiplier(total(self.accountant), target_epsilon=target_epsilon,
                                           low=sigma / 2, high=sigma)
