@@ -45,6 +45,7 @@ MODELS = ("mlp", "cnn")
 PARTITION_STRATEGIES = ("iid", "dirichlet", "label_shards")
 AGGREGATORS = ("lnmax", "gnmax", "confident_gnmax")
 ANALYSES = ("data_dependent", "data_independent")
+TARGET_SOURCES = ("default", "usps", "svhn", "mnist_m")
 
 
 class ConfigError(ValueError):
@@ -77,6 +78,8 @@ class PrepareConfig:
     target_fraction: float = 0.15
     public_queries: int = 9000
     target_domain: bool = True
+    target_source: str = "default"
+    target_path: str | None = None
     target_test_fraction: float = 0.3
     max_train_records: int = 0
 
@@ -133,8 +136,8 @@ class StudentConfig:
     learning_rate: float = 0.001
     weight_decay: float = 0.0001
     walker_weight: float = 1.0
-    visit_weight: float = 0.5
-    cover_weight: float = 0.1
+    visit_weight: float = 1.0
+    cover_weight: float = 0.5
     delay_steps: int = 200
     ramp_steps: int = 300
 
@@ -307,6 +310,12 @@ def _validate(p: Params) -> None:
     _require(p.prepare.test_fraction + p.prepare.public_fraction + p.prepare.target_fraction < 1,
              "prepare.public_fraction", "test, public and target fractions leave no sensitive records")
     _require(p.prepare.public_queries >= 1, "prepare.public_queries", "must be >= 1")
+    _one_of(p.prepare.target_source, TARGET_SOURCES, "prepare.target_source")
+    if p.prepare.target_source != "default":
+        _require(p.prepare.dataset == "mnist", "prepare.target_source",
+                 f"{p.prepare.target_source} is a target domain for mnist (28×28); digits uses its own (default)")
+        _require(p.prepare.target_path is not None, "prepare.target_path",
+                 f"must name the folder of the local {p.prepare.target_source} files")
     _validate_pate(p)
     _require(p.student.enabled or p.finetune.enabled, "finetune.enabled",
              "with student.enabled also false there is no model to deploy")

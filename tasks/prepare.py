@@ -26,7 +26,8 @@ from prefect.cache_policies import NO_CACHE
 from privpipe.config import ConfigError, Params
 from privpipe.data import (DATASET_CLASSES, DataError, Records, check_labels, export_digits_csv, load_labeled_csv,
                            load_mnist, stratified_split, subsample)
-from privpipe.data.domains import digits_target_transform, uci_digits_as_mnist
+from privpipe.data.domains import MNIST_BOX, MNIST_SIDE, as_mnist_canvas, digits_target_transform, uci_digits_as_mnist
+from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
 from privpipe.data.mnist import mnist_files
 from tasks import paths
 from tasks.common import stage_logger, staged_dir, write_json
@@ -90,13 +91,29 @@ def _load_mnist(params: Params) -> tuple[dict[str, Records], list[Path]]:
     sets = {"sensitive": splits["train"], "public": test.subset(index[:cfg.public_queries]),
             "test": test.subset(index[cfg.public_queries:])}
     if cfg.target_domain:
+        sets["target"], sets["target_test"] = _mnist_target(params)
+    return sets, mnist_files(source)
+
+
+#: local target domains for MNIST: loader, image side, and the box the digit gets on the 28×28 canvas
+_MNIST_TARGETS = {"usps": (load_usps, 16, MNIST_BOX), "svhn": (load_svhn, 32, MNIST_SIDE),
+                  "mnist_m": (load_mnist_m, MNIST_SIDE, MNIST_SIDE)}
+
+
+def _mnist_target(params: Params) -> tuple[Records, Records]:
+    """(unlabeled target pool, labeled target test) for MNIST, in MNIST's 28×28 format."""
+    cfg = params.prepare
+    if cfg.target_source == "default":
         from sklearn.datasets import load_digits
 
         uci = load_digits()  # ships with scikit-learn: no download
         ids = np.array([f"uci-digits-{i:04d}" for i in range(len(uci.target))])
-        shifted = Records(uci_digits_as_mnist(uci.data).astype(np.float32), uci.target.astype(np.int64), ids)
-        sets["target"], sets["target_test"] = _split_off(shifted, cfg.target_test_fraction, seed)
-    return sets, mnist_files(source)
+        shifted = Records(uci_digits_as_mnist(uci.data), uci.target.astype(np.int64), ids)
+        return _split_off(shifted, cfg.target_test_fraction, params.run.seed)
+    loader, side, box = _MNIST_TARGETS[cfg.target_source]
+    splits = loader(Path(cfg.target_path))  # their own train/test split: train is the unlabeled pool
+    return tuple(_with_features(splits[name], as_mnist_canvas(splits[name].features, side=side, box=box), "")
+                 for name in ("train", "test"))
 
 
 def run_prepare(params: Params) -> dict[str, str]:

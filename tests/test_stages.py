@@ -100,3 +100,22 @@ def test_without_the_student_finetune_starts_from_scratch(project):
     assert Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text()).stages() == ["finetune"]
     assert tuned["steps"] == 8  # 4 steps an epoch at q = 10/40
     assert 0.0 <= run_evaluate(params)["accuracy_test"] <= 1.0
+
+
+def test_a_local_usps_folder_as_the_mnist_target_domain(project):
+    from test_domains import write_usps
+
+    (project / "mnist").mkdir()
+    write_mnist(project / "mnist", n_train=20, n_test=10)
+    (project / "usps").mkdir()
+    write_usps(project / "usps")
+    write_params(project, prepare={"dataset": "mnist", "path": "mnist", "public_queries": 5, "target_source": "usps",
+                                   "target_path": "usps"})
+    prepared = run_prepare(load_params("params.yaml"))
+    target = Records.load(project / "data/prepared/target")
+    test = Records.load(project / "data/prepared/target_test")
+    assert target.features.shape[1] == test.features.shape[1] == 784 and 0.0 <= target.features.min()
+    assert target.features.max() <= 1.0 and target.ids[0].startswith("usps-train-")
+    # the 16×16 digit sits in MNIST's central 20×20 box
+    assert not target.features.reshape(-1, 28, 28)[:, :4].any()
+    assert int(prepared["n_target"]) == len(target) and int(prepared["n_target_test"]) == len(test)

@@ -17,7 +17,8 @@ from scipy import ndimage
 
 from privpipe.data.records import DataError
 
-__all__ = ["digits_target_transform", "uci_digits_as_mnist", "DIGITS_MAX", "MNIST_SIDE", "MNIST_BOX"]
+__all__ = ["digits_target_transform", "uci_digits_as_mnist", "as_mnist_canvas", "DIGITS_MAX", "MNIST_SIDE",
+           "MNIST_BOX"]
 
 DIGITS_MAX = 16.0  # scikit-learn digits pixel range is 0..16
 DIGITS_SIDE = 8
@@ -65,6 +66,26 @@ def digits_target_transform(features: np.ndarray) -> np.ndarray:
     return np.clip(soft, 0.0, DIGITS_MAX).reshape(len(images), -1).astype(np.float32)
 
 
+def as_mnist_canvas(features: np.ndarray, *, side: int, box: int) -> np.ndarray:
+    """Square images in [0, 1] (rows of side² pixels) redrawn in MNIST's format: upscaled
+    bilinearly to ``box``×``box`` and centred on a 28×28 zero canvas.
+
+    USPS (16×16, digits filling the frame) uses box 20, like MNIST's digits; SVHN crops
+    (32×32, digit and surroundings) use box 28, the whole canvas.
+    """
+    if not 1 <= box <= MNIST_SIDE:
+        raise ValueError(f"box must be in 1..{MNIST_SIDE}, got {box}")
+    images = _as_images(features, side)
+    factor = box / side
+    # grid_mode: scale pixel areas, not corner-to-corner; "nearest" edges avoid darkening the rim
+    scaled = ndimage.zoom(images, (1.0, factor, factor), order=1, grid_mode=True, mode="nearest") if factor != 1 \
+        else images
+    border = (MNIST_SIDE - box) // 2
+    canvas = np.zeros((len(images), MNIST_SIDE, MNIST_SIDE), dtype=np.float32)
+    canvas[:, border:border + box, border:border + box] = np.clip(scaled, 0.0, 1.0)
+    return canvas.reshape(len(images), -1)
+
+
 def uci_digits_as_mnist(features_8x8: np.ndarray) -> np.ndarray:
     """Redraw 8×8 digits (0..16) in MNIST's format, as ``load_mnist`` returns it.
 
@@ -81,11 +102,6 @@ def uci_digits_as_mnist(features_8x8: np.ndarray) -> np.ndarray:
     -------
     (n, 784) float32 array, values in [0, 1].
     """
-    images = _as_images(features_8x8, DIGITS_SIDE)
-    factor = MNIST_BOX / DIGITS_SIDE
-    # grid_mode: scale pixel areas, not corner-to-corner; "nearest" edges avoid darkening the rim
-    box = ndimage.zoom(images, (1.0, factor, factor), order=1, grid_mode=True, mode="nearest")
-    border = (MNIST_SIDE - MNIST_BOX) // 2
-    canvas = np.zeros((len(images), MNIST_SIDE, MNIST_SIDE), dtype=np.float32)
-    canvas[:, border:border + MNIST_BOX, border:border + MNIST_BOX] = np.clip(box / DIGITS_MAX, 0.0, 1.0)
-    return canvas.reshape(len(images), -1)
+    # zoom is linear, so scaling to [0, 1] first gives the same pixels as scaling after
+    return as_mnist_canvas(_as_images(features_8x8, DIGITS_SIDE).reshape(len(features_8x8), -1) / DIGITS_MAX,
+                           side=DIGITS_SIDE, box=MNIST_BOX)
