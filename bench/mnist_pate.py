@@ -120,8 +120,9 @@ def _label(agg: Aggregator, histograms: np.ndarray, seed: int, details: dict | N
     release = sanitise(agg.spec, counts, answered, order=agg.order,
                        noise=NoiseSource(seed=seed + 1, secure=False), **SANITISE)
     sanitised = compute_epsilon([release.event("aggregate")], delta=DELTA, accountant="rdp").epsilon
+    # charged for every query asked: which ones get answered depends on the votes
     independent = compute_epsilon(data_independent_events(agg.spec, queries=agg.queries,
-                                                          answered=int(answered.sum())), delta=DELTA).epsilon
+                                                          answered=agg.queries), delta=DELTA).epsilon
     if details is not None:  # private values: printed by a benchmark, never by the pipeline
         curve = data_dependent_rdp(agg.spec, counts, answered, orders=RDP_ORDERS)
         details.update(raw=rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, curve, DELTA)[0],

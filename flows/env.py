@@ -14,6 +14,8 @@ DEFAULTS = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
+    # mapped tasks (250 teachers) run this many at a time, not all at once: one per core
+    "PREFECT_TASK_RUNNER_THREAD_POOL_MAX_WORKERS": str(os.cpu_count() or 1),
     # MLflow and DVC: no telemetry, nothing leaves the machine
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DO_NOT_TRACK": "true",

@@ -61,10 +61,10 @@ def _digest(ids: np.ndarray) -> str:
     return hashlib.sha256("\n".join(ids.astype(str)).encode()).hexdigest()
 
 
-def load_shards(partition_dir: Path, records: Records) -> np.ndarray:
-    """The shard of every sensitive record; refuses a partition of some other data."""
+def load_shards(partition_dir: Path, ids: np.ndarray) -> np.ndarray:
+    """The shard of every sensitive record (given by its ``ids``); refuses a partition of other records."""
     shards = np.load(Path(partition_dir) / "shards.npy")
-    if read_json(Path(partition_dir) / "summary.json")["records_digest"] != _digest(records.ids):
+    if read_json(Path(partition_dir) / "summary.json")["records_digest"] != _digest(ids):
         raise DataError(f"{partition_dir}: partition of other records than the sensitive set; "
                         "re-run the partition stage")
     return shards

@@ -43,11 +43,11 @@ def model_front(params: Params, kind: str, dp_pca_dir: Path) -> torch.nn.Sequent
 
 def query_records(params: Params, public: Path = paths.PUBLIC) -> Records:
     """The public records the teachers are asked about: the first ``aggregate.queries`` (0 = all)."""
-    pool = Records.load(public)
-    wanted = params.aggregate.queries or len(pool)
-    if wanted > len(pool):
-        raise ConfigError(f"aggregate.queries: {wanted} exceeds the {len(pool)} public records")
-    return pool.subset(np.arange(wanted))
+    pool = len(np.load(Path(public) / "labels.npy", mmap_mode="r"))
+    wanted = params.aggregate.queries or pool
+    if wanted > pool:
+        raise ConfigError(f"aggregate.queries: {wanted} exceeds the {pool} public records")
+    return Records.load(public, rows=np.arange(wanted))
 
 
 def _apply(front: torch.nn.Module, features: np.ndarray) -> np.ndarray:
@@ -60,8 +60,8 @@ def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSI
                   public: Path = paths.PUBLIC, partial: Path = PARTIAL) -> Path:
     """Train teacher ``teacher`` on its shard alone and save its votes on the queries."""
     cfg = params.teachers
-    records = Records.load(sensitive)
-    mine = records.subset(np.flatnonzero(load_shards(partition_dir, records) == teacher))
+    ids = np.load(Path(sensitive) / "ids.npy")
+    mine = Records.load(sensitive, rows=np.flatnonzero(load_shards(partition_dir, ids) == teacher))
     front = model_front(params, cfg.model, dp_pca_dir)
     features = _apply(front, mine.features)
     seed = int(seed_for(params.run.seed, "teacher", teacher).generate_state(1)[0])

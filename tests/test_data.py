@@ -97,3 +97,12 @@ def test_labels_outside_the_task_are_refused():
     with pytest.raises(DataError, match=r"data/raw/x.csv: label 10 is outside 0..9"):
         check_labels(records, classes=DATASET_CLASSES["digits"], source="data/raw/x.csv")
     check_labels(records.subset(np.array([0, 1])), classes=10, source="ok")
+
+
+def test_loading_only_some_rows_gives_those_records(tmp_path):
+    rng = np.random.default_rng(1)
+    records = Records(rng.normal(size=(6, 3)).astype(np.float32), np.arange(6), np.array([f"r{i}" for i in range(6)]))
+    records.save(tmp_path / "set")
+    part = Records.load(tmp_path / "set", rows=np.array([1, 4]))
+    assert np.array_equal(part.features, records.features[[1, 4]]) and list(part.ids) == ["r1", "r4"]
+    assert isinstance(part.features, np.ndarray) and not isinstance(part.features, np.memmap)

@@ -57,7 +57,7 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
         run_aggregate(params)
     (project / "artifacts/dp_pca/projection.npy").unlink()
     with pytest.raises(DataError, match="partition of other records"):
-        load_shards(project / "artifacts/partition", Records.load(project / "data/prepared/test"))
+        load_shards(project / "artifacts/partition", Records.load(project / "data/prepared/test").ids)
 
     # data-independent accounting charges every query asked, answered or not
     write_params(project, **{**SETTINGS, "aggregate": {**SETTINGS["aggregate"], "analysis": "data_independent"}})

@@ -53,9 +53,14 @@ class Records:
         np.save(folder / "ids.npy", self.ids.astype(str))
 
     @classmethod
-    def load(cls, folder: Path) -> "Records":
+    def load(cls, folder: Path, rows: np.ndarray | None = None) -> "Records":
+        """Read a saved set; with ``rows``, only those records (the arrays are memory-mapped, so a
+        teacher reading its shard of a large set holds only the shard in memory)."""
         try:
-            arrays = [np.load(folder / f"{name}.npy") for name in ("features", "labels", "ids")]
+            arrays = [np.load(folder / f"{name}.npy", mmap_mode=None if rows is None else "r")
+                      for name in ("features", "labels", "ids")]
+            if rows is not None:
+                arrays = [np.asarray(a[rows]) for a in arrays]
         except FileNotFoundError as exc:
             raise DataError(f"{exc.filename}: missing (run the prepare stage first)") from None
         except ValueError as exc:
