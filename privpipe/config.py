@@ -94,32 +94,32 @@ class DpPcaConfig:
 
 @dataclass(frozen=True)
 class PartitionConfig:
-    shards: int = 10
+    shards: int = 50
     strategy: str = "iid"
     alpha: float = 0.5
     labels_per_shard: int = 2
-    min_records: int = 10
+    min_records: int = 5
 
 
 @dataclass(frozen=True)
 class TeachersConfig:
     model: str = "mlp"
     hidden_units: tuple[int, ...] = (100,)
-    epochs: int = 40
+    epochs: int = 100
     batch_size: int = 32
     learning_rate: float = 0.003
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0001
 
 
 @dataclass(frozen=True)
 class AggregateConfig:
-    mechanism: str = "confident_gnmax"
-    queries: int = 0
+    mechanism: str = "gnmax"
+    queries: int = 20
     gamma: float | None = None
-    sigma: float | None = None
-    threshold: float | None = 7.0
-    sigma1: float | None = 2.0
-    sigma2: float | None = 1.5
+    sigma: float | None = 40.0
+    threshold: float | None = None
+    sigma1: float | None = None
+    sigma2: float | None = None
     analysis: str = "data_dependent"
     rdp_order: float = 20.0
     ss_beta: float = 0.01
