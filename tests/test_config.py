@@ -44,6 +44,20 @@ def test_project_params_are_valid_and_flatten_for_mlflow():
     ("prepare", "test_fraction", 1.5, "prepare.test_fraction: must be in (0, 1)"),
     ("finetune", "hidden_units", "1000", "finetune.hidden_units: expected a list of integers"),
     ("privacy", "secure_rng", "yes", "privacy.secure_rng: expected true or false"),
+    ("partition", "shards", 0, "partition.shards: must be >= 1"),
+    ("partition", "strategy", "random", "partition.strategy: unknown value 'random'"),
+    ("partition", "alpha", 0, "partition.alpha: must be > 0"),
+    ("aggregate", "mechanism", "vote", "aggregate.mechanism: unknown value 'vote'"),
+    ("aggregate", "sigma", None, "aggregate.sigma: must be set for gnmax"),
+    ("aggregate", "sigma", -3.0, "aggregate.sigma: must be > 0"),
+    ("aggregate", "rdp_order", 20.5, "aggregate.rdp_order: must be one of the ledger's RDP orders"),
+    ("aggregate", "ss_beta", 0.03, "aggregate.ss_beta: must be in (0, 1/(2·rdp_order))"),
+    ("aggregate", "ss_failure_probability", 1e-4, "aggregate.ss_failure_probability: must be in (0, privacy.delta"),
+    ("aggregate", "analysis", "exact", "aggregate.analysis: unknown value 'exact'"),
+    ("teachers", "model", "cnn", "teachers.model: cnn trains on raw pixels"),
+    ("student", "steps", 0, "student.steps: must be >= 1"),
+    ("student", "visit_weight", -1.0, "student.visit_weight: must be >= 0"),
+    ("prepare", "target_source", "svhn", "prepare.target_source: svhn is a target domain for mnist"),
 ])
 def test_bad_values_name_the_key(section, key, value, message):
     with pytest.raises(ConfigError) as error:
@@ -82,3 +96,18 @@ def test_missing_or_broken_file(tmp_path):
     broken.write_text("privacy: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_params(broken)
+
+
+def test_confident_gnmax_needs_its_threshold_and_both_noises():
+    raw = with_value("aggregate", "mechanism", "confident_gnmax")
+    with pytest.raises(ConfigError, match="aggregate.threshold: must be set for confident_gnmax"):
+        parse_params(raw)
+    raw["aggregate"].update(threshold=200.0, sigma1=150.0, sigma2=40.0)
+    assert parse_params(raw).aggregate.sigma2 == 40.0
+
+
+def test_nothing_to_deploy_is_refused():
+    raw = with_value("student", "enabled", False)
+    raw["finetune"] = {**raw.get("finetune", {}), "enabled": False}
+    with pytest.raises(ConfigError, match="finetune.enabled: with student.enabled also false"):
+        parse_params(raw)
