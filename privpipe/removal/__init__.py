@@ -1,0 +1,8 @@
+"""Certified data removal (Guo et al. 2020): a loss-perturbed linear head and its removal budget."""
+
+from privpipe.removal.guarantee import RemovalGuarantee, combined_guarantee
+from privpipe.removal.head import RemovableHead, RemovalStep
+from privpipe.removal.logistic import GAMMA, fit_perturbed, gradient, hessian, objective
+
+__all__ = ["RemovalGuarantee", "combined_guarantee", "RemovableHead", "RemovalStep", "GAMMA", "fit_perturbed",
+           "gradient", "hessian", "objective"]

@@ -1,0 +1,76 @@
+"""The head's inputs, and the deployable model: feature extractor → unit-ball features → linear head.
+
+    extractor = feature_extractor("model", released=load_released(folder))
+    X = head_features(extractor, records.features)         # rows with ‖x‖ = 1, the last entry the intercept
+    model = head_model(extractor, head.W, classes=10)      # what gets registered and served
+
+Sources: ``model``, the deployed network's last hidden layer (its DP covers the extractor);
+``dp_pca``, the DP-PCA projection; ``raw``, the input features themselves (no extractor).
+Each row is unit-normalised and gets an intercept entry, both scaled by 1/√2, so ‖x‖ ≤ 1
+as the removal bounds assume, without any data-dependent scaling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from privpipe.models import Projection, UnitNorm
+
+__all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "FEATURE_SOURCES"]
+
+FEATURE_SOURCES = ("model", "dp_pca", "raw")
+
+
+class HeadFeatures(nn.Module):
+    """x → [x/‖x‖, 1]/√2 (zero rows keep only the intercept)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norms = x.norm(dim=1, keepdim=True)
+        unit = x / torch.where(norms > 0, norms, torch.ones_like(norms))
+        return torch.cat([unit, torch.ones_like(norms)], dim=1) / math.sqrt(2.0)
+
+
+def feature_extractor(source: str, *, released: nn.Sequential | None = None,
+                      projection: np.ndarray | None = None) -> nn.Sequential:
+    """The frozen map from input features to what the head sees (before :class:`HeadFeatures`)."""
+    if source == "model":
+        if released is None:
+            raise ValueError("head.features: model needs the deployed model")
+        # released = (front..., network); the network's last layer is the classifier the head replaces
+        *front, network = list(released.children())
+        return nn.Sequential(*front, *list(network.children())[:-1]).eval()
+    if source == "dp_pca":
+        if projection is None:
+            raise ValueError("head.features: dp_pca needs the DP-PCA projection (dp_pca.enabled: true)")
+        return nn.Sequential(UnitNorm(), Projection(projection)).eval()
+    if source == "raw":
+        return nn.Sequential().eval()
+    raise ValueError(f"head.features: unknown source {source!r} (choose one of {', '.join(FEATURE_SOURCES)})")
+
+
+def head_features(extractor: nn.Module, features: np.ndarray, *, batch: int = 4096) -> np.ndarray:
+    """The head's design matrix (float64, ‖row‖ ≤ 1) for raw input ``features``."""
+    scale = HeadFeatures()
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(features), batch):
+            chunk = torch.as_tensor(np.asarray(features[start:start + batch], dtype=np.float32))
+            out.append(scale(extractor(chunk).double()).numpy())
+    X = np.concatenate(out) if out else np.zeros((0, 1))
+    norms = np.linalg.norm(X, axis=1, keepdims=True)
+    return X / np.maximum(norms, 1.0)  # rounding can leave a norm of 1 + 1e-16
+
+
+def head_model(extractor: nn.Module, W: np.ndarray, *, classes: int) -> nn.Sequential:
+    """A torch model giving class scores: one-vs-rest scores, or (0, s) for the binary head."""
+    weights = torch.as_tensor(np.asarray(W), dtype=torch.float32)
+    if classes == 2:
+        weights = torch.cat([torch.zeros_like(weights), weights])
+    linear = nn.Linear(weights.shape[1], weights.shape[0], bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(weights)
+    return nn.Sequential(extractor, HeadFeatures(), linear).eval()
