@@ -2,8 +2,11 @@
 
     privpipe run [--params params.yaml]          the pipeline as a Prefect flow, tracked in MLflow
     privpipe stage NAME [--params ...] [--track] one stage alone (what dvc repro calls); NAME is one of
-                                                 prepare partition dp_pca teachers aggregate student finetune evaluate
+                                                 prepare partition dp_pca teachers aggregate student finetune head evaluate
     privpipe init-data                           write the embedded default data (digits) if missing
+    privpipe forget ID... [--reason TEXT]        queue deletion requests (durable; unknown ids are refused)
+    privpipe removals [--params ...]             process the queue as a Prefect flow (remove, register, new data version)
+    privpipe requests                            list deletion requests and their state
     privpipe privacy dpsgd --noise-multiplier 1.1 --sample-rate 0.01 --steps 10000 --delta 1e-5
 
 Bad input ends with one line on stderr naming the key or file, and exit code 2;
@@ -18,7 +21,7 @@ import sys
 import warnings
 from typing import Sequence
 
-STAGES = ("prepare", "partition", "dp_pca", "teachers", "aggregate", "student", "finetune", "evaluate")
+STAGES = ("prepare", "partition", "dp_pca", "teachers", "aggregate", "student", "finetune", "head", "evaluate")
 
 
 def _positive_float(text: str) -> float:
@@ -56,6 +59,16 @@ def _parser() -> argparse.ArgumentParser:
 
     init = commands.add_parser("init-data", help="write the embedded default dataset under data/raw if missing")
     init.add_argument("--params", default="params.yaml")
+
+    forget = commands.add_parser("forget", help="queue deletion requests for records (by record id)")
+    forget.add_argument("record_ids", nargs="+", metavar="RECORD_ID")
+    forget.add_argument("--reason", default=None, help="why (kept in the local queue, not in MLflow)")
+    forget.add_argument("--params", default="params.yaml")
+
+    removals = commands.add_parser("removals", help="process the pending deletion requests (Prefect flow)")
+    removals.add_argument("--params", default="params.yaml")
+
+    commands.add_parser("requests", help="list deletion requests and their state")
 
     privacy = commands.add_parser("privacy", help="privacy calculators")
     calculators = privacy.add_subparsers(dest="calculator", required=True)
@@ -135,6 +148,55 @@ def _init_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forget(args: argparse.Namespace) -> int:
+    from privpipe.config import load_params
+    from privpipe.requests import RequestQueue
+    from tasks import paths
+    from tasks.erase import current_record_ids
+
+    params = load_params(args.params)
+    queue = RequestQueue(paths.REQUESTS)
+    known = current_record_ids(params, queue)
+    accepted = queue.submit(args.record_ids, reason=args.reason, known=known.__contains__)
+    for request in accepted:
+        print(f"queued {request.request_id} (received {request.received_at})")
+    print(f"{len(accepted)} deletion request(s) queued in {queue.path}; `privpipe removals` processes them")
+    return 0
+
+
+def _requests(_args: argparse.Namespace) -> int:
+    from privpipe.requests import RequestQueue
+    from tasks import paths
+
+    queue = RequestQueue(paths.REQUESTS)
+    requests = queue.read()
+    print(f"{'request':<44} {'status':<9} {'received':<28} {'completed':<28} mechanism / head version")
+    for r in requests:
+        audit = r.audit or {}
+        what = f"{audit.get('mechanism', '')} {audit.get('version_before', '')}→{audit.get('version_after', '')}" \
+            if audit else ""
+        print(f"{r.request_id:<44} {r.status:<9} {r.received_at:<28} {r.completed_at or '':<28} {what}")
+    counts = {s: sum(r.status == s for r in requests) for s in ("pending", "in_batch", "done")}
+    print(f"{len(requests)} requests: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return 0
+
+
+def _removals(args: argparse.Namespace) -> int:
+    from privpipe.config import load_params
+
+    load_params(args.params)
+    from flows.removals import removals
+
+    results = removals(params_file=args.params)
+    if not results:
+        print("no pending deletion requests")
+    for out in results:
+        print(f"{out['batch_id']}: {out['requests']} request(s) done; head version {out['head_version']}; "
+              f"data version {out['data_version']}; budget used {out['budget_used']:.4g} of {out['budget']:.4g}"
+              + ("; the head was retrained (budget spent)" if out["retrained"] else ""))
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
 
@@ -152,6 +214,14 @@ def _run(args: argparse.Namespace) -> int:
           f"({result['accountant'].upper()} accountant over all stages; per stage in metrics/privacy.json)")
     if "model_version" in result:
         print(f"model           {result['model_name']} version {result['model_version']} (MLflow registry)")
+    if "head" in result:
+        head = result["head"]
+        print(f"removal head    accuracy {head['accuracy_test']:.4f}; ({head['removal_epsilon']:g}, "
+              f"{params.head.delta:g})-certified removal, gradient budget {head['gradient_budget']:.4g}; "
+              f"whole model ε_CR = {head['whole_certified_removal_epsilon']:.4g} (extractor DP + head, Guo et al. Thm 5)")
+        if "head_model_version" in result:
+            print(f"                {result['head_model_name']} version {result['head_model_version']} "
+                  "(not DP: serve it for erasure, the model above for DP)")
     print(f"MLflow          {tracking.run_url_hint(params, result['run_id'])}")
     return 0
 
@@ -161,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from privpipe.config import ConfigError
     from privpipe.data import DataError
     from privpipe.privacy import BudgetExceeded
+    from privpipe.requests import QueueBusy, QueueError, UnknownRecord
 
     try:
         with warnings.catch_warnings():
@@ -171,8 +242,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _stage(args)
             if args.command == "init-data":
                 return _init_data(args)
+            if args.command in ("forget", "requests", "removals"):
+                return {"forget": _forget, "requests": _requests, "removals": _removals}[args.command](args)
             return _run(args)
-    except (ConfigError, DataError, ValueError, FileNotFoundError) as exc:
+    except QueueBusy as exc:
+        print(f"privpipe: busy: {exc}", file=sys.stderr)
+        return 1
+    except (ConfigError, DataError, QueueError, UnknownRecord, ValueError, FileNotFoundError) as exc:
         print(f"privpipe: error: {exc}", file=sys.stderr)
         return 2
     except BudgetExceeded as exc:

@@ -1,5 +1,5 @@
 """The training pipeline as a Prefect flow:
-prepare → partition → dp_pca → teachers → aggregate → student → finetune → evaluate.
+prepare → partition → dp_pca → teachers → aggregate → student → finetune → head → evaluate.
 
     privpipe run [--params params.yaml]
 
@@ -25,6 +25,7 @@ from tasks.aggregate import aggregate_task, run_aggregate
 from tasks.dp_pca import dp_pca_task
 from tasks.evaluate import deployed_dir, evaluate_task
 from tasks.finetune import finetune_task, run_finetune, start_dir
+from tasks.head import head_task, run_head
 from tasks.partition import partition_task, run_partition
 from tasks.prepare import prepare_task
 from tasks.student import run_student, student_task
@@ -94,7 +95,16 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
             finetune_task(params, run_id, sensitive, test, pca["dir"], str(start_dir(params)))
         else:
             run_finetune(params)
+        if params.head.enabled:
+            head = head_task(params, run_id, sensitive, test, str(deployed_dir(params)), pca["dir"])
+        else:
+            head = run_head(params)
         result = evaluate_task(params, run_id, sensitive, test, str(deployed_dir(params)))
+        result.update({k: v for k, v in head.items() if k.startswith("head_model")})
+        if not head.get("skipped"):
+            result["head"] = {k: head[k] for k in ("accuracy_test", "gradient_budget", "removal_epsilon",
+                                                   "removal_delta", "features_epsilon",
+                                                   "whole_certified_removal_epsilon")}
         ledger = Ledger.from_dict(read_json(result["ledger"]))
         create_markdown_artifact(key="privacy-summary", markdown=privacy_markdown(ledger, result),
                                  description="privacy spend of this run")

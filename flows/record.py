@@ -38,7 +38,13 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
             history = read_json(paths.FINETUNE / "history.json")
             tracking.log_finetune(params, run_id, tuned, Ledger.from_dict(read_json(paths.FINETUNE / "ledger.json")),
                                   history["epochs"], history["epsilon_by_step"])
-        result = track_evaluation(params, run_id, evaluation)
+        if params.head.enabled:
+            from tasks.head_tracking import log_head
+
+            result_head = log_head(params, run_id, paths.HEAD, read_json(paths.metrics_file("head")))
+        else:
+            result_head = {}
+        result = {**track_evaluation(params, run_id, evaluation), **result_head}
     except BaseException:
         tracking.finish_run(params, run_id, status="FAILED")
         raise

@@ -29,6 +29,7 @@ __all__ = [
     "AggregateConfig",
     "StudentConfig",
     "FinetuneConfig",
+    "HeadConfig",
     "EvaluateConfig",
     "Params",
     "load_params",
@@ -46,6 +47,7 @@ PARTITION_STRATEGIES = ("iid", "dirichlet", "label_shards")
 AGGREGATORS = ("lnmax", "gnmax", "confident_gnmax")
 ANALYSES = ("data_dependent", "data_independent")
 TARGET_SOURCES = ("default", "usps", "svhn", "mnist_m")
+HEAD_FEATURES = ("model", "dp_pca", "raw")
 
 
 class ConfigError(ValueError):
@@ -164,6 +166,18 @@ class FinetuneConfig:
 
 
 @dataclass(frozen=True)
+class HeadConfig:
+    enabled: bool = True
+    features: str = "model"
+    lam: float = 0.01
+    sigma: float = 1.0
+    epsilon: float = 1.0
+    delta: float = 1e-4
+    refresh_every: int = 0
+    records_per_update: int = 1
+
+
+@dataclass(frozen=True)
 class EvaluateConfig:
     register_model: bool = True
 
@@ -179,6 +193,7 @@ class Params:
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     student: StudentConfig = field(default_factory=StudentConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
     def flat(self) -> dict[str, Any]:
@@ -349,6 +364,7 @@ def _validate(p: Params) -> None:
             f"exceeds privacy.epsilon_budget ({p.privacy.epsilon_budget})",
         )
     _require(ft.epsilon_curve_points >= 2, "finetune.epsilon_curve_points", "must be >= 2")
+    _validate_head(p)
     if ft.clipping == "per_layer":
         _require(ft.grad_sample_mode != "ghost", "finetune.clipping", "per_layer clipping is not supported with ghost clipping")
 
@@ -395,3 +411,16 @@ def _validate_pate(p: Params) -> None:
     _require(stu.learning_rate > 0, "student.learning_rate", "must be > 0")
     for key in ("weight_decay", "walker_weight", "visit_weight", "cover_weight", "delay_steps", "ramp_steps"):
         _require(getattr(stu, key) >= 0, f"student.{key}", "must be >= 0")
+
+
+def _validate_head(p: Params) -> None:
+    head = p.head
+    _one_of(head.features, HEAD_FEATURES, "head.features")
+    _require(head.features != "dp_pca" or p.dp_pca.enabled, "head.features",
+             "dp_pca features need dp_pca.enabled: true")
+    _require(head.lam > 0, "head.lam", "must be > 0 (the removal bound needs a strongly convex loss)")
+    _require(head.sigma > 0, "head.sigma", "must be > 0 (the loss perturbation is what certifies removal)")
+    _require(head.epsilon > 0, "head.epsilon", "must be > 0")
+    _require(0 < head.delta < 1, "head.delta", "must be in (0, 1)")
+    _require(head.refresh_every >= 0, "head.refresh_every", "must be >= 0 (0 = only when the head is retrained)")
+    _require(head.records_per_update >= 1, "head.records_per_update", "must be >= 1")

@@ -17,6 +17,8 @@ AGGREGATE = Path("artifacts/aggregate")
 STUDENT = Path("artifacts/student")
 PRIVATE = Path("artifacts/private")  # data-dependent values that must not be published: not a DVC output
 FINETUNE = Path("artifacts/finetune")
+HEAD = Path("artifacts/head")  # the removal-enabled head: trained by the pipeline, updated by removal runs
+REQUESTS = Path("data/requests")  # the deletion-request journal (append-only)
 METRICS = Path("metrics")
 DEFAULT_DIGITS_CSV = Path("data/raw/digits.csv")
 

@@ -29,7 +29,9 @@ from privpipe.data import (DATASET_CLASSES, DataError, Records, check_labels, ex
 from privpipe.data.domains import MNIST_BOX, MNIST_SIDE, as_mnist_canvas, digits_target_transform, uci_digits_as_mnist
 from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
 from privpipe.data.mnist import mnist_files
+from privpipe.requests import RequestQueue
 from tasks import paths
+from tasks.erase import drop_erased
 from tasks.common import stage_logger, staged_dir, write_json
 from tasks.versioning import data_version
 
@@ -120,6 +122,11 @@ def run_prepare(params: Params) -> dict[str, str]:
     """Write data/prepared/*; return their paths and the data version."""
     log = stage_logger("prepare")
     sets, sources = (_load_digits if params.prepare.dataset == "digits" else _load_mnist)(params)
+    queue = RequestQueue(paths.REQUESTS)
+    erased = queue.erased_record_hashes()  # completed deletion requests: gone from every set, whatever the file says
+    before = sum(len(records) for records in sets.values())
+    sets = {name: drop_erased(records, queue, erased) for name, records in sets.items()}
+    filtered = before - sum(len(records) for records in sets.values())
     sets["sensitive"] = subsample(sets["sensitive"], size=params.prepare.max_train_records, seed=params.run.seed)
     sensitive = sets["sensitive"]
     n = len(sensitive)
@@ -136,7 +143,10 @@ def run_prepare(params: Params) -> dict[str, str]:
         for name, records in sets.items():
             records.save(out / name)
     version = data_version(sources)
+    if filtered:  # the file still holds records whose erasure is done (IDX files, or an old version checked out)
+        version = f"{version}+minus-erased:{len(erased)}"
     summary = {f"n_{name}": len(records) for name, records in sets.items()}
+    summary["n_erased"] = len(erased)
     summary.update({"n_features": int(sensitive.features.shape[1]), "data_version": version,
                     "n_classes": DATASET_CLASSES[params.prepare.dataset]})
     write_json(paths.metrics_file("prepare"), summary)

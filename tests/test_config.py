@@ -58,6 +58,13 @@ def test_project_params_are_valid_and_flatten_for_mlflow():
     ("student", "steps", 0, "student.steps: must be >= 1"),
     ("student", "visit_weight", -1.0, "student.visit_weight: must be >= 0"),
     ("prepare", "target_source", "svhn", "prepare.target_source: svhn is a target domain for mnist"),
+    ("head", "lam", 0, "head.lam: must be > 0"),
+    ("head", "sigma", -1.0, "head.sigma: must be > 0"),
+    ("head", "epsilon", 0, "head.epsilon: must be > 0"),
+    ("head", "delta", 1.0, "head.delta: must be in (0, 1)"),
+    ("head", "features", "pixels", "head.features: unknown value 'pixels'"),
+    ("head", "records_per_update", 0, "head.records_per_update: must be >= 1"),
+    ("head", "refresh_every", -1, "head.refresh_every: must be >= 0"),
 ])
 def test_bad_values_name_the_key(section, key, value, message):
     with pytest.raises(ConfigError) as error:

@@ -51,7 +51,7 @@ def test_repro_then_experiment_variant(repo: Path):
     sh(sys.executable, "-m", "dvc", "repro", cwd=repo)
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert set(lock["stages"]) == {"prepare", "partition", "dp_pca", "teachers", "aggregate", "student",
-                                   "finetune", "evaluate"}
+                                   "finetune", "head", "evaluate"}
     assert any(dep["path"] == "tasks/finetune.py" for dep in lock["stages"]["finetune"]["deps"])
     finetune = json.loads((repo / "metrics/finetune.json").read_text())
     privacy = json.loads((repo / "metrics/privacy.json").read_text())
@@ -59,6 +59,8 @@ def test_repro_then_experiment_variant(repo: Path):
     assert set(privacy["stages"]) == {"dp_pca", "aggregate", "finetune"}
     # evaluate --track recorded the run in the project's MLflow store
     assert (repo / "mlflow.db").exists()
+    head = json.loads((repo / "metrics/head.json").read_text())
+    assert head["whole_certified_removal_epsilon"] == pytest.approx(privacy["total"]["epsilon"] + 1.0)
 
     # nothing changed: nothing reruns
     assert "didn't change" in sh(sys.executable, "-m", "dvc", "repro", cwd=repo).stdout

@@ -113,3 +113,15 @@ def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
     assert (folder / "artifacts/private/aggregate_data_dependent.json").exists()
     assert not (folder / "artifacts/teachers.partial").exists()
     assert run.data.tags["teachers.released"] == "false"  # the run records that teachers stay private
+
+
+def test_head_is_registered_apart_with_both_guarantees(finished):
+    folder, result, client = finished
+    version = client.get_model_version("test-model-head", result["head_model_version"])
+    assert version.tags["privacy.head_dp"] == "false"
+    assert float(version.tags["privacy.features_epsilon"]) == pytest.approx(result["epsilon"], rel=1e-5)
+    assert float(version.tags["certified_removal.epsilon"]) == pytest.approx(result["epsilon"] + 1.0, rel=1e-5)
+    run = client.get_run(result["run_id"])
+    assert run.data.metrics["removal.epsilon"] == 1.0 and run.data.metrics["head.accuracy_test"] > 0.5
+    # the head is not composed into the DP figure: the DP model's ε is unchanged
+    assert run.data.metrics["privacy.epsilon"] == pytest.approx(result["epsilon"])

@@ -136,6 +136,8 @@ class RemovableHead:
         ``records_per_update`` rows at a time; one that would pass the budget becomes a retrain
         from scratch on what remains, with a fresh b."""
         todo = [int(r) for r in dict.fromkeys(rows) if 0 <= int(r) < len(self.y) and self.active[int(r)]]
+        if todo and len(todo) >= int(self.active.sum()):
+            raise ValueError("head: removing these rows would leave no training data; there is no head to keep")
         steps = []
         for start in range(0, len(todo), self.records_per_update):
             steps.append(self._remove_chunk(todo[start:start + self.records_per_update], noise))
@@ -217,7 +219,7 @@ class RemovableHead:
     # -- persistence ----------------------------------------------------------
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """(arrays, JSON-able metadata) that :meth:`from_state` rebuilds the head from (caches excluded)."""
-        arrays = {"X": self.X, "y": self.y, "W": self.W, "B": self.B, "active": self.active, "used": self.used}
+        arrays = {name: getattr(self, name).copy() for name in ("X", "y", "W", "B", "active", "used")}
         meta = {"classes": self.classes, "lam": self.lam, "epsilon": self.guarantee.epsilon,
                 "delta": self.guarantee.delta, "sigma": self.guarantee.sigma, "refresh_every": self.refresh_every,
                 "records_per_update": self.records_per_update, "retrains": self.retrains}

@@ -1,0 +1,83 @@
+"""Deletion requests as a Prefect flow: remove the queued records from the deployed head.
+
+    privpipe forget digits-0042 --reason "erasure request 2026-11-21"   # queue (durable)
+    privpipe removals                                                   # this flow
+    privpipe requests                                                   # their state
+
+One run at a time: the flow holds an exclusive file lock (``data/requests/processing.lock``,
+fcntl) for its whole body; the operating system releases it if the run dies, so a crash
+never leaves a stale lock. The batch is announced in the journal before any work, so a
+re-run finishes a crashed batch first; every step checks whether it already happened
+(see ``tasks.removals``), so no request is lost or applied twice. Each run is an MLflow run
+with the audit records as an artifact (``removals/audit.json``; record ids only hashed).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from privpipe.config import load_params
+from privpipe.requests import RequestQueue
+from tasks import paths, tracking
+from tasks.removals import apply_task, audit_records, erase_task, register_task
+
+__all__ = ["removals"]
+
+
+def _next_batch(queue: RequestQueue):
+    """A crashed run's batch first, else a new one of every pending request (announced before any work)."""
+    batch = queue.open_batch()
+    if batch is None and queue.pending():
+        queue.start_batch([r.request_id for r in queue.pending()])
+        batch = queue.open_batch()
+    return batch
+
+
+def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo) -> dict[str, Any]:
+    run_id = tracking.start_run(params, run_name=f"removals {batch_id}", params_file=params_file)
+    try:
+        applied = apply_task(params, batch_id, todo)
+        version = register_task(params, run_id, batch_id, applied)
+        erased = erase_task(params, todo)
+        audits = audit_records(params, queue, batch_id, todo, applied, version, erased)
+        client = tracking._client(params)
+        client.log_text(run_id, json.dumps(list(audits.values()), indent=2), "removals/audit.json")
+        tracking._metrics(client, run_id, {
+            "removal.requests": len(todo), "removal.rows_removed": applied["rows_removed"],
+            "removal.budget_used": applied["budget_used"], "removal.gradient_budget": applied["budget"],
+            "removal.retrained": float(applied["retrained"])})
+        for key, value in {"removal.batch_id": batch_id, "dvc.data_version": erased["data_version"],
+                           "registered_head": version or "not registered"}.items():
+            client.set_tag(run_id, key, value)
+        marked = queue.mark_done(batch_id, audits)
+    except BaseException:
+        tracking.finish_run(params, run_id, status="FAILED")
+        raise
+    tracking.finish_run(params, run_id)
+    return {"batch_id": batch_id, "requests": len(todo), "newly_marked": marked, "run_id": run_id,
+            "head_version": version, "data_version": erased["data_version"], "retrained": applied["retrained"],
+            "budget_used": applied["budget_used"], "budget": applied["budget"]}
+
+
+@flow(name="privpipe-removals")
+def removals(params_file: str = "params.yaml") -> list[dict[str, Any]]:
+    """Process every pending deletion request, a crashed run's batch first; one result per batch."""
+    params = load_params(params_file)
+    log = get_run_logger()
+    queue = RequestQueue(paths.REQUESTS)
+    results = []
+    with queue.processing():
+        while (batch := _next_batch(queue)) is not None:
+            if not paths.HEAD.joinpath("meta.json").exists():
+                raise FileNotFoundError(f"{paths.HEAD}: no removal-enabled head (run the pipeline with head.enabled)")
+            out = _process(params, params_file, queue, *batch)
+            log.info("removals: %s done: %d requests, head version %s, data version %s%s", out["batch_id"],
+                     out["requests"], out["head_version"], out["data_version"],
+                     " (head retrained: budget spent)" if out["retrained"] else "")
+            results.append(out)
+    if not results:
+        log.info("removals: no pending deletion requests")
+    return results

@@ -1,0 +1,155 @@
+"""head: a removal-enabled linear classifier on the deployed model's features (Guo et al. 2020).
+
+    privpipe stage head        # what dvc repro runs
+
+Trains :class:`privpipe.removal.RemovableHead` on the sensitive records, as seen through the
+feature extractor ``head.features`` names, and stores everything a removal run needs in
+artifacts/head/: ``state.npz`` (features, labels, weights, the secret perturbation b, which
+rows remain, the budget used), ``ids.npy`` (the record id of each row), ``extractor/`` (the
+frozen extractor, so the head can be served alone), ``meta.json`` and ``guarantee.json``
+(the extractor's DP beside the head's certified-removal guarantee, Theorem 5).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from torch import nn
+
+from privpipe.config import Params
+from privpipe.data import DATASET_CLASSES, Records
+from privpipe.models import load_released
+from privpipe.privacy import Ledger, NoiseSource
+from privpipe.removal import RemovableHead, RemovalGuarantee, combined_guarantee
+from privpipe.removal.features import feature_extractor, head_features, head_model
+from privpipe.requests import RequestQueue
+from tasks import paths
+from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, write_json
+from tasks.dp_pca import load_projection
+from tasks.evaluate import deployed_dir
+
+__all__ = ["run_head", "head_task", "load_head", "save_head", "extractor_from", "served_model", "noise_for"]
+
+_SHRINK = 1.0 - 1e-6  # features are stored as float32; shrinking first keeps every rounded row inside the unit ball
+
+
+def noise_for(params: Params, *, retrain: int) -> NoiseSource:
+    """The perturbation b of the head's ``retrain``-th training (0: the pipeline's own)."""
+    return NoiseSource(seed=seed_for(params.run.seed, "head", retrain), secure=params.privacy.secure_rng)
+
+
+def extractor_from(folder: Path) -> nn.Sequential:
+    """Rebuild the frozen extractor stored in ``folder/extractor``."""
+    spec = read_json(folder / "extractor" / "source.json")
+    source = spec["source"]
+    if source == "model":
+        return feature_extractor("model", released=load_released(folder / "extractor"))
+    if source == "dp_pca":
+        return feature_extractor("dp_pca", projection=np.load(folder / "extractor" / "projection.npy"))
+    return feature_extractor("raw")
+
+
+def served_model(folder: Path, head: RemovableHead) -> nn.Sequential:
+    return head_model(extractor_from(folder), head.W, classes=head.classes)
+
+
+def save_head(folder: Path, head: RemovableHead, *, ids: np.ndarray, meta: dict[str, Any],
+              extractor_dir: Path | None = None) -> None:
+    """Write a head's state into ``folder`` (a staging folder: the caller puts it in place)."""
+    arrays, head_meta = head.state()
+    arrays = {**arrays, "X": arrays["X"].astype(np.float32)}  # exact: X was rounded to float32 before training
+    np.savez(folder / "state.npz", **arrays)
+    np.save(folder / "ids.npy", ids.astype(str))
+    write_json(folder / "meta.json", {**meta, "head": head_meta})
+    if extractor_dir is not None:
+        shutil.copytree(extractor_dir, folder / "extractor")
+
+
+def load_head(folder: Path) -> tuple[RemovableHead, np.ndarray, dict[str, Any]]:
+    """(head, record id of each row, metadata) from a folder :func:`save_head` wrote."""
+    if not folder.exists():  # a crash between staged_dir's two renames: the previous state is complete
+        previous = sorted(folder.parent.glob(f".{folder.name}.previous-*"), key=lambda p: p.stat().st_mtime)
+        if previous:
+            previous[-1].rename(folder)
+    meta = read_json(folder / "meta.json")
+    with np.load(folder / "state.npz") as state:
+        arrays = {key: state[key] for key in state.files}
+    return RemovableHead.from_state(arrays, meta["head"]), np.load(folder / "ids.npy"), meta
+
+
+def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir: Path) -> tuple[nn.Sequential, dict]:
+    """Store the extractor under ``staging/extractor``; return it and the DP guarantee that covers it."""
+    source = params.head.features
+    folder = staging / "extractor"
+    folder.mkdir()
+    if source == "model":
+        for name in ("model.pt", "model.json"):
+            shutil.copy2(model_dir / name, folder / name)
+        ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))
+        extractor = feature_extractor("model", released=load_released(model_dir))
+    elif source == "dp_pca":
+        projection = load_projection(dp_pca_dir)
+        np.save(folder / "projection.npy", projection)
+        ledger = Ledger.from_dict(read_json(dp_pca_dir / "ledger.json"))
+        extractor = feature_extractor("dp_pca", projection=projection)
+    else:
+        ledger = None
+        extractor = feature_extractor("raw")
+    spend = ledger.epsilon() if ledger is not None and ledger.events else None
+    dp = {"epsilon": spend.epsilon if spend else 0.0, "delta": spend.delta if spend else 0.0,
+          "accountant": spend.accountant if spend else "none (no extractor)"}
+    write_json(folder / "source.json", {"source": source, "dp": dp})
+    return extractor, dp
+
+
+def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
+             model_dir: Path | None = None, dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.HEAD) -> dict[str, Any]:
+    if not params.head.enabled:
+        return skip_stage("head", out, "head.enabled is false")
+    log = stage_logger("head")
+    cfg = params.head
+    model_dir = Path(model_dir if model_dir is not None else deployed_dir(params))
+    records, test_set = Records.load(sensitive), Records.load(test)
+    guarantee = RemovalGuarantee(epsilon=cfg.epsilon, delta=cfg.delta, sigma=cfg.sigma)
+    classes = DATASET_CLASSES[params.prepare.dataset]
+    queue = RequestQueue(paths.REQUESTS)
+    with queue.processing(wait=True), staged_dir(out) as staging:  # never beside a removal run
+        extractor, dp = _extractor_files(params, staging, model_dir, dp_pca_dir)
+        X = (head_features(extractor, records.features) * _SHRINK).astype(np.float32).astype(np.float64)
+        head = RemovableHead.train(X, records.labels, classes=classes, lam=cfg.lam, guarantee=guarantee,
+                                   noise=noise_for(params, retrain=0), refresh_every=cfg.refresh_every,
+                                   records_per_update=cfg.records_per_update)
+        accuracy = float((head.predict(head_features(extractor, test_set.features)) == test_set.labels).mean())
+        summary = combined_guarantee(dp_epsilon=dp["epsilon"], dp_delta=dp["delta"], removal=guarantee,
+                                     feature_source=cfg.features)
+        summary["feature_extractor"]["accountant"] = dp["accountant"]
+        meta = {"features": cfg.features, "model_dir": str(model_dir), "applied_batches": {},
+                "input_dim": int(records.features.shape[1]), "classes": classes}
+        save_head(staging, head, ids=records.ids, meta=meta)
+        write_json(staging / "guarantee.json", summary)
+    figures = {"accuracy_test": accuracy, "n": len(records), "dim": int(X.shape[1]),
+               "gradient_budget": head.budget, "budget_used": head.used_total,
+               "removal_epsilon": cfg.epsilon, "removal_delta": cfg.delta,
+               "features_epsilon": dp["epsilon"], "features_delta": dp["delta"],
+               "whole_certified_removal_epsilon": summary["whole_model"]["certified_removal_epsilon"]}
+    write_json(paths.metrics_file("head"), figures)
+    log.info("head: %s features (d = %d), test accuracy %.4f; certified removal (ε = %g, δ = %g), "
+             "gradient budget σε/c = %.4g; extractor DP ε = %.4g", cfg.features, X.shape[1], accuracy,
+             cfg.epsilon, cfg.delta, head.budget, dp["epsilon"])
+    return {"dir": str(out), **figures}
+
+
+@task(name="head", cache_policy=NO_CACHE)
+def head_task(params: Params, run_id: str, sensitive: str, test: str, model_dir: str, dp_pca_dir: str) -> dict[str, Any]:
+    from tasks import head_tracking
+
+    out = run_head(params, sensitive=Path(sensitive), test=Path(test), model_dir=Path(model_dir),
+                   dp_pca_dir=Path(dp_pca_dir))
+    if out.get("skipped"):
+        return out
+    return {**out, **head_tracking.log_head(params, run_id, Path(out["dir"]), out)}

@@ -1,0 +1,98 @@
+"""MLflow for the removal-enabled head: its figures, its guarantee, its registered versions.
+
+The head is registered as ``<run.model_name>-head``, apart from the DP model: it is trained
+on the sensitive records without DP noise, so its versions carry the certified-removal
+guarantee (``removal.*`` tags) and the extractor's DP (``privacy.features_*``), and say
+``privacy.head_dp = false``. Removal runs register a new version per batch, tagged with the
+batch id so that a re-run after a crash finds it instead of registering twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import torch
+
+from privpipe.config import Params
+from tasks import tracking
+from tasks.common import read_json
+
+__all__ = ["head_model_name", "log_head", "register_head", "find_version", "latest_version", "guarantee_tags"]
+
+
+def head_model_name(params: Params) -> str:
+    return f"{params.run.model_name}-head"
+
+
+def guarantee_tags(folder: Path) -> dict[str, str]:
+    g = read_json(folder / "guarantee.json")
+    extractor, head, whole = g["feature_extractor"], g["head"], g["whole_model"]
+    return {"removal.epsilon": f"{head['certified_removal_epsilon']:g}",
+            "removal.delta": f"{head['certified_removal_delta']:g}",
+            "privacy.features_source": extractor["source"],
+            "privacy.features_epsilon": f"{extractor['dp_epsilon']:.6g}",
+            "privacy.features_delta": f"{extractor['dp_delta']:g}",
+            "certified_removal.epsilon": f"{whole['certified_removal_epsilon']:.6g}",
+            "certified_removal.delta": f"{whole['certified_removal_delta']:g}",
+            "privacy.head_dp": "false",
+            "privacy.note": "head trained on the sensitive records without DP noise: the whole model is "
+                            "certified-removal (Guo et al. 2020, Thm 5), not differentially private"}
+
+
+def register_head(params: Params, run_id: str, folder: Path, *, tags: dict[str, str]) -> str:
+    """Log the servable head model to ``run_id`` and register it; return the version."""
+    from tasks.head import load_head, served_model
+
+    head, _, _ = load_head(folder)
+    model = served_model(folder, head)
+    width = int(read_json(folder / "meta.json")["input_dim"])  # the example is synthetic: no record goes to MLflow
+    client = tracking._client(params)
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.pytorch.log_model(
+            model, name="head", serialization_format="pt2", input_example=np.zeros((2, width), dtype=np.float32),
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"])
+    client.update_run(run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
+    all_tags = {**guarantee_tags(folder), **tags, "mlflow.run_id": run_id}
+    version = mlflow.register_model(info.model_uri, head_model_name(params), tags=all_tags)
+    return str(version.version)
+
+
+def find_version(params: Params, *, tag: str, value: str) -> str | None:
+    """The head version whose ``tag`` is ``value`` (a batch already registered), if any."""
+    client = tracking._client(params)
+    for version in client.search_model_versions(f"name = '{head_model_name(params)}'"):
+        if version.tags.get(tag) == value:
+            return str(version.version)
+    return None
+
+
+def latest_version(params: Params) -> str | None:
+    client = tracking._client(params)
+    versions = [int(v.version) for v in client.search_model_versions(f"name = '{head_model_name(params)}'")]
+    return str(max(versions)) if versions else None
+
+
+def log_head(params: Params, run_id: str, folder: Path, out: dict[str, Any]) -> dict[str, Any]:
+    """The head stage's figures and guarantee in the pipeline run; register version one of this training."""
+    client = tracking._client(params)
+    tracking._metrics(client, run_id, {
+        "head.accuracy_test": out["accuracy_test"], "removal.epsilon": out["removal_epsilon"],
+        "removal.delta": out["removal_delta"], "removal.gradient_budget": out["gradient_budget"],
+        "removal.budget_used": out["budget_used"],
+        "certified_removal.epsilon": out["whole_certified_removal_epsilon"]})
+    client.set_tag(run_id, "head.features", params.head.features)
+    client.set_tag(run_id, "privacy.head_dp", "false")
+    client.log_text(run_id, (folder / "guarantee.json").read_text(), "privacy/head_guarantee.json")
+    registered: dict[str, Any] = {}
+    if params.evaluate.register_model:
+        run = client.get_run(run_id)
+        version = register_head(params, run_id, folder, tags={
+            "dvc.data_version": run.data.tags.get("dvc.data_version", "unknown"), "removal.requests_applied": "0",
+            "removal.retrained": "false", "removal.budget_used": f"{out['budget_used']:.6g}",
+            "removal.budget_left": f"{out['gradient_budget'] - out['budget_used']:.6g}"})
+        registered = {"head_model_name": head_model_name(params), "head_model_version": version}
+        client.set_tag(run_id, "registered_head", f"{head_model_name(params)}/{version}")
+    return registered

@@ -1,0 +1,491 @@
+"""Certified data removal (Guo et al. 2020): the perturbed logistic loss, the removal budget, and
+:class:`privpipe.removal.RemovableHead` (Newton removals whose gradient-residual bound is checked
+against the exact residual and against retraining from scratch)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+from scipy.special import expit
+
+from privpipe.privacy import NoiseSource
+from privpipe.removal import (GAMMA, RemovableHead, RemovalGuarantee, combined_guarantee, fit_perturbed, gradient,
+                              hessian, objective)
+from privpipe.removal.logistic import curvature
+
+LAM = 1e-2
+
+
+# -- helpers -------------------------------------------------------------------
+def blobs(n: int = 240, d: int = 8, k: int = 2, *, seed: int = 0, sep: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
+    """Gaussian blobs around k random centres, scaled so that every row has ‖x‖ ≤ 1."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, d)) * sep
+    y = np.arange(n) % k
+    rng.shuffle(y)
+    X = centres[y] + rng.normal(size=(n, d))
+    X /= np.linalg.norm(X, axis=1).max()
+    return X, y
+
+
+def noise(seed: int) -> NoiseSource:
+    return NoiseSource(seed=seed, secure=False)
+
+
+def make_head(k: int = 2, *, n: int = 240, d: int = 8, sigma: float = 1.0, lam: float = LAM, seed: int = 0,
+              refresh_every: int = 0, records_per_update: int = 1, sep: float = 2.0) -> RemovableHead:
+    X, y = blobs(n, d, k, seed=seed, sep=sep)
+    guarantee = RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=sigma)
+    return RemovableHead.train(X, y, classes=k, lam=lam, guarantee=guarantee,
+                               noise=noise(seed), refresh_every=refresh_every, records_per_update=records_per_update)
+
+
+def reference_objective(w: np.ndarray, X: np.ndarray, y: np.ndarray, lam: float, b: np.ndarray) -> float:
+    """L_b(w; D) written independently of the library (logaddexp for log(1 + e^(−z)))."""
+    return float(np.logaddexp(0.0, -y * (X @ w)).sum() + 0.5 * lam * len(y) * w @ w + b @ w)
+
+
+def reference_gradient(w: np.ndarray, X: np.ndarray, y: np.ndarray, lam: float, b: np.ndarray) -> np.ndarray:
+    return X.T @ (-y / (1.0 + np.exp(y * (X @ w)))) + lam * len(y) * w + b
+
+
+def reference_hessian(w: np.ndarray, X: np.ndarray, y: np.ndarray, lam: float) -> np.ndarray:
+    s = expit(X @ w)
+    return (X * (s * (1 - s))[:, None]).T @ X + lam * len(y) * np.eye(X.shape[1])
+
+
+def class_residuals(head: RemovableHead) -> np.ndarray:
+    """The exact per-class ‖∇L_b(w_c; remaining)‖."""
+    rows = head.active
+    return np.array([np.linalg.norm(gradient(head.W[c], head.X[rows], head.signs(c)[rows], lam=head.lam, b=head.B[c]))
+                     for c in range(len(head.W))])
+
+
+def assert_certified(head: RemovableHead) -> None:
+    """The exact residual never exceeds the accumulated bound (nor the budget while Newton is in use)."""
+    residual = head.gradient_residual()
+    assert residual <= head.used_total * (1 + 1e-12) + 1e-15, (residual, head.used_total)
+    assert np.all(class_residuals(head) <= head.used * (1 + 1e-12) + 1e-15), (class_residuals(head), head.used)
+    assert head.used_total <= head.budget
+
+
+# -- logistic.py -----------------------------------------------------------------
+def test_gradient_and_hessian_match_central_differences() -> None:
+    """gradient() and hessian() agree with central differences of objective(); objective() and gradient()
+    agree with an independent implementation of the sum form."""
+    X, y01 = blobs(150, 6, 2, seed=1)
+    y = np.where(y01 == 1, 1.0, -1.0)
+    rng = np.random.default_rng(2)
+    w, b = rng.normal(size=6), rng.normal(size=6)
+    assert objective(w, X, y, lam=LAM, b=b) == pytest.approx(reference_objective(w, X, y, LAM, b), rel=1e-12)
+    np.testing.assert_allclose(gradient(w, X, y, lam=LAM, b=b), reference_gradient(w, X, y, LAM, b), rtol=1e-12)
+
+    h = 1e-5
+    eye = np.eye(6)
+    fd_grad = np.array([(objective(w + h * e, X, y, lam=LAM, b=b) - objective(w - h * e, X, y, lam=LAM, b=b)) / (2 * h)
+                        for e in eye])
+    g = gradient(w, X, y, lam=LAM, b=b)
+    np.testing.assert_allclose(g, fd_grad, rtol=1e-5, atol=1e-6 * np.abs(g).max())
+
+    fd_hess = np.array([(gradient(w + h * e, X, y, lam=LAM, b=b) - gradient(w - h * e, X, y, lam=LAM, b=b)) / (2 * h)
+                        for e in eye])
+    H = hessian(w, X, y, lam=LAM)
+    np.testing.assert_allclose(H, H.T, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(H, fd_hess, rtol=1e-5, atol=1e-6 * np.abs(H).max())
+    np.testing.assert_allclose(H, reference_hessian(w, X, y, LAM), rtol=1e-10, atol=1e-12)
+    assert np.linalg.eigvalsh(H).min() >= LAM * len(y) * (1 - 1e-9)  # λn-strongly convex
+
+
+def test_gamma_is_the_max_of_the_third_derivative() -> None:
+    """GAMMA = max |ℓ'''|: it bounds |ℓ'''| on a fine grid and is attained to within 1e-6; ℓ'' from curvature()
+    is σ(z)σ(−z), and its numerical derivative is the analytic ℓ'''."""
+    z = np.linspace(-12.0, 12.0, 480_001)
+    s = expit(z)
+    third = s * (1 - s) * (1 - 2 * s)
+    second = curvature(np.array([1.0]), z[:, None], np.ones_like(z))
+    np.testing.assert_allclose(second, s * expit(-z), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(second, s * (1 - s), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(np.gradient(second, z)[1:-1], third[1:-1], atol=1e-8)
+    peak = np.abs(third).max()
+    assert GAMMA >= peak
+    assert GAMMA - peak < 1e-6
+    assert GAMMA == pytest.approx(1 / (6 * math.sqrt(3)), rel=1e-15)
+    assert GAMMA < 0.25  # tighter than the paper's 1/4
+
+
+@pytest.mark.parametrize("lam", [1e-3, 1e-1])
+def test_fit_perturbed_reaches_the_exact_minimiser(lam: float) -> None:
+    """fit_perturbed leaves a gradient at rounding level, returns the Hessian at its point, and agrees with
+    scipy's trust-region minimiser of an independently written objective."""
+    X, y01 = blobs(300, 10, 2, seed=3, sep=1.0)
+    y = np.where(y01 == 1, 1.0, -1.0)
+    b = np.random.default_rng(4).normal(size=10)
+    w, H = fit_perturbed(X, y, lam=lam, b=b)
+    n = len(y)
+    assert np.linalg.norm(gradient(w, X, y, lam=lam, b=b)) < 1e-8 * n
+    np.testing.assert_allclose(H, hessian(w, X, y, lam=lam), rtol=1e-12, atol=1e-12)
+
+    ref = minimize(lambda v: reference_objective(v, X, y, lam, b) / n, np.zeros(10),
+                   jac=lambda v: reference_gradient(v, X, y, lam, b) / n,
+                   hess=lambda v: reference_hessian(v, X, y, lam) / n,
+                   method="trust-exact", options={"gtol": 1e-11})
+    ref_gradient = np.linalg.norm(reference_gradient(ref.x, X, y, lam, b))
+    assert ref_gradient < 1e-8 * n
+    # strong convexity: ‖w − w*‖ ≤ (‖∇L(w)‖ + ‖∇L(w*)‖) / (λn), and both gradients are tiny
+    tolerance = (np.linalg.norm(gradient(w, X, y, lam=lam, b=b)) + ref_gradient) / (lam * n)
+    assert np.linalg.norm(w - ref.x) <= tolerance * (1 + 1e-6) + 1e-12
+    np.testing.assert_allclose(w, ref.x, rtol=0, atol=1e-7)
+    assert objective(w, X, y, lam=lam, b=b) <= reference_objective(ref.x, X, y, lam, b) + 1e-9
+
+
+# -- guarantee.py ------------------------------------------------------------------
+def test_budget_arithmetic() -> None:
+    """c = √(2 ln(1.5/δ)) and the budget σε/c, for a hand-computed case and its scaling in σ and ε."""
+    g = RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0)
+    assert g.c == pytest.approx(math.sqrt(2 * math.log(15000.0)), rel=1e-14)
+    assert g.c == pytest.approx(4.38539, abs=1e-5)
+    assert g.gradient_budget == pytest.approx(0.228030, abs=1e-6)
+    assert 1.5 * math.exp(-g.c ** 2 / 2) == pytest.approx(1e-4, rel=1e-12)  # δ = 1.5 exp(−c²/2)
+    g2 = RemovalGuarantee(epsilon=0.5, delta=1e-4, sigma=10.0)
+    assert g2.gradient_budget == pytest.approx(5 * g.gradient_budget, rel=1e-14)
+    assert RemovalGuarantee(epsilon=1.0, delta=1e-6, sigma=1.0).gradient_budget < g.gradient_budget  # smaller δ costs
+
+
+@pytest.mark.parametrize("kwargs", [dict(epsilon=0.0, delta=1e-4, sigma=1.0), dict(epsilon=-1.0, delta=1e-4, sigma=1.0),
+                                    dict(epsilon=float("nan"), delta=1e-4, sigma=1.0),
+                                    dict(epsilon=1.0, delta=0.0, sigma=1.0), dict(epsilon=1.0, delta=1.0, sigma=1.0),
+                                    dict(epsilon=1.0, delta=-0.1, sigma=1.0), dict(epsilon=1.0, delta=1e-4, sigma=0.0),
+                                    dict(epsilon=1.0, delta=1e-4, sigma=-2.0)])
+def test_guarantee_rejects_invalid_parameters(kwargs: dict) -> None:
+    """ε ≤ 0 (or NaN), δ ∉ (0, 1) and σ ≤ 0 raise ValueError."""
+    with pytest.raises(ValueError):
+        RemovalGuarantee(**kwargs)
+
+
+def test_combined_guarantee_adds_epsilon_and_delta() -> None:
+    """Theorem 5: the whole model is (ε_DP + ε_CR, δ_DP + δ_CR)-CR, and the head is marked not DP."""
+    g = RemovalGuarantee(epsilon=0.5, delta=1e-5, sigma=3.0)
+    out = combined_guarantee(dp_epsilon=2.0, dp_delta=1e-6, removal=g, feature_source="dp_pca")
+    assert out["whole_model"]["certified_removal_epsilon"] == pytest.approx(2.5)
+    assert out["whole_model"]["certified_removal_delta"] == pytest.approx(1.1e-5)
+    assert out["head"]["gradient_budget"] == pytest.approx(g.gradient_budget)
+    assert out["head"]["dp"] is False
+    assert out["feature_extractor"] == {"source": "dp_pca", "dp_epsilon": 2.0, "dp_delta": 1e-6}
+    json.dumps(out)
+
+
+# -- head.py: the central property ------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("refresh_every,records_per_update", [(0, 1), (3, 1), (0, 4)])
+def test_residual_never_exceeds_the_accumulated_bound(k: int, refresh_every: int, records_per_update: int) -> None:
+    """After one Newton removal, after 10 sequential ones, and after a batch of 12 rows (3 chunks when
+    records_per_update is 4), the exact gradient residual is ≤ the accumulated bound used_total."""
+    head = make_head(k, refresh_every=refresh_every, records_per_update=records_per_update)
+    assert head.used_total < 1e-9  # the optimiser leaves rounding-level gradient
+    assert head.gradient_residual() == pytest.approx(head.used_total, rel=1e-9, abs=1e-15)
+
+    steps = head.remove([0], noise=noise(1))
+    assert [s.mechanism for s in steps] == ["newton"]
+    assert steps[0].bound > 0 and steps[0].used == pytest.approx(head.used_total, rel=1e-12)
+    assert head.gradient_residual() > 1e-8  # a genuine (non-trivial) residual is being bounded
+    assert_certified(head)
+
+    for r in range(1, 11):
+        (step,) = head.remove([7 * r], noise=noise(1))
+        assert step.mechanism == "newton"
+        assert_certified(head)
+        if refresh_every:
+            assert head.removals_since_refresh <= refresh_every
+
+    steps = head.remove(list(range(100, 112)), noise=noise(1))
+    assert [len(s.rows) for s in steps] == [records_per_update] * (12 // records_per_update)
+    assert all(s.mechanism == "newton" for s in steps)
+    assert_certified(head)
+    assert head.active.sum() == len(head.y) - 23
+    assert head.retrains == 0
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_newton_update_is_close_to_retraining_with_the_same_b(k: int) -> None:
+    """‖w_newton − w_retrain‖ ≤ residual/(λn′) per class (λn′-strong convexity), and the Newton step moves
+    the weights most of the way from the old optimum to the retrained one."""
+    head = make_head(k)
+    old = head.W.copy()
+    (step,) = head.remove([5], noise=noise(1))
+    assert step.mechanism == "newton"
+    rest = head.active
+    n_rest = int(rest.sum())
+    assert n_rest == len(head.y) - 1 and not rest[5]
+    for c in range(len(head.W)):
+        signs = head.signs(c)
+        w_retrain, _ = fit_perturbed(head.X[rest], signs[rest], lam=head.lam, b=head.B[c])
+        residual = np.linalg.norm(gradient(head.W[c], head.X[rest], signs[rest], lam=head.lam, b=head.B[c]))
+        retrain_residual = np.linalg.norm(gradient(w_retrain, head.X[rest], signs[rest], lam=head.lam, b=head.B[c]))
+        dist_newton = np.linalg.norm(head.W[c] - w_retrain)
+        dist_old = np.linalg.norm(old[c] - w_retrain)
+        assert dist_newton <= (residual + retrain_residual) / (head.lam * n_rest) * (1 + 1e-9)
+        assert residual <= head.used[c] * (1 + 1e-12)
+        assert dist_old > 1e-4  # removing the row really moved the optimum
+        assert dist_newton < 0.01 * dist_old
+
+
+@pytest.mark.parametrize("refresh_every", [0, 5])
+def test_bound_is_nearly_tight_in_one_dimension(refresh_every: int) -> None:
+    """A worst case for the bound: one feature x = 1 for every row and a class ratio putting the margin at
+    |ℓ'''| ≈ γ; removing positives drives w the same way each time, so the Taylor errors add up coherently
+    and the drift term u = X(w − w_ref) matters. The bound must still hold, and is within 2× of the residual."""
+    n, positives = 200, 158  # log(158/42) ≈ 1.32 ≈ arg max |ℓ'''|
+    X = np.ones((n, 1))
+    y = np.r_[np.ones(positives, dtype=int), np.zeros(n - positives, dtype=int)]
+    guarantee = RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=10.0)
+    head = RemovableHead.train(X, y, classes=2, lam=1e-4, guarantee=guarantee,
+                               noise=noise(0), refresh_every=refresh_every)
+    for r in range(20):
+        (step,) = head.remove([r], noise=noise(1))
+        assert step.mechanism == "newton"
+        assert_certified(head)
+    assert head.gradient_residual() >= 0.5 * head.used_total
+
+
+def test_step_bound_is_within_the_papers_data_dependent_bound() -> None:
+    """On the first removal after training (u = 0) each class's added bound is at most the linear-solve error
+    plus the paper's γ‖X‖₂‖v‖‖Xv‖ (Guo et al. Cor. 1 form), as head.py's docstring claims."""
+    head = make_head(3)
+    X_before = head.X[head.active]
+    spectral = np.linalg.norm(X_before, 2)
+    old = head.W.copy()
+    (step,) = head.remove([11], noise=noise(1))
+    v = head.W - old
+    X_rest = head.X[head.active]
+    papers = np.array([GAMMA * spectral * np.linalg.norm(v[c]) * np.linalg.norm(X_rest @ v[c]) for c in range(3)])
+    assert np.all(head.used <= papers * (1 + 1e-9) + 1e-10)
+    assert step.bound <= np.linalg.norm(papers) * (1 + 1e-9) + 1e-10
+
+
+# -- head.py: retrain on exhaustion -----------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 3])
+def test_retrain_when_the_budget_would_be_exceeded(k: int) -> None:
+    """With σε/c below one Newton bound the removal retrains with fresh b (reason cites the budget, retrains
+    counts it, the row is gone, used resets to rounding level); with a large budget it is a Newton step."""
+    head = make_head(k, sigma=1e-6)
+    assert head.budget < 1e-6
+    B_before, retrains_before = head.B.copy(), head.retrains
+    (step,) = head.remove([3], noise=noise(7))
+    assert step.mechanism == "retrain"
+    assert step.rows == [3]
+    assert step.reason and "budget" in step.reason
+    assert head.retrains == retrains_before + 1
+    assert not head.active[3]
+    assert head.used_total < 1e-10
+    assert step.used == pytest.approx(head.used_total, abs=1e-15)
+    assert head.gradient_residual() <= head.used_total * (1 + 1e-12) + 1e-15
+    assert not np.allclose(head.B, B_before)
+    for c in range(len(head.W)):  # W is the exact optimum for the new b on what remains
+        w, _ = fit_perturbed(head.X[head.active], head.signs(c)[head.active], lam=head.lam, b=head.B[c])
+        np.testing.assert_allclose(head.W[c], w, rtol=0, atol=1e-8)
+    # the head keeps working after the retrain: the next removal also retrains, the one after still certifies
+    (again,) = head.remove([4], noise=noise(8))
+    assert again.mechanism == "retrain" and head.retrains == retrains_before + 2
+
+    big = make_head(k, sigma=10.0)
+    (newton,) = big.remove([3], noise=noise(7))
+    assert newton.mechanism == "newton" and newton.reason == ""
+    assert big.retrains == 0
+
+
+def test_retrain_mid_batch_then_newton_resumes() -> None:
+    """A budget that fits a few Newton steps: a long removal batch mixes Newton steps and retrains, and the
+    residual stays within the bound (and the budget) after every step."""
+    probe = make_head(2, sigma=1.0)
+    (first,) = probe.remove([0], noise=noise(1))
+    # budget ≈ 3 first-step bounds
+    sigma = 3 * first.bound / RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0).gradient_budget
+    head = make_head(2, sigma=sigma)
+    mechanisms = []
+    for r in range(20):
+        (step,) = head.remove([r], noise=noise(100 + r))
+        mechanisms.append(step.mechanism)
+        assert step.used <= step.budget
+        assert_certified(head)
+    assert "retrain" in mechanisms and "newton" in mechanisms
+    assert head.retrains == mechanisms.count("retrain")
+    assert not head.active[:20].any()
+
+
+# -- head.py: bookkeeping ----------------------------------------------------------------------
+def test_repeated_out_of_range_and_duplicate_rows() -> None:
+    """Already-removed and out-of-range rows (including negative ones) are ignored without a step or any
+    change; duplicates in one call are removed once."""
+    head = make_head(3, records_per_update=4)
+    n = len(head.y)
+    (step,) = head.remove([3], noise=noise(1))
+    assert step.rows == [3]
+    snapshot = (head.W.copy(), head.B.copy(), head.used.copy(), head.active.copy())
+    for rows in ([3], [n], [n + 5], [-1], [-n], [], [3, 3, n]):
+        assert head.remove(rows, noise=noise(1)) == []
+        for before, after in zip(snapshot, (head.W, head.B, head.used, head.active)):
+            np.testing.assert_array_equal(before, after)
+    steps = head.remove([4, 4, 4, 9, 4, 9], noise=noise(1))
+    assert [s.rows for s in steps] == [[4, 9]]
+    steps = head.remove(np.array([20, 21, 20, 22, 23, 24, 21]), noise=noise(1))
+    assert [s.rows for s in steps] == [[20, 21, 22, 23], [24]]
+    assert head.active.sum() == n - 8
+    assert_certified(head)
+
+
+def test_used_only_grows_across_newton_steps() -> None:
+    """Per class and jointly, the used bound is non-decreasing across Newton steps, each step reports the
+    joint used after it and the head's budget, and the joint used is the norm of the per-class ones."""
+    head = make_head(3, refresh_every=2)
+    previous = head.used.copy()
+    for r in range(12):
+        (step,) = head.remove([r * 3], noise=noise(1))
+        assert step.mechanism == "newton"
+        assert np.all(head.used >= previous)
+        assert head.used_total > np.linalg.norm(previous)
+        assert step.used == pytest.approx(head.used_total, rel=1e-12)
+        assert step.budget == head.budget
+        assert head.used_total == pytest.approx(np.linalg.norm(head.used), rel=1e-15)
+        previous = head.used.copy()
+
+
+def test_state_round_trip_then_removal() -> None:
+    """state()/from_state() (through JSON metadata and copied arrays) predicts identically; the reloaded head
+    rebuilds its caches, removes by Newton with residual ≤ bound, continues from the saved used, and does not
+    share mutable state with the original."""
+    head = make_head(3, refresh_every=4)
+    head.remove([1, 2, 3], noise=noise(1))
+    arrays, meta = head.state()
+    arrays = {name: np.array(value) for name, value in arrays.items()}
+    meta = json.loads(json.dumps(meta))
+    loaded = RemovableHead.from_state(arrays, meta)
+
+    X_test, _ = blobs(60, 8, 3, seed=9)
+    np.testing.assert_array_equal(loaded.predict(X_test), head.predict(X_test))
+    np.testing.assert_array_equal(loaded.scores(X_test), head.scores(X_test))
+    assert loaded.used_total == head.used_total and loaded.retrains == head.retrains
+    assert (loaded.classes, loaded.lam, loaded.guarantee) == (head.classes, head.lam, head.guarantee)
+    assert (loaded.refresh_every, loaded.records_per_update) == (head.refresh_every, head.records_per_update)
+    assert loaded.gradient_residual() == pytest.approx(head.gradient_residual(), rel=1e-12)
+
+    used_before = loaded.used.copy()
+    for r in (10, 11, 12, 13, 14, 15):
+        (step,) = loaded.remove([r], noise=noise(2))
+        assert step.mechanism == "newton"
+        assert_certified(loaded)
+    assert np.all(loaded.used >= used_before)
+    assert not loaded.active[10:16].any()
+    assert head.active[10:16].all()  # the original is untouched
+    np.testing.assert_array_equal(head.W, arrays["W"])  # nor are its weights
+
+
+def test_reloaded_fresh_head_removes_like_the_original() -> None:
+    """Reloading right after training rebuilds the same caches (Hessian at the trained weights), so the same
+    removal gives the same weights and the same bound as the original head."""
+    head = make_head(2)
+    arrays, meta = head.state()
+    loaded = RemovableHead.from_state({k: np.array(v) for k, v in arrays.items()}, meta)
+    (a,) = head.remove([8], noise=noise(1))
+    (b,) = loaded.remove([8], noise=noise(1))
+    assert a.mechanism == b.mechanism == "newton"
+    np.testing.assert_allclose(loaded.W, head.W, rtol=1e-10, atol=1e-13)
+    assert b.bound == pytest.approx(a.bound, rel=1e-6)
+
+
+# -- head.py: validation and prediction ------------------------------------------------------------
+def _bad_inputs() -> list:
+    X, y = blobs(50, 4, 3, seed=5)
+    long_row = X.copy()
+    long_row[7] *= 1.01 / np.linalg.norm(long_row[7])
+    nan_row = X.copy()
+    nan_row[3, 1] = np.nan
+    inf_row = X.copy()
+    inf_row[3, 1] = np.inf
+    high = y.copy()
+    high[0] = 3
+    low = y.copy()
+    low[0] = -1
+    return [
+        pytest.param(long_row, y, {}, id="norm>1"),
+        pytest.param(nan_row, y, {}, id="nan"),
+        pytest.param(inf_row, y, {}, id="inf"),
+        pytest.param(X, high, {}, id="label>=classes"),
+        pytest.param(X, low, {}, id="label<0"),
+        pytest.param(X, y, {"lam": 0.0}, id="lam=0"),
+        pytest.param(X, y, {"lam": -1e-3}, id="lam<0"),
+        pytest.param(X, y, {"lam": float("nan")}, id="lam=nan"),
+        pytest.param(X, y, {"classes": 1}, id="classes=1"),
+        pytest.param(X, y[:-1], {}, id="length-mismatch"),
+        pytest.param(X[:, 0], y, {}, id="1d-features"),
+        pytest.param(X, y, {"refresh_every": -1}, id="refresh<0"),
+        pytest.param(X, y, {"records_per_update": 0}, id="records_per_update=0"),
+    ]
+
+
+@pytest.mark.parametrize("X,y,overrides", _bad_inputs())
+def test_train_rejects_invalid_inputs(X: np.ndarray, y: np.ndarray, overrides: dict) -> None:
+    """Invalid features, labels, λ or settings raise ValueError with a message starting with "head:"."""
+    kwargs = dict(classes=3, lam=LAM, guarantee=RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0), noise=noise(0))
+    kwargs.update(overrides)
+    with pytest.raises(ValueError, match=r"^head:"):
+        RemovableHead.train(X, y, **kwargs)
+
+
+def test_unit_norm_rows_are_accepted() -> None:
+    """Rows normalised to ‖x‖ = 1 exactly (up to rounding) pass the norm check."""
+    X, y = blobs(60, 5, 2, seed=6)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    head = RemovableHead.train(X, y, classes=2, lam=LAM, guarantee=RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0),
+                               noise=noise(0))
+    assert head.W.shape == (1, 5)
+
+
+def test_binary_predictions_use_class_one_for_positive_scores() -> None:
+    """Two classes: one model, class 1 exactly where the score is > 0, high accuracy on separable blobs."""
+    X, y = blobs(300, 6, 2, seed=11, sep=4.0)
+    head = RemovableHead.train(X, y, classes=2, lam=1e-3,
+                               guarantee=RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=0.01), noise=noise(0))
+    assert head.W.shape == (1, 6) and head.B.shape == (1, 6)
+    np.testing.assert_array_equal(head.signs(0), np.where(y == 1, 1.0, -1.0))
+    scores = head.scores(X)
+    pred = head.predict(X)
+    assert pred.dtype.kind == "i"
+    np.testing.assert_array_equal(pred, (scores[:, 0] > 0).astype(int))
+    assert (pred == y).mean() > 0.9
+    assert set(np.unique(pred)) == {0, 1}
+    # a score of exactly 0 is not positive: class 0 (as argmax breaks ties towards class 0)
+    np.testing.assert_array_equal(head.predict(np.zeros((2, 6))), [0, 0])
+    np.testing.assert_array_equal(head.predict(np.vstack([head.W, -head.W])), [1, 0])
+
+
+def test_multiclass_predictions_use_argmax() -> None:
+    """Three classes: one-vs-rest models, prediction is the argmax of the scores, high accuracy on separable
+    blobs, and it stays high after removals."""
+    X, y = blobs(300, 6, 3, seed=12, sep=4.0)
+    head = RemovableHead.train(X, y, classes=3, lam=1e-3,
+                               guarantee=RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=0.01), noise=noise(0))
+    assert head.W.shape == (3, 6)
+    for c in range(3):
+        np.testing.assert_array_equal(head.signs(c), np.where(y == c, 1.0, -1.0))
+    scores = head.scores(X)
+    np.testing.assert_array_equal(head.predict(X), scores.argmax(axis=1))
+    assert (head.predict(X) == y).mean() > 0.9
+    head.remove(range(10), noise=noise(1))
+    assert (head.predict(X) == y).mean() > 0.9
+    assert head.gradient_residual() <= head.used_total * (1 + 1e-12)
+
+
+def test_removing_every_remaining_row_is_refused_and_changes_nothing():
+    """With no rows the objective has no minimiser: refuse up front, leaving the head as it was."""
+    head = make_head(2, n=20)
+    W, B, active = head.W.copy(), head.B.copy(), head.active.copy()
+    with pytest.raises(ValueError, match="^head: removing these rows would leave no training data"):
+        head.remove(range(20), noise=noise(1))
+    assert np.array_equal(head.W, W) and np.array_equal(head.B, B) and np.array_equal(head.active, active)
+    snapshot, _ = head.state()
+    head.remove([0], noise=noise(2))
+    assert snapshot["active"][0]  # state() is a copy, not a view a later removal changes

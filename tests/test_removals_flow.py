@@ -1,0 +1,180 @@
+"""Deletion requests end to end: the head stage, `privpipe forget`, the removal flow under Prefect,
+a crash between its steps, and the next data version without the records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from conftest import PROJECT, write_params
+from privpipe.config import load_params
+from privpipe.data import Records
+from privpipe.requests import RequestQueue, UnknownRecord
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+QUICK = dict(student={"enabled": False}, finetune={"epochs": 3, "hidden_units": [64]}, run={"model_name": "removal-test"},
+             head={"features": "model"})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A DVC project folder with prepare → dp_pca → finetune → head run (no PATE, for speed)."""
+    from tasks.dp_pca import run_dp_pca
+    from tasks.finetune import run_finetune
+    from tasks.head import run_head
+    from tasks.prepare import run_prepare
+
+    folder = tmp_path_factory.mktemp("removal-project")
+    (folder / "data/raw").mkdir(parents=True)
+    (folder / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
+    write_params(folder, **QUICK)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        params = load_params("params.yaml")
+        run_prepare(params)
+        run_dp_pca(params)
+        run_finetune(params)
+        head = run_head(params)
+    finally:
+        os.chdir(previous)
+    return folder, head
+
+
+@pytest.fixture
+def inside(trained, monkeypatch):
+    folder, _ = trained
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def _sensitive_ids(folder: Path) -> list[str]:
+    return Records.load(folder / "data/prepared/sensitive").ids.tolist()
+
+
+def _run_flow():
+    from flows.removals import removals
+
+    return removals(params_file="params.yaml")
+
+
+def test_head_stage_records_both_guarantees(trained):
+    folder, head = trained
+    guarantee = json.loads((folder / "artifacts/head/guarantee.json").read_text())
+    ledger = json.loads((folder / "artifacts/finetune/ledger.json").read_text())
+    assert guarantee["feature_extractor"]["dp_epsilon"] == pytest.approx(ledger["summary"]["total"]["epsilon"])
+    assert guarantee["whole_model"]["certified_removal_epsilon"] == pytest.approx(
+        guarantee["feature_extractor"]["dp_epsilon"] + 1.0)
+    assert guarantee["head"]["dp"] is False
+    assert head["accuracy_test"] > 0.7 and head["budget_used"] < 1e-6 < head["gradient_budget"]
+
+
+def test_forget_refuses_unknown_ids_and_queues_nothing(inside):
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "forget", "digits-0001", "no-such-record"],
+                          cwd=inside, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "privpipe: error: record id 'no-such-record': not in the current data (nothing was queued)")
+    assert RequestQueue(inside / "data/requests").read() == []
+
+
+def test_removal_flow_end_to_end(prefect_harness, inside):
+    from tasks.erase import current_record_ids
+    from tasks.head import load_head
+    from tasks.prepare import run_prepare
+
+    params = load_params("params.yaml")
+    queue = RequestQueue(Path("data/requests"))
+    sensitive = _sensitive_ids(inside)
+    test_record = Records.load(inside / "data/prepared/test").ids[0]
+    targets = [sensitive[0], sensitive[5], str(test_record)]
+    queue.submit(targets, reason="test", known=current_record_ids(params, queue).__contains__)
+    pointer_before = (inside / "data/raw/digits.csv.dvc").read_text()
+
+    (result,) = _run_flow()
+    assert result["requests"] == 3 and not result["retrained"]
+    requests = queue.read()
+    assert [r.status for r in requests] == ["done"] * 3
+    mechanisms = [r.audit["mechanism"] for r in requests]
+    assert mechanisms == ["newton", "newton", "absent"]
+    for request in requests:  # audits carry hashed ids only
+        assert request.audit["record_id_hash"].startswith("sha256:")
+        assert request.record_id not in json.dumps(request.audit)
+    head, ids, meta = load_head(Path("artifacts/head"))
+    rows = [ids.tolist().index(t) for t in targets[:2]]
+    assert not head.active[rows].any() and head.active.sum() == len(ids) - 2
+    assert head.gradient_residual() <= head.used_total <= head.budget
+    # the next data version has none of them, and DVC recorded it
+    csv_ids = {line.split(",", 1)[0] for line in (inside / "data/raw/digits.csv").read_text().splitlines()}
+    assert not csv_ids & set(targets)
+    assert (inside / "data/raw/digits.csv.dvc").read_text() != pointer_before
+    assert result["data_version"] == yaml.safe_load((inside / "data/raw/digits.csv.dvc").read_text())["outs"][0]["md5"]
+    # MLflow: a head version tagged with the batch, and the audit artifact of the run
+    client = MlflowClient(tracking_uri=f"sqlite:///{inside / 'mlflow.db'}")
+    version = client.get_model_version("removal-test-head", result["head_version"])
+    assert version.tags["removal.batch_id"] == result["batch_id"] and version.tags["privacy.head_dp"] == "false"
+    audit = json.loads(open(client.download_artifacts(result["run_id"], "removals/audit.json",
+                                                      str(inside / "dl"))).read())
+    assert {a["request_id"] for a in audit} == {r.request_id for r in requests}
+    # a later pipeline run never sees the records, and they can no longer be named
+    run_prepare(params)
+    for name in ("sensitive", "test", "public"):
+        assert not set(Records.load(inside / f"data/prepared/{name}").ids.tolist()) & set(targets)
+    with pytest.raises(UnknownRecord):
+        queue.submit([targets[0]], known=current_record_ids(params, queue).__contains__)
+    assert _run_flow() == []  # nothing pending
+
+
+def test_crash_between_steps_loses_nothing_and_applies_once(prefect_harness, inside, monkeypatch):
+    import tasks.removals
+    from tasks.erase import current_record_ids
+    from tasks.head import load_head
+
+    params = load_params("params.yaml")
+    queue = RequestQueue(Path("data/requests"))
+    target = [i for i in _sensitive_ids(inside) if i in current_record_ids(params, queue)][10]
+    (request,) = queue.submit([target], known=current_record_ids(params, queue).__contains__)
+
+    def crash(*_args, **_kwargs):
+        raise RuntimeError("simulated crash after the Newton update")
+
+    with monkeypatch.context() as patched, pytest.raises(RuntimeError, match="simulated crash"):
+        patched.setattr(tasks.removals, "register_batch", crash)
+        _run_flow()
+    batch_id, open_requests = queue.open_batch()
+    assert [r.request_id for r in open_requests] == [request.request_id]
+    head, _, meta = load_head(Path("artifacts/head"))
+    used_after_crash = head.used_total
+    assert batch_id in meta["applied_batches"]
+
+    (result,) = _run_flow()  # the re-run finishes the crashed batch, reusing the applied update
+    assert result["batch_id"] == batch_id
+    done = [r for r in queue.read() if r.request_id == request.request_id]
+    assert [r.status for r in done] == ["done"]
+    head, _, meta = load_head(Path("artifacts/head"))
+    assert head.used_total == used_after_crash  # the budget was counted once
+    assert sum(1 for line in queue.path.read_text().splitlines()
+               if json.loads(line)["event"] == "done" and json.loads(line)["request_id"] == request.request_id) == 1
+    client = MlflowClient(tracking_uri=f"sqlite:///{inside / 'mlflow.db'}")
+    tagged = [v for v in client.search_model_versions("name = 'removal-test-head'")
+              if v.tags.get("removal.batch_id") == batch_id]
+    assert len(tagged) == 1
+
+
+def test_requests_command_lists_states(inside):
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "requests"], cwd=inside, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("request") and all(line.startswith("req-") for line in lines[1:-1])
+    assert len(lines) >= 3 and "0 pending" in lines[-1]
+    assert all(record not in done.stdout for record in _sensitive_ids(inside))  # no raw ids on screen
