@@ -42,7 +42,7 @@ from privpipe.removal.logistic import GAMMA, curvature, fit_perturbed, gradient,
 __all__ = ["RemovableHead", "RemovalStep"]
 
 _REFINE_STEPS = 30  # iterative refinement of H̃v = Δ; each step shrinks the error by ~ removals/n
-_REFINE_TOLERANCE = 1e-11  # relative; what is left, ‖H̃v − Δ‖, is added to the bound, so it only needs to be small
+_REFINE_TOLERANCE = 1e-9  # relative to ‖Δ‖; what is left, ‖H̃v − Δ‖, is added to the bound, so it only needs to be small
 _REINVERT_AFTER = 6  # refinement steps after which the inverse is recomputed from the exact H̃
 
 
@@ -160,12 +160,14 @@ class RemovableHead:
                 Px = cache.P @ x
                 cache.P += np.outer(Px, Px) * (s / (1.0 - s * (x @ Px)))
             v = cache.P @ delta
+            target, previous = _REFINE_TOLERANCE * np.linalg.norm(delta), np.inf
             for iteration in range(_REFINE_STEPS):  # P misses the λ|R|I part; refine against the exact H̃
-                error = delta - cache.H @ v
-                if np.linalg.norm(error) <= _REFINE_TOLERANCE * np.linalg.norm(delta):
+                size = np.linalg.norm(error := delta - cache.H @ v)
+                if size <= target or size > 0.9 * previous:  # done, or down to rounding
                     break
+                previous = size
                 v += cache.P @ error
-            if iteration >= _REINVERT_AFTER:  # refinement slows as λ|R| grows against λn: invert H̃ afresh, O(d³)
+            if iteration >= _REINVERT_AFTER or size > 1e3 * target:  # P drifted from H̃⁻¹: invert afresh, O(d³)
                 cache.P = np.linalg.inv(cache.H)
             steps[c], linear[c] = v, np.linalg.norm(cache.H @ v - delta)
         self.active[rows] = False
