@@ -173,7 +173,7 @@ class HeadConfig:
     sigma: float = 1.0
     epsilon: float = 1.0
     delta: float = 1e-4
-    refresh_every: int = 0
+    refresh_every: int = 100
     records_per_update: int = 1
 
 
