@@ -161,7 +161,7 @@ def accuracy(head: RemovableHead, task: Task) -> float:
 
 
 class _StopAtRetrain(Exception):
-    pass
+    """Raised in place of a retrain, so counting stops at the last Newton update."""
 
 
 def _stop(noise: NoiseSource) -> None:

@@ -109,17 +109,11 @@ def erase_from_source(params: Params, record_ids: Iterable[str]) -> dict[str, An
         return {"rewritten": False, "removed_rows": 0, "data_version": source_version(params),
                 "note": "IDX files keep positional ids: erasure is the prepare-time filter"}
     removed = _rewrite_csv(source, {base_id(i) for i in record_ids})
-    pointer = source.with_name(source.name + ".dvc")
-    if pointer.exists() and not source_version(params) == _pointer_md5(pointer):
+    version = source_version(params)
+    if version.startswith("modified:"):  # DVC-tracked, and the file left its pointer
         if not Path(".dvc").is_dir():
-            raise RuntimeError(f"{pointer}: DVC-tracked, but {Path.cwd()} is not a DVC repository; run `dvc init`")
+            raise RuntimeError(f"{source}.dvc: DVC-tracked, but {Path.cwd()} is not a DVC repository; run `dvc init`")
         _dvc("add", "--quiet", str(source))
-    return {"rewritten": True, "removed_rows": removed, "data_version": source_version(params)}
-
-
-def _pointer_md5(pointer: Path) -> str | None:
-    import yaml
-
-    outs = (yaml.safe_load(pointer.read_text()) or {}).get("outs") or [{}]
-    return outs[0].get("md5")
+        version = source_version(params)
+    return {"rewritten": True, "removed_rows": removed, "data_version": version}
 

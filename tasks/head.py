@@ -58,16 +58,13 @@ def served_model(folder: Path, head: RemovableHead) -> nn.Sequential:
     return head_model(extractor_from(folder), head.W, classes=head.classes)
 
 
-def save_head(folder: Path, head: RemovableHead, *, ids: np.ndarray, meta: dict[str, Any],
-              extractor_dir: Path | None = None) -> None:
+def save_head(folder: Path, head: RemovableHead, *, ids: np.ndarray, meta: dict[str, Any]) -> None:
     """Write a head's state into ``folder`` (a staging folder: the caller puts it in place)."""
     arrays, head_meta = head.state()
     arrays = {**arrays, "X": arrays["X"].astype(np.float32)}  # exact: X was rounded to float32 before training
     np.savez(folder / "state.npz", **arrays)
     np.save(folder / "ids.npy", ids.astype(str))
     write_json(folder / "meta.json", {**meta, "head": head_meta})
-    if extractor_dir is not None:
-        shutil.copytree(extractor_dir, folder / "extractor")
 
 
 def load_head(folder: Path) -> tuple[RemovableHead, np.ndarray, dict[str, Any]]:

@@ -188,8 +188,7 @@ def test_processing_is_exclusive_across_processes(tmp_path: Path) -> None:
         result = run_python(TRY_PROCESSING, str(tmp_path))
         assert result.stdout.strip() == f"busy: another removal run holds {tmp_path / 'processing.lock'}", result.stderr
         with pytest.raises(QueueBusy):  # a second holder in this process is refused too
-            with RequestQueue(tmp_path).processing():
-                pass
+            RequestQueue(tmp_path).processing().__enter__()
     assert run_python(TRY_PROCESSING, str(tmp_path)).stdout.strip() == "got it"
 
 
@@ -201,14 +200,14 @@ def test_a_killed_run_leaves_no_stale_lock(tmp_path: Path) -> None:
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(QueueBusy):
-            with RequestQueue(tmp_path).processing():
-                pass
+            RequestQueue(tmp_path).processing().__enter__()
     finally:
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(timeout=10)
         holder.stdout.close()
-    with RequestQueue(tmp_path).processing():  # the OS dropped the dead run's lock
-        pass
+    lock = RequestQueue(tmp_path).processing()
+    lock.__enter__()  # the OS dropped the dead run's lock: this does not raise QueueBusy
+    lock.__exit__(None, None, None)
 
 
 SUBMIT_MANY = """

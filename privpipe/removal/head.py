@@ -112,10 +112,11 @@ class RemovableHead:
     def used_total(self) -> float:
         return float(np.linalg.norm(self.used))
 
-    def signs(self, c: int) -> np.ndarray:
-        """±1 targets of class model c (for two classes, the one model separates class 1)."""
+    def signs(self, c: int, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+        """±1 targets of class model c, for ``rows`` or all (two classes: the one model separates class 1)."""
         positive = 1 if self.classes == 2 else c
-        return np.where(self.y == positive, 1.0, -1.0)
+        labels = self.y if rows is None else self.y[rows]
+        return np.where(labels == positive, 1.0, -1.0)
 
     # -- prediction ---------------------------------------------------------
     def scores(self, X: np.ndarray) -> np.ndarray:
@@ -152,7 +153,7 @@ class RemovableHead:
         Xr, m = self.X[rows], len(rows)
         steps, linear = np.zeros_like(self.W), np.zeros(len(self.W))
         for c, cache in enumerate(caches):
-            w, yr = self.W[c], self.signs(c)[rows]
+            w, yr = self.W[c], self.signs(c, rows)
             delta = Xr.T @ (-yr * expit(-yr * (Xr @ w))) + m * self.lam * w
             cache.H -= (Xr * cache.s_ref[rows][:, None]).T @ Xr
             cache.H[np.diag_indices_from(cache.H)] -= m * self.lam

@@ -29,7 +29,7 @@ import logging
 import os
 import secrets
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -283,11 +283,9 @@ class RequestQueue:
                         handle.write(secrets.token_hex(32) + "\n")
                         handle.flush()
                         os.fsync(handle.fileno())
-                    try:
-                        os.link(tmp, path)  # never replaces: of two racing creators the first wins
+                    with suppress(FileExistsError):  # of two racing creators the first wins
+                        os.link(tmp, path)  # never replaces
                         _fsync_dir(self.folder)
-                    except FileExistsError:
-                        pass
                 finally:
                     Path(tmp).unlink(missing_ok=True)
             text = path.read_text().strip()
