@@ -145,3 +145,22 @@ def test_check_partition_refuses_malformed_assignments():
         check_partition(np.array([0, 1, 2, 0]), shards=2, n_records=4)
     with pytest.raises(ValueError, match="^shards: 3 shards for 4 records leaves shard 2 with 0"):
         check_partition(np.array([0, 1, 1, 0]), shards=3, n_records=4)
+
+
+def test_dirichlet_shares_follow_the_dirichlet_law():
+    """Across seeds, a class's share per client has the Dirichlet(α·1) marginal: mean 1/K and
+    variance (1/K)(1 − 1/K)/(Kα + 1) (Hsu et al. 2019's label skew)."""
+    shards, alpha, n = 10, 2.0, 2000
+    ids = np.array([f"rec-{i:05d}" for i in range(n)])
+    labels = np.zeros(n, dtype=np.int64)  # one class: its split over clients is one Dirichlet draw
+    shares = np.array([np.bincount(assign_shards(ids, labels, shards=shards, strategy="dirichlet", seed=seed,
+                                                 alpha=alpha, classes=CLASSES), minlength=shards) / n
+                       for seed in range(100)])
+    p = 1 / shards
+    assert shares.mean() == pytest.approx(p, abs=1e-12)  # every record lands somewhere
+    assert shares.var() == pytest.approx(p * (1 - p) / (shards * alpha + 1), rel=0.3)
+    # and a larger α is closer to IID
+    flat = np.array([np.bincount(assign_shards(ids, labels, shards=shards, strategy="dirichlet", seed=seed,
+                                               alpha=100.0, classes=CLASSES), minlength=shards) / n
+                     for seed in range(20)])
+    assert flat.var() < shares.var() / 20

@@ -119,7 +119,13 @@ def compute_epsilon(events: Sequence[Event], *, delta: float, accountant: str = 
     if accountant in ("best", "rdp"):
         candidates.append(Spend(_rdp_epsilon(events, delta), delta, "rdp"))
     if accountant in ("best", "pld") and pld_ok:
-        candidates.append(Spend(_pld_epsilon(events, delta), delta, "pld"))
+        try:
+            candidates.append(Spend(_pld_epsilon(events, delta), delta, "pld"))
+        except (ValueError, MemoryError):
+            # very little noise over many steps needs a PLD larger than dp_accounting allows
+            # (or than memory holds); ``best`` then reports the (also sound) RDP bound alone
+            if accountant == "pld":
+                raise
     if accountant == "best" and not pld_ok:
         candidates += _split_candidates(events, delta)
     return min(candidates, key=lambda s: s.epsilon)

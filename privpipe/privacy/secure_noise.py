@@ -57,6 +57,13 @@ class NoiseSource:
             return secure_normal(shape, std=std, dtype=torch.float64).numpy()
         return self._rng.normal(0.0, std, size=shape)
 
+    def uniform(self, count: int) -> np.ndarray:
+        """``count`` uniforms on (0, 1): the coins of a private sampling step (whom a round samples must
+        stay as secret as the noise, or subsampling amplifies nothing)."""
+        if self.secure:
+            return _secure_uniform(count)
+        return self._rng.random(count)
+
     def laplace(self, shape: tuple[int, ...], *, scale: float) -> np.ndarray:
         if self.secure:
             return secure_laplace(int(np.prod(shape, dtype=np.int64)), scale=scale).reshape(shape)
