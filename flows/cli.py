@@ -3,6 +3,7 @@
     privpipe run [--params params.yaml]          the pipeline as a Prefect flow, tracked in MLflow
     privpipe stage NAME [--params ...] [--track] one stage alone (what dvc repro calls); NAME is one of
                                                  prepare partition dp_pca teachers aggregate student finetune head evaluate
+    privpipe federated [--params params.yaml]    federated text classification with client-level DP (Prefect flow)
     privpipe init-data                           write the embedded default data (digits) if missing
     privpipe forget ID... [--reason TEXT]        queue deletion requests (durable; unknown ids are refused)
     privpipe removals [--params ...]             process the queue as a Prefect flow (remove, register, new data version)
@@ -56,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     stage.add_argument("--params", default="params.yaml")
     stage.add_argument("--track", action="store_true",
                        help="evaluate only: record the finished pipeline's outputs as an MLflow run")
+
+    federated = commands.add_parser("federated", help="federated text classification with client-level DP "
+                                                      "(text and federated sections of the params file)")
+    federated.add_argument("--params", default="params.yaml")
 
     init = commands.add_parser("init-data", help="write the embedded default dataset under data/raw if missing")
     init.add_argument("--params", default="params.yaml")
@@ -226,6 +231,30 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _federated(args: argparse.Namespace) -> int:
+    from privpipe.config import load_params
+
+    params = load_params(args.params)  # validate before Prefect starts anything
+    from flows.federated import federated_text
+    from tasks import tracking
+
+    out = federated_text(params_file=args.params)
+    print()
+    print(f"test accuracy   {out['accuracy_test']:.4f}   after {out['rounds']} rounds, K = {out['clients']} clients "
+          f"({params.text.mode} encoder)")
+    if out["private"]:
+        print(f"privacy spent   ε = {out['epsilon']:.4f}, δ = {out['delta']:g}  ({out['accountant'].upper()} "
+              f"accountant, client-level: one client's records added or removed)")
+    else:
+        print("privacy spent   not private (federated.private: false)")
+    if out.get("stopped"):
+        print(f"note            {out['stopped']}")
+    if "model_version" in out:
+        print(f"model           {out['model_name']} version {out['model_version']} (MLflow registry)")
+    print(f"MLflow          {tracking.run_url_hint(params, out['run_id'])}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from privpipe.config import ConfigError
@@ -242,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _stage(args)
             if args.command == "init-data":
                 return _init_data(args)
+            if args.command == "federated":
+                return _federated(args)
             if args.command in ("forget", "requests", "removals"):
                 return {"forget": _forget, "requests": _requests, "removals": _removals}[args.command](args)
             return _run(args)

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pathlib import Path
+
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from flows.client_map import mapped_client_updates
 from privpipe.config import load_params
 from privpipe.privacy import Ledger
 from tasks import tracking
@@ -24,7 +27,7 @@ from tasks.common import read_json
 from tasks.aggregate import aggregate_task, run_aggregate
 from tasks.dp_pca import dp_pca_task
 from tasks.evaluate import deployed_dir, evaluate_task
-from tasks.finetune import finetune_task, run_finetune, start_dir
+from tasks.finetune import finetune_task, log_finetune_outputs, run_finetune, start_dir
 from tasks.head import head_task, run_head
 from tasks.partition import partition_task, run_partition
 from tasks.prepare import prepare_task
@@ -91,7 +94,12 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
         else:  # switched-off stages replace their outputs with a note, as under dvc repro
             for run in (run_partition, run_teachers, run_aggregate, run_student):
                 run(params)
-        if params.finetune.enabled:
+        if params.finetune.enabled and params.finetune.mode == "federated":
+            # the rounds run here, in the flow, so each round's client updates are mapped tasks
+            out = run_finetune(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(pca["dir"]),
+                               start=start_dir(params), updates_for=mapped_client_updates)
+            log_finetune_outputs(params, run_id, out)
+        elif params.finetune.enabled:
             finetune_task(params, run_id, sensitive, test, pca["dir"], str(start_dir(params)))
         else:
             run_finetune(params)

@@ -31,6 +31,8 @@ __all__ = [
     "FinetuneConfig",
     "HeadConfig",
     "EvaluateConfig",
+    "FederatedConfig",
+    "TextConfig",
     "Params",
     "load_params",
     "parse_params",
@@ -48,6 +50,11 @@ AGGREGATORS = ("lnmax", "gnmax", "confident_gnmax")
 ANALYSES = ("data_dependent", "data_independent")
 TARGET_SOURCES = ("default", "usps", "svhn", "mnist_m")
 HEAD_FEATURES = ("model", "dp_pca", "raw")
+FINETUNE_MODES = ("dpsgd", "federated")
+SAMPLINGS = ("poisson", "fixed")
+SERVER_OPTIMIZERS = ("sgd", "adam")
+TEXT_FORMATS = ("auto", "jsonl", "csv", "20newsgroups")
+ENCODER_MODES = ("frozen", "lora")
 
 
 class ConfigError(ValueError):
@@ -147,6 +154,7 @@ class StudentConfig:
 @dataclass(frozen=True)
 class FinetuneConfig:
     enabled: bool = True
+    mode: str = "dpsgd"
     model: str = "mlp"
     hidden_units: tuple[int, ...] = (1000,)
     input_scale: float = 8.0
@@ -183,6 +191,53 @@ class EvaluateConfig:
 
 
 @dataclass(frozen=True)
+class FederatedConfig:
+    clients: int = 100
+    strategy: str = "iid"
+    alpha: float = 0.5
+    labels_per_shard: int = 2
+    min_records: int = 1
+    sampling: str = "poisson"
+    sample_rate: float = 0.1
+    rounds: int = 20
+    local_epochs: int = 1
+    local_batch_size: int = 16
+    local_learning_rate: float = 0.1
+    prox_mu: float = 0.0
+    private: bool = True
+    clip_norm: float = 1.0
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = 3.0
+    server_optimizer: str = "sgd"
+    server_learning_rate: float = 1.0
+    server_momentum: float = 0.0
+    server_beta1: float = 0.9
+    server_beta2: float = 0.99
+    server_epsilon: float = 0.001
+    epsilon_curve_points: int = 20
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    format: str = "auto"
+    path: str = "data/raw/texts.jsonl"
+    text_column: str = "text"
+    label_column: str = "label"
+    client_column: str | None = None
+    split_column: str | None = "split"
+    test_fraction: float = 0.2
+    download: bool = False
+    encoder: str | None = None
+    mode: str = "frozen"
+    max_length: int = 128
+    embed_batch_size: int = 64
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: str = "query,value"
+    model_name: str = "privpipe-text"
+
+
+@dataclass(frozen=True)
 class Params:
     run: RunConfig = field(default_factory=RunConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -195,6 +250,8 @@ class Params:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    federated: FederatedConfig = field(default_factory=FederatedConfig)
+    text: TextConfig = field(default_factory=TextConfig)
 
     def flat(self) -> dict[str, Any]:
         """All parameters as ``section.key`` → value (what MLflow records)."""
@@ -365,6 +422,9 @@ def _validate(p: Params) -> None:
         )
     _require(ft.epsilon_curve_points >= 2, "finetune.epsilon_curve_points", "must be >= 2")
     _validate_head(p)
+    _one_of(ft.mode, FINETUNE_MODES, "finetune.mode")
+    _validate_federated(p)
+    _validate_text(p)
     if ft.clipping == "per_layer":
         _require(ft.grad_sample_mode != "ghost", "finetune.clipping", "per_layer clipping is not supported with ghost clipping")
 
@@ -424,3 +484,52 @@ def _validate_head(p: Params) -> None:
     _require(0 < head.delta < 1, "head.delta", "must be in (0, 1)")
     _require(head.refresh_every >= 0, "head.refresh_every", "must be >= 0 (0 = only when the head is retrained)")
     _require(head.records_per_update >= 1, "head.records_per_update", "must be >= 1")
+
+
+def _validate_federated(p: Params) -> None:
+    fed = p.federated
+    _require(fed.clients >= 1, "federated.clients", "must be >= 1")
+    _one_of(fed.strategy, PARTITION_STRATEGIES, "federated.strategy")
+    _require(fed.alpha > 0, "federated.alpha", "must be > 0")
+    _require(fed.labels_per_shard >= 1, "federated.labels_per_shard", "must be >= 1")
+    _require(fed.min_records >= 0, "federated.min_records", "must be >= 0 (0: clients may hold no records; "
+             "they send a zero update)")
+    _one_of(fed.sampling, SAMPLINGS, "federated.sampling")
+    _require(0 < fed.sample_rate <= 1, "federated.sample_rate", "must be in (0, 1]")
+    for key in ("rounds", "local_epochs", "local_batch_size"):
+        _require(getattr(fed, key) >= 1, f"federated.{key}", "must be >= 1")
+    _require(fed.local_learning_rate > 0, "federated.local_learning_rate", "must be > 0")
+    _require(fed.prox_mu >= 0, "federated.prox_mu", "must be >= 0 (0 = FedAvg, > 0 = FedProx)")
+    _one_of(fed.server_optimizer, SERVER_OPTIMIZERS, "federated.server_optimizer")
+    _require(fed.server_learning_rate > 0, "federated.server_learning_rate", "must be > 0")
+    _require(0 <= fed.server_momentum < 1, "federated.server_momentum", "must be in [0, 1)")
+    for key in ("server_beta1", "server_beta2"):
+        _require(0 <= getattr(fed, key) < 1, f"federated.{key}", "must be in [0, 1)")
+    _require(fed.server_epsilon > 0, "federated.server_epsilon", "must be > 0")
+    _require(fed.epsilon_curve_points >= 2, "federated.epsilon_curve_points", "must be >= 2")
+    if fed.private:
+        # K is known here when clients are a partition; natural clients are checked once counted
+        _require(p.text.client_column is not None or p.privacy.delta * fed.clients < 1, "privacy.delta",
+                 f"{p.privacy.delta:g} is not below 1/K = {1 / fed.clients:.3g} for federated.clients = {fed.clients}: "
+                 "at that δ publishing one whole client's data would meet the guarantee (use δ ≪ 1/K)")
+        _require(fed.clip_norm > 0, "federated.clip_norm", "must be > 0 (it bounds each client's influence)")
+        _noise_or_epsilon("federated", fed.noise_multiplier, "target_epsilon", fed.target_epsilon)
+        if fed.target_epsilon is not None:
+            _require(fed.target_epsilon <= p.privacy.epsilon_budget, "federated.target_epsilon",
+                     f"exceeds privacy.epsilon_budget ({p.privacy.epsilon_budget})")
+    if p.finetune.enabled and p.finetune.mode == "federated":
+        _require(fed.private, "federated.private",
+                 "false would deploy a model with no privacy guarantee; the pipeline only releases private models "
+                 "(non-private baselines: privpipe federated, or bench/federated_text.py)")
+
+
+def _validate_text(p: Params) -> None:
+    text = p.text
+    _one_of(text.format, TEXT_FORMATS, "text.format")
+    _require(0 < text.test_fraction < 1, "text.test_fraction", "must be in (0, 1)")
+    _one_of(text.mode, ENCODER_MODES, "text.mode")
+    for key in ("max_length", "embed_batch_size", "lora_rank"):
+        _require(getattr(text, key) >= 1, f"text.{key}", "must be >= 1")
+    _require(text.lora_alpha > 0, "text.lora_alpha", "must be > 0")
+    _require(all(t.strip() for t in text.lora_targets.split(",")), "text.lora_targets",
+             "must be a comma-separated list of module names (e.g. query,value)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -27,8 +27,11 @@ from privpipe.privacy import Ledger, compute_epsilon
 from tasks import paths
 from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_json, write_text
 from tasks.dp_pca import calibrate_for, check_projection, load_ledger, load_projection
+from tasks.federated_clients import ClientJob
+from tasks.finetune_federated import run_finetune_federated
+from privpipe.federated import ClientUpdates
 
-__all__ = ["run_finetune", "finetune_task", "start_dir"]
+__all__ = ["run_finetune", "finetune_task", "start_dir", "log_finetune_outputs"]
 
 
 def start_dir(params: Params) -> Path:
@@ -38,13 +41,18 @@ def start_dir(params: Params) -> Path:
 
 def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
                  dp_pca_dir: Path = paths.DP_PCA, start: Path | None = None,
-                 out: Path = paths.FINETUNE) -> dict[str, Any]:
-    """DP-SGD from the student's weights (``start`` holds model.pt) or from scratch (``start`` = dp_pca_dir)."""
+                 out: Path = paths.FINETUNE,
+                 updates_for: Callable[[ClientJob], ClientUpdates] | None = None) -> dict[str, Any]:
+    """DP-SGD (or, with ``finetune.mode: federated``, DP-FedAvg: see tasks.finetune_federated) from the
+    student's weights (``start`` holds model.pt) or from scratch (``start`` = dp_pca_dir)."""
     if not params.finetune.enabled:
         return skip_stage("finetune", out, "finetune.enabled is false: the student is deployed")
+    start = Path(start if start is not None else start_dir(params))
+    if params.finetune.mode == "federated":
+        return run_finetune_federated(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir),
+                                      start=start, out=out, **({"updates_for": updates_for} if updates_for else {}))
     log = stage_logger("finetune")
     cfg = params.finetune
-    start = Path(start if start is not None else start_dir(params))
     ledger = load_ledger(start / "ledger.json", params)
     records = Records.load(sensitive)
     if cfg.lot_size > len(records):
@@ -117,11 +125,21 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
 @task(name="finetune", cache_policy=NO_CACHE)
 def finetune_task(params: Params, run_id: str, sensitive: str, test: str, dp_pca_dir: str,
                   start: str) -> dict[str, Any]:
-    from tasks import tracking
-
     out = run_finetune(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir),
                        start=Path(start))
-    history = read_json(Path(out["history"]))
-    tracking.log_finetune(params, run_id, out, Ledger.from_json(Path(out["ledger"]).read_text()),
-                          history["epochs"], history["epsilon_by_step"])
+    log_finetune_outputs(params, run_id, out)
     return out
+
+
+def log_finetune_outputs(params: Params, run_id: str, out: dict[str, Any]) -> None:
+    """MLflow: DP-SGD's per-epoch curves, or federated rounds' per-round ones."""
+    from tasks import tracking
+    from tasks.federated_tracking import log_rounds
+
+    history = read_json(Path(out["history"]))
+    ledger = Ledger.from_json(Path(out["ledger"]).read_text())
+    if history.get("mode") == "federated":
+        log_rounds(params, run_id, "finetune", history, ledger, sampling=out["sampling"])
+        tracking.log_stage_figures(params, run_id, "finetune", {k: v for k, v in out.items() if k != "stopped"})
+    else:
+        tracking.log_finetune(params, run_id, out, ledger, history["epochs"], history["epsilon_by_step"])

@@ -19,6 +19,10 @@ PRIVATE = Path("artifacts/private")  # data-dependent values that must not be pu
 FINETUNE = Path("artifacts/finetune")
 HEAD = Path("artifacts/head")  # the removal-enabled head: trained by the pipeline, updated by removal runs
 REQUESTS = Path("data/requests")  # the deletion-request journal (append-only)
+TEXT = Path("artifacts/text")  # the federated text flow's prepared corpus and client assignment
+TEXT_FEATURES = Path("artifacts/text_features")  # embeddings (frozen encoder) or token ids (LoRA)
+FEDERATED = Path("artifacts/federated")  # the federated text model, its history and ledger
+EMBEDDING_CACHE = Path("artifacts/cache/embeddings")  # frozen-encoder embeddings, keyed by encoder and texts
 METRICS = Path("metrics")
 DEFAULT_DIGITS_CSV = Path("data/raw/digits.csv")
 

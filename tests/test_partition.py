@@ -116,7 +116,7 @@ def test_too_many_shards_names_shards():
     ({"alpha": 0.0}, "alpha"),
     ({"alpha": -1.0}, "alpha"),
     ({"seed": -1}, "seed"),
-    ({"min_records": 0}, "min_records"),
+    ({"min_records": -1}, "min_records"),
     ({"strategy": "random"}, "strategy"),
     ({"strategy": "label_shards", "labels_per_shard": 0}, "labels_per_shard"),
     ({"strategy": "label_shards", "labels_per_shard": 11}, "labels_per_shard"),
@@ -164,3 +164,9 @@ def test_dirichlet_shares_follow_the_dirichlet_law():
                                                alpha=100.0, classes=CLASSES), minlength=shards) / n
                      for seed in range(20)])
     assert flat.var() < shares.var() / 20
+
+
+def test_min_records_zero_allows_empty_shards():
+    ids, labels = make_set(30)
+    assignment = assign(ids, labels, "iid", shards=100, min_records=0)
+    assert len(np.unique(assignment)) < 100  # some clients hold nothing, and that is allowed

@@ -109,8 +109,8 @@ def _check_arguments(ids: np.ndarray, labels: np.ndarray, *, shards: int, strate
         raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
     if not alpha > 0:
         raise ValueError(f"alpha: must be > 0, got {alpha!r}")
-    if int(min_records) != min_records or min_records < 1:
-        raise ValueError(f"min_records: must be an integer >= 1, got {min_records!r}")
+    if int(min_records) != min_records or min_records < 0:
+        raise ValueError(f"min_records: must be an integer >= 0 (0: empty shards allowed), got {min_records!r}")
     if ids.ndim != 1 or labels.shape != ids.shape:
         raise ValueError(f"ids and labels must be 1-D of one length, got shapes {ids.shape} and {labels.shape}")
     if len(labels) and not np.issubdtype(labels.dtype, np.integer):

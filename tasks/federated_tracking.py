@@ -1,0 +1,36 @@
+"""MLflow curves of a federated training stage (step = round).
+
+``<stage>.accuracy_test``, ``<stage>.clients_sampled``, ``<stage>.clients_dropped`` per
+round, ``privacy.<stage>.epsilon_by_round`` (the run's total ε after that round, by the
+ledger's accountant), and the privacy totals with the ledger.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlflow.entities import Metric
+
+from privpipe.config import Params
+from privpipe.privacy import Ledger
+from tasks.tracking import _client, _now_ms, log_privacy
+
+__all__ = ["log_rounds"]
+
+
+def log_rounds(params: Params, run_id: str, stage: str, history: dict[str, Any], ledger: Ledger | None,
+               *, sampling: str) -> None:
+    client = _client(params)
+    stamp = _now_ms()
+    metrics = [Metric(f"{stage}.{k}", float(v), stamp, int(record["round"]))
+               for record in history["rounds"] for k, v in record.items() if k != "round"]
+    metrics += [Metric(f"privacy.{stage}.epsilon_by_round", c["epsilon"], stamp, int(c["round"]))
+                for c in history["epsilon_by_round"]]
+    for i in range(0, len(metrics), 500):
+        client.log_batch(run_id, metrics=metrics[i:i + 500])
+    client.set_tag(run_id, f"{stage}.sampling", sampling)
+    client.set_tag(run_id, f"privacy.{stage}.adjacency", "client (add or remove all of one client's records)")
+    if history.get("stopped"):
+        client.set_tag(run_id, f"{stage}.stopped", history["stopped"])
+    if ledger is not None:
+        log_privacy(params, run_id, ledger)

@@ -1,0 +1,121 @@
+"""DP-FedAvg wired to params.yaml: the clients, σ, the noise source, the round loop, the ε curve.
+
+Shared by the pipeline's finetune stage (``finetune.mode: federated``) and the federated
+text flow. ``updates_for(job)`` gives the client updates: mapped Prefect tasks in a flow
+(flows.client_map), a plain loop otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable
+
+import numpy as np
+
+from privpipe.config import ConfigError, Params
+from privpipe.data.partition import assign_shards
+from privpipe.federated import ClientUpdates, FedAvgConfig, FedAvgResult, check_client_delta, epsilon_curve, run_fedavg
+from privpipe.privacy import Ledger, NoiseSource
+from tasks.common import seed_for
+from tasks.dp_pca import calibrate_for
+from tasks.federated_clients import ClientJob, sequential_updates
+
+__all__ = ["assign_clients", "fedavg_config", "train_federated", "FederatedRun"]
+
+
+def assign_clients(params: Params, *, ids: np.ndarray, labels: np.ndarray, classes: int,
+                   natural: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """Each record's client and the client count K.
+
+    Natural clients (a client column) are numbered in sorted order and K is their number,
+    taken as public (the population size a service would publish). Otherwise the sensitive
+    set is split into ``federated.clients`` shards by ``federated.strategy``, with the keyed
+    per-record assignment of the partition stage (one record never moves another).
+    """
+    if natural is not None:
+        names, assignment = np.unique(natural, return_inverse=True)
+        return assignment.astype(np.int64), len(names)
+    fed = params.federated
+    try:
+        assignment = assign_shards(ids, labels, shards=fed.clients, strategy=fed.strategy, seed=params.run.seed,
+                                   alpha=fed.alpha, labels_per_shard=fed.labels_per_shard,
+                                   min_records=fed.min_records, classes=classes)
+    except ValueError as exc:
+        key = str(exc).split(":", 1)[0]
+        key = {"shards": "clients", "min_records": "min_records"}.get(key, key)
+        raise ConfigError(f"federated.{key}: {str(exc).split(':', 1)[1].strip()}") from None
+    return assignment, fed.clients
+
+
+def fedavg_config(params: Params, *, clients: int) -> FedAvgConfig:
+    fed = params.federated
+    return FedAvgConfig(clients=clients, rounds=fed.rounds, sample_rate=fed.sample_rate, sampling=fed.sampling,
+                        private=fed.private, clip_norm=fed.clip_norm,
+                        noise_multiplier=fed.noise_multiplier if fed.noise_multiplier is not None else 1.0,
+                        server_optimizer=fed.server_optimizer, server_learning_rate=fed.server_learning_rate,
+                        server_momentum=fed.server_momentum, server_beta1=fed.server_beta1,
+                        server_beta2=fed.server_beta2, server_epsilon=fed.server_epsilon)
+
+
+@dataclasses.dataclass
+class FederatedRun:
+    result: FedAvgResult
+    config: FedAvgConfig
+    curve: list[dict[str, float]]  # total ε after round r (private runs)
+
+    def figures(self) -> dict[str, Any]:
+        figures = {"clients": self.config.clients, "rounds": self.result.rounds_run,
+                   "rounds_planned": self.config.rounds, "sample_rate": self.config.sample_rate,
+                   "sampling": self.config.sampling, "private": self.config.private,
+                   "clients_sampled_total": int(sum(h["clients_sampled"] for h in self.result.history)),
+                   "clients_dropped_total": int(sum(h["clients_dropped"] for h in self.result.history))}
+        if self.config.private:
+            figures.update(noise_multiplier=self.config.noise_multiplier, clip_norm=self.config.clip_norm)
+        if self.result.stopped:
+            figures["stopped"] = self.result.stopped
+        return figures
+
+
+def train_federated(params: Params, job: ClientJob, *, initial: np.ndarray, ledger: Ledger, stage: str,
+                    log: logging.Logger | logging.LoggerAdapter,
+                    updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates,
+                    evaluate: Callable[[np.ndarray], dict[str, float]] | None = None) -> FederatedRun:
+    """Check δ against K, fix σ (given, or calibrated so the run's total after all rounds is at most
+    ``federated.target_epsilon``), run the rounds and record them in ``ledger``."""
+    fed = params.federated
+    config = fedavg_config(params, clients=job.data.clients)
+    if fed.private:
+        try:
+            warning = check_client_delta(delta=ledger.delta, clients=config.clients)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if warning:
+            log.warning("%s: %s", stage, warning)
+        if fed.noise_multiplier is None:
+            sigma = calibrate_for(ledger, lambda noise_multiplier: config.event(fed.rounds, stage=stage,
+                                                                               noise_multiplier=noise_multiplier),
+                                  target_epsilon=fed.target_epsilon, key="federated.target_epsilon")
+            config = dataclasses.replace(config, noise_multiplier=sigma)
+            log.info("%s: z = %.4g reaches total ε ≤ %g after %d rounds", stage, sigma, fed.target_epsilon,
+                     fed.rounds)
+        log.info("%s: K = %d clients, %s sampling at q = %g, clip S = %g, noise z = %.4g; %s", stage,
+                 config.clients, config.sampling, config.sample_rate, config.clip_norm, config.noise_multiplier,
+                 "amplified by subsampling" if config.sampling == "poisson" else "accounted without amplification")
+    else:
+        log.warning("%s: federated.private is false: no clipping, no noise, no privacy guarantee", stage)
+    noise = NoiseSource(seed=seed_for(params.run.seed, "federated"), secure=params.privacy.secure_rng)
+
+    def report(record: dict[str, float]) -> None:
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k.startswith("accuracy"))
+        log.info("%s: round %d/%d, %d clients (%d dropped)%s", stage, record["round"], config.rounds,
+                 record["clients_sampled"], record["clients_dropped"], f", {shown}" if shown else "")
+
+    result = run_fedavg(initial, config=config, client_updates=updates_for(job),
+                        noise=noise, ledger=ledger if fed.private else None, stage=stage, evaluate=evaluate,
+                        on_round=report)
+    if result.stopped:
+        log.warning(result.stopped)
+    curve = (epsilon_curve(ledger, config, rounds=result.rounds_run, points=fed.epsilon_curve_points, stage=stage)
+             if fed.private and result.rounds_run else [])
+    return FederatedRun(result=result, config=config, curve=curve)

@@ -1,0 +1,118 @@
+"""finetune, ``mode: federated``: DP-FedAvg with client-level DP on the sensitive set's clients.
+
+The sensitive records are split into ``federated.clients`` clients (``federated.strategy``,
+the partition stage's keyed assignment), and the deployed network (from the student when
+PATE ran, else fresh) is trained by federated rounds on the projected features. The
+rounds' event joins the run's ledger: a client-level bound is also a record-level one, so
+it composes with the other stages'. Output is the same as DP-SGD's (artifacts/finetune/),
+with the per-round history in place of the per-epoch one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from privpipe.config import ConfigError, Params
+from privpipe.data import DATASET_CLASSES, Records
+from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainable_vector
+from privpipe.models import front_layers, load_released, make_network, released_model, save_released
+from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
+from tasks.dp_pca import check_projection, load_ledger, load_projection
+from tasks.federated_clients import ClientData, ClientJob, ModelSpec, forget_arrays, sequential_updates
+from tasks.federated_training import assign_clients, train_federated
+from tasks import paths
+
+__all__ = ["run_finetune_federated"]
+
+
+def _apply(front: torch.nn.Module, features: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return front(torch.as_tensor(features)).numpy()
+
+
+def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pca_dir: Path, start: Path,
+                           out: Path, updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates
+                           ) -> dict[str, Any]:
+    log = stage_logger("finetune")
+    cfg = params.finetune
+    ledger = load_ledger(start / "ledger.json", params)
+    records = Records.load(sensitive)
+    projection = load_projection(dp_pca_dir)
+    if cfg.model == "cnn" and projection is not None:
+        raise ConfigError("finetune.model: cnn trains on raw pixels; set dp_pca.enabled: false")
+    front = torch.nn.Sequential(*front_layers(cfg.model, projection, input_scale=cfg.input_scale))
+    classes = DATASET_CLASSES[params.prepare.dataset]
+    assignment, clients = assign_clients(params, ids=records.ids, labels=records.labels, classes=classes)
+
+    # the clients' data as files the client tasks map (scratch: removed when the stage ends)
+    work = out.with_name(f".{out.name}.clients")
+    work.mkdir(parents=True, exist_ok=True)
+    features = _apply(front, records.features)
+    np.save(work / "features.npy", features)
+    np.save(work / "labels.npy", records.labels)
+    np.save(work / "assignment.npy", assignment)
+    forget_arrays()
+    spec = ModelSpec(kind="network", network=cfg.model, in_features=int(np.prod(features.shape[1:])),
+                     hidden_units=tuple(cfg.hidden_units), classes=classes)
+    fed = params.federated
+    job = ClientJob(model=spec, data=ClientData(inputs=(str(work / "features.npy"),), labels=str(work / "labels.npy"),
+                                                assignment=str(work / "assignment.npy"), clients=clients),
+                    local=LocalConfig(epochs=fed.local_epochs, batch_size=fed.local_batch_size,
+                                      learning_rate=fed.local_learning_rate, prox_mu=fed.prox_mu),
+                    seed=params.run.seed)
+
+    if (start / "model.pt").exists():
+        check_projection(read_json(start / "model.json").get("dp_pca_digest", ""), dp_pca_dir,
+                         source=start, rerun="student")
+        network = load_released(start)[-1]
+        log.info("finetune: federated, starting from the student in %s", start)
+    else:
+        try:
+            network = make_network(cfg.model, in_features=spec.in_features, hidden_units=cfg.hidden_units,
+                                   classes=classes)
+        except ValueError as exc:
+            raise ConfigError(f"finetune.model: {exc}") from None
+    test_records = Records.load(test)
+    test_features = torch.as_tensor(_apply(front, test_records.features))
+
+    def evaluate(weights: np.ndarray) -> dict[str, float]:
+        load_vector(network, weights)
+        with torch.no_grad():
+            predicted = network(test_features).argmax(1).numpy()
+        return {"accuracy_test": float((predicted == test_records.labels).mean())}
+
+    try:
+        run = train_federated(params, job, initial=trainable_vector(network), ledger=ledger, stage="finetune",
+                              log=log, updates_for=updates_for, evaluate=evaluate)
+    finally:
+        forget_arrays()
+        for file in work.iterdir():
+            file.unlink()
+        work.rmdir()
+    if not run.result.rounds_run:
+        raise ConfigError(f"federated: no round fits the budget ({run.result.stopped})")
+    load_vector(network, run.result.weights)
+    model = released_model(network, projection, input_scale=cfg.input_scale, kind=cfg.model)
+    model_spec = {"model": cfg.model, "input_dim": int(records.features.shape[1]),
+                  "projection_dim": None if projection is None else int(projection.shape[1]),
+                  "hidden_units": list(cfg.hidden_units), "classes": classes, "input_scale": cfg.input_scale,
+                  "mode": "federated"}
+    curve = [{"step": c["round"], "epsilon": c["epsilon"]} for c in run.curve]
+    with staged_dir(out) as staging:
+        save_released(model, staging, spec=model_spec)
+        write_json(staging / "history.json", {"mode": "federated", "rounds": run.result.history,
+                                              "epsilon_by_round": run.curve, "epsilon_by_step": curve,
+                                              "stopped": run.result.stopped})
+        write_text(staging / "ledger.json", ledger.to_json())
+    spend = ledger.stage_epsilon("finetune")
+    figures = {**{k: v for k, v in run.figures().items() if k not in ("private", "stopped")}, "mode": "federated",
+               "epsilon": spend.epsilon, "accuracy_test_last_round": run.result.history[-1]["accuracy_test"]}
+    write_json(paths.metrics_file("finetune"), figures)
+    log.info("finetune: federated done, %d rounds, stage %s; run total %s", run.result.rounds_run, spend,
+             ledger.epsilon())
+    return {"model_dir": str(out), "ledger": str(out / "ledger.json"), "history": str(out / "history.json"),
+            **figures, "stopped": run.result.stopped}

@@ -1,0 +1,88 @@
+"""encode (text): what the clients train on — cached sentence embeddings (``text.mode: frozen``)
+or token ids for the LoRA-adapted encoder (``text.mode: lora``).
+
+Embeddings are cached under artifacts/cache/embeddings/ by a key over the encoder's files,
+the truncation length and the texts, so rounds (and later runs on the same data version)
+never re-encode, and a new data version or encoder never reuses stale vectors.
+Output: artifacts/text_features/{train_*.npy, test_*.npy, meta.json}.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from privpipe.config import Params
+from privpipe.text import embed, embedding_key, encoder_digest, encoder_dir, load_encoder, tokenize
+from tasks import paths
+from tasks.common import stage_logger, staged_dir, write_json
+from tasks.text_prepare import load_split
+
+__all__ = ["run_text_features", "text_features_task", "input_names"]
+
+
+def input_names(mode: str) -> tuple[str, ...]:
+    """The per-record arrays the model takes, in argument order."""
+    return ("embeddings",) if mode == "frozen" else ("input_ids", "attention_mask")
+
+
+def _save_atomic(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy")
+    os.close(fd)
+    np.save(tmp, array)
+    os.replace(tmp, path)
+
+
+def _cached_embeddings(model, tokenizer, texts: list[str], *, digest: str, params: Params,
+                       cache: Path) -> tuple[np.ndarray, bool]:
+    key = embedding_key(encoder=digest, max_length=params.text.max_length, texts=texts)
+    file = cache / f"{key}.npy"
+    if file.exists():
+        return np.load(file), True
+    vectors = embed(model, tokenizer, texts, max_length=params.text.max_length,
+                    batch_size=params.text.embed_batch_size)
+    _save_atomic(file, vectors)
+    return vectors, False
+
+
+def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path = paths.TEXT_FEATURES,
+                      cache: Path = paths.EMBEDDING_CACHE) -> dict[str, Any]:
+    log = stage_logger("encode")
+    folder = encoder_dir(params.text.encoder)
+    digest = encoder_digest(folder)
+    model, tokenizer = load_encoder(folder)
+    meta: dict[str, Any] = {"mode": params.text.mode, "encoder": str(folder), "encoder_digest": digest,
+                            "max_length": params.text.max_length,
+                            "hidden_size": int(model.config.hidden_size)}
+    with staged_dir(out) as staging:
+        for split in ("train", "test"):
+            texts, _ = load_split(text_dir, split)
+            if params.text.mode == "frozen":
+                vectors, hit = _cached_embeddings(model, tokenizer, texts, digest=digest, params=params, cache=cache)
+                np.save(staging / f"{split}_embeddings.npy", vectors)
+                meta[f"{split}_cached"] = hit
+                log.info("encode: %s, %d texts %s", split, len(texts), "from the cache" if hit else "encoded")
+            else:
+                ids, mask = tokenize(tokenizer, texts, max_length=params.text.max_length)
+                np.save(staging / f"{split}_input_ids.npy", ids)
+                np.save(staging / f"{split}_attention_mask.npy", mask)
+            shutil.copyfile(Path(text_dir) / f"{split}_labels.npy", staging / f"{split}_labels.npy")
+        write_json(staging / "meta.json", meta)
+    return {"dir": str(out), **meta}
+
+
+@task(name="encode", cache_policy=NO_CACHE)
+def text_features_task(params: Params, run_id: str, text_dir: str) -> dict[str, Any]:
+    from tasks import text_tracking
+
+    out = run_text_features(params, text_dir=Path(text_dir))
+    text_tracking.log_text_features(params, run_id, out)
+    return out

@@ -1,0 +1,112 @@
+"""federated (text): DP-FedAvg of the text classifier over the clients, then its test accuracy.
+
+Runs the rounds (the flow passes mapped Prefect tasks as ``updates_for``; the default is
+a plain loop), evaluates the global model on the test set after every round, and writes
+artifacts/federated/{weights.npy, spec.json, history.json, ledger.json}. The saved model is
+the trainable vector plus the spec that rebuilds its architecture (the head alone, or the
+LoRA adapters and head over the named encoder).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from privpipe.config import Params
+from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainable_vector
+from privpipe.privacy import Ledger
+from tasks import paths
+from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
+from tasks.federated_clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays, sequential_updates
+from tasks.federated_training import train_federated
+from tasks.text_features import input_names
+
+__all__ = ["run_federated_text", "client_job", "load_text_model", "predict_batches"]
+
+STAGE = "federated"
+EVAL_BATCH = 256
+
+
+def client_job(params: Params, *, text_dir: Path, features_dir: Path) -> ClientJob:
+    meta = read_json(Path(text_dir) / "meta.json")
+    features = read_json(Path(features_dir) / "meta.json")
+    names = input_names(params.text.mode)
+    if params.text.mode == "frozen":
+        spec = ModelSpec(kind="linear", classes=len(meta["classes"]), in_features=features["hidden_size"])
+    else:
+        spec = ModelSpec(kind="lora", classes=len(meta["classes"]), encoder=features["encoder"],
+                         lora_rank=params.text.lora_rank, lora_alpha=params.text.lora_alpha,
+                         lora_targets=tuple(t.strip() for t in params.text.lora_targets.split(",")))
+    fed = params.federated
+    data = ClientData(inputs=tuple(str(Path(features_dir) / f"train_{n}.npy") for n in names),
+                      labels=str(Path(features_dir) / "train_labels.npy"),
+                      assignment=str(Path(text_dir) / "assignment.npy"), clients=int(meta["clients"]))
+    local = LocalConfig(epochs=fed.local_epochs, batch_size=fed.local_batch_size,
+                        learning_rate=fed.local_learning_rate, prox_mu=fed.prox_mu)
+    return ClientJob(model=spec, data=data, local=local, seed=params.run.seed)
+
+
+def predict_batches(model: torch.nn.Module, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for begin in range(0, len(inputs[0]), EVAL_BATCH):
+            out.append(model(*(torch.as_tensor(a[begin:begin + EVAL_BATCH]) for a in inputs)).argmax(1).numpy())
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_dir: Path = paths.TEXT_FEATURES,
+                       out: Path = paths.FEDERATED,
+                       updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates) -> dict[str, Any]:
+    log = stage_logger(STAGE)
+    forget_arrays()  # files of an earlier run in this process may have been rewritten
+    job = client_job(params, text_dir=text_dir, features_dir=features_dir)
+    ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
+                    accountant=params.privacy.accountant)
+    model = build_model(job.model)  # the server's copy: initial weights and evaluation
+    test_inputs = tuple(np.load(Path(features_dir) / f"test_{n}.npy") for n in input_names(params.text.mode))
+    test_labels = np.load(Path(features_dir) / "test_labels.npy")
+
+    def evaluate(weights: np.ndarray) -> dict[str, float]:
+        load_vector(model, weights)
+        return {"accuracy_test": float((predict_batches(model, test_inputs) == test_labels).mean())}
+
+    run = train_federated(params, job, initial=trainable_vector(model), ledger=ledger, stage=STAGE, log=log,
+                          updates_for=updates_for, evaluate=evaluate)
+    meta, features = read_json(Path(text_dir) / "meta.json"), read_json(Path(features_dir) / "meta.json")
+    spec = {"model": dataclasses.asdict(job.model), "classes": meta["classes"], "mode": params.text.mode,
+            "max_length": params.text.max_length, "encoder_digest": features["encoder_digest"],
+            "data_version": meta["data_version"], "private": params.federated.private}
+    final = run.result.history[-1] if run.result.history else evaluate(run.result.weights)
+    with staged_dir(out) as staging:
+        np.save(staging / "weights.npy", run.result.weights)
+        write_json(staging / "spec.json", spec)
+        write_json(staging / "history.json", {"rounds": run.result.history, "epsilon_by_round": run.curve,
+                                              "stopped": run.result.stopped})
+        write_text(staging / "ledger.json", ledger.to_json())
+    figures = {**run.figures(), "accuracy_test": final["accuracy_test"]}
+    if params.federated.private:
+        spend = ledger.epsilon()
+        figures.update(epsilon=spend.epsilon, delta=spend.delta, accountant=spend.accountant)
+        log.info("federated: test accuracy %.4f after %d rounds; %s (client-level)", final["accuracy_test"],
+                 run.result.rounds_run, spend)
+    else:
+        log.info("federated: test accuracy %.4f after %d rounds (not private)", final["accuracy_test"],
+                 run.result.rounds_run)
+    return {"dir": str(out), "ledger": str(out / "ledger.json"), "history": str(out / "history.json"), **figures}
+
+
+def load_text_model(model_dir: Path, encoder: Path | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Rebuild a saved federated text model (``encoder`` overrides the folder the spec names)."""
+    spec = read_json(Path(model_dir) / "spec.json")
+    fields = dict(spec["model"], hidden_units=tuple(spec["model"]["hidden_units"]),
+                  lora_targets=tuple(spec["model"]["lora_targets"]))
+    if encoder is not None:
+        fields["encoder"] = str(encoder)
+    model = build_model(ModelSpec(**fields))
+    load_vector(model, np.load(Path(model_dir) / "weights.npy"))
+    return model.eval(), spec

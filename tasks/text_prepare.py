@@ -1,0 +1,73 @@
+"""prepare (text): read the labelled texts, split train/test, assign the training records to clients.
+
+Output: artifacts/text/{train_texts.json, train_labels.npy, train_ids.npy, test_texts.json,
+test_labels.npy, test_ids.npy, assignment.npy, meta.json}. The training set is the
+sensitive one; its clients are natural (``text.client_column``) or a partition of it
+(``federated.clients``, ``federated.strategy``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from privpipe.config import Params
+from privpipe.text import load_corpus
+from tasks import paths
+from tasks.common import read_json, stage_logger, staged_dir, write_json
+from tasks.federated_training import assign_clients
+from tasks.versioning import data_version
+
+__all__ = ["run_prepare_text", "prepare_text_task", "load_split"]
+
+
+def _version(params: Params, texts: list[str]) -> str:
+    if params.text.format == "20newsgroups":
+        digest = hashlib.md5("\n".join(texts).encode()).hexdigest()
+        return f"20newsgroups:{digest}"
+    return data_version([Path(params.text.path)])
+
+
+def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> dict[str, Any]:
+    log = stage_logger("prepare_text")
+    cfg = params.text
+    corpus = load_corpus(cfg.path, format=cfg.format, text_column=cfg.text_column, label_column=cfg.label_column,
+                         client_column=cfg.client_column, split_column=cfg.split_column,
+                         test_fraction=cfg.test_fraction, seed=params.run.seed, download=cfg.download)
+    assignment, clients = assign_clients(params, ids=corpus.train.ids, labels=corpus.train.labels,
+                                         classes=len(corpus.classes), natural=corpus.train.clients)
+    sizes = np.bincount(assignment, minlength=clients)
+    meta = {"classes": list(corpus.classes), "clients": int(clients), "source": corpus.source,
+            "natural_clients": corpus.train.clients is not None,
+            "data_version": _version(params, corpus.train.texts + corpus.test.texts),
+            "n_train": len(corpus.train), "n_test": len(corpus.test),
+            "records_per_client_min": int(sizes.min()), "records_per_client_median": float(np.median(sizes))}
+    with staged_dir(out) as staging:
+        for name, part in (("train", corpus.train), ("test", corpus.test)):
+            write_json(staging / f"{name}_texts.json", part.texts)
+            np.save(staging / f"{name}_labels.npy", part.labels)
+            np.save(staging / f"{name}_ids.npy", part.ids.astype(str))
+        np.save(staging / "assignment.npy", assignment)
+        write_json(staging / "meta.json", meta)
+    log.info("prepare_text: %d train / %d test texts, %d classes, %d clients (%s; median %.0f records each)",
+             meta["n_train"], meta["n_test"], len(corpus.classes), clients,
+             "natural" if meta["natural_clients"] else params.federated.strategy, meta["records_per_client_median"])
+    return {"dir": str(out), **meta}
+
+
+def load_split(folder: Path, split: str) -> tuple[list[str], np.ndarray]:
+    return read_json(Path(folder) / f"{split}_texts.json"), np.load(Path(folder) / f"{split}_labels.npy")
+
+
+@task(name="prepare-text", cache_policy=NO_CACHE)
+def prepare_text_task(params: Params, run_id: str) -> dict[str, Any]:
+    from tasks import text_tracking
+
+    out = run_prepare_text(params)
+    text_tracking.log_text_prepare(params, run_id, out)
+    return out

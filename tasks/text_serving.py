@@ -1,0 +1,39 @@
+"""The registered federated text model: text in, class name out (an MLflow pyfunc).
+
+Bundles the encoder folder, the trained weights and the spec, so the registered version
+serves on its own: ``mlflow.pyfunc.load_model("models:/privpipe-text/1").predict(["..."])``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import torch
+
+__all__ = ["FederatedTextClassifier"]
+
+
+class FederatedTextClassifier(mlflow.pyfunc.PythonModel):
+    def load_context(self, context) -> None:
+        from privpipe.text import load_encoder
+        from tasks.text_federated import load_text_model
+
+        encoder = Path(context.artifacts["encoder"])
+        self.model, self.spec = load_text_model(Path(context.artifacts["model"]), encoder=encoder)
+        self.encoder, self.tokenizer = load_encoder(encoder)
+
+    def predict(self, context, model_input, params=None) -> list[str]:
+        from privpipe.text import embed, tokenize
+        from tasks.text_federated import predict_batches
+
+        texts = list(model_input.iloc[:, 0]) if hasattr(model_input, "iloc") else list(model_input)
+        if self.spec["mode"] == "frozen":
+            inputs = (embed(self.encoder, self.tokenizer, texts, max_length=self.spec["max_length"],
+                            batch_size=64),)
+        else:
+            inputs = tokenize(self.tokenizer, texts, max_length=self.spec["max_length"])
+        with torch.no_grad():
+            labels = predict_batches(self.model, tuple(np.asarray(a) for a in inputs))
+        return [self.spec["classes"][int(k)] for k in labels]

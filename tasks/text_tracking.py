@@ -1,0 +1,80 @@
+"""MLflow recording for the federated text flow: data, per-round curves (tasks.federated_tracking),
+privacy, and the registered text-in, label-out model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import torch
+
+from privpipe.config import Params
+from privpipe.privacy import Ledger
+from tasks.common import read_json
+from tasks.federated_tracking import log_rounds
+from tasks.tracking import _client, _metrics, log_stage_figures
+
+__all__ = ["log_text_prepare", "log_text_features", "log_federated", "register_text_model"]
+
+
+def log_text_prepare(params: Params, run_id: str, out: dict[str, Any]) -> None:
+    client = _client(params)
+    client.set_tag(run_id, "dvc.data_version", out["data_version"])
+    client.set_tag(run_id, "text.source", out["source"])
+    _metrics(client, run_id, {"data.n_train": out["n_train"], "data.n_test": out["n_test"],
+                              "data.classes": len(out["classes"]), "federated.clients": out["clients"]})
+
+
+def log_text_features(params: Params, run_id: str, out: dict[str, Any]) -> None:
+    client = _client(params)
+    client.set_tag(run_id, "text.encoder_digest", out["encoder_digest"])
+    client.set_tag(run_id, "text.encoder", out["encoder"])
+
+
+def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
+    client = _client(params)
+    ledger = Ledger.from_json(Path(out["ledger"]).read_text()) if params.federated.private else None
+    log_rounds(params, run_id, "federated", read_json(Path(out["history"])), ledger, sampling=out["sampling"])
+    # the final accuracy is the last point of the federated.accuracy_test curve; the run's headline is accuracy.test
+    log_stage_figures(params, run_id, "federated", {k: v for k, v in out.items()
+                                                    if k not in ("history", "stopped", "accuracy_test")})
+    _metrics(client, run_id, {"accuracy.test": out["accuracy_test"]})
+    client.set_tag(run_id, "privacy.private", str(params.federated.private).lower())
+    client.set_tag(run_id, "privacy.not_covered",
+                   "federated.clients_dropped counts clients whose update failed; it is not covered by ε")
+
+
+def register_text_model(params: Params, run_id: str, out: dict[str, Any], encoder: str) -> dict[str, Any]:
+    """Log the text-in, label-out model (encoder bundled) and register it with its privacy tags."""
+    from tasks.text_serving import FederatedTextClassifier
+
+    client = _client(params)
+    if params.federated.private:
+        tags = {"privacy.epsilon": f"{out['epsilon']:.6g}", "privacy.delta": f"{out['delta']:g}",
+                "privacy.accountant": out["accountant"], "privacy.adjacency": "client"}
+    else:
+        tags = {"privacy.epsilon": "inf", "privacy.private": "false"}
+    import transformers
+
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=FederatedTextClassifier(),
+            artifacts={"model": str(Path(out["dir"]).resolve()), "encoder": str(Path(encoder).resolve())},
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}",
+                              f"transformers=={transformers.__version__}", "privpipe"],
+            tags=tags,
+        )
+    client.update_run(run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
+    registered: dict[str, Any] = {"model_uri": info.model_uri}
+    if params.evaluate.register_model:
+        run = client.get_run(run_id)
+        version = mlflow.register_model(info.model_uri, params.text.model_name, tags={
+            **tags, "dvc.data_version": run.data.tags.get("dvc.data_version", "unknown"),
+            "git.commit": run.data.tags.get("git.commit", "unknown"), "mlflow.run_id": run_id,
+            "text.encoder_digest": run.data.tags.get("text.encoder_digest", "unknown"),
+        })
+        registered.update(model_name=version.name, model_version=str(version.version))
+        client.set_tag(run_id, "registered_model", f"{version.name}/{version.version}")
+    return registered

@@ -1,0 +1,147 @@
+"""The federated text flow end to end on a tiny corpus with a tiny random encoder, plus its parts:
+the corpus loader, the embedding cache, LoRA mode, and the client-level δ check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from conftest import write_params
+from privpipe.config import ConfigError, load_params
+from privpipe.data import DataError
+from privpipe.federated import trainable_vector
+from privpipe.privacy import Ledger
+from privpipe.text import load_corpus, load_encoder
+from tasks.text_features import run_text_features
+from tasks.text_federated import load_text_model, run_federated_text
+from tasks.text_prepare import run_prepare_text
+from text_fixtures import write_corpus, write_tiny_encoder
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+FEDERATED = {"clients": 10, "rounds": 3, "sample_rate": 0.5, "local_epochs": 2, "local_batch_size": 8,
+             "local_learning_rate": 0.5, "target_epsilon": 3.0, "noise_multiplier": None}
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory) -> Path:
+    return write_tiny_encoder(tmp_path_factory.mktemp("encoder") / "tiny-bert")
+
+
+def text_project(project: Path, encoder: Path, **sections) -> object:
+    write_corpus(project / "texts.jsonl")
+    text = {"path": "texts.jsonl", "encoder": str(encoder), "max_length": 16} | sections.pop("text", {})
+    write_params(project, text=text, federated=FEDERATED | sections.pop("federated", {}), **sections)
+    return load_params("params.yaml")
+
+
+def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefect_harness):
+    from flows.federated import federated_text
+
+    text_project(project, encoder)
+    out = federated_text(params_file="params.yaml")
+    ledger = Ledger.from_json((project / "artifacts/federated/ledger.json").read_text())
+    spend = ledger.epsilon()
+    assert out["epsilon"] == pytest.approx(spend.epsilon) and spend.epsilon <= 3.0
+    assert ledger.events[0].to_dict() | {} == {"mechanism": "poisson_gaussian", "stage": "federated",
+                                               "noise_multiplier": out["noise_multiplier"], "sample_rate": 0.5,
+                                               "steps": 3}
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    run = client.get_run(out["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["privacy.epsilon"] == pytest.approx(spend.epsilon)
+    by_round = client.get_metric_history(out["run_id"], "privacy.federated.epsilon_by_round")
+    assert [m.step for m in by_round] == [1, 2, 3] and by_round[-1].value == pytest.approx(spend.epsilon)
+    assert [m.step for m in client.get_metric_history(out["run_id"], "federated.accuracy_test")] == [1, 2, 3]
+    assert len(client.get_metric_history(out["run_id"], "federated.clients_sampled")) == 3
+    assert run.data.tags["federated.sampling"] == "poisson"
+
+    version = client.get_model_version("privpipe-text", out["model_version"])
+    assert float(version.tags["privacy.epsilon"]) == pytest.approx(spend.epsilon, rel=1e-5)
+    assert version.tags["privacy.adjacency"] == "client"
+    model = mlflow.pyfunc.load_model(f"models:/privpipe-text/{out['model_version']}")
+    assert set(model.predict(["apple banana with plum", "gear and clutch"])) <= {"engine", "fruit"}
+
+
+def test_lora_mode_trains_adapters_and_head_only(project, encoder):
+    params = text_project(project, encoder, text={"mode": "lora"},
+                          federated={"rounds": 2, "local_learning_rate": 0.05})
+    run_prepare_text(params)
+    run_text_features(params)
+    out = run_federated_text(params)
+    assert out["rounds"] == 2
+    model, spec = load_text_model(project / "artifacts/federated")
+    lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    head = sum(p.numel() for p in model.head.parameters())
+    assert lora > 0 and len(trainable_vector(model)) == lora + head
+    # the encoder's own weights are the public pre-trained ones, untouched by training
+    original, _ = load_encoder(encoder)
+    base = dict(model.encoder.base_model.model.named_parameters())
+    assert torch.equal(base["embeddings.word_embeddings.weight"], original.embeddings.word_embeddings.weight)
+
+
+def test_embeddings_are_cached_per_data_version(project, encoder):
+    params = text_project(project, encoder)
+    run_prepare_text(params)
+    first = run_text_features(params)
+    second = run_text_features(params)
+    assert not first["train_cached"] and second["train_cached"]
+    assert np.array_equal(np.load(project / "artifacts/text_features/train_embeddings.npy").shape, (120, 16))
+    lines = (project / "texts.jsonl").read_text().splitlines()
+    row = json.loads(lines[0]) | {"text": "mango mango mango"}
+    (project / "texts.jsonl").write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+    run_prepare_text(params)
+    assert not run_text_features(params)["train_cached"]  # new data version: encoded again
+    assert run_text_features(params)["test_cached"]  # the test texts did not change
+
+
+def test_natural_clients_from_a_client_column(project, encoder):
+    params = text_project(project, encoder, text={"client_column": "user"})
+    write_corpus(project / "texts.jsonl", client_column="user")
+    out = run_prepare_text(params)
+    assert out["clients"] == 7 and out["natural_clients"]
+
+
+def test_client_level_delta_is_refused_at_or_above_one_over_k(project, encoder):
+    write_corpus(project / "texts.jsonl")
+    write_params(project, privacy={"delta": 0.2}, text={"path": "texts.jsonl"}, federated=FEDERATED)
+    with pytest.raises(ConfigError, match=r"^privacy.delta: 0.2 is not below 1/K = 0.1"):
+        load_params("params.yaml")
+
+
+def test_corpus_loader_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a", "label": "x", "split": "train"}\n{"text": "b", "split": "test"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: missing 'label'"):
+        load_corpus(bad, format="auto", text_column="text", label_column="label", client_column=None,
+                    split_column="split", test_fraction=0.2, seed=0)
+    bad.write_text('{"text": "a", "label": "x", "split": "dev"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:1: 'split' is 'dev', expected train or test"):
+        load_corpus(bad, format="auto", text_column="text", label_column="label", client_column=None,
+                    split_column="split", test_fraction=0.2, seed=0)
+
+
+def test_csv_without_split_column_gets_a_stable_hashed_split(tmp_path):
+    path = tmp_path / "texts.csv"
+    path.write_text("text,label\n" + "".join(f"text number {i},{i % 3}\n" for i in range(400)))
+    corpus = load_corpus(path, format="auto", text_column="text", label_column="label", client_column=None,
+                         split_column="split", test_fraction=0.25, seed=0)
+    assert corpus.classes == ("0", "1", "2")
+    assert 0.18 < len(corpus.test) / 400 < 0.32
+    path.write_text(path.read_text() + "one more,2\n")  # an added row moves no other row
+    again = load_corpus(path, format="auto", text_column="text", label_column="label", client_column=None,
+                        split_column="split", test_fraction=0.25, seed=0)
+    assert set(corpus.test.ids) <= set(again.test.ids)
+
+
+def test_20newsgroups_is_never_downloaded_without_the_flag(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCIKIT_LEARN_DATA", str(tmp_path))
+    with pytest.raises(DataError, match="20newsgroups: not in the local scikit-learn cache.*text.download: true"):
+        load_corpus("", format="20newsgroups", text_column="text", label_column="label", client_column=None,
+                    split_column=None, test_fraction=0.2, seed=0)
