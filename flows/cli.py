@@ -235,6 +235,13 @@ def _federated(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
 
     params = load_params(args.params)  # validate before Prefect starts anything
+    from pathlib import Path
+
+    from privpipe.data import DataError
+
+    if params.text.format != "20newsgroups" and not Path(params.text.path).is_file():
+        raise DataError(f"{params.text.path}: text file not found (text.path: a JSONL or CSV file with "
+                        f"{params.text.text_column!r} and {params.text.label_column!r} columns)")
     from flows.federated import federated_text
     from tasks import tracking
 

@@ -17,6 +17,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.client_map import mapped_client_updates
+from flows.pipeline import INSECURE_RNG_WARNING
 from privpipe.config import load_params
 from tasks import tracking
 from tasks.text_federated import run_federated_text
@@ -46,6 +47,8 @@ def federated_markdown(out: dict[str, Any]) -> str:
 def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
     params = load_params(params_file)
     log = get_run_logger()
+    if not params.privacy.secure_rng:
+        log.warning(INSECURE_RNG_WARNING)
     run_id = tracking.start_run(params, run_name="federated-text", params_file=params_file)
     try:
         prepared = prepare_text_task(params, run_id)

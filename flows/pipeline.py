@@ -37,9 +37,9 @@ from tasks.teachers import clear_partial_votes, collect_votes_task, run_teachers
 __all__ = ["pipeline", "privacy_markdown"]
 
 INSECURE_RNG_WARNING = (
-    "privacy.secure_rng is false: noise and DP-SGD's lot sampling come from pseudo-random generators seeded "
-    "with run.seed, so the run is reproducible but whoever knows the seed can undo the noise; fine for "
-    "experiments, not for a released model (set privacy.secure_rng: true)"
+    "privacy.secure_rng is false: noise and sampling (DP-SGD's lots, federated rounds' clients) come from "
+    "pseudo-random generators seeded with run.seed, so the run is reproducible but whoever knows the seed "
+    "can undo the noise; fine for experiments, not for a released model (set privacy.secure_rng: true)"
 )
 
 

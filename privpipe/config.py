@@ -198,11 +198,11 @@ class FederatedConfig:
     labels_per_shard: int = 2
     min_records: int = 1
     sampling: str = "poisson"
-    sample_rate: float = 0.1
+    sample_rate: float = 0.5
     rounds: int = 20
-    local_epochs: int = 1
+    local_epochs: int = 5
     local_batch_size: int = 16
-    local_learning_rate: float = 0.1
+    local_learning_rate: float = 0.5
     prox_mu: float = 0.0
     private: bool = True
     clip_norm: float = 1.0
@@ -229,6 +229,7 @@ class TextConfig:
     download: bool = False
     encoder: str | None = None
     mode: str = "frozen"
+    input_scale: float = 8.0
     max_length: int = 128
     embed_batch_size: int = 64
     lora_rank: int = 8
@@ -531,5 +532,6 @@ def _validate_text(p: Params) -> None:
     for key in ("max_length", "embed_batch_size", "lora_rank"):
         _require(getattr(text, key) >= 1, f"text.{key}", "must be >= 1")
     _require(text.lora_alpha > 0, "text.lora_alpha", "must be > 0")
+    _require(text.input_scale > 0, "text.input_scale", "must be > 0")
     _require(all(t.strip() for t in text.lora_targets.split(",")), "text.lora_targets",
              "must be a comma-separated list of module names (e.g. query,value)")

@@ -39,6 +39,7 @@ class ModelSpec:
     lora_rank: int = 8
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = ("query", "value")
+    input_scale: float = 1.0  # linear/lora: fixed factor on the unit-norm sentence embedding
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,15 @@ def build_model(spec: ModelSpec) -> torch.nn.Module:
     if spec.kind == "linear":
         from privpipe.text import make_linear_head
 
-        return make_linear_head(spec.in_features, spec.classes)
+        return make_linear_head(spec.in_features, spec.classes, input_scale=spec.input_scale)
     if spec.kind == "lora":
         from privpipe.text import load_encoder, make_lora_classifier
 
         encoder, _ = load_encoder(Path(spec.encoder))
         # LoRA's A matrices start random: seeded, so every worker builds the same initial model
         return seeded(0, lambda: make_lora_classifier(encoder, classes=spec.classes, rank=spec.lora_rank,
-                                                      alpha=spec.lora_alpha, targets=spec.lora_targets))
+                                                      alpha=spec.lora_alpha, targets=spec.lora_targets,
+                                                      input_scale=spec.input_scale))
     raise ValueError(f"unknown model kind {spec.kind!r} (choose one of {', '.join(MODEL_KINDS)})")
 
 

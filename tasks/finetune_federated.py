@@ -19,6 +19,7 @@ import torch
 from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, Records
 from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainable_vector
+from privpipe.privacy import BudgetExceeded
 from privpipe.models import front_layers, load_released, make_network, released_model, save_released
 from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
 from tasks.dp_pca import check_projection, load_ledger, load_projection
@@ -94,7 +95,7 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
             file.unlink()
         work.rmdir()
     if not run.result.rounds_run:
-        raise ConfigError(f"federated: no round fits the budget ({run.result.stopped})")
+        raise BudgetExceeded(f"{run.result.stopped}; no round fits, nothing was trained")
     load_vector(network, run.result.weights)
     model = released_model(network, projection, input_scale=cfg.input_scale, kind=cfg.model)
     model_spec = {"model": cfg.model, "input_dim": int(records.features.shape[1]),

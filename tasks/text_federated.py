@@ -36,11 +36,13 @@ def client_job(params: Params, *, text_dir: Path, features_dir: Path) -> ClientJ
     features = read_json(Path(features_dir) / "meta.json")
     names = input_names(params.text.mode)
     if params.text.mode == "frozen":
-        spec = ModelSpec(kind="linear", classes=len(meta["classes"]), in_features=features["hidden_size"])
+        spec = ModelSpec(kind="linear", classes=len(meta["classes"]), in_features=features["hidden_size"],
+                         input_scale=params.text.input_scale)
     else:
         spec = ModelSpec(kind="lora", classes=len(meta["classes"]), encoder=features["encoder"],
                          lora_rank=params.text.lora_rank, lora_alpha=params.text.lora_alpha,
-                         lora_targets=tuple(t.strip() for t in params.text.lora_targets.split(",")))
+                         lora_targets=tuple(t.strip() for t in params.text.lora_targets.split(",")),
+                         input_scale=params.text.input_scale)
     fed = params.federated
     data = ClientData(inputs=tuple(str(Path(features_dir) / f"train_{n}.npy") for n in names),
                       labels=str(Path(features_dir) / "train_labels.npy"),

@@ -14,7 +14,7 @@ from privpipe.config import Params
 from privpipe.privacy import Ledger
 from tasks.common import read_json
 from tasks.federated_tracking import log_rounds
-from tasks.tracking import _client, _metrics, log_stage_figures
+from tasks.tracking import _client, _metrics, log_stage_figures, register_logged_model
 
 __all__ = ["log_text_prepare", "log_text_features", "log_federated", "register_text_model"]
 
@@ -50,7 +50,6 @@ def register_text_model(params: Params, run_id: str, out: dict[str, Any], encode
     """Log the text-in, label-out model (encoder bundled) and register it with its privacy tags."""
     from tasks.text_serving import FederatedTextClassifier
 
-    client = _client(params)
     if params.federated.private:
         tags = {"privacy.epsilon": f"{out['epsilon']:.6g}", "privacy.delta": f"{out['delta']:g}",
                 "privacy.accountant": out["accountant"], "privacy.adjacency": "client"}
@@ -66,15 +65,5 @@ def register_text_model(params: Params, run_id: str, out: dict[str, Any], encode
                               f"transformers=={transformers.__version__}", "privpipe"],
             tags=tags,
         )
-    client.update_run(run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
-    registered: dict[str, Any] = {"model_uri": info.model_uri}
-    if params.evaluate.register_model:
-        run = client.get_run(run_id)
-        version = mlflow.register_model(info.model_uri, params.text.model_name, tags={
-            **tags, "dvc.data_version": run.data.tags.get("dvc.data_version", "unknown"),
-            "git.commit": run.data.tags.get("git.commit", "unknown"), "mlflow.run_id": run_id,
-            "text.encoder_digest": run.data.tags.get("text.encoder_digest", "unknown"),
-        })
-        registered.update(model_name=version.name, model_version=str(version.version))
-        client.set_tag(run_id, "registered_model", f"{version.name}/{version.version}")
-    return registered
+    return register_logged_model(params, run_id, info.model_uri, name=params.text.model_name, tags=tags,
+                                 run_tags=("text.encoder_digest",))

@@ -27,7 +27,7 @@ from privpipe.privacy import Ledger
 from tasks.versioning import git_commit
 
 __all__ = ["resolve_tracking_uri", "start_run", "finish_run", "log_prepare", "log_privacy", "log_dp_pca",
-           "log_finetune", "log_evaluate", "run_url_hint"]
+           "log_finetune", "log_evaluate", "run_url_hint", "register_logged_model"]
 
 _MAX_PARAM_BATCH = 100  # MLflow's per-call limit for params
 
@@ -167,14 +167,21 @@ def log_evaluate(params: Params, run_id: str, out: dict[str, Any], ledger: Ledge
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"],
             tags=privacy_tags,
         )
-    client.update_run(run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
-    registered: dict[str, Any] = {"model_uri": info.model_uri}
+    return register_logged_model(params, run_id, info.model_uri, name=params.run.model_name, tags=privacy_tags)
+
+
+def register_logged_model(params: Params, run_id: str, model_uri: str, *, name: str, tags: dict[str, str],
+                          run_tags: tuple[str, ...] = ()) -> dict[str, Any]:
+    """After ``log_model`` inside ``mlflow.start_run``: put the run back to RUNNING (leaving the block
+    finished it; the flow decides) and, if ``evaluate.register_model``, register the model under
+    ``name`` with ``tags`` plus the run's data version, commit and the listed ``run_tags``."""
+    client = _client(params)
+    client.update_run(run_id, status="RUNNING")
+    registered: dict[str, Any] = {"model_uri": model_uri}
     if params.evaluate.register_model:
         run = client.get_run(run_id)
-        version = mlflow.register_model(info.model_uri, params.run.model_name, tags={
-            **privacy_tags, "dvc.data_version": run.data.tags.get("dvc.data_version", "unknown"),
-            "git.commit": run.data.tags.get("git.commit", "unknown"), "mlflow.run_id": run_id,
-        })
+        copied = {key: run.data.tags.get(key, "unknown") for key in ("dvc.data_version", "git.commit", *run_tags)}
+        version = mlflow.register_model(model_uri, name, tags={**tags, **copied, "mlflow.run_id": run_id})
         registered.update(model_name=version.name, model_version=str(version.version))
         client.set_tag(run_id, "registered_model", f"{version.name}/{version.version}")
     return registered

@@ -145,3 +145,34 @@ def test_20newsgroups_is_never_downloaded_without_the_flag(tmp_path, monkeypatch
     with pytest.raises(DataError, match="20newsgroups: not in the local scikit-learn cache.*text.download: true"):
         load_corpus("", format="20newsgroups", text_column="text", label_column="label", client_column=None,
                     split_column=None, test_fraction=0.2, seed=0)
+
+
+def test_cli_names_a_missing_text_file(project, capsys):
+    from flows.cli import main
+
+    write_params(project, text={"path": "nowhere.jsonl"})
+    assert main(["federated"]) == 2
+    assert capsys.readouterr().err.strip() == ("privpipe: error: nowhere.jsonl: text file not found (text.path: a "
+                                               "JSONL or CSV file with 'text' and 'label' columns)")
+
+
+def test_a_failed_client_task_is_dropped_from_its_round(prefect_harness, monkeypatch):
+    from prefect import flow
+
+    import tasks.federated_clients as clients
+    from flows.client_map import mapped_client_updates
+
+    def flaky(job, client, round_, weights):
+        if client == 1:
+            raise RuntimeError("client 1 lost its connection")
+        return weights + client
+
+    monkeypatch.setattr(clients, "train_client", flaky)
+
+    @flow
+    def one_round():
+        return mapped_client_updates(job=None)(1, np.zeros(2, dtype=np.float32), np.array([0, 1, 2]))
+
+    updates = one_round()
+    assert updates[1] is None
+    assert np.array_equal(updates[0], [0, 0]) and np.array_equal(updates[2], [2, 2])

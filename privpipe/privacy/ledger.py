@@ -67,6 +67,18 @@ class Spend:
 
 
 def _rdp_curve(events: Sequence[Event]) -> np.ndarray:
+    # dp_accounting warns for each low order whose series it cannot sum at a large sampling rate;
+    # it skips that order (still sound) and the warning is not the user's to act on
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        return _compose_rdp(events)
+    finally:
+        absl_logger.setLevel(level)
+
+
+def _compose_rdp(events: Sequence[Event]) -> np.ndarray:
     accountant = rdp_privacy_accountant.RdpAccountant(orders=RDP_ORDERS)
     custom = np.zeros(len(RDP_ORDERS))
     standard = []

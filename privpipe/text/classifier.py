@@ -13,21 +13,28 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from privpipe.models import Scale
 from privpipe.text.encoder import mean_pool
 
 __all__ = ["make_linear_head", "LoraClassifier", "make_lora_classifier"]
 
 
-def make_linear_head(dim: int, classes: int) -> nn.Linear:
-    """Zero-initialised: the first global model predicts uniformly, and no seed is involved."""
+def make_linear_head(dim: int, classes: int, *, input_scale: float = 1.0) -> nn.Sequential:
+    """A fixed scale, then a zero-initialised linear layer (the first global model predicts uniformly,
+    and no seed is involved).
+
+    The scale is data-independent, so free: on unit-norm embeddings the weights' gradients are
+    small next to the bias's, and under clipping and noise a larger scale lets the weights
+    (not only the class priors) move in the few rounds a budget allows.
+    """
     head = nn.Linear(dim, classes)
     nn.init.zeros_(head.weight)
     nn.init.zeros_(head.bias)
-    return head
+    return nn.Sequential(Scale(input_scale), head)
 
 
 class LoraClassifier(nn.Module):
-    def __init__(self, encoder: nn.Module, head: nn.Linear) -> None:
+    def __init__(self, encoder: nn.Module, head: nn.Module) -> None:
         super().__init__()
         self.encoder, self.head = encoder, head
 
@@ -39,8 +46,8 @@ class LoraClassifier(nn.Module):
         return self.head(mean_pool(hidden, attention_mask))
 
 
-def make_lora_classifier(encoder: nn.Module, *, classes: int, rank: int, alpha: float,
-                         targets: Sequence[str]) -> LoraClassifier:
+def make_lora_classifier(encoder: nn.Module, *, classes: int, rank: int, alpha: float, targets: Sequence[str],
+                         input_scale: float = 1.0) -> LoraClassifier:
     """Wrap ``encoder`` with LoRA adapters (its own weights frozen) and add a linear head."""
     from peft import LoraConfig, get_peft_model
 
@@ -49,4 +56,4 @@ def make_lora_classifier(encoder: nn.Module, *, classes: int, rank: int, alpha: 
         wrapped = get_peft_model(encoder, config)
     except ValueError as exc:
         raise ValueError(f"text.lora_targets: {exc}") from None
-    return LoraClassifier(wrapped, make_linear_head(encoder.config.hidden_size, classes))
+    return LoraClassifier(wrapped, make_linear_head(encoder.config.hidden_size, classes, input_scale=input_scale))

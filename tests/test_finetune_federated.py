@@ -1,0 +1,73 @@
+"""finetune with ``mode: federated``: DP-FedAvg over clients of the sensitive set, in the run's ledger."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import write_params
+from privpipe.config import ConfigError, load_params
+from privpipe.privacy import Ledger, PoissonGaussianEvent
+from tasks.dp_pca import run_dp_pca
+from tasks.evaluate import run_evaluate
+from tasks.finetune import run_finetune
+from tasks.prepare import run_prepare
+from test_data import write_mnist
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+FEDERATED = {"clients": 6, "rounds": 4, "sample_rate": 0.5, "local_epochs": 2, "local_batch_size": 4,
+             "local_learning_rate": 0.1, "min_records": 1}
+
+
+def prepared(project, **federated):
+    (project / "mnist").mkdir()
+    write_mnist(project / "mnist", n_train=60, n_test=10)
+    write_params(project, privacy={"accountant": "rdp"}, prepare={"dataset": "mnist", "path": "mnist", "public_queries": 5, "target_domain": False},
+                 dp_pca={"components": 5}, student={"enabled": False}, head={"enabled": False},
+                 finetune={"mode": "federated", "hidden_units": [8]}, federated=FEDERATED | federated)
+    params = load_params("params.yaml")
+    run_prepare(params)
+    run_dp_pca(params)
+    return params
+
+
+def test_federated_finetune_joins_the_run_ledger(project):
+    params = prepared(project, target_epsilon=2.5)
+    out = run_finetune(params)
+    ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
+    assert ledger.stages() == ["dp_pca", "finetune"]
+    assert ledger.events[-1] == PoissonGaussianEvent(stage="finetune", noise_multiplier=out["noise_multiplier"],
+                                                     sample_rate=0.5, steps=4)
+    assert 2.4 < ledger.epsilon().epsilon <= 2.5  # calibrated against the total, dp_pca included
+    history = json.loads((project / "artifacts/finetune/history.json").read_text())
+    assert [r["round"] for r in history["rounds"]] == [1, 2, 3, 4]
+    assert history["epsilon_by_round"][-1]["epsilon"] == pytest.approx(ledger.epsilon().epsilon)
+    assert json.loads((project / "metrics/finetune.json").read_text())["mode"] == "federated"
+    assert not (project / "artifacts/.finetune.clients").exists()  # the clients' scratch files are gone
+    assert 0.0 <= run_evaluate(params)["accuracy_test"] <= 1.0
+
+
+def test_federated_finetune_stops_before_the_budget_and_says_so(project):
+    params = prepared(project, rounds=500, noise_multiplier=3.0, target_epsilon=None)
+    out = run_finetune(params)
+    assert 0 < out["rounds"] < 500 and "stopped before round" in out["stopped"]
+    ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
+    assert ledger.epsilon().epsilon <= params.privacy.epsilon_budget
+
+
+def test_non_private_federated_finetune_is_refused():
+    from privpipe.config import parse_params
+
+    with pytest.raises(ConfigError, match="^federated.private: false would deploy a model with no privacy"):
+        parse_params({"finetune": {"mode": "federated"}, "federated": {"private": False}})
+
+
+def test_no_affordable_round_is_refused_before_training(project):
+    from privpipe.privacy import BudgetExceeded
+
+    params = prepared(project, noise_multiplier=0.3, target_epsilon=None)
+    with pytest.raises(BudgetExceeded, match="stopped before round 1"):
+        run_finetune(params)
+    assert not (project / "artifacts/finetune").exists()
