@@ -242,6 +242,9 @@ def _federated(args: argparse.Namespace) -> int:
     if params.text.format != "20newsgroups" and not Path(params.text.path).is_file():
         raise DataError(f"{params.text.path}: text file not found (text.path: a JSONL or CSV file with "
                         f"{params.text.text_column!r} and {params.text.label_column!r} columns)")
+    from privpipe.config import check_federated_use
+
+    check_federated_use(params, clients=None if params.text.client_column else params.federated.clients)
     from flows.federated import federated_text
     from tasks import tracking
 

@@ -35,6 +35,7 @@ __all__ = [
     "TextConfig",
     "Params",
     "load_params",
+    "check_federated_use",
     "parse_params",
     "flatten",
 ]
@@ -509,19 +510,30 @@ def _validate_federated(p: Params) -> None:
     _require(fed.server_epsilon > 0, "federated.server_epsilon", "must be > 0")
     _require(fed.epsilon_curve_points >= 2, "federated.epsilon_curve_points", "must be >= 2")
     if fed.private:
-        # K is known here when clients are a partition; natural clients are checked once counted
-        _require(p.text.client_column is not None or p.privacy.delta * fed.clients < 1, "privacy.delta",
-                 f"{p.privacy.delta:g} is not below 1/K = {1 / fed.clients:.3g} for federated.clients = {fed.clients}: "
-                 "at that δ publishing one whole client's data would meet the guarantee (use δ ≪ 1/K)")
         _require(fed.clip_norm > 0, "federated.clip_norm", "must be > 0 (it bounds each client's influence)")
         _noise_or_epsilon("federated", fed.noise_multiplier, "target_epsilon", fed.target_epsilon)
-        if fed.target_epsilon is not None:
-            _require(fed.target_epsilon <= p.privacy.epsilon_budget, "federated.target_epsilon",
-                     f"exceeds privacy.epsilon_budget ({p.privacy.epsilon_budget})")
+    if p.finetune.mode == "federated":
+        check_federated_use(p, clients=fed.clients)
     if p.finetune.enabled and p.finetune.mode == "federated":
         _require(fed.private, "federated.private",
                  "false would deploy a model with no privacy guarantee; the pipeline only releases private models "
                  "(non-private baselines: privpipe federated, or bench/federated_text.py)")
+
+
+def check_federated_use(p: Params, *, clients: int | None) -> None:
+    """What only matters where the federated section is used (finetune.mode federated, the text flow):
+    a target within the budget, and δ below 1/K where K is known (``clients``; None for natural
+    clients, counted when the data is read)."""
+    fed = p.federated
+    if not fed.private:
+        return
+    if fed.target_epsilon is not None:
+        _require(fed.target_epsilon <= p.privacy.epsilon_budget, "federated.target_epsilon",
+                 f"exceeds privacy.epsilon_budget ({p.privacy.epsilon_budget})")
+    if clients is not None:
+        _require(p.privacy.delta * clients < 1, "privacy.delta",
+                 f"{p.privacy.delta:g} is not below 1/K = {1 / clients:.3g} for K = {clients} clients: at that δ "
+                 "publishing one whole client's data would meet the guarantee (use δ ≪ 1/K)")
 
 
 def _validate_text(p: Params) -> None:

@@ -71,11 +71,11 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
 
 def test_lora_mode_trains_adapters_and_head_only(project, encoder):
     params = text_project(project, encoder, text={"mode": "lora"},
-                          federated={"rounds": 2, "local_learning_rate": 0.05})
+                          federated={"rounds": 1, "local_epochs": 1, "local_learning_rate": 0.05})
     run_prepare_text(params)
     run_text_features(params)
     out = run_federated_text(params)
-    assert out["rounds"] == 2
+    assert out["rounds"] == 1
     model, spec = load_text_model(project / "artifacts/federated")
     lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     head = sum(p.numel() for p in model.head.parameters())
@@ -108,11 +108,21 @@ def test_natural_clients_from_a_client_column(project, encoder):
     assert out["clients"] == 7 and out["natural_clients"]
 
 
-def test_client_level_delta_is_refused_at_or_above_one_over_k(project, encoder):
+def test_client_level_delta_is_refused_at_or_above_one_over_k(project, capsys):
+    from flows.cli import main
+
     write_corpus(project / "texts.jsonl")
     write_params(project, privacy={"delta": 0.2}, text={"path": "texts.jsonl"}, federated=FEDERATED)
+    assert main(["federated"]) == 2
+    assert capsys.readouterr().err.startswith("privpipe: error: privacy.delta: 0.2 is not below 1/K = 0.1 for K = 10")
+    write_params(project, privacy={"epsilon_budget": 2.0}, finetune={"target_epsilon": 1.0},
+                 text={"path": "texts.jsonl"}, federated=FEDERATED)
+    assert main(["federated"]) == 2
+    assert "federated.target_epsilon: exceeds privacy.epsilon_budget (2.0)" in capsys.readouterr().err
+    assert not (project / "artifacts").exists()
+    write_params(project, privacy={"delta": 0.2}, finetune={"mode": "federated"}, federated=FEDERATED)
     with pytest.raises(ConfigError, match=r"^privacy.delta: 0.2 is not below 1/K = 0.1"):
-        load_params("params.yaml")
+        load_params("params.yaml")  # the pipeline's federated finetune: refused with the params
 
 
 def test_corpus_loader_names_file_and_line(tmp_path):
