@@ -70,10 +70,12 @@ def run_text(raw: dict, text_file: Path, tag: str) -> dict[str, Any]:
     out = run_federated_text(params, text_dir=text_dir, features_dir=features_dir, out=work / "model")
     seconds = time.perf_counter() - start
     history = json.loads((work / "model" / "history.json").read_text())
+    dim = len(np.load(work / "model" / "weights.npy"))
     return {"tag": tag, "accuracy": out["accuracy_test"], "epsilon": out.get("epsilon"), "rounds": out["rounds"],
             "noise_multiplier": out.get("noise_multiplier"), "seconds": seconds,
-            "seconds_per_round": seconds / max(out["rounds"], 1), "clients": out["clients"],
-            "by_round": [r["accuracy_test"] for r in history["rounds"]], "stopped": out.get("stopped")}
+            "seconds_per_round": float(np.median([r["seconds"] for r in history["rounds"]])),
+            "clients": out["clients"],
+            "by_round": [r["accuracy_test"] for r in history["rounds"]], "stopped": out.get("stopped"), "dim": dim}
 
 
 def private(epsilon: float) -> dict:
@@ -134,16 +136,18 @@ def part_scaling(text_file: Path, results: dict) -> None:
 def part_lora(text_file: Path, results: dict, rounds: int) -> None:
     rows = []
     for mode in ("frozen", "lora"):
-        raw = merge(merge(TEXT_BASE, private(5.0)), {"text": {"mode": mode, "max_length": 64},
+        for label, privacy in (("ε = 5", private(5.0)), ("non-private", NON_PRIVATE)):
+            raw = merge(merge(TEXT_BASE, privacy), {"text": {"mode": mode, "max_length": 64},
                                                     "federated": {"rounds": rounds, "sample_rate": 0.1,
                                                                   "local_epochs": 1,
                                                                   "local_learning_rate": 0.5 if mode == "frozen"
                                                                   else 0.05}})
-        rows.append(run_text(raw, text_file, f"lora-{mode}") | {"mode": mode})
+            rows.append(run_text(raw, text_file, f"lora-{mode}-{label}") | {"mode": mode, "privacy": label})
     results["lora"] = rows
-    print(f"\n### frozen vs LoRA: K = 100, q = 0.1, {rounds} rounds, ε = 5, max_length 64, 2 cores\n")
-    print(table(rows, [("mode", "{mode}"), ("test acc.", "{accuracy:.3f}"), ("s/round", "{seconds_per_round:.1f}"),
-                       ("ε", "{epsilon:.2f}")]))
+    print(f"\n### frozen vs LoRA: K = 100, q = 0.1 (10 clients a round), {rounds} rounds, E = 1, max_length 64, "
+          "2 cores\n")
+    print(table(rows, [("mode", "{mode}"), ("privacy", "{privacy}"), ("test acc.", "{accuracy:.3f}"),
+                       ("s/round (median)", "{seconds_per_round:.2f}"), ("trainable values", "{dim}")]))
 
 
 MNIST_FEDERATED = {"rounds": 20, "sample_rate": 0.5, "local_epochs": 1, "local_batch_size": 16,

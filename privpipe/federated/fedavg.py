@@ -13,6 +13,7 @@ noise or accounting (FedAvg / FedProx / FedAdam baselines).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -67,7 +68,7 @@ class FedAvgResult:
     rounds_run: int
     event: Event | None  # what the ledger recorded (None: non-private)
     stopped: str | None  # why training ended before config.rounds, if it did
-    history: list[dict[str, float]] = field(default_factory=list)  # per round: clients, evaluation
+    history: list[dict[str, float]] = field(default_factory=list)  # per round: clients, seconds, evaluation
 
 
 def _over_budget(ledger: Ledger, planned: Event) -> float | None:
@@ -118,6 +119,7 @@ def run_fedavg(initial: np.ndarray, *, config: FedAvgConfig, client_updates: Cli
                 stopped = (f"{stage}: stopped before round {r}: it would take total ε to {over:.4g} "
                            f"(δ = {ledger.delta:g}), over the budget of {ledger.epsilon_budget:g}")
                 break
+        started = time.perf_counter()
         sampled = sampler.sample()
         updates = list(client_updates(r, weights.astype(np.float32), sampled)) if len(sampled) else []
         if len(updates) != len(sampled):
@@ -130,7 +132,8 @@ def run_fedavg(initial: np.ndarray, *, config: FedAvgConfig, client_updates: Cli
             mean = plain_mean(received, dim=len(weights))
         weights = server.step(weights, mean)
         rounds_run = r
-        record.update(clients_sampled=len(sampled), clients_dropped=len(sampled) - len(received))
+        record.update(clients_sampled=len(sampled), clients_dropped=len(sampled) - len(received),
+                      seconds=time.perf_counter() - started)  # the round's clients and aggregation, not evaluation
         if evaluate is not None:
             record.update(evaluate(weights.astype(np.float32)))
         history.append(record)
