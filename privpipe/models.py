@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["UnitNorm", "Projection", "Scale", "Reshape", "make_mlp", "make_cnn", "make_network", "front_layers",
+__all__ = ["apply_front", "UnitNorm", "Projection", "Scale", "Reshape", "make_mlp", "make_cnn", "make_network", "front_layers",
            "released_model", "save_released", "load_released", "seeded", "MODELS"]
 
 MODELS = ("mlp", "cnn")
@@ -35,6 +35,12 @@ def seeded(seed: int, build: Callable[[], _BuildT]) -> _BuildT:
     with _INIT_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build()
+def apply_front(front: nn.Module, features: np.ndarray) -> np.ndarray:
+    """Raw feature rows through a frozen front (no gradients), as a NumPy array."""
+    with torch.no_grad():
+        return front(torch.as_tensor(features)).numpy()
+
+
 CNN_SIDE = 28  # the CNN's kernel sizes and strides fit 28×28 images
 
 

@@ -15,21 +15,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import DATASET_CLASSES, Records
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
-from privpipe.models import front_layers, load_released, make_network, released_model, save_released
+from privpipe.federated import ClientUpdates
+from privpipe.models import released_model, save_released
 from privpipe.privacy import Ledger, compute_epsilon
 from tasks import paths
 from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_json, write_text
-from tasks.dp_pca import calibrate_for, check_projection, load_ledger, load_projection
-from tasks.federated_clients import ClientJob
+from tasks.dp_pca import calibrate_for
+from tasks.federated_clients import ClientJob, sequential_updates
 from tasks.finetune_federated import run_finetune_federated
-from privpipe.federated import ClientUpdates
+from tasks.finetune_start import finetune_start
 
 __all__ = ["run_finetune", "finetune_task", "start_dir", "log_finetune_outputs"]
 
@@ -42,7 +41,7 @@ def start_dir(params: Params) -> Path:
 def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
                  dp_pca_dir: Path = paths.DP_PCA, start: Path | None = None,
                  out: Path = paths.FINETUNE,
-                 updates_for: Callable[[ClientJob], ClientUpdates] | None = None) -> dict[str, Any]:
+                 updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates) -> dict[str, Any]:
     """DP-SGD (or, with ``finetune.mode: federated``, DP-FedAvg: see tasks.finetune_federated) from the
     student's weights (``start`` holds model.pt) or from scratch (``start`` = dp_pca_dir)."""
     if not params.finetune.enabled:
@@ -50,19 +49,13 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     start = Path(start if start is not None else start_dir(params))
     if params.finetune.mode == "federated":
         return run_finetune_federated(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir),
-                                      start=start, out=out, **({"updates_for": updates_for} if updates_for else {}))
+                                      start=start, out=out, updates_for=updates_for)
     log = stage_logger("finetune")
     cfg = params.finetune
-    ledger = load_ledger(start / "ledger.json", params)
-    records = Records.load(sensitive)
+    begin = finetune_start(params, sensitive=Path(sensitive), dp_pca_dir=Path(dp_pca_dir), start=start)
+    ledger, records, features = begin.ledger, begin.records, begin.features
     if cfg.lot_size > len(records):
         raise ConfigError(f"finetune.lot_size: {cfg.lot_size} exceeds the {len(records)} sensitive records")
-    projection = load_projection(dp_pca_dir)
-    if cfg.model == "cnn" and projection is not None:
-        raise ConfigError("finetune.model: cnn trains on raw pixels; set dp_pca.enabled: false")
-    front = torch.nn.Sequential(*front_layers(cfg.model, projection, input_scale=cfg.input_scale))
-    with torch.no_grad():  # the frozen preprocessing, applied once rather than every step
-        features = front(torch.as_tensor(records.features)).numpy()
     schedule = dpsgd_schedule(n=len(records), lot_size=cfg.lot_size, epochs=cfg.epochs)
     sigma = cfg.noise_multiplier
     if sigma is None:
@@ -73,19 +66,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     log.info("finetune: %d steps at q = %.4g, σ = %.4g; run total will be %s", schedule.steps,
              schedule.sample_rate, sigma, after)
 
-    # the label set is public knowledge (it is the task); test labels make sure no class is missing
-    classes = DATASET_CLASSES[params.prepare.dataset]
-    if (start / "model.pt").exists():
-        check_projection(read_json(start / "model.json").get("dp_pca_digest", ""), dp_pca_dir,
-                         source=start, rerun="student")
-        network = load_released(start)[-1]  # the student's trainable part; the front is rebuilt below
-        log.info("finetune: starting from the student in %s", start)
-    else:
-        try:
-            network = make_network(cfg.model, in_features=int(np.prod(features.shape[1:])),
-                                   hidden_units=cfg.hidden_units, classes=classes)
-        except ValueError as exc:
-            raise ConfigError(f"finetune.model: {exc}") from None
+    network = begin.network(params, start=start, dp_pca_dir=Path(dp_pca_dir), log=log)
     with warnings.catch_warnings():
         if not params.privacy.secure_rng:
             warnings.simplefilter("ignore")  # the flow warns once per run instead
@@ -105,12 +86,9 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     curve = [{"step": int(s), "epsilon": compute_epsilon([schedule.event(noise_multiplier=sigma, steps=int(s))],
                                                          delta=ledger.delta, accountant=ledger.accountant).epsilon}
              for s in steps]
-    model = released_model(result.model, projection, input_scale=cfg.input_scale, kind=cfg.model)
-    spec = {"model": cfg.model, "input_dim": int(records.features.shape[1]), "projection_dim": None if projection is None
-            else int(projection.shape[1]), "hidden_units": list(cfg.hidden_units), "classes": classes,
-            "input_scale": cfg.input_scale}
+    model = released_model(result.model, begin.projection, input_scale=cfg.input_scale, kind=cfg.model)
     with staged_dir(out) as staging:
-        save_released(model, staging, spec=spec)
+        save_released(model, staging, spec=begin.released_spec(params))
         write_json(staging / "history.json", {"epochs": result.history, "epsilon_by_step": curve})
         write_text(staging / "ledger.json", ledger.to_json())
     spend = ledger.stage_epsilon("finetune")

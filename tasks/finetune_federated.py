@@ -16,23 +16,18 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from privpipe.config import ConfigError, Params
-from privpipe.data import DATASET_CLASSES, Records
+from privpipe.config import Params
+from privpipe.data import Records
 from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainable_vector
+from privpipe.models import apply_front, released_model, save_released
 from privpipe.privacy import BudgetExceeded
-from privpipe.models import front_layers, load_released, make_network, released_model, save_released
-from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
-from tasks.dp_pca import check_projection, load_ledger, load_projection
+from tasks import paths
+from tasks.common import stage_logger, staged_dir, write_json, write_text
 from tasks.federated_clients import ClientData, ClientJob, ModelSpec, forget_arrays, sequential_updates
 from tasks.federated_training import assign_clients, train_federated
-from tasks import paths
+from tasks.finetune_start import finetune_start
 
 __all__ = ["run_finetune_federated"]
-
-
-def _apply(front: torch.nn.Module, features: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return front(torch.as_tensor(features)).numpy()
 
 
 def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pca_dir: Path, start: Path,
@@ -40,45 +35,28 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
                            ) -> dict[str, Any]:
     log = stage_logger("finetune")
     cfg = params.finetune
-    ledger = load_ledger(start / "ledger.json", params)
-    records = Records.load(sensitive)
-    projection = load_projection(dp_pca_dir)
-    if cfg.model == "cnn" and projection is not None:
-        raise ConfigError("finetune.model: cnn trains on raw pixels; set dp_pca.enabled: false")
-    front = torch.nn.Sequential(*front_layers(cfg.model, projection, input_scale=cfg.input_scale))
-    classes = DATASET_CLASSES[params.prepare.dataset]
-    assignment, clients = assign_clients(params, ids=records.ids, labels=records.labels, classes=classes)
+    begin = finetune_start(params, sensitive=sensitive, dp_pca_dir=dp_pca_dir, start=start)
+    ledger, records = begin.ledger, begin.records
+    assignment, clients = assign_clients(params, ids=records.ids, labels=records.labels, classes=begin.classes)
 
     # the clients' data as files the client tasks map (scratch: removed when the stage ends)
     work = out.with_name(f".{out.name}.clients")
     work.mkdir(parents=True, exist_ok=True)
-    features = _apply(front, records.features)
-    np.save(work / "features.npy", features)
+    np.save(work / "features.npy", begin.features)
     np.save(work / "labels.npy", records.labels)
     np.save(work / "assignment.npy", assignment)
     forget_arrays()
-    spec = ModelSpec(kind="network", network=cfg.model, in_features=int(np.prod(features.shape[1:])),
-                     hidden_units=tuple(cfg.hidden_units), classes=classes)
+    spec = ModelSpec(kind="network", network=cfg.model, in_features=int(np.prod(begin.features.shape[1:])),
+                     hidden_units=tuple(cfg.hidden_units), classes=begin.classes)
     fed = params.federated
     job = ClientJob(model=spec, data=ClientData(inputs=(str(work / "features.npy"),), labels=str(work / "labels.npy"),
                                                 assignment=str(work / "assignment.npy"), clients=clients),
                     local=LocalConfig(epochs=fed.local_epochs, batch_size=fed.local_batch_size,
                                       learning_rate=fed.local_learning_rate, prox_mu=fed.prox_mu),
                     seed=params.run.seed)
-
-    if (start / "model.pt").exists():
-        check_projection(read_json(start / "model.json").get("dp_pca_digest", ""), dp_pca_dir,
-                         source=start, rerun="student")
-        network = load_released(start)[-1]
-        log.info("finetune: federated, starting from the student in %s", start)
-    else:
-        try:
-            network = make_network(cfg.model, in_features=spec.in_features, hidden_units=cfg.hidden_units,
-                                   classes=classes)
-        except ValueError as exc:
-            raise ConfigError(f"finetune.model: {exc}") from None
+    network = begin.network(params, start=start, dp_pca_dir=dp_pca_dir, log=log)
     test_records = Records.load(test)
-    test_features = torch.as_tensor(_apply(front, test_records.features))
+    test_features = torch.as_tensor(apply_front(begin.front, test_records.features))
 
     def evaluate(weights: np.ndarray) -> dict[str, float]:
         load_vector(network, weights)
@@ -97,14 +75,10 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
     if not run.result.rounds_run:
         raise BudgetExceeded(f"{run.result.stopped}; no round fits, nothing was trained")
     load_vector(network, run.result.weights)
-    model = released_model(network, projection, input_scale=cfg.input_scale, kind=cfg.model)
-    model_spec = {"model": cfg.model, "input_dim": int(records.features.shape[1]),
-                  "projection_dim": None if projection is None else int(projection.shape[1]),
-                  "hidden_units": list(cfg.hidden_units), "classes": classes, "input_scale": cfg.input_scale,
-                  "mode": "federated"}
+    model = released_model(network, begin.projection, input_scale=cfg.input_scale, kind=cfg.model)
     curve = [{"step": c["round"], "epsilon": c["epsilon"]} for c in run.curve]
     with staged_dir(out) as staging:
-        save_released(model, staging, spec=model_spec)
+        save_released(model, staging, spec={**begin.released_spec(params), "mode": "federated"})
         write_json(staging / "history.json", {"mode": "federated", "rounds": run.result.history,
                                               "epsilon_by_round": run.curve, "epsilon_by_step": curve,
                                               "stopped": run.result.stopped})

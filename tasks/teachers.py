@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, DataError, Records
-from privpipe.models import front_layers, make_network, seeded
+from privpipe.models import apply_front, front_layers, make_network, seeded
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier
 from tasks import paths
 from tasks.common import seed_for, skip_stage, stage_logger, staged_dir, write_json
@@ -50,11 +50,6 @@ def query_records(params: Params, public: Path = paths.PUBLIC) -> Records:
     return Records.load(public, rows=np.arange(wanted))
 
 
-def _apply(front: torch.nn.Module, features: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return front(torch.as_tensor(features)).numpy()
-
-
 def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSITIVE,
                   partition_dir: Path = paths.PARTITION, dp_pca_dir: Path = paths.DP_PCA,
                   public: Path = paths.PUBLIC, partial: Path = PARTIAL) -> Path:
@@ -63,7 +58,7 @@ def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSI
     ids = np.load(Path(sensitive) / "ids.npy")
     mine = Records.load(sensitive, rows=np.flatnonzero(load_shards(partition_dir, ids) == teacher))
     front = model_front(params, cfg.model, dp_pca_dir)
-    features = _apply(front, mine.features)
+    features = apply_front(front, mine.features)
     seed = int(seed_for(params.run.seed, "teacher", teacher).generate_state(1)[0])
     # each teacher's initial weights: reproducible, different from the others', safe in parallel threads
     network = seeded(seed, lambda: make_network(cfg.model, in_features=int(np.prod(features.shape[1:])),
@@ -72,7 +67,7 @@ def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSI
     config = TeacherConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
                            weight_decay=cfg.weight_decay)
     network = train_classifier(network, features, mine.labels, config=config, seed=seed)
-    votes = predict_labels(network, _apply(front, query_records(params, public).features))
+    votes = predict_labels(network, apply_front(front, query_records(params, public).features))
     partial.mkdir(parents=True, exist_ok=True)
     target = partial / f"teacher-{teacher:05d}.npy"
     tmp = target.with_suffix(".tmp.npy")
