@@ -49,8 +49,7 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)
-    run_id = tracking.start_run(params, run_name="federated-text", params_file=params_file)
-    try:
+    with tracking.tracked_run(params, run_name="federated-text", params_file=params_file) as run_id:
         prepared = prepare_text_task(params, run_id)
         features = text_features_task(params, run_id, prepared["dir"])
         out = run_federated_text(params, text_dir=prepared["dir"], features_dir=features["dir"],
@@ -60,8 +59,4 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
         create_markdown_artifact(key="federated-summary", markdown=federated_markdown(out),
                                  description="federated text run: accuracy and client-level privacy")
         log.info("federated: done")
-    except BaseException:
-        tracking.finish_run(params, run_id, status="FAILED")
-        raise
-    tracking.finish_run(params, run_id)
     return {**out, "run_id": run_id}

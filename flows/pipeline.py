@@ -82,8 +82,7 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)
-    run_id = tracking.start_run(params, params_file=params_file)
-    try:
+    with tracking.tracked_run(params, params_file=params_file) as run_id:
         prepared = prepare_task(params, run_id)
         sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
         if params.student.enabled:
@@ -116,8 +115,4 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
         ledger = Ledger.from_dict(read_json(result["ledger"]))
         create_markdown_artifact(key="privacy-summary", markdown=privacy_markdown(ledger, result),
                                  description="privacy spend of this run")
-    except BaseException:
-        tracking.finish_run(params, run_id, status="FAILED")
-        raise
-    tracking.finish_run(params, run_id)
     return {**result, "run_id": run_id}

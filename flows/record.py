@@ -22,8 +22,7 @@ PATE_STAGES = ("partition", "teachers", "aggregate", "student")
 
 
 def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, params_file: str) -> dict[str, Any]:
-    run_id = tracking.start_run(params, run_name="dvc-repro", params_file=params_file)
-    try:
+    with tracking.tracked_run(params, run_name="dvc-repro", params_file=params_file) as run_id:
         tracking.log_prepare(params, run_id, read_json(paths.metrics_file("prepare")))
         pca = read_json(paths.metrics_file("dp_pca"))
         tracking.log_dp_pca(params, run_id, pca, Ledger.from_dict(read_json(paths.DP_PCA / "ledger.json")))
@@ -45,8 +44,4 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
         else:
             result_head = {}
         result = {**track_evaluation(params, run_id, evaluation), **result_head}
-    except BaseException:
-        tracking.finish_run(params, run_id, status="FAILED")
-        raise
-    tracking.finish_run(params, run_id)
     return {**result, "run_id": run_id}

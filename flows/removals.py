@@ -37,8 +37,7 @@ def _next_batch(queue: RequestQueue):
 
 
 def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo) -> dict[str, Any]:
-    run_id = tracking.start_run(params, run_name=f"removals {batch_id}", params_file=params_file)
-    try:
+    with tracking.tracked_run(params, run_name=f"removals {batch_id}", params_file=params_file) as run_id:
         applied = apply_task(params, batch_id, todo)
         version = register_task(params, run_id, batch_id, applied)
         erased = erase_task(params, todo)
@@ -53,10 +52,6 @@ def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo)
                            "registered_head": version or "not registered"}.items():
             client.set_tag(run_id, key, value)
         marked = queue.mark_done(batch_id, audits)
-    except BaseException:
-        tracking.finish_run(params, run_id, status="FAILED")
-        raise
-    tracking.finish_run(params, run_id)
     return {"batch_id": batch_id, "requests": len(todo), "newly_marked": marked, "run_id": run_id,
             "head_version": version, "data_version": erased["data_version"], "retrained": applied["retrained"],
             "budget_used": applied["budget_used"], "budget": applied["budget"]}

@@ -12,8 +12,9 @@ and Prefect may run tasks on other threads). Metric names an auditor looks for:
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlflow
 import numpy as np
@@ -26,7 +27,7 @@ from privpipe.config import Params
 from privpipe.privacy import Ledger
 from tasks.versioning import git_commit
 
-__all__ = ["resolve_tracking_uri", "start_run", "finish_run", "log_prepare", "log_privacy", "log_dp_pca",
+__all__ = ["resolve_tracking_uri", "start_run", "finish_run", "tracked_run", "log_prepare", "log_privacy", "log_dp_pca",
            "log_finetune", "log_evaluate", "run_url_hint", "register_logged_model"]
 
 _MAX_PARAM_BATCH = 100  # MLflow's per-call limit for params
@@ -75,6 +76,18 @@ def start_run(params: Params, *, run_name: str | None = None, params_file: str =
 
 def finish_run(params: Params, run_id: str, *, status: str = "FINISHED") -> None:
     _client(params).set_terminated(run_id, status)
+
+
+@contextmanager
+def tracked_run(params: Params, *, params_file: str, run_name: str | None = None) -> Iterator[str]:
+    """``with tracked_run(...) as run_id:`` — a started run, FINISHED when the block ends, FAILED if it raises."""
+    run_id = start_run(params, run_name=run_name, params_file=params_file)
+    try:
+        yield run_id
+    except BaseException:
+        finish_run(params, run_id, status="FAILED")
+        raise
+    finish_run(params, run_id)
 
 
 def run_url_hint(params: Params, run_id: str) -> str:
