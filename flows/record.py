@@ -15,6 +15,7 @@ from privpipe.privacy import Ledger
 from tasks import paths, tracking
 from tasks.common import read_json
 from tasks.evaluate import track_evaluation
+from tasks.finetune import log_finetune_outputs
 
 __all__ = ["record_finished_pipeline"]
 
@@ -32,11 +33,10 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
                 tracking.log_stage_figures(params, run_id, stage, figures)
         if params.student.enabled:
             tracking.log_stage_figures(params, run_id, "teachers", {"released": False})
-        if params.finetune.enabled:
-            tuned = read_json(paths.metrics_file("finetune"))
-            history = read_json(paths.FINETUNE / "history.json")
-            tracking.log_finetune(params, run_id, tuned, Ledger.from_dict(read_json(paths.FINETUNE / "ledger.json")),
-                                  history["epochs"], history["epsilon_by_step"])
+        if params.finetune.enabled:  # DP-SGD's per-epoch or DP-FedAvg's per-round curves
+            log_finetune_outputs(params, run_id, {**read_json(paths.metrics_file("finetune")),
+                                                  "history": str(paths.FINETUNE / "history.json"),
+                                                  "ledger": str(paths.FINETUNE / "ledger.json")})
         if params.head.enabled:
             from tasks.head_tracking import log_head
 
