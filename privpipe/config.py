@@ -513,11 +513,10 @@ def _validate_federated(p: Params) -> None:
         _require(fed.clip_norm > 0, "federated.clip_norm", "must be > 0 (it bounds each client's influence)")
         _noise_or_epsilon("federated", fed.noise_multiplier, "target_epsilon", fed.target_epsilon)
     if p.finetune.mode == "federated":
-        check_federated_use(p, clients=fed.clients)
-    if p.finetune.enabled and p.finetune.mode == "federated":
-        _require(fed.private, "federated.private",
+        _require(fed.private or not p.finetune.enabled, "federated.private",
                  "false would deploy a model with no privacy guarantee; the pipeline only releases private models "
                  "(non-private baselines: privpipe federated, or bench/federated_text.py)")
+        check_federated_use(p, clients=fed.clients)
 
 
 def check_federated_use(p: Params, *, clients: int | None) -> None:

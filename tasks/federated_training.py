@@ -42,9 +42,8 @@ def assign_clients(params: Params, *, ids: np.ndarray, labels: np.ndarray, class
                                    alpha=fed.alpha, labels_per_shard=fed.labels_per_shard,
                                    min_records=fed.min_records, classes=classes)
     except ValueError as exc:
-        key = str(exc).split(":", 1)[0]
-        key = {"shards": "clients", "min_records": "min_records"}.get(key, key)
-        raise ConfigError(f"federated.{key}: {str(exc).split(':', 1)[1].strip()}") from None
+        key, problem = str(exc).split(":", 1)
+        raise ConfigError(f"federated.{'clients' if key == 'shards' else key}: {problem.strip()}") from None
     return assignment, fed.clients
 
 

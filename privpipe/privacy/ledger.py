@@ -67,7 +67,7 @@ class Spend:
 
 
 def _rdp_curve(events: Sequence[Event]) -> np.ndarray:
-    # dp_accounting warns for each low order whose series it cannot sum at a large sampling rate;
+    # dp_accounting warns for each order it cannot evaluate (a large sampling rate, a tiny σ);
     # it skips that order (still sound) and the warning is not the user's to act on
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
@@ -238,15 +238,9 @@ class Ledger:
             return lambda sigma: compute_epsilon([*self.events, make_event(sigma)], delta=self.delta,
                                                  accountant=accountant).epsilon
 
-        # dp_accounting logs a warning for every RDP order it cannot evaluate at the tiny σ the
-        # search starts from; those orders are skipped (still sound) and the noise is not ours.
-        absl_logger = logging.getLogger("absl")
-        level = absl_logger.level
-        absl_logger.setLevel(logging.ERROR)
-        try:
-            sigma = calibrate_noise_multiplier(total("rdp"), target_epsilon=target_epsilon)
-        finally:
-            absl_logger.setLevel(level)
+        # (dp_accounting's warnings about RDP orders it skips at the tiny σ the search starts
+        # from are silenced in _rdp_curve)
+        sigma = calibrate_noise_multiplier(total("rdp"), target_epsilon=target_epsilon)
         planned = [*self.events, make_event(sigma)]
         if self.accountant == "rdp" or (self.accountant == "pld" and not all(e.supports_pld for e in planned)):
             return sigma
