@@ -81,7 +81,8 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
                           updates_for=updates_for, evaluate=evaluate)
     meta, features = read_json(Path(text_dir) / "meta.json"), read_json(Path(features_dir) / "meta.json")
     spec = {"model": dataclasses.asdict(job.model), "classes": meta["classes"], "mode": params.text.mode,
-            "max_length": params.text.max_length, "encoder_digest": features["encoder_digest"],
+            "max_length": params.text.max_length, "embed_batch_size": params.text.embed_batch_size,
+            "encoder_digest": features["encoder_digest"],
             "data_version": meta["data_version"], "private": params.federated.private}
     final = run.result.history[-1] if run.result.history else evaluate(run.result.weights)
     with staged_dir(out) as staging:

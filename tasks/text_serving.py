@@ -31,7 +31,7 @@ class FederatedTextClassifier(mlflow.pyfunc.PythonModel):
         texts = list(model_input.iloc[:, 0]) if hasattr(model_input, "iloc") else list(model_input)
         if self.spec["mode"] == "frozen":
             inputs = (embed(self.encoder, self.tokenizer, texts, max_length=self.spec["max_length"],
-                            batch_size=64),)
+                            batch_size=self.spec["embed_batch_size"]),)
         else:
             inputs = tokenize(self.tokenizer, texts, max_length=self.spec["max_length"])
         with torch.no_grad():
