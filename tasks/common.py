@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ from typing import Any, Iterator
 import numpy as np
 
 __all__ = ["write_json", "read_json", "write_text", "staged_dir", "stage_logger", "skip_stage", "seed_for",
-           "SEED_STREAMS"]
+           "SEED_STREAMS", "exclusive_lock", "PipelineBusy"]
 
 #: run.seed is split into independent streams, one per use (numpy SeedSequence keys)
 SEED_STREAMS = {"dp_pca": 1, "aggregate": 2, "sanitise": 3, "teacher": 4, "student": 5, "head": 6, "removal": 7,
@@ -58,6 +59,25 @@ def staged_dir(target: Path) -> Iterator[Path]:
 def seed_for(seed: int, stream: str, *index: int) -> np.random.SeedSequence:
     """The seed of one use of randomness (``stream``, and e.g. a teacher's index) under ``run.seed``."""
     return np.random.SeedSequence([seed, SEED_STREAMS[stream], *index])
+
+
+class PipelineBusy(RuntimeError):
+    """Another pipeline run holds the project's pipeline lock."""
+
+
+@contextmanager
+def exclusive_lock(path: Path, *, blocking: bool = True) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` for the block; the OS releases it if the process dies.
+
+    Non-blocking and already held elsewhere: raises BlockingIOError.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, data: Any) -> None:

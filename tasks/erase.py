@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -30,7 +27,7 @@ from privpipe.data import Records, load_labeled_csv
 from privpipe.data.mnist import mnist_files, read_idx
 from privpipe.requests import RequestQueue
 from tasks.common import write_text
-from tasks.versioning import data_version
+from tasks.versioning import data_version, dvc
 
 __all__ = ["current_record_ids", "erase_from_source", "drop_erased", "source_version", "base_id"]
 
@@ -80,15 +77,6 @@ def source_version(params: Params) -> str:
     return data_version(files)
 
 
-def _dvc(*args: str) -> None:
-    """Run the project's dvc (beside this interpreter) in the project folder."""
-    dvc = Path(sys.executable).with_name("dvc")
-    result = subprocess.run([str(dvc) if dvc.exists() else "dvc", *args], capture_output=True, text=True,
-                            env={**os.environ, "DVC_NO_ANALYTICS": "1"})
-    if result.returncode != 0:
-        raise RuntimeError(f"dvc {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}")
-
-
 def _rewrite_csv(path: Path, drop: set[str]) -> int:
     """Rewrite ``path`` without the rows whose id is in ``drop``; return how many went."""
     with path.open(newline="") as handle:
@@ -113,7 +101,7 @@ def erase_from_source(params: Params, record_ids: Iterable[str]) -> dict[str, An
     if version.startswith("modified:"):  # DVC-tracked, and the file left its pointer
         if not Path(".dvc").is_dir():
             raise RuntimeError(f"{source}.dvc: DVC-tracked, but {Path.cwd()} is not a DVC repository; run `dvc init`")
-        _dvc("add", "--quiet", str(source))
+        dvc("add", "--quiet", str(source))
         version = source_version(params)
     return {"rewritten": True, "removed_rows": removed, "data_version": version}
 

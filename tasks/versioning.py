@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
-__all__ = ["git_commit", "data_version", "file_md5"]
+__all__ = ["git_commit", "data_version", "file_md5", "dvc"]
 
 
 def git_commit(root: Path = Path(".")) -> str:
@@ -53,3 +55,12 @@ def data_version(paths: list[Path]) -> str:
             return tracked if tracked == hashes[0] else f"modified:{hashes[0]}"
     combined = hashlib.md5("".join(hashes).encode()).hexdigest()
     return f"untracked:{combined}"
+
+
+def dvc(*args: str) -> None:
+    """Run the project's dvc (beside this interpreter) in the project folder."""
+    program = Path(sys.executable).with_name("dvc")
+    result = subprocess.run([str(program) if program.exists() else "dvc", *args], capture_output=True, text=True,
+                            env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    if result.returncode != 0:
+        raise RuntimeError(f"dvc {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}")

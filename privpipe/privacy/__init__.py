@@ -17,6 +17,7 @@ from privpipe.privacy.ledger import (
     classic_rdp_epsilon,
     compute_epsilon,
 )
+from privpipe.privacy.lifetime import LifetimeBudgetExceeded, LifetimeLedger, RunSpend
 from privpipe.privacy.secure_noise import NoiseSource, secure_laplace, secure_normal
 
 __all__ = [
@@ -36,4 +37,7 @@ __all__ = [
     "secure_laplace",
     "NoiseSource",
     "RDP_ORDERS",
+    "LifetimeLedger",
+    "LifetimeBudgetExceeded",
+    "RunSpend",
 ]
