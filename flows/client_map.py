@@ -6,8 +6,11 @@ server's noise and fixed denominator do not change, so the round's guarantee hol
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from prefect import get_run_logger, unmapped
+from prefect.task_runners import TaskRunner
 
 from privpipe.federated import ClientUpdates
 from tasks.federated_clients import ClientJob, client_update_task
@@ -15,10 +18,17 @@ from tasks.federated_clients import ClientJob, client_update_task
 __all__ = ["mapped_client_updates"]
 
 
-def mapped_client_updates(job: ClientJob) -> ClientUpdates:
+def mapped_client_updates(runner: TaskRunner) -> Callable[[ClientJob], ClientUpdates]:
+    """``updates_for`` of the federated trainers: each round's clients as tasks on ``runner``."""
+    return lambda job: _updates(job, runner)
+
+
+def _updates(job: ClientJob, runner: TaskRunner) -> ClientUpdates:
     def updates(round_: int, weights: np.ndarray, sampled: np.ndarray) -> list[np.ndarray | None]:
-        futures = client_update_task.map(unmapped(job), [int(k) for k in sampled], unmapped(round_),
-                                         unmapped(weights))
+        if len(sampled) == 0:
+            return []
+        futures = runner.map(client_update_task, {"job": unmapped(job), "client": [int(k) for k in sampled],
+                                                  "round_": unmapped(round_), "weights": unmapped(weights)})
         out: list[np.ndarray | None] = []
         for client, future in zip(sampled, futures):
             future.wait()

@@ -33,6 +33,9 @@ __all__ = [
     "EvaluateConfig",
     "FederatedConfig",
     "TextConfig",
+    "LifetimeConfig",
+    "RunnerConfig",
+    "ScheduleConfig",
     "Params",
     "load_params",
     "check_federated_use",
@@ -56,6 +59,7 @@ SAMPLINGS = ("poisson", "fixed")
 SERVER_OPTIMIZERS = ("sgd", "adam")
 TEXT_FORMATS = ("auto", "jsonl", "csv", "20newsgroups")
 ENCODER_MODES = ("frozen", "lora")
+RUNNERS = ("threads", "processes", "dask", "ray")
 
 
 class ConfigError(ValueError):
@@ -240,6 +244,28 @@ class TextConfig:
 
 
 @dataclass(frozen=True)
+class LifetimeConfig:
+    epsilon_budget: float = 30.0
+    delta_budget: float = 1e-4
+    ledger_dir: str = "data/budget"
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    kind: str = "threads"
+    workers: int = 0
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    retrain_cron: str = "0 3 * * 0"
+    removals_cron: str = "*/30 * * * *"
+    timezone: str = "UTC"
+    prefect_api_url: str = "http://127.0.0.1:4200/api"
+
+
+@dataclass(frozen=True)
 class Params:
     run: RunConfig = field(default_factory=RunConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -254,6 +280,9 @@ class Params:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
     text: TextConfig = field(default_factory=TextConfig)
+    lifetime: LifetimeConfig = field(default_factory=LifetimeConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
     def flat(self) -> dict[str, Any]:
         """All parameters as ``section.key`` → value (what MLflow records)."""
@@ -427,6 +456,7 @@ def _validate(p: Params) -> None:
     _one_of(ft.mode, FINETUNE_MODES, "finetune.mode")
     _validate_federated(p)
     _validate_text(p)
+    _validate_operations(p)
     if ft.clipping == "per_layer":
         _require(ft.grad_sample_mode != "ghost", "finetune.clipping", "per_layer clipping is not supported with ghost clipping")
 
@@ -546,3 +576,58 @@ def _validate_text(p: Params) -> None:
     _require(text.input_scale > 0, "text.input_scale", "must be > 0")
     _require(all(t.strip() for t in text.lora_targets.split(",")), "text.lora_targets",
              "must be a comma-separated list of module names (e.g. query,value)")
+
+
+def _validate_operations(p: Params) -> None:
+    life = p.lifetime
+    # (a budget below one run's is not an error here: the run is refused before it starts, saying so)
+    _require(life.epsilon_budget > 0, "lifetime.epsilon_budget", "must be > 0")
+    _require(0 < life.delta_budget < 1, "lifetime.delta_budget", "must be in (0, 1)")
+    _one_of(p.runner.kind, RUNNERS, "runner.kind")
+    _require(p.runner.workers >= 0, "runner.workers", "must be >= 0 (0 = one per core)")
+    _require(p.runner.address is None or p.runner.kind in ("dask", "ray"), "runner.address",
+             f"only a dask or ray runner connects to an address (runner.kind is {p.runner.kind})")
+    for key in ("retrain_cron", "removals_cron"):
+        _require(_is_cron(getattr(p.schedule, key)), f"schedule.{key}",
+                 f"not a cron expression (five fields, e.g. '0 3 * * 0'): {getattr(p.schedule, key)!r}")
+    _require(_is_timezone(p.schedule.timezone), "schedule.timezone",
+             f"unknown time zone {p.schedule.timezone!r} (an IANA name such as UTC or Europe/Berlin)")
+    _require(p.schedule.prefect_api_url.startswith(("http://", "https://")), "schedule.prefect_api_url",
+             "must be an http(s) URL")
+
+
+def _is_timezone(name: str) -> bool:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
+
+
+_CRON_FIELDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))  # minute hour day month weekday
+_CRON_NAMES = ({}, {}, {},
+               {m: i + 1 for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split())},
+               {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())})
+
+
+def _is_cron(text: str) -> bool:
+    """Five standard cron fields: lists of ``*``, ``a`` or ``a-b``, each with an optional ``/step``."""
+    parts = text.split()
+    if len(parts) != 5:
+        return False
+    for part, (low, high), names in zip(parts, _CRON_FIELDS, _CRON_NAMES):
+        for item in part.split(","):
+            span, _, step = item.partition("/")
+            if step and not (step.isdigit() and int(step) >= 1):
+                return False
+            if span == "*":
+                continue
+            ends = [names.get(e.lower(), e) for e in span.split("-")]
+            if len(ends) > 2 or not all(isinstance(e, int) or e.isdigit() for e in ends):
+                return False
+            values = [int(e) for e in ends]
+            if not all(low <= v <= high for v in values) or values != sorted(values):
+                return False
+    return True

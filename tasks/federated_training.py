@@ -20,6 +20,7 @@ from privpipe.privacy import Ledger, NoiseSource
 from tasks.common import seed_for
 from tasks.dp_pca import calibrate_for
 from tasks.federated_clients import ClientJob, sequential_updates
+from tasks.progress import progress
 
 __all__ = ["assign_clients", "fedavg_config", "train_federated", "FederatedRun"]
 
@@ -109,10 +110,12 @@ def train_federated(params: Params, job: ClientJob, *, initial: np.ndarray, ledg
         shown = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k.startswith("accuracy"))
         log.info("%s: round %d/%d, %d clients (%d dropped)%s", stage, record["round"], config.rounds,
                  record["clients_sampled"], record["clients_dropped"], f", {shown}" if shown else "")
+        bar.update()
 
-    result = run_fedavg(initial, config=config, client_updates=updates_for(job),
-                        noise=noise, ledger=ledger if fed.private else None, stage=stage, evaluate=evaluate,
-                        on_round=report)
+    with progress(config.rounds, f"{stage} (federated rounds)") as bar:
+        result = run_fedavg(initial, config=config, client_updates=updates_for(job),
+                            noise=noise, ledger=ledger if fed.private else None, stage=stage, evaluate=evaluate,
+                            on_round=report)
     if result.stopped:
         log.warning(result.stopped)
     curve = (epsilon_curve(ledger, config, rounds=result.rounds_run, points=fed.epsilon_curve_points, stage=stage)

@@ -29,6 +29,7 @@ from tasks.dp_pca import calibrate_for
 from tasks.federated_clients import ClientJob, sequential_updates
 from tasks.finetune_federated import run_finetune_federated
 from tasks.finetune_start import finetune_start
+from tasks.progress import progress
 
 __all__ = ["run_finetune", "finetune_task", "start_dir", "log_finetune_outputs"]
 
@@ -67,7 +68,11 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
              schedule.sample_rate, sigma, after)
 
     network = begin.network(params, start=start, dp_pca_dir=Path(dp_pca_dir), log=log)
-    with warnings.catch_warnings():
+    def report(h: dict[str, float]) -> None:
+        log.info("finetune: epoch %d/%d, loss %.4f", h["epoch"], cfg.epochs, h["loss"])
+        bar.update()
+
+    with warnings.catch_warnings(), progress(cfg.epochs, "finetune (DP-SGD epochs)") as bar:
         if not params.privacy.secure_rng:
             warnings.simplefilter("ignore")  # the flow warns once per run instead
         result = train_dpsgd(
@@ -76,7 +81,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
             lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end, lr_decay_epochs=cfg.lr_decay_epochs,
             momentum=cfg.momentum, clipping=cfg.clipping, grad_sample_mode=cfg.grad_sample_mode,
             secure_rng=params.privacy.secure_rng, seed=params.run.seed,
-            on_epoch=lambda h: log.info("finetune: epoch %d/%d, loss %.4f", h["epoch"], cfg.epochs, h["loss"]),
+            on_epoch=report,
         )
     if result.event != planned:
         raise RuntimeError(f"DP-SGD ran {result.event}, not the planned {planned}; refusing to mis-account")

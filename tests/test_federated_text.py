@@ -168,6 +168,7 @@ def test_cli_names_a_missing_text_file(project, capsys):
 
 def test_a_failed_client_task_is_dropped_from_its_round(prefect_harness, monkeypatch):
     from prefect import flow
+    from prefect.task_runners import ThreadPoolTaskRunner
 
     import tasks.federated_clients as clients
     from flows.client_map import mapped_client_updates
@@ -181,7 +182,8 @@ def test_a_failed_client_task_is_dropped_from_its_round(prefect_harness, monkeyp
 
     @flow
     def one_round():
-        return mapped_client_updates(job=None)(1, np.zeros(2, dtype=np.float32), np.array([0, 1, 2]))
+        with ThreadPoolTaskRunner(max_workers=2) as runner:
+            return mapped_client_updates(runner)(None)(1, np.zeros(2, dtype=np.float32), np.array([0, 1, 2]))
 
     updates = one_round()
     assert updates[1] is None
