@@ -6,7 +6,9 @@ prepare text → clients → encode → DP-FedAvg (client updates as mapped task
 Knobs: the ``text`` section (data, encoder, frozen or LoRA) and the ``federated`` section
 (clients, sampling, rounds, clipping, noise or target ε, server optimiser). One MLflow run:
 per-round test accuracy and ε as curves, clients per round, the ledger, and the model
-(text in, label out) registered as ``text.model_name`` with its privacy tags.
+(text in, label out) registered as ``text.model_name`` with its privacy tags. Like the
+pipeline, it is charged to its dataset's lifetime budget (``privpipe budget``); a
+non-private run (``federated.private: false``) has no finite ε and is refused.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from prefect.artifacts import create_markdown_artifact
 from flows.client_map import mapped_client_updates
 from flows.pipeline import INSECURE_RNG_WARNING
 from privpipe.config import load_params
-from tasks import tracking
+from privpipe.privacy import Ledger
+from tasks import audit_tracking, budget, tracking
+from tasks.common import read_json
+from tasks.runner import describe_runner, mapping_runner
 from tasks.text_federated import run_federated_text
 from tasks.text_features import text_features_task
 from tasks.text_prepare import prepare_text_task
@@ -49,13 +54,20 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)
-    with tracking.tracked_run(params, run_name="federated-text", params_file=params_file) as run_id:
+    dataset = budget.dataset_name(params, flow="federated-text")
+    budget.check_lifetime(params, dataset, what="federated text run", private=params.federated.private)
+    with tracking.tracked_run(params, run_name="federated-text", params_file=params_file, flow="federated-text",
+                              dataset=dataset) as run_id, mapping_runner(params) as runner:
+        log.info("federated: client updates run on %s", describe_runner(params))
         prepared = prepare_text_task(params, run_id)
         features = text_features_task(params, run_id, prepared["dir"])
         out = run_federated_text(params, text_dir=prepared["dir"], features_dir=features["dir"],
-                                 updates_for=mapped_client_updates)
+                                 updates_for=mapped_client_updates(runner))
         text_tracking.log_federated(params, run_id, out)
         out.update(text_tracking.register_text_model(params, run_id, out, features["encoder"]))
+        audit_tracking.close_run(params, run_id, flow="federated-text", dataset=dataset,
+                                 ledger=Ledger.from_dict(read_json(out["ledger"])),
+                                 data_version=prepared["data_version"])
         create_markdown_artifact(key="federated-summary", markdown=federated_markdown(out),
                                  description="federated text run: accuracy and client-level privacy")
         log.info("federated: done")

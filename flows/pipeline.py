@@ -3,27 +3,35 @@ prepare → partition → dp_pca → teachers → aggregate → student → fine
 
     privpipe run [--params params.yaml]
 
-One MLflow run per flow run; its id is passed to every task explicitly. Tasks
-hand each other file paths. Teachers are mapped tasks: the task runner trains them
-in parallel. ``student.enabled: false`` skips the PATE stages (finetune then starts
-from scratch); ``finetune.enabled: false`` deploys the student. The flow ends with a markdown artifact (in Prefect)
-that summarises the run's privacy spend.
+One MLflow run per flow run, with a child run per stage; its id is passed to every task
+explicitly. Tasks hand each other file paths. Teachers (and federated clients) are mapped
+tasks on the runner ``runner`` in params.yaml chooses (threads, processes, Dask, Ray).
+``student.enabled: false`` skips the PATE stages (finetune then starts from scratch);
+``finetune.enabled: false`` deploys the student.
+
+Before any work the dataset's lifetime budget must be able to pay for the run; at the end
+the run's spend is added to it (``privpipe budget``). The flow ends with a markdown
+artifact (in Prefect) that summarises the run's privacy spend, data version and model.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact
+from prefect.futures import as_completed
 
 from flows.client_map import mapped_client_updates
 from privpipe.config import load_params
 from privpipe.privacy import Ledger
-from tasks import tracking
-from tasks.common import read_json
+from tasks import audit_tracking, budget, tracking
+from tasks.common import PipelineBusy, exclusive_lock, read_json
+from tasks.progress import progress
+from tasks.runner import describe_runner, mapping_runner
 from tasks.aggregate import aggregate_task, run_aggregate
 from tasks.dp_pca import dp_pca_task
 from tasks.evaluate import deployed_dir, evaluate_task
@@ -34,7 +42,10 @@ from tasks.prepare import prepare_task
 from tasks.student import run_student, student_task
 from tasks.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
 
-__all__ = ["pipeline", "privacy_markdown"]
+__all__ = ["pipeline", "privacy_markdown", "one_pipeline_at_a_time"]
+
+PIPELINE_LOCK = Path("artifacts/.pipeline.lock")
+
 
 INSECURE_RNG_WARNING = (
     "privacy.secure_rng is false: noise and sampling (DP-SGD's lots, federated rounds' clients) come from "
@@ -62,57 +73,112 @@ def privacy_markdown(ledger: Ledger, result: dict[str, Any]) -> str:
                      "only the student (and what was built on it) is.")
     if "model_version" in result:
         lines.append(f"Registered model: `{result['model_name']}` version {result['model_version']}.")
+    lines.append(f"Data version: `{result['data_version']}`.")
+    if "lifetime" in result:
+        life = result["lifetime"]
+        lines.append(f"Lifetime budget of dataset `{life['dataset']}` after this run: spent ε = {life['spent']:.4g} "
+                     f"(δ = {life['spent_delta']:.3g}) over {life['runs']} run(s), left ε = {life['left']:.4g} of "
+                     f"{life['budget']:g} (basic composition).")
     return "\n".join(lines)
 
 
-def _pate(params, run_id: str, prepared: dict[str, str], partition_dir: str, dp_pca_dir: str) -> dict[str, Any]:
-    """teachers (mapped, one task each) → aggregate → student."""
-    sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
-    clear_partial_votes()
-    votes = teacher_task.map(params, range(params.partition.shards), sensitive, partition_dir, dp_pca_dir, public)
-    teachers = collect_votes_task(params, run_id, public, votes)
-    labels = aggregate_task(params, run_id, teachers["dir"], public, dp_pca_dir)
-    return student_task(params, run_id, labels["dir"], public, test, dp_pca_dir)
+class _Stopwatch:
+    """Wall seconds of each stage as the flow runs it (what the per-stage child runs record)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, stage: str, run, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+
+def _teachers(params, runner, prepared: dict[str, str], partition_dir: str, dp_pca_dir: str) -> list[str]:
+    """One mapped task per teacher on the chosen runner; a bar on the terminal as they finish."""
+    futures = runner.map(teacher_task, {
+        "params": unmapped(params), "teacher": range(params.partition.shards),
+        "sensitive": unmapped(prepared["sensitive"]), "partition_dir": unmapped(partition_dir),
+        "dp_pca_dir": unmapped(dp_pca_dir), "public": unmapped(prepared["public"])})
+    with progress(len(futures), "teachers") as bar:
+        for _ in as_completed(futures):
+            bar.update()
+    return futures.result()
 
 
 @flow(name="privpipe-pipeline")
 def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
-    """Run every stage with the knobs in ``params_file``; return the evaluation figures and the run id."""
+    """Run every stage with the knobs in ``params_file``; return the evaluation figures and the run id.
+
+    One run at a time (a lock under artifacts/); refused before any work if the dataset's
+    lifetime budget cannot pay for the run's ``privacy.epsilon_budget``."""
     params = load_params(params_file)
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)
-    with tracking.tracked_run(params, params_file=params_file) as run_id:
-        prepared = prepare_task(params, run_id)
-        sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
-        if params.student.enabled:
-            shards = partition_task(params, run_id, sensitive)
-        pca = dp_pca_task(params, run_id, sensitive)
-        if params.student.enabled:
-            _pate(params, run_id, prepared, shards["dir"], pca["dir"])
-        else:  # switched-off stages replace their outputs with a note, as under dvc repro
-            for run in (run_partition, run_teachers, run_aggregate, run_student):
-                run(params)
-        if params.finetune.enabled and params.finetune.mode == "federated":
-            # the rounds run here, in the flow, so each round's client updates are mapped tasks
-            out = run_finetune(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(pca["dir"]),
-                               start=start_dir(params), updates_for=mapped_client_updates)
-            log_finetune_outputs(params, run_id, out)
-        elif params.finetune.enabled:
-            finetune_task(params, run_id, sensitive, test, pca["dir"], str(start_dir(params)))
-        else:
-            run_finetune(params)
-        if params.head.enabled:
-            head = head_task(params, run_id, sensitive, test, str(deployed_dir(params)), pca["dir"])
-        else:
-            head = run_head(params)
-        result = evaluate_task(params, run_id, sensitive, test, str(deployed_dir(params)))
-        result.update({k: v for k, v in head.items() if k.startswith("head_model")})
-        if not head.get("skipped"):
-            result["head"] = {k: head[k] for k in ("accuracy_test", "gradient_budget", "removal_epsilon",
-                                                   "removal_delta", "features_epsilon",
-                                                   "whole_certified_removal_epsilon")}
-        ledger = Ledger.from_dict(read_json(result["ledger"]))
-        create_markdown_artifact(key="privacy-summary", markdown=privacy_markdown(ledger, result),
-                                 description="privacy spend of this run")
+    dataset = budget.dataset_name(params)
+    with one_pipeline_at_a_time():
+        budget.check_lifetime(params, dataset, what="pipeline run")
+        with tracking.tracked_run(params, params_file=params_file, flow="pipeline", dataset=dataset) as run_id, \
+                mapping_runner(params) as runner:
+            log.info("pipeline: mapped tasks run on %s", describe_runner(params))
+            result, seconds = _stages(params, run_id, runner)
+            ledger = Ledger.from_dict(read_json(result["ledger"]))
+            lifetime = audit_tracking.close_run(params, run_id, flow="pipeline", dataset=dataset, ledger=ledger,
+                                                data_version=result["data_version"], seconds=seconds)
+            result["lifetime"] = audit_tracking.lifetime_summary(lifetime)
+            create_markdown_artifact(key="privacy-summary", markdown=privacy_markdown(ledger, result),
+                                     description="privacy spend of this run")
     return {**result, "run_id": run_id}
+
+
+def _stages(params, run_id: str, runner) -> tuple[dict[str, Any], dict[str, float]]:
+    timed = _Stopwatch()
+    prepared = timed("prepare", prepare_task, params, run_id)
+    sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
+    if params.student.enabled:
+        shards = timed("partition", partition_task, params, run_id, sensitive)
+    pca = timed("dp_pca", dp_pca_task, params, run_id, sensitive)
+    if params.student.enabled:
+        clear_partial_votes()
+        votes = timed("teachers", _teachers, params, runner, prepared, shards["dir"], pca["dir"])
+        teachers = timed("teachers", collect_votes_task, params, run_id, public, votes)
+        labels = timed("aggregate", aggregate_task, params, run_id, teachers["dir"], public, pca["dir"])
+        timed("student", student_task, params, run_id, labels["dir"], public, test, pca["dir"])
+    else:  # switched-off stages replace their outputs with a note, as under dvc repro
+        for run in (run_partition, run_teachers, run_aggregate, run_student):
+            run(params)
+    if params.finetune.enabled and params.finetune.mode == "federated":
+        # the rounds run here, in the flow, so each round's client updates are mapped tasks
+        out = timed("finetune", run_finetune, params, sensitive=Path(sensitive), test=Path(test),
+                    dp_pca_dir=Path(pca["dir"]), start=start_dir(params), updates_for=mapped_client_updates(runner))
+        log_finetune_outputs(params, run_id, out)
+    elif params.finetune.enabled:
+        timed("finetune", finetune_task, params, run_id, sensitive, test, pca["dir"], str(start_dir(params)))
+    else:
+        run_finetune(params)
+    if params.head.enabled:
+        head = timed("head", head_task, params, run_id, sensitive, test, str(deployed_dir(params)), pca["dir"])
+    else:
+        head = run_head(params)
+    result = timed("evaluate", evaluate_task, params, run_id, sensitive, test, str(deployed_dir(params)))
+    result.update({k: v for k, v in head.items() if k.startswith("head_model")})
+    result["data_version"] = prepared["data_version"]
+    if not head.get("skipped"):
+        result["head"] = {k: head[k] for k in ("accuracy_test", "gradient_budget", "removal_epsilon",
+                                               "removal_delta", "features_epsilon",
+                                               "whole_certified_removal_epsilon")}
+    return result, timed.seconds
+
+
+@contextmanager
+def one_pipeline_at_a_time() -> Iterator[None]:
+    try:
+        with exclusive_lock(PIPELINE_LOCK, blocking=False):
+            yield
+    except BlockingIOError:
+        raise PipelineBusy(f"{PIPELINE_LOCK}: another pipeline run is in progress in this project; "
+                           "wait for it (one run at a time keeps the artifacts and the lifetime ledger consistent)")\
+            from None

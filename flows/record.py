@@ -12,7 +12,7 @@ from typing import Any
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger
-from tasks import paths, tracking
+from tasks import audit_tracking, budget, paths, tracking
 from tasks.common import read_json
 from tasks.evaluate import track_evaluation
 from tasks.finetune import log_finetune_outputs
@@ -23,8 +23,11 @@ PATE_STAGES = ("partition", "teachers", "aggregate", "student")
 
 
 def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, params_file: str) -> dict[str, Any]:
-    with tracking.tracked_run(params, run_name="dvc-repro", params_file=params_file) as run_id:
-        tracking.log_prepare(params, run_id, read_json(paths.metrics_file("prepare")))
+    dataset = budget.dataset_name(params)
+    with tracking.tracked_run(params, run_name="dvc-repro", params_file=params_file, flow="dvc-repro",
+                              dataset=dataset) as run_id:
+        prepared = read_json(paths.metrics_file("prepare"))
+        tracking.log_prepare(params, run_id, prepared)
         pca = read_json(paths.metrics_file("dp_pca"))
         tracking.log_dp_pca(params, run_id, pca, Ledger.from_dict(read_json(paths.DP_PCA / "ledger.json")))
         for stage in PATE_STAGES:
@@ -44,4 +47,8 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
         else:
             result_head = {}
         result = {**track_evaluation(params, run_id, evaluation), **result_head}
+        # the stages checked the lifetime budget before they spent (privpipe stage); charge it now
+        audit_tracking.close_run(params, run_id, flow="dvc-repro", dataset=dataset,
+                                 ledger=Ledger.from_dict(read_json(result["ledger"])),
+                                 data_version=prepared["data_version"])
     return {**result, "run_id": run_id}

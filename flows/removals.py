@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger
 
 from privpipe.config import load_params
 from privpipe.requests import RequestQueue
-from tasks import paths, tracking
+from tasks import budget, paths, tracking
 from tasks.removals import apply_task, audit_records, erase_task, register_task
 
 __all__ = ["removals"]
@@ -37,7 +37,8 @@ def _next_batch(queue: RequestQueue):
 
 
 def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo) -> dict[str, Any]:
-    with tracking.tracked_run(params, run_name=f"removals {batch_id}", params_file=params_file) as run_id:
+    with tracking.tracked_run(params, run_name=f"removals {batch_id}", params_file=params_file, flow="removals",
+                              dataset=budget.dataset_name(params)) as run_id:
         applied = apply_task(params, batch_id, todo)
         version = register_task(params, run_id, batch_id, applied)
         erased = erase_task(params, todo)

@@ -56,17 +56,25 @@ def _metrics(client: MlflowClient, run_id: str, values: dict[str, float], step: 
     client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, step) for k, v in values.items()])
 
 
-def start_run(params: Params, *, run_name: str | None = None, params_file: str = "params.yaml") -> str:
-    """Create the run (experiment on first use), log every parameter and the git commit."""
+def experiment_id(params: Params) -> str:
+    """The run.experiment's id, created on first use (artifacts beside mlflow.db for a local store;
+    a tracking server keeps them where it was told to)."""
     client = _client(params)
     experiment = client.get_experiment_by_name(params.run.experiment)
-    if experiment is None:
-        artifacts = (Path("mlartifacts").resolve()).as_uri()
-        experiment_id = client.create_experiment(params.run.experiment, artifact_location=artifacts)
-    else:
-        experiment_id = experiment.experiment_id
-    run = client.create_run(experiment_id, run_name=run_name, tags={
+    if experiment is not None:
+        return experiment.experiment_id
+    local = not resolve_tracking_uri(params.run.tracking_uri).startswith(("http://", "https://"))
+    artifacts = Path("mlartifacts").resolve().as_uri() if local else None
+    return client.create_experiment(params.run.experiment, artifact_location=artifacts)
+
+
+def start_run(params: Params, *, run_name: str | None = None, params_file: str = "params.yaml",
+              tags: dict[str, str] | None = None) -> str:
+    """Create the run (experiment on first use), log every parameter and the git commit."""
+    client = _client(params)
+    run = client.create_run(experiment_id(params), run_name=run_name, tags={
         "git.commit": git_commit(), "privpipe.version": privpipe.__version__, "privpipe.params_file": params_file,
+        **(tags or {}),
     })
     flat = [Param(k, str(v)) for k, v in sorted(params.flat().items())]
     for i in range(0, len(flat), _MAX_PARAM_BATCH):
@@ -79,9 +87,13 @@ def finish_run(params: Params, run_id: str, *, status: str = "FINISHED") -> None
 
 
 @contextmanager
-def tracked_run(params: Params, *, params_file: str, run_name: str | None = None) -> Iterator[str]:
-    """``with tracked_run(...) as run_id:`` — a started run, FINISHED when the block ends, FAILED if it raises."""
-    run_id = start_run(params, run_name=run_name, params_file=params_file)
+def tracked_run(params: Params, *, params_file: str, flow: str, dataset: str,
+                run_name: str | None = None) -> Iterator[str]:
+    """``with tracked_run(...) as run_id:`` — a started run, FINISHED when the block ends, FAILED if it raises.
+
+    Tagged ``privpipe.flow`` and ``privpipe.dataset``: what ``privpipe audit`` selects by."""
+    run_id = start_run(params, run_name=run_name, params_file=params_file,
+                       tags={"privpipe.flow": flow, "privpipe.dataset": dataset})
     try:
         yield run_id
     except BaseException:

@@ -125,3 +125,68 @@ def test_head_is_registered_apart_with_both_guarantees(finished):
     assert run.data.metrics["removal.epsilon"] == 1.0 and run.data.metrics["head.accuracy_test"] > 0.5
     # the head is not composed into the DP figure: the DP model's ε is unchanged
     assert run.data.metrics["privacy.epsilon"] == pytest.approx(result["epsilon"])
+
+
+def test_each_stage_has_a_child_run_with_its_own_figures(finished):
+    _, result, client = finished
+    parent = client.get_run(result["run_id"])
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{result['run_id']}'")
+    by_stage = {c.data.tags["privpipe.stage"]: c for c in children}
+    assert set(by_stage) == {"prepare", "partition", "dp_pca", "teachers", "aggregate", "student", "finetune",
+                             "head", "evaluate"}
+    finetune = by_stage["finetune"]
+    assert finetune.data.metrics["privacy.finetune.epsilon"] == parent.data.metrics["privacy.finetune.epsilon"]
+    assert finetune.data.params["finetune.epochs"] == "20" and "dp_pca.components" not in finetune.data.params
+    assert len(client.get_metric_history(finetune.info.run_id, "privacy.finetune.epsilon_by_step")) >= 2
+    assert all(c.data.metrics["stage.seconds"] > 0 for c in children)
+    assert by_stage["evaluate"].data.metrics["accuracy.test"] == result["accuracy_test"]
+    assert by_stage["prepare"].data.tags["dvc.data_version"] == parent.data.tags["dvc.data_version"]
+
+
+def test_the_run_is_charged_to_the_lifetime_ledger_and_mirrored_in_mlflow(finished):
+    folder, result, client = finished
+    stored = json.loads((folder / "data/budget/digits.json").read_text())
+    (entry,) = stored["entries"]
+    assert entry["run"] == result["run_id"] and entry["epsilon"] == pytest.approx(result["epsilon"])
+    assert entry["data_version"] == result["data_version"]
+    metrics = client.get_run(result["run_id"]).data.metrics
+    assert metrics["privacy.lifetime.epsilon"] == pytest.approx(result["epsilon"])
+    assert metrics["privacy.lifetime.epsilon_remaining"] == pytest.approx(30.0 - result["epsilon"])
+    assert result["lifetime"]["runs"] == 1
+    logged = {a.path for a in client.list_artifacts(result["run_id"], "plots")}
+    assert logged == {"plots/epsilon_by_stage.png", "plots/accuracy_vs_epsilon.png", "plots/lifetime_budget.png"}
+    assert {a.path for a in client.list_artifacts(result["run_id"], "privacy")} >= {"privacy/lifetime.json"}
+    version = client.get_model_version("test-model", result["model_version"])
+    assert version.tags["dvc.data_version"] == result["data_version"]
+
+
+def test_audit_lists_two_recorded_runs_and_the_budget_adds_them_up(finished, monkeypatch, capsys):
+    from flows.cli import main
+    from flows.pipeline import pipeline
+
+    folder, first, client = finished
+    monkeypatch.chdir(folder)
+    write_params(folder, run={"model_name": "test-model"}, student={"enabled": False},
+                 finetune={"epochs": 2, "target_epsilon": 1.0}, head={"enabled": False})
+    second = pipeline(params_file="params.yaml")
+    assert main(["audit", "--csv", "audit.csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:6] == ["date", "run", "flow", "dataset", "data_version", "stages"]
+    assert [line.split()[1] for line in out[1:3]] == [first["run_id"][:12], second["run_id"][:12]]
+    assert out[3].startswith("2 run(s)")
+    import csv
+
+    rows = list(csv.DictReader(open("audit.csv")))
+    assert [r["run"] for r in rows] == [first["run_id"], second["run_id"]]
+    assert float(rows[1]["epsilon"]) == pytest.approx(second["epsilon"], rel=1e-3)
+    assert rows[0]["stages"].startswith("dp_pca ") and "aggregate" in rows[0]["stages"]
+    assert "aggregate" not in rows[1]["stages"] and rows[1]["model"] == f"test-model/{second['model_version']}"
+    # filters
+    assert main(["audit", "--dataset", "mnist"]) == 0 and "0 run(s)" in capsys.readouterr().out
+    assert main(["audit", "--since", "2999-01-01"]) == 0 and "0 run(s)" in capsys.readouterr().out
+    assert main(["audit", "--since", "yesterday"]) == 2
+    assert capsys.readouterr().err.strip() == "privpipe: error: --since: expected a date like 2026-11-23, got 'yesterday'"
+    # the lifetime ledger composes both runs
+    assert main(["budget"]) == 0
+    assert f"spent ε = {first['epsilon'] + second['epsilon']:.4g}" in capsys.readouterr().out

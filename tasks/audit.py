@@ -1,0 +1,111 @@
+"""``privpipe audit``: one row per recorded run, read back from MLflow.
+
+    privpipe audit [--dataset digits] [--since 2026-11-01] [--until 2026-12-01] [--csv runs.csv]
+
+Columns: date, run, flow, dataset, data version, ε of each stage alone, total ε and δ, the
+accountant, test accuracy, the registered model version, and the run's status. Only parent
+runs are listed (the per-stage child runs repeat their parent's figures).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import ViewType
+
+from privpipe.config import Params
+from tasks import tracking
+from tasks.common import write_text
+
+__all__ = ["audit_rows", "format_table", "write_csv", "COLUMNS", "parse_day"]
+
+COLUMNS = ("date", "run", "flow", "dataset", "data_version", "stages", "epsilon", "delta", "accountant",
+           "accuracy", "model", "status")
+_TOTALS = {"epsilon", "delta", "epsilon_budget"}
+
+
+def parse_day(text: str, *, key: str) -> datetime:
+    """``YYYY-MM-DD`` (or a full ISO time) as UTC; ValueError naming the option otherwise."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{key}: expected a date like 2026-11-23, got {text!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _stage_epsilons(metrics: dict[str, float]) -> dict[str, float]:
+    found = {}
+    for key, value in metrics.items():
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "privacy" and parts[2] == "epsilon" and parts[1] not in _TOTALS \
+                and parts[1] != "lifetime":
+            found[parts[1]] = value
+    return found
+
+
+def audit_rows(params: Params, *, dataset: str | None = None, since: datetime | None = None,
+               until: datetime | None = None) -> list[dict[str, Any]]:
+    """The runs of ``run.experiment`` that privpipe recorded, oldest first, filtered."""
+    client = tracking._client(params)
+    experiment = client.get_experiment_by_name(params.run.experiment)
+    if experiment is None:
+        return []
+    clauses = ["tags.`privpipe.flow` != ''"]
+    if dataset:
+        clauses.append(f"tags.`privpipe.dataset` = '{dataset.replace(chr(39), '')}'")
+    if since:
+        clauses.append(f"attributes.start_time >= {int(since.timestamp() * 1000)}")
+    if until:
+        clauses.append(f"attributes.start_time < {int(until.timestamp() * 1000)}")
+    rows, token = [], None
+    while True:
+        page = client.search_runs([experiment.experiment_id], filter_string=" and ".join(clauses),
+                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=1000,
+                                  order_by=["attributes.start_time ASC"], page_token=token)
+        rows += [_row(run) for run in page if "mlflow.parentRunId" not in run.data.tags]
+        token = page.token
+        if not token:
+            return rows
+
+
+def _row(run) -> dict[str, Any]:
+    tags, metrics = run.data.tags, run.data.metrics
+    stages = _stage_epsilons(metrics)
+    return {
+        "date": datetime.fromtimestamp(run.info.start_time / 1000, timezone.utc).isoformat(timespec="seconds"),
+        "run": run.info.run_id, "flow": tags.get("privpipe.flow", ""), "dataset": tags.get("privpipe.dataset", ""),
+        "data_version": tags.get("dvc.data_version", ""),
+        "stages": "; ".join(f"{stage} {eps:.4g}" for stage, eps in stages.items()),
+        "epsilon": metrics.get("privacy.epsilon"), "delta": metrics.get("privacy.delta"),
+        "accountant": tags.get("privacy.accountant", ""), "accuracy": metrics.get("accuracy.test"),
+        "model": tags.get("registered_model", ""), "status": run.info.status,
+    }
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    shown = [{**r, "run": r["run"][:12], "data_version": r["data_version"][:16]} for r in rows]
+    widths = {c: max([len(c)] + [len(_cell(r[c])) for r in shown]) for c in COLUMNS}
+    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS)]
+    lines += ["  ".join(_cell(r[c]).ljust(widths[c]) for c in COLUMNS) for r in shown]
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    """Full run ids and versions, one row per run (written whole or not at all)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({c: "" if r[c] is None else r[c] for c in COLUMNS} for r in rows)
+    write_text(path, buffer.getvalue())

@@ -1,0 +1,101 @@
+"""What an auditor sees in MLflow at the end of a run, without code.
+
+- one child run per stage under the run (tag ``mlflow.parentRunId``): the stage's parameters,
+  its figures and ``privacy.<stage>.*`` metrics (curves included), its wall time;
+- the dataset's lifetime spend: ``privacy.lifetime.*`` metrics and ``privacy/lifetime.json``;
+- the plots of :mod:`tasks.audit_plots` as artifacts.
+
+:func:`close_run` is the last step of every training flow: it adds the run's spend to the
+dataset's lifetime ledger (:mod:`tasks.budget`) and mirrors it here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import matplotlib.pyplot as plt
+from mlflow.entities import Metric, Param
+
+from privpipe.config import Params
+from privpipe.privacy import Ledger, LifetimeLedger
+from tasks import budget, tracking
+from tasks.audit import audit_rows
+from tasks.audit_plots import epsilon_by_stage_figure, frontier_figure, lifetime_figure
+
+__all__ = ["log_stage_runs", "log_lifetime", "close_run", "lifetime_summary", "CURVES"]
+
+#: ε-over-progress curves the stages log (drawn in plots/epsilon_by_stage.png)
+CURVES = ("privacy.finetune.epsilon_by_step", "privacy.finetune.epsilon_by_round",
+          "privacy.federated.epsilon_by_round")
+#: metric prefixes that belong to a stage besides ``<stage>.`` and ``privacy.<stage>.``
+_EXTRA_PREFIXES = {"prepare": ("data.",), "evaluate": ("accuracy.",)}
+
+
+def log_stage_runs(params: Params, parent_id: str, seconds: dict[str, float]) -> dict[str, str]:
+    """A child run per stage (in the order run), holding what the parent logged about it."""
+    client = tracking._client(params)
+    parent = client.get_run(parent_id)
+    flat = params.flat()
+    children = {}
+    for stage, wall in seconds.items():
+        prefixes = (f"{stage}.", f"privacy.{stage}.", *_EXTRA_PREFIXES.get(stage, ()))
+        child = client.create_run(parent.info.experiment_id, run_name=stage, tags={
+            "mlflow.parentRunId": parent_id, "privpipe.stage": stage,
+            **{k: v for k, v in parent.data.tags.items() if k.startswith((f"{stage}.", "privpipe.", "dvc."))
+               and k != "privpipe.flow"}})
+        run_id = child.info.run_id
+        metrics = [Metric("stage.seconds", wall, tracking._now_ms(), 0)]
+        for key in parent.data.metrics:
+            if key.startswith(prefixes):
+                metrics += client.get_metric_history(parent_id, key)
+        stage_params = [Param(k, str(v)) for k, v in sorted(flat.items()) if k.startswith(f"{stage}.")]
+        for i in range(0, max(len(metrics), len(stage_params)), 100):
+            client.log_batch(run_id, metrics=metrics[i:i + 100], params=stage_params[i:i + 100])
+        client.set_terminated(run_id, "FINISHED")
+        children[stage] = run_id
+    return children
+
+
+def log_lifetime(params: Params, run_id: str, lifetime: LifetimeLedger) -> None:
+    client = tracking._client(params)
+    spent, spent_delta = lifetime.spent()
+    left, left_delta = lifetime.remaining()
+    tracking._metrics(client, run_id, {
+        "privacy.lifetime.epsilon": spent, "privacy.lifetime.delta": spent_delta,
+        "privacy.lifetime.epsilon_budget": lifetime.epsilon_budget, "privacy.lifetime.epsilon_remaining": left,
+        "privacy.lifetime.delta_budget": lifetime.delta_budget, "privacy.lifetime.delta_remaining": left_delta,
+        "privacy.lifetime.runs": len(lifetime.entries)})
+    client.set_tag(run_id, "privacy.lifetime.composition", "basic (runs' ε and δ add up)")
+    client.log_text(run_id, json.dumps(lifetime.to_dict(), indent=2), "privacy/lifetime.json")
+    _figure(client, run_id, lifetime_figure(lifetime), "plots/lifetime_budget.png")
+
+
+def _figure(client, run_id: str, figure, name: str) -> None:
+    client.log_figure(run_id, figure, name)
+    plt.close(figure)
+
+
+def close_run(params: Params, run_id: str, *, flow: str, dataset: str, ledger: Ledger, data_version: str,
+              seconds: dict[str, float] | None = None) -> LifetimeLedger:
+    """Charge the dataset's lifetime budget with the run, then log the audit view of the run."""
+    lifetime = budget.record_lifetime(params, dataset, budget.spend_of_run(
+        run_id=run_id, flow=flow, data_version=data_version, ledger=ledger))
+    log_lifetime(params, run_id, lifetime)
+    client = tracking._client(params)
+    curves = {key.split(".", 1)[1]: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+              for key in CURVES}
+    _figure(client, run_id, epsilon_by_stage_figure(ledger, {k: v for k, v in curves.items() if v}),
+            "plots/epsilon_by_stage.png")
+    runs = audit_rows(params, dataset=dataset)
+    _figure(client, run_id, frontier_figure(runs, run_id), "plots/accuracy_vs_epsilon.png")
+    if seconds:
+        log_stage_runs(params, run_id, seconds)
+    return lifetime
+
+
+def lifetime_summary(lifetime: LifetimeLedger) -> dict[str, Any]:
+    spent, spent_delta = lifetime.spent()
+    left, left_delta = lifetime.remaining()
+    return {"dataset": lifetime.dataset, "spent": spent, "spent_delta": spent_delta, "left": left,
+            "left_delta": left_delta, "budget": lifetime.epsilon_budget, "runs": len(lifetime.entries)}

@@ -1,0 +1,80 @@
+"""MLflow behind a tracking server (here on 127.0.0.1 with SQLite): the path a team's shared server takes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import write_params
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def tracking_server(tmp_path):
+    port = _free_port()
+    mlflow = Path(sys.executable).with_name("mlflow")
+    server = subprocess.Popen(
+        [str(mlflow), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--artifacts-destination", str(tmp_path / "server-artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                pytest.fail("the MLflow server did not start")
+            time.sleep(0.5)
+    yield url, tmp_path / "server-artifacts"
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def test_a_run_recorded_through_a_tracking_server(project, tracking_server, capsys):
+    from flows.cli import main
+    from privpipe.config import load_params
+    from privpipe.privacy import GaussianEvent, Ledger
+    from tasks import audit_tracking, tracking
+
+    url, artifact_store = tracking_server
+    write_params(project, run={"tracking_uri": url, "model_name": "served-model"})
+    params = load_params("params.yaml")
+    ledger = Ledger(epsilon_budget=3.0, delta=1e-5)
+    ledger.record(GaussianEvent(stage="dp_pca", noise_multiplier=4.0))
+    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
+        out = {"accuracy_test": 0.9, "accuracy_train": 0.95}
+        registered = tracking.log_evaluate(params, run_id, out, ledger, torch.nn.Linear(4, 2),
+                                           np.zeros((2, 4), dtype=np.float32))
+        tracking.log_privacy(params, run_id, ledger)
+        audit_tracking.close_run(params, run_id, flow="pipeline", dataset="digits", ledger=ledger,
+                                 data_version="abc", seconds={"dp_pca": 0.5})
+    # nothing went to the project folder: the server holds runs and artifacts
+    assert not (project / "mlflow.db").exists() and not (project / "mlartifacts").exists()
+    assert registered["model_version"] == "1"
+    assert any(artifact_store.rglob("lifetime_budget.png")) and any(artifact_store.rglob("MLmodel"))
+    capsys.readouterr()  # (mlflow's own "View run … at" lines)
+    assert main(["audit"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[1] == run_id[:12] and "served-model/1" in lines[1]
+    assert lines[-1].startswith("1 run(s)")
