@@ -3,6 +3,7 @@
 #   make test    the test suite (fast, offline)
 #   make repro   the same pipeline through DVC (dvc repro)
 #   make ui      the MLflow UI on http://127.0.0.1:5000
+#   make serve   the scheduled deployments (retraining, deletion processing) on a local Prefect server
 #   make bench   the benchmarks (needs ../shared/data or --mnist DIR)
 
 PYTHON ?= python3
@@ -15,7 +16,7 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
-.PHONY: install run test repro ui bench clean
+.PHONY: install run test repro serve ui bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,11 @@ test: $(STAMP)
 repro: $(STAMP)
 	$(BIN)/privpipe init-data
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+	@# the lifetime ledgers the run charged (dvc repro holds DVC's lock while it runs)
+	if ls data/budget/*.json >/dev/null 2>&1; then $(BIN)/dvc add -q data/budget/*.json; fi
+
+serve: $(STAMP)
+	$(BIN)/privpipe serve
 
 ui: $(STAMP)
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow ui \

@@ -8,6 +8,9 @@
     privpipe forget ID... [--reason TEXT]        queue deletion requests (durable; unknown ids are refused)
     privpipe removals [--params ...]             process the queue as a Prefect flow (remove, register, new data version)
     privpipe requests                            list deletion requests and their state
+    privpipe serve [--params ...]                the Prefect deployments: scheduled retraining, deletion processing
+    privpipe budget [--params ...]               each dataset's lifetime privacy spend, run by run
+    privpipe audit [--dataset D] [--since DAY] [--until DAY] [--csv FILE]   the recorded runs as a table
     privpipe privacy dpsgd --noise-multiplier 1.1 --sample-rate 0.01 --steps 10000 --delta 1e-5
 
 Bad input ends with one line on stderr naming the key or file, and exit code 2;
@@ -22,6 +25,7 @@ import sys
 import warnings
 from typing import Sequence
 
+SPENDING_STAGES = ("dp_pca", "aggregate", "finetune")  # the stages that add events to the ledger
 STAGES = ("prepare", "partition", "dp_pca", "teachers", "aggregate", "student", "finetune", "head", "evaluate")
 
 
@@ -74,6 +78,22 @@ def _parser() -> argparse.ArgumentParser:
     removals.add_argument("--params", default="params.yaml")
 
     commands.add_parser("requests", help="list deletion requests and their state")
+
+    serve = commands.add_parser("serve", help="serve the scheduled-retrain and deletion-processing deployments "
+                                              "(starts a local Prefect server if none answers)")
+    serve.add_argument("--params", default="params.yaml")
+    serve.add_argument("--list", action="store_true", help="only print the deployments and their schedules")
+
+    budget = commands.add_parser("budget", help="each dataset's lifetime privacy spend and what is left")
+    budget.add_argument("--params", default="params.yaml")
+
+    audit = commands.add_parser("audit", help="the recorded runs (from MLflow): data version, ε per stage, "
+                                              "accuracy, model version")
+    audit.add_argument("--params", default="params.yaml")
+    audit.add_argument("--dataset", default=None, help="only runs on this dataset (e.g. digits)")
+    audit.add_argument("--since", default=None, help="only runs started on or after this day (YYYY-MM-DD, UTC)")
+    audit.add_argument("--until", default=None, help="only runs started before this day (YYYY-MM-DD, UTC)")
+    audit.add_argument("--csv", default=None, metavar="FILE", help="also write the table as CSV")
 
     privacy = commands.add_parser("privacy", help="privacy calculators")
     calculators = privacy.add_subparsers(dest="calculator", required=True)
@@ -131,6 +151,10 @@ def _stage(args: argparse.Namespace) -> int:
     import importlib
 
     params = load_params(args.params)
+    if args.name in SPENDING_STAGES:  # dvc repro: the run is charged at evaluate --track; refuse before spending
+        from tasks import budget
+
+        budget.check_lifetime(params, budget.dataset_name(params), what=f"stage {args.name}")
     run = getattr(importlib.import_module(f"tasks.{args.name}"), f"run_{args.name}")
     out = run(params)
     if args.track:
@@ -166,6 +190,10 @@ def _forget(args: argparse.Namespace) -> int:
     for request in accepted:
         print(f"queued {request.request_id} (received {request.received_at})")
     print(f"{len(accepted)} deletion request(s) queued in {queue.path}; `privpipe removals` processes them")
+    if accepted:
+        from tasks.notify import announce_deletion_requests
+
+        print(announce_deletion_requests(params, [r.request_id for r in accepted]))
     return 0
 
 
@@ -202,10 +230,76 @@ def _removals(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from privpipe.config import load_params
+
+    params = load_params(args.params)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.deploy import build_deployments, describe_deployment, prefect_server, serve_deployments
+
+    if args.list:
+        for deployment in build_deployments(params, params_file=args.params):
+            print(describe_deployment(deployment))
+        return 0
+
+    url = params.schedule.prefect_api_url
+    with prefect_server(url), temporary_settings(updates={PREFECT_API_URL: url}):
+        print(f"Prefect server {url} (UI: {url.removesuffix('/api').removesuffix('/api/')}); Ctrl-C stops serving")
+        serve_deployments(params, params_file=args.params)
+    return 0
+
+
+def _budget(args: argparse.Namespace) -> int:
+    from privpipe.config import load_params
+    from tasks import budget
+
+    params = load_params(args.params)
+    ledgers = budget.all_lifetimes(params)
+    if not ledgers:
+        print(f"no runs recorded yet ({params.lifetime.ledger_dir} is empty); lifetime budget per dataset: "
+              f"ε = {params.lifetime.epsilon_budget:g}, δ = {params.lifetime.delta_budget:g}")
+    for ledger in ledgers:
+        spent, spent_delta = ledger.spent()
+        left, left_delta = ledger.remaining()
+        print(f"dataset {ledger.dataset}: spent ε = {spent:.4g}, δ = {spent_delta:.3g} over {len(ledger.entries)} "
+              f"run(s); left ε = {left:.4g}, δ = {left_delta:.3g} of ε = {ledger.epsilon_budget:g}, "
+              f"δ = {ledger.delta_budget:g} (basic composition; {budget.ledger_path(params, ledger.dataset)})")
+        print(f"  {'recorded (UTC)':<26} {'flow':<15} {'run':<33} {'data version':<34} {'ε':>8} {'δ':>9}")
+        for e in ledger.entries:
+            print(f"  {e.recorded_at:<26} {e.flow:<15} {e.run:<33} {e.data_version[:34]:<34} {e.epsilon:>8.4g} "
+                  f"{e.delta:>9.3g}")
+        runs_left = int(left // params.privacy.epsilon_budget) if params.privacy.epsilon_budget else 0
+        print(f"  room for {runs_left} more run(s) at privacy.epsilon_budget = {params.privacy.epsilon_budget:g}")
+    return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from privpipe.config import load_params
+    from tasks.audit import audit_rows, format_table, parse_day, write_csv
+
+    params = load_params(args.params)
+    since = parse_day(args.since, key="--since") if args.since else None
+    until = parse_day(args.until, key="--until") if args.until else None
+    rows = audit_rows(params, dataset=args.dataset, since=since, until=until)
+    print(format_table(rows))
+    print(f"{len(rows)} run(s) in MLflow experiment {params.run.experiment!r}"
+          + (f", dataset {args.dataset}" if args.dataset else ""))
+    if args.csv:
+        write_csv(rows, Path(args.csv))
+        print(f"written {args.csv}")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
 
-    load_params(args.params)  # validate before Prefect starts anything
+    params = load_params(args.params)  # validate before Prefect starts anything
+    from tasks import budget
+
+    budget.check_lifetime(params, budget.dataset_name(params), what="pipeline run")  # the flow checks again
     from flows.pipeline import pipeline
     from tasks import tracking
 
@@ -217,6 +311,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"target domain   {result['accuracy_target']:.4f}   (accuracy on the related domain's labeled test set)")
     print(f"privacy spent   ε = {result['epsilon']:.4f}, δ = {result['delta']:g}  "
           f"({result['accountant'].upper()} accountant over all stages; per stage in metrics/privacy.json)")
+    life = result["lifetime"]
+    print(f"lifetime        dataset {life['dataset']}: ε = {life['spent']:.4g} spent over {life['runs']} run(s), "
+          f"{life['left']:.4g} left of {life['budget']:g} (`privpipe budget`)")
+    print(f"data version    {result['data_version']}")
     if "model_version" in result:
         print(f"model           {result['model_name']} version {result['model_version']} (MLflow registry)")
     if "head" in result:
@@ -245,6 +343,10 @@ def _federated(args: argparse.Namespace) -> int:
     from privpipe.config import check_federated_use
 
     check_federated_use(params, clients=None if params.text.client_column else params.federated.clients)
+    from tasks import budget
+
+    budget.check_lifetime(params, budget.dataset_name(params, flow="federated-text"), what="federated text run",
+                          private=params.federated.private)
     from flows.federated import federated_text
     from tasks import tracking
 
@@ -271,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from privpipe.data import DataError
     from privpipe.privacy import BudgetExceeded
     from privpipe.requests import QueueBusy, QueueError, UnknownRecord
+    from tasks.common import PipelineBusy
 
     try:
         with warnings.catch_warnings():
@@ -283,10 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _init_data(args)
             if args.command == "federated":
                 return _federated(args)
-            if args.command in ("forget", "requests", "removals"):
-                return {"forget": _forget, "requests": _requests, "removals": _removals}[args.command](args)
+            if args.command in ("forget", "requests", "removals", "serve", "budget", "audit"):
+                return {"forget": _forget, "requests": _requests, "removals": _removals, "serve": _serve,
+                        "budget": _budget, "audit": _audit}[args.command](args)
             return _run(args)
-    except QueueBusy as exc:
+    except (QueueBusy, PipelineBusy) as exc:
         print(f"privpipe: busy: {exc}", file=sys.stderr)
         return 1
     except (ConfigError, DataError, QueueError, UnknownRecord, ValueError, FileNotFoundError) as exc:

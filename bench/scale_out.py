@@ -1,0 +1,103 @@
+"""Teacher stage on a local Dask cluster: 1 worker vs 2 (goal: speed-up >= 1.7x on 2 workers).
+
+    .venv/bin/python bench/scale_out.py [--teachers 50] [--epochs 100] [--repeats 1]
+
+In a temporary project folder: prepare, partition and DP-PCA of the embedded digits run
+once; then the teacher stage (one mapped Prefect task per teacher, ``flows.pipeline._teachers``)
+runs inside a flow on a local Dask cluster with 1 and then 2 worker processes (one thread
+each). The time is the mapping alone, from the first submit to the last vote file; the
+cluster's start-up is reported apart. Also: the default threads runner, for reference.
+Prints a Markdown table and writes bench/out/operations/scale_out.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def write_params(folder: Path, **sections: dict) -> None:
+    """The project's params.yaml with ``sections`` merged in."""
+    import yaml
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for name, values in sections.items():
+        params.setdefault(name, {}).update(values)
+    (folder / "params.yaml").write_text(yaml.safe_dump(params))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--teachers", type=int, default=50)
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="privpipe-scale-"))
+    (folder / "data/raw").mkdir(parents=True)
+    (folder / "data/raw/digits.csv.dvc").write_text((ROOT / "data/raw/digits.csv.dvc").read_text())
+    os.chdir(folder)
+    from flows.env import configure
+
+    configure()
+    from prefect import flow
+
+    from flows.pipeline import _teachers
+    from privpipe.config import load_params
+    from tasks import paths
+    from tasks.dp_pca import run_dp_pca
+    from tasks.partition import run_partition
+    from tasks.prepare import run_prepare
+    from tasks.runner import mapping_runner
+
+    rows = []
+    for kind, workers in (("threads", 2), ("dask", 1), ("dask", 2)):
+        write_params(folder, runner={"kind": kind, "workers": workers},
+                     partition={"shards": args.teachers}, teachers={"epochs": args.epochs})
+        params = load_params("params.yaml")
+        prepared = run_prepare(params)
+        run_partition(params)
+        run_dp_pca(params)
+        for repeat in range(args.repeats):
+            timing = {}
+
+            @flow(name="bench-teachers")
+            def teachers_only() -> None:
+                start = time.perf_counter()
+                with mapping_runner(params) as runner:
+                    if kind == "dask":
+                        runner.client.wait_for_workers(workers)
+                    timing["startup_s"] = time.perf_counter() - start
+                    begin = time.perf_counter()
+                    _teachers(params, runner, prepared, str(paths.PARTITION), str(paths.DP_PCA))
+                    timing["teachers_s"] = time.perf_counter() - begin
+
+            teachers_only()
+            rows.append({"runner": kind, "workers": workers, "repeat": repeat, **timing})
+            print(rows[-1], flush=True)
+
+    def best(kind: str, workers: int) -> float:
+        return min(r["teachers_s"] for r in rows if r["runner"] == kind and r["workers"] == workers)
+
+    speedup = best("dask", 1) / best("dask", 2)
+    print(f"\n{args.teachers} MLP teachers, {args.epochs} epochs each, digits (DP-PCA features); "
+          f"{os.cpu_count()} cores\n")
+    print("| runner | workers | teacher stage (s) | start-up (s) |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['runner']} | {r['workers']} | {r['teachers_s']:.1f} | {r['startup_s']:.1f} |")
+    print(f"\nDask speed-up, 2 workers over 1: {speedup:.2f}x (goal >= 1.7x)")
+    out = ROOT / "bench/out/operations/scale_out.json"
+    out.write_text(json.dumps({"teachers": args.teachers, "epochs": args.epochs, "cores": os.cpu_count(),
+                               "rows": rows, "speedup_dask_2_over_1": speedup}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
