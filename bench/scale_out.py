@@ -1,9 +1,10 @@
 """Teacher stage on a local Dask cluster: 1 worker vs 2 (goal: speed-up >= 1.7x on 2 workers).
 
-    .venv/bin/python bench/scale_out.py [--teachers 50] [--epochs 100] [--repeats 1]
+    .venv/bin/python bench/scale_out.py --base params-mnist.yaml --mnist ../shared/data/mnist --teachers 40 --epochs 10
+    .venv/bin/python bench/scale_out.py                 # the default digits teachers (tiny: overhead-bound)
 
-In a temporary project folder: prepare, partition and DP-PCA of the embedded digits run
-once; then the teacher stage (one mapped Prefect task per teacher, ``flows.pipeline._teachers``)
+In a temporary project folder: prepare, partition and DP-PCA (of MNIST, or of the embedded
+digits) run once; then the teacher stage (one mapped Prefect task per teacher, ``flows.pipeline._teachers``)
 runs inside a flow on a local Dask cluster with 1 and then 2 worker processes (one thread
 each). The time is the mapping alone, from the first submit to the last vote file; the
 cluster's start-up is reported apart. Also: the default threads runner, for reference.
@@ -24,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def write_params(folder: Path, **sections: dict) -> None:
-    """The project's params.yaml with ``sections`` merged in."""
+def write_params(folder: Path, base: str, **sections: dict) -> None:
+    """The project's ``base`` params file with ``sections`` merged in."""
     import yaml
 
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = yaml.safe_load((ROOT / base).read_text())
     for name, values in sections.items():
         params.setdefault(name, {}).update(values)
     (folder / "params.yaml").write_text(yaml.safe_dump(params))
@@ -39,7 +40,10 @@ def main() -> None:
     parser.add_argument("--teachers", type=int, default=50)
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--base", default="params.yaml", help="params file the settings start from")
+    parser.add_argument("--mnist", default=None, help="folder of the MNIST IDX files (with --base params-mnist.yaml)")
     args = parser.parse_args()
+    data = {"path": str(Path(args.mnist).resolve())} if args.mnist else {}
 
     folder = Path(tempfile.mkdtemp(prefix="privpipe-scale-"))
     (folder / "data/raw").mkdir(parents=True)
@@ -60,12 +64,13 @@ def main() -> None:
 
     rows = []
     for kind, workers in (("threads", 2), ("dask", 1), ("dask", 2)):
-        write_params(folder, runner={"kind": kind, "workers": workers},
+        write_params(folder, args.base, runner={"kind": kind, "workers": workers}, prepare=data,
                      partition={"shards": args.teachers}, teachers={"epochs": args.epochs})
         params = load_params("params.yaml")
-        prepared = run_prepare(params)
-        run_partition(params)
-        run_dp_pca(params)
+        if not rows:  # the teachers' inputs, once
+            prepared = run_prepare(params)
+            run_partition(params)
+            run_dp_pca(params)
         for repeat in range(args.repeats):
             timing = {}
 
@@ -88,14 +93,15 @@ def main() -> None:
         return min(r["teachers_s"] for r in rows if r["runner"] == kind and r["workers"] == workers)
 
     speedup = best("dask", 1) / best("dask", 2)
-    print(f"\n{args.teachers} MLP teachers, {args.epochs} epochs each, digits (DP-PCA features); "
+    print(f"\n{args.teachers} {params.teachers.model} teachers, {args.epochs} epochs each, {params.prepare.dataset}; "
           f"{os.cpu_count()} cores\n")
     print("| runner | workers | teacher stage (s) | start-up (s) |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['runner']} | {r['workers']} | {r['teachers_s']:.1f} | {r['startup_s']:.1f} |")
     print(f"\nDask speed-up, 2 workers over 1: {speedup:.2f}x (goal >= 1.7x)")
-    out = ROOT / "bench/out/operations/scale_out.json"
-    out.write_text(json.dumps({"teachers": args.teachers, "epochs": args.epochs, "cores": os.cpu_count(),
+    out = ROOT / "bench/out/operations" / f"scale_out_{params.prepare.dataset}.json"
+    out.write_text(json.dumps({"dataset": params.prepare.dataset, "model": params.teachers.model,
+                               "teachers": args.teachers, "epochs": args.epochs, "cores": os.cpu_count(),
                                "rows": rows, "speedup_dask_2_over_1": speedup}, indent=2))
 
 

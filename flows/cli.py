@@ -269,7 +269,7 @@ def _budget(args: argparse.Namespace) -> int:
         for e in ledger.entries:
             print(f"  {e.recorded_at:<26} {e.flow:<15} {e.run:<33} {e.data_version[:34]:<34} {e.epsilon:>8.4g} "
                   f"{e.delta:>9.3g}")
-        runs_left = int(left // params.privacy.epsilon_budget) if params.privacy.epsilon_budget else 0
+        runs_left = int(left // params.privacy.epsilon_budget)
         print(f"  room for {runs_left} more run(s) at privacy.epsilon_budget = {params.privacy.epsilon_budget:g}")
     return 0
 

@@ -64,10 +64,11 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
         out = run_federated_text(params, text_dir=prepared["dir"], features_dir=features["dir"],
                                  updates_for=mapped_client_updates(runner))
         text_tracking.log_federated(params, run_id, out)
+        ledger = Ledger.from_dict(read_json(out["ledger"]))
+        audit_tracking.charge_run(params, run_id, flow="federated-text", dataset=dataset, ledger=ledger,
+                                  data_version=prepared["data_version"])  # before the model is released
         out.update(text_tracking.register_text_model(params, run_id, out, features["encoder"]))
-        audit_tracking.close_run(params, run_id, flow="federated-text", dataset=dataset,
-                                 ledger=Ledger.from_dict(read_json(out["ledger"])),
-                                 data_version=prepared["data_version"])
+        audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger)
         create_markdown_artifact(key="federated-summary", markdown=federated_markdown(out),
                                  description="federated text run: accuracy and client-level privacy")
         log.info("federated: done")

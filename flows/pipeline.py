@@ -124,17 +124,15 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
         with tracking.tracked_run(params, params_file=params_file, flow="pipeline", dataset=dataset) as run_id, \
                 mapping_runner(params) as runner:
             log.info("pipeline: mapped tasks run on %s", describe_runner(params))
-            result, seconds = _stages(params, run_id, runner)
+            result, seconds = _stages(params, run_id, runner, dataset)
             ledger = Ledger.from_dict(read_json(result["ledger"]))
-            lifetime = audit_tracking.close_run(params, run_id, flow="pipeline", dataset=dataset, ledger=ledger,
-                                                data_version=result["data_version"], seconds=seconds)
-            result["lifetime"] = audit_tracking.lifetime_summary(lifetime)
+            audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger, seconds=seconds)
             create_markdown_artifact(key="privacy-summary", markdown=privacy_markdown(ledger, result),
                                      description="privacy spend of this run")
     return {**result, "run_id": run_id}
 
 
-def _stages(params, run_id: str, runner) -> tuple[dict[str, Any], dict[str, float]]:
+def _stages(params, run_id: str, runner, dataset: str) -> tuple[dict[str, Any], dict[str, float]]:
     timed = _Stopwatch()
     prepared = timed("prepare", prepare_task, params, run_id)
     sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
@@ -159,6 +157,10 @@ def _stages(params, run_id: str, runner) -> tuple[dict[str, Any], dict[str, floa
         timed("finetune", finetune_task, params, run_id, sensitive, test, pca["dir"], str(start_dir(params)))
     else:
         run_finetune(params)
+    # the ledger is final: charge the dataset's lifetime budget before anything is released (the head's model and the evaluated one)
+    lifetime = audit_tracking.charge_run(params, run_id, flow="pipeline", dataset=dataset,
+                                         ledger=Ledger.from_dict(read_json(deployed_dir(params) / "ledger.json")),
+                                         data_version=prepared["data_version"])
     if params.head.enabled:
         head = timed("head", head_task, params, run_id, sensitive, test, str(deployed_dir(params)), pca["dir"])
     else:
@@ -166,6 +168,7 @@ def _stages(params, run_id: str, runner) -> tuple[dict[str, Any], dict[str, floa
     result = timed("evaluate", evaluate_task, params, run_id, sensitive, test, str(deployed_dir(params)))
     result.update({k: v for k, v in head.items() if k.startswith("head_model")})
     result["data_version"] = prepared["data_version"]
+    result["lifetime"] = audit_tracking.lifetime_summary(lifetime)
     if not head.get("skipped"):
         result["head"] = {k: head[k] for k in ("accuracy_test", "gradient_budget", "removal_epsilon",
                                                "removal_delta", "features_epsilon",

@@ -40,6 +40,11 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
             log_finetune_outputs(params, run_id, {**read_json(paths.metrics_file("finetune")),
                                                   "history": str(paths.FINETUNE / "history.json"),
                                                   "ledger": str(paths.FINETUNE / "ledger.json")})
+        # the stages checked the lifetime budget before they spent (privpipe stage); charge it
+        # before a model is registered (the head's, then the evaluated one)
+        ledger = Ledger.from_dict(read_json(evaluation["ledger"]))
+        audit_tracking.charge_run(params, run_id, flow="dvc-repro", dataset=dataset, ledger=ledger,
+                                  data_version=prepared["data_version"])
         if params.head.enabled:
             from tasks.head_tracking import log_head
 
@@ -47,8 +52,5 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
         else:
             result_head = {}
         result = {**track_evaluation(params, run_id, evaluation), **result_head}
-        # the stages checked the lifetime budget before they spent (privpipe stage); charge it now
-        audit_tracking.close_run(params, run_id, flow="dvc-repro", dataset=dataset,
-                                 ledger=Ledger.from_dict(read_json(result["ledger"])),
-                                 data_version=prepared["data_version"])
+        audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger)
     return {**result, "run_id": run_id}

@@ -5,8 +5,9 @@
 - the dataset's lifetime spend: ``privacy.lifetime.*`` metrics and ``privacy/lifetime.json``;
 - the plots of :mod:`tasks.audit_plots` as artifacts.
 
-:func:`close_run` is the last step of every training flow: it adds the run's spend to the
-dataset's lifetime ledger (:mod:`tasks.budget`) and mirrors it here.
+:func:`charge_run` adds a training run's spend to the dataset's lifetime ledger
+(:mod:`tasks.budget`) just before the model is registered, and mirrors it here;
+:func:`log_audit_view` is the last step of the flow.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tasks import budget, tracking
 from tasks.audit import audit_rows
 from tasks.audit_plots import epsilon_by_stage_figure, frontier_figure, lifetime_figure
 
-__all__ = ["log_stage_runs", "log_lifetime", "close_run", "lifetime_summary", "CURVES"]
+__all__ = ["log_stage_runs", "log_lifetime", "charge_run", "log_audit_view", "lifetime_summary", "CURVES"]
 
 #: ε-over-progress curves the stages log (drawn in plots/epsilon_by_stage.png)
 CURVES = ("privacy.finetune.epsilon_by_step", "privacy.finetune.epsilon_by_round",
@@ -76,12 +77,22 @@ def _figure(client, run_id: str, figure, name: str) -> None:
     plt.close(figure)
 
 
-def close_run(params: Params, run_id: str, *, flow: str, dataset: str, ledger: Ledger, data_version: str,
-              seconds: dict[str, float] | None = None) -> LifetimeLedger:
-    """Charge the dataset's lifetime budget with the run, then log the audit view of the run."""
+def charge_run(params: Params, run_id: str, *, flow: str, dataset: str, ledger: Ledger,
+               data_version: str) -> LifetimeLedger:
+    """Add the run's spend to the dataset's lifetime ledger and mirror it here.
+
+    Called once the run's ledger is final and *before* the model is registered: a run that
+    dies after this has been charged for a model it never released (too much, never too
+    little); one that dies before it has released nothing."""
     lifetime = budget.record_lifetime(params, dataset, budget.spend_of_run(
         run_id=run_id, flow=flow, data_version=data_version, ledger=ledger))
     log_lifetime(params, run_id, lifetime)
+    return lifetime
+
+
+def log_audit_view(params: Params, run_id: str, *, dataset: str, ledger: Ledger,
+                   seconds: dict[str, float] | None = None) -> None:
+    """The plots (ε by stage, accuracy vs ε over the dataset's runs) and the per-stage child runs."""
     client = tracking._client(params)
     curves = {key.split(".", 1)[1]: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
               for key in CURVES}
@@ -91,7 +102,6 @@ def close_run(params: Params, run_id: str, *, flow: str, dataset: str, ledger: L
     _figure(client, run_id, frontier_figure(runs, run_id), "plots/accuracy_vs_epsilon.png")
     if seconds:
         log_stage_runs(params, run_id, seconds)
-    return lifetime
 
 
 def lifetime_summary(lifetime: LifetimeLedger) -> dict[str, Any]:

@@ -63,12 +63,13 @@ def test_a_run_recorded_through_a_tracking_server(project, tracking_server, caps
     ledger = Ledger(epsilon_budget=3.0, delta=1e-5)
     ledger.record(GaussianEvent(stage="dp_pca", noise_multiplier=4.0))
     with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
+        audit_tracking.charge_run(params, run_id, flow="pipeline", dataset="digits", ledger=ledger,
+                                  data_version="abc")
         out = {"accuracy_test": 0.9, "accuracy_train": 0.95}
         registered = tracking.log_evaluate(params, run_id, out, ledger, torch.nn.Linear(4, 2),
                                            np.zeros((2, 4), dtype=np.float32))
         tracking.log_privacy(params, run_id, ledger)
-        audit_tracking.close_run(params, run_id, flow="pipeline", dataset="digits", ledger=ledger,
-                                 data_version="abc", seconds={"dp_pca": 0.5})
+        audit_tracking.log_audit_view(params, run_id, dataset="digits", ledger=ledger, seconds={"dp_pca": 0.5})
     # nothing went to the project folder: the server holds runs and artifacts
     assert not (project / "mlflow.db").exists() and not (project / "mlartifacts").exists()
     assert registered["model_version"] == "1"
