@@ -157,7 +157,8 @@ def _stages(params, run_id: str, runner, dataset: str) -> tuple[dict[str, Any], 
         timed("finetune", finetune_task, params, run_id, sensitive, test, pca["dir"], str(start_dir(params)))
     else:
         run_finetune(params)
-    # the ledger is final: charge the dataset's lifetime budget before anything is released (the head's model and the evaluated one)
+    # the ledger is final: charge the dataset's lifetime budget before anything is released
+    # (the head's model and the evaluated one)
     lifetime = audit_tracking.charge_run(params, run_id, flow="pipeline", dataset=dataset,
                                          ledger=Ledger.from_dict(read_json(deployed_dir(params) / "ledger.json")),
                                          data_version=prepared["data_version"])

@@ -2,8 +2,8 @@
 
     privpipe stage teachers        # what dvc repro runs (teachers one after another)
 
-In the flow every teacher is its own mapped Prefect task, so the task runner (threads
-here; Dask or Ray later, unchanged) trains them in parallel. Each writes its votes to
+In the flow every teacher is its own mapped Prefect task, so the runner params.yaml
+names (threads, processes, Dask or Ray; ``runner``) trains them in parallel. Each writes its votes to
 artifacts/teachers.partial/; :func:`collect_votes` checks that every teacher reported
 and writes artifacts/teachers/{votes.npy (teachers × queries), query_ids.npy}. The
 votes are the input of the privacy analysis. Teachers' weights are never saved:

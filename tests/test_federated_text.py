@@ -67,6 +67,11 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     assert version.tags["privacy.adjacency"] == "client"
     model = mlflow.pyfunc.load_model(f"models:/privpipe-text/{out['model_version']}")
     assert set(model.predict(["apple banana with plum", "gear and clutch"])) <= {"engine", "fruit"}
+    # charged to the text file's lifetime ledger (client-level ε bounds record-level ε too)
+    (entry,) = json.loads((project / "data/budget/texts.json").read_text())["entries"]
+    assert (entry["run"], entry["flow"]) == (out["run_id"], "federated-text")
+    assert entry["epsilon"] == pytest.approx(spend.epsilon)
+    assert run.data.tags["privpipe.dataset"] == "texts"
 
 
 def test_lora_mode_trains_adapters_and_head_only(project, encoder):

@@ -102,3 +102,16 @@ def test_operations_sections_are_validated():
         parse_params({"runner": {"kind": "slurm"}})
     with pytest.raises(ConfigError, match="^schedule.retrain_cron: not a cron expression"):
         parse_params({"schedule": {"retrain_cron": "every sunday"}})
+
+
+def test_a_non_private_federated_run_is_refused_it_has_no_finite_epsilon(project, capsys):
+    from flows.cli import main
+    from text_fixtures import write_corpus
+
+    write_corpus(project / "texts.jsonl")
+    write_params(project, text={"path": "texts.jsonl"}, federated={"private": False, "clients": 4})
+    assert main(["federated"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("privpipe: refused: federated text run (not private): dataset 'texts' has spent ε = 0")
+    assert "may cost up to ε = inf" in err
+    assert not (project / "mlflow.db").exists()
