@@ -260,16 +260,16 @@ def _budget(args: argparse.Namespace) -> int:
         print(f"no runs recorded yet ({params.lifetime.ledger_dir} is empty); lifetime budget per dataset: "
               f"ε = {params.lifetime.epsilon_budget:g}, δ = {params.lifetime.delta_budget:g}")
     for ledger in ledgers:
-        spent, spent_delta = ledger.spent()
-        left, left_delta = ledger.remaining()
-        print(f"dataset {ledger.dataset}: spent ε = {spent:.4g}, δ = {spent_delta:.3g} over {len(ledger.entries)} "
-              f"run(s); left ε = {left:.4g}, δ = {left_delta:.3g} of ε = {ledger.epsilon_budget:g}, "
-              f"δ = {ledger.delta_budget:g} (basic composition; {budget.ledger_path(params, ledger.dataset)})")
+        life = ledger.summary()
+        print(f"dataset {life['dataset']}: spent ε = {life['spent']:.4g}, δ = {life['spent_delta']:.3g} over "
+              f"{life['runs']} run(s); left ε = {life['left']:.4g}, δ = {life['left_delta']:.3g} of "
+              f"ε = {life['budget']:g}, δ = {life['delta_budget']:g} (basic composition; "
+              f"{budget.ledger_path(params, ledger.dataset)})")
         print(f"  {'recorded (UTC)':<26} {'flow':<15} {'run':<33} {'data version':<34} {'ε':>8} {'δ':>9}")
         for e in ledger.entries:
             print(f"  {e.recorded_at:<26} {e.flow:<15} {e.run:<33} {e.data_version[:34]:<34} {e.epsilon:>8.4g} "
                   f"{e.delta:>9.3g}")
-        runs_left = int(left // params.privacy.epsilon_budget)
+        runs_left = int(life["left"] // params.privacy.epsilon_budget)
         print(f"  room for {runs_left} more run(s) at privacy.epsilon_budget = {params.privacy.epsilon_budget:g}")
     return 0
 

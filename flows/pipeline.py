@@ -169,7 +169,7 @@ def _stages(params, run_id: str, runner, dataset: str) -> tuple[dict[str, Any], 
     result = timed("evaluate", evaluate_task, params, run_id, sensitive, test, str(deployed_dir(params)))
     result.update({k: v for k, v in head.items() if k.startswith("head_model")})
     result["data_version"] = prepared["data_version"]
-    result["lifetime"] = audit_tracking.lifetime_summary(lifetime)
+    result["lifetime"] = lifetime.summary()
     if not head.get("skipped"):
         result["head"] = {k: head[k] for k in ("accuracy_test", "gradient_budget", "removal_epsilon",
                                                "removal_delta", "features_epsilon",

@@ -25,7 +25,6 @@ __all__ = ["audit_rows", "format_table", "write_csv", "COLUMNS", "parse_day"]
 
 COLUMNS = ("date", "run", "flow", "dataset", "data_version", "stages", "epsilon", "delta", "accountant",
            "accuracy", "model", "status")
-_TOTALS = {"epsilon", "delta", "epsilon_budget"}
 
 
 def parse_day(text: str, *, key: str) -> datetime:
@@ -41,8 +40,8 @@ def _stage_epsilons(metrics: dict[str, float]) -> dict[str, float]:
     found = {}
     for key, value in metrics.items():
         parts = key.split(".")
-        if len(parts) == 3 and parts[0] == "privacy" and parts[2] == "epsilon" and parts[1] not in _TOTALS \
-                and parts[1] != "lifetime":
+        # privacy.<stage>.epsilon (the run's totals have two parts; the lifetime is not a stage)
+        if len(parts) == 3 and parts[0] == "privacy" and parts[2] == "epsilon" and parts[1] != "lifetime":
             found[parts[1]] = value
     return found
 

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import matplotlib.pyplot as plt
 from mlflow.entities import Metric, Param
@@ -24,7 +23,7 @@ from tasks import budget, tracking
 from tasks.audit import audit_rows
 from tasks.audit_plots import epsilon_by_stage_figure, frontier_figure, lifetime_figure
 
-__all__ = ["log_stage_runs", "log_lifetime", "charge_run", "log_audit_view", "lifetime_summary", "CURVES"]
+__all__ = ["log_stage_runs", "log_lifetime", "charge_run", "log_audit_view", "CURVES"]
 
 #: ε-over-progress curves the stages log (drawn in plots/epsilon_by_stage.png)
 CURVES = ("privacy.finetune.epsilon_by_step", "privacy.finetune.epsilon_by_round",
@@ -60,13 +59,12 @@ def log_stage_runs(params: Params, parent_id: str, seconds: dict[str, float]) ->
 
 def log_lifetime(params: Params, run_id: str, lifetime: LifetimeLedger) -> None:
     client = tracking._client(params)
-    spent, spent_delta = lifetime.spent()
-    left, left_delta = lifetime.remaining()
+    life = lifetime.summary()
     tracking._metrics(client, run_id, {
-        "privacy.lifetime.epsilon": spent, "privacy.lifetime.delta": spent_delta,
-        "privacy.lifetime.epsilon_budget": lifetime.epsilon_budget, "privacy.lifetime.epsilon_remaining": left,
-        "privacy.lifetime.delta_budget": lifetime.delta_budget, "privacy.lifetime.delta_remaining": left_delta,
-        "privacy.lifetime.runs": len(lifetime.entries)})
+        "privacy.lifetime.epsilon": life["spent"], "privacy.lifetime.delta": life["spent_delta"],
+        "privacy.lifetime.epsilon_budget": life["budget"], "privacy.lifetime.epsilon_remaining": life["left"],
+        "privacy.lifetime.delta_budget": life["delta_budget"], "privacy.lifetime.delta_remaining": life["left_delta"],
+        "privacy.lifetime.runs": life["runs"]})
     client.set_tag(run_id, "privacy.lifetime.composition", "basic (runs' ε and δ add up)")
     client.log_text(run_id, json.dumps(lifetime.to_dict(), indent=2), "privacy/lifetime.json")
     _figure(client, run_id, lifetime_figure(lifetime), "plots/lifetime_budget.png")
@@ -103,9 +101,3 @@ def log_audit_view(params: Params, run_id: str, *, dataset: str, ledger: Ledger,
     if seconds:
         log_stage_runs(params, run_id, seconds)
 
-
-def lifetime_summary(lifetime: LifetimeLedger) -> dict[str, Any]:
-    spent, spent_delta = lifetime.spent()
-    left, left_delta = lifetime.remaining()
-    return {"dataset": lifetime.dataset, "spent": spent, "spent_delta": spent_delta, "left": left,
-            "left_delta": left_delta, "budget": lifetime.epsilon_budget, "runs": len(lifetime.entries)}

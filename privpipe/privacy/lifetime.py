@@ -103,6 +103,14 @@ class LifetimeLedger:
         self.entries.append(entry)
         return True
 
+    def summary(self) -> dict[str, Any]:
+        """Spent, left and budget at a glance (what the command line, the flow and MLflow show)."""
+        spent, spent_delta = self.spent()
+        left, left_delta = self.remaining()
+        return {"dataset": self.dataset, "runs": len(self.entries), "spent": spent, "spent_delta": spent_delta,
+                "left": left, "left_delta": left_delta, "budget": self.epsilon_budget,
+                "delta_budget": self.delta_budget}
+
     def history(self) -> list[tuple[str, float]]:
         """(recorded_at, cumulative ε) after each run, oldest first."""
         total, points = 0.0, []
