@@ -196,6 +196,17 @@ class EvaluateConfig:
 
 
 @dataclass(frozen=True)
+class PrivacyAuditConfig:
+    enabled: bool = True
+    records: int = 150
+    reference_fraction: float = 0.5
+    confidence: float = 0.95
+    reference_epochs: int = 60
+    reference_batch_size: int = 32
+    reference_learning_rate: float = 0.003
+
+
+@dataclass(frozen=True)
 class FederatedConfig:
     clients: int = 100
     strategy: str = "iid"
@@ -278,6 +289,7 @@ class Params:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    privacy_audit: PrivacyAuditConfig = field(default_factory=PrivacyAuditConfig)
     federated: FederatedConfig = field(default_factory=FederatedConfig)
     text: TextConfig = field(default_factory=TextConfig)
     lifetime: LifetimeConfig = field(default_factory=LifetimeConfig)
@@ -457,6 +469,7 @@ def _validate(p: Params) -> None:
     _validate_federated(p)
     _validate_text(p)
     _validate_operations(p)
+    _validate_privacy_audit(p)
     if ft.clipping == "per_layer":
         _require(ft.grad_sample_mode != "ghost", "finetune.clipping", "per_layer clipping is not supported with ghost clipping")
 
@@ -576,6 +589,16 @@ def _validate_text(p: Params) -> None:
     _require(text.input_scale > 0, "text.input_scale", "must be > 0")
     _require(all(t.strip() for t in text.lora_targets.split(",")), "text.lora_targets",
              "must be a comma-separated list of module names (e.g. query,value)")
+
+
+def _validate_privacy_audit(p: Params) -> None:
+    audit = p.privacy_audit
+    _require(audit.records >= 20, "privacy_audit.records", "must be >= 20 (members and non-members each)")
+    _require(0 < audit.reference_fraction < 1, "privacy_audit.reference_fraction", "must be in (0, 1)")
+    _require(0.5 <= audit.confidence < 1, "privacy_audit.confidence", "must be in [0.5, 1)")
+    for key in ("reference_epochs", "reference_batch_size"):
+        _require(getattr(audit, key) >= 1, f"privacy_audit.{key}", "must be >= 1")
+    _require(audit.reference_learning_rate > 0, "privacy_audit.reference_learning_rate", "must be > 0")
 
 
 def _validate_operations(p: Params) -> None:
