@@ -24,7 +24,7 @@ from tasks.common import write_text
 __all__ = ["audit_rows", "format_table", "write_csv", "COLUMNS", "parse_day"]
 
 COLUMNS = ("date", "run", "flow", "dataset", "data_version", "stages", "epsilon", "delta", "accountant",
-           "accuracy", "model", "status")
+           "empirical_epsilon", "accuracy", "model", "status")
 
 
 def parse_day(text: str, *, key: str) -> datetime:
@@ -80,7 +80,9 @@ def _row(run) -> dict[str, Any]:
         "data_version": tags.get("dvc.data_version", ""),
         "stages": "; ".join(f"{stage} {eps:.4g}" for stage, eps in stages.items()),
         "epsilon": metrics.get("privacy.epsilon"), "delta": metrics.get("privacy.delta"),
-        "accountant": tags.get("privacy.accountant", ""), "accuracy": metrics.get("accuracy.test"),
+        "accountant": tags.get("privacy.accountant", ""),
+        # the membership audit's lower bound: never above the claimed ε, or the run would have failed
+        "empirical_epsilon": metrics.get("privacy.audit.epsilon_lower_bound"), "accuracy": metrics.get("accuracy.test"),
         "model": tags.get("registered_model", ""), "status": run.info.status,
     }
 

@@ -29,7 +29,7 @@ __all__ = ["log_stage_runs", "log_lifetime", "charge_run", "log_audit_view", "CU
 CURVES = ("privacy.finetune.epsilon_by_step", "privacy.finetune.epsilon_by_round",
           "privacy.federated.epsilon_by_round")
 #: metric prefixes that belong to a stage besides ``<stage>.`` and ``privacy.<stage>.``
-_EXTRA_PREFIXES = {"prepare": ("data.",), "evaluate": ("accuracy.",)}
+_EXTRA_PREFIXES = {"prepare": ("data.",), "evaluate": ("accuracy.", "privacy.audit.")}
 
 
 def log_stage_runs(params: Params, parent_id: str, seconds: dict[str, float]) -> dict[str, str]:
@@ -49,7 +49,8 @@ def log_stage_runs(params: Params, parent_id: str, seconds: dict[str, float]) ->
         for key in parent.data.metrics:
             if key.startswith(prefixes):
                 metrics += client.get_metric_history(parent_id, key)
-        stage_params = [Param(k, str(v)) for k, v in sorted(flat.items()) if k.startswith(f"{stage}.")]
+        own = (f"{stage}.", "privacy_audit.") if stage == "evaluate" else (f"{stage}.",)
+        stage_params = [Param(k, str(v)) for k, v in sorted(flat.items()) if k.startswith(own)]
         for i in range(0, max(len(metrics), len(stage_params)), 100):
             client.log_batch(run_id, metrics=metrics[i:i + 100], params=stage_params[i:i + 100])
         client.set_terminated(run_id, "FINISHED")

@@ -2,8 +2,10 @@
 
     privpipe stage evaluate [--track]       # what dvc repro runs
 
-Writes metrics/evaluate.json and metrics/privacy.json (the ledger's summary). In a
-flow run (or with ``--track``) it also logs and registers the model in MLflow.
+Writes metrics/evaluate.json and metrics/privacy.json (the ledger's summary). With
+``privacy_audit.enabled`` it first attacks the released model (``tasks.privacy_audit``): an
+empirical ε lower bound above the claimed ε stops the run before anything is written or
+registered. In a flow run (or with ``--track``) it also logs and registers the model in MLflow.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from privpipe.models import load_released
 from privpipe.privacy import Ledger
 from tasks import paths
 from tasks.common import read_json, stage_logger, write_json
+from tasks.privacy_audit import audit_released_model
 
 __all__ = ["run_evaluate", "track_evaluation", "evaluate_task", "accuracy", "deployed_dir"]
 
@@ -43,12 +46,18 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     model_dir = Path(model_dir if model_dir is not None else deployed_dir(params))
     model = load_released(model_dir)
     ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))
-    figures = {"accuracy_train": accuracy(model, Records.load(sensitive)),
-               "accuracy_test": accuracy(model, Records.load(test))}
+    sensitive_records, test_records = Records.load(sensitive), Records.load(test)
+    figures: dict[str, Any] = {"accuracy_train": accuracy(model, sensitive_records),
+                               "accuracy_test": accuracy(model, test_records)}
     target_test = Path(test).parent / paths.TARGET_TEST.name
     if target_test.exists():
         figures["accuracy_target"] = accuracy(model, Records.load(target_test))
     spend = ledger.epsilon()
+    if params.privacy_audit.enabled:  # raises, before anything is written, if the claim is contradicted
+        audit = audit_released_model(params, model, sensitive=sensitive_records, test=test_records,
+                                     claimed_epsilon=spend.epsilon, delta=spend.delta)
+        figures["privacy_audit"] = ({**audit.metrics("privacy.audit"), "claimed_epsilon": spend.epsilon}
+                                    if audit is not None else {"skipped": "too few held-out records"})
     write_json(paths.metrics_file("evaluate"), figures)
     write_json(paths.metrics_file("privacy"), ledger.summary())
     log.info("evaluate: test accuracy %.4f (train %.4f); run total %s", figures["accuracy_test"],

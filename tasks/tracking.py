@@ -185,6 +185,13 @@ def log_evaluate(params: Params, run_id: str, out: dict[str, Any], ledger: Ledge
     spend = ledger.epsilon()
     privacy_tags = {"privacy.epsilon": f"{spend.epsilon:.6g}", "privacy.delta": f"{spend.delta:g}",
                     "privacy.accountant": spend.accountant}
+    audit = {k: v for k, v in out.get("privacy_audit", {}).items() if k.startswith("privacy.audit.")}
+    if audit:  # the empirical lower bound and the attacks' AUC, next to the claimed ε
+        _metrics(client, run_id, audit)
+        privacy_tags.update({key: f"{audit[key]:.4g}" for key in audit
+                             if key.endswith((".auc", "audit.epsilon_lower_bound"))})
+        client.set_tag(run_id, "privacy.audit", "membership inference (loss, reference-calibrated): "
+                       "privacy.audit.epsilon_lower_bound is what the attacks prove, privacy.epsilon what is claimed")
     with mlflow.start_run(run_id=run_id):
         # pt2 (torch.export) is a graph, not pickled code: loading it runs nothing of ours
         info = mlflow.pytorch.log_model(

@@ -84,6 +84,24 @@ def test_model_is_registered_with_its_privacy_tags(finished):
     assert version.tags["mlflow.run_id"] == result["run_id"]
 
 
+def test_the_membership_audit_is_logged_next_to_the_claimed_epsilon(finished):
+    folder, result, client = finished
+    run = client.get_run(result["run_id"])
+    metrics = run.data.metrics
+    for attack in ("loss", "calibrated"):
+        assert 0.0 <= metrics[f"privacy.audit.{attack}.auc"] <= 1.0
+    assert metrics["privacy.audit.members"] == metrics["privacy.audit.non_members"] == 150
+    assert 0.0 <= metrics["privacy.audit.epsilon_lower_bound"] <= metrics["privacy.epsilon"]
+    version = client.get_model_version("test-model", result["model_version"])
+    assert float(version.tags["privacy.audit.epsilon_lower_bound"]) == pytest.approx(
+        metrics["privacy.audit.epsilon_lower_bound"], abs=1e-3)
+    audit = json.loads((folder / "metrics/evaluate.json").read_text())["privacy_audit"]
+    assert audit["privacy.audit.loss.auc"] == metrics["privacy.audit.loss.auc"]
+    evaluate = client.search_runs([run.info.experiment_id], filter_string=(
+        f"tags.`mlflow.parentRunId` = '{result['run_id']}' and tags.`privpipe.stage` = 'evaluate'"))[0]
+    assert "privacy.audit.calibrated.auc" in evaluate.data.metrics and "privacy_audit.records" in evaluate.data.params
+
+
 def test_stage_outputs_for_dvc_metrics(finished):
     folder, result, _ = finished
     privacy = json.loads((folder / "metrics/privacy.json").read_text())
