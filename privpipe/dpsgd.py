@@ -27,7 +27,7 @@ from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processe
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from privpipe.privacy import PoissonGaussianEvent, secure_normal
+from privpipe.privacy import PoissonGaussianEvent, secure_normal, secure_uniform
 
 __all__ = ["DpSgdSchedule", "DpSgdResult", "PrivateTraining", "dpsgd_schedule", "learning_rate_at",
            "make_private_training", "train_dpsgd"]
@@ -93,6 +93,23 @@ def _use_secure_noise(optimizer: torch.optim.Optimizer) -> None:
     optimizer.__class__ = SecureNoise
 
 
+def _use_secure_sampling(loader: DataLoader) -> None:
+    """Swap the Poisson sampler's coins for the OS CSPRNG: each lot takes every record independently
+    with probability q, as Opacus' sampler does, but from ``secure_uniform`` instead of a seeded
+    torch generator (Opacus' secure mode draws them from its CSPRNG too)."""
+    sampler = loader.batch_sampler
+    base = type(sampler)
+
+    class SecureCoins(base):  # type: ignore[valid-type, misc]
+        def __iter__(self):
+            for _ in range(self.steps):
+                coins = torch.from_numpy(secure_uniform(self.num_samples))
+                yield (coins < self.sample_rate).nonzero(as_tuple=False).reshape(-1).tolist()
+
+    SecureCoins.__name__ = f"SecureCoins{base.__name__}"
+    sampler.__class__ = SecureCoins
+
+
 @dataclass
 class PrivateTraining:
     """What Opacus hands back: the wrapped model, the DP optimizer, the loss, the Poisson loader."""
@@ -140,7 +157,8 @@ def make_private_training(
 
     torch.manual_seed(seed)  # model initialisation stays reproducible either way
     # Which records form each lot must be as secret as the noise: in secure mode the sampler's
-    # seed comes from the OS (never logged); otherwise both follow run.seed, reproducibly.
+    # coins come from the OS (below; the loader's generator then seeds nothing that matters, and
+    # its seed is the OS's too, never logged); otherwise both follow run.seed, reproducibly.
     sampling_seed = secrets.randbits(63) if secure_rng else seed
     generator = torch.Generator().manual_seed(sampling_seed)
     noise_generator = torch.Generator().manual_seed(seed + 1)
@@ -170,6 +188,7 @@ def make_private_training(
         raise RuntimeError("Opacus' Poisson loader disagrees with the planned schedule; refusing to mis-account")
     if secure_rng:
         _use_secure_noise(dp_optimizer)
+        _use_secure_sampling(dp_loader)
     return PrivateTraining(private_model, dp_optimizer, criterion, dp_loader, schedule)
 
 

@@ -18,7 +18,7 @@ from privpipe.privacy.ledger import (
     compute_epsilon,
 )
 from privpipe.privacy.lifetime import LifetimeBudgetExceeded, LifetimeLedger, RunSpend
-from privpipe.privacy.secure_noise import NoiseSource, secure_laplace, secure_normal
+from privpipe.privacy.secure_noise import NoiseSource, secure_laplace, secure_normal, secure_uniform
 
 __all__ = [
     "Event",
@@ -35,6 +35,7 @@ __all__ = [
     "calibrate_noise_multiplier",
     "secure_normal",
     "secure_laplace",
+    "secure_uniform",
     "NoiseSource",
     "RDP_ORDERS",
     "LifetimeLedger",

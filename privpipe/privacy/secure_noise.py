@@ -15,7 +15,7 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["secure_normal", "secure_laplace", "NoiseSource"]
+__all__ = ["secure_uniform", "secure_normal", "secure_laplace", "NoiseSource"]
 
 _DRAWS = 4  # summed normals per output; std of the sum is sqrt(4) = 2, hence the 1/2
 
@@ -24,6 +24,11 @@ def _secure_uniform(count: int) -> np.ndarray:
     """``count`` floats uniform on (0, 1] with 53 random bits each."""
     bits = np.frombuffer(os.urandom(8 * count), dtype=np.uint64) >> np.uint64(11)
     return (bits.astype(np.float64) + 1.0) / float(2**53)
+
+
+def secure_uniform(count: int) -> np.ndarray:
+    """``count`` uniforms on (0, 1] (multiples of 2⁻⁵³) from the OS CSPRNG: sampling coins."""
+    return _secure_uniform(count)
 
 
 def secure_normal(shape: torch.Size | tuple[int, ...], *, std: float,
@@ -46,11 +51,14 @@ def secure_laplace(count: int, *, scale: float) -> np.ndarray:
 
 class NoiseSource:
     """NumPy noise for mechanisms outside Opacus: seeded (reproducible, for tests and trials)
-    or, with ``secure=True``, from the OS CSPRNG (what a real release should use)."""
+    or, with ``secure=True``, from the OS CSPRNG (what a real release should use).
+
+    A secure source holds no seeded generator at all, so no draw can fall back on one.
+    """
 
     def __init__(self, *, seed: int | np.random.SeedSequence, secure: bool) -> None:
         self.secure = bool(secure)
-        self._rng = np.random.default_rng(seed)
+        self._rng = None if self.secure else np.random.default_rng(seed)
 
     def normal(self, shape: tuple[int, ...], *, std: float) -> np.ndarray:
         if self.secure:
@@ -58,7 +66,7 @@ class NoiseSource:
         return self._rng.normal(0.0, std, size=shape)
 
     def uniform(self, count: int) -> np.ndarray:
-        """``count`` uniforms on (0, 1): the coins of a private sampling step (whom a round samples must
+        """``count`` uniforms on [0, 1) (seeded) or (0, 1] (secure): the coins of a private sampling step (whom a round samples must
         stay as secret as the noise, or subsampling amplifies nothing)."""
         if self.secure:
             return _secure_uniform(count)
