@@ -54,8 +54,9 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
         figures["accuracy_target"] = accuracy(model, Records.load(target_test))
     spend = ledger.epsilon()
     if params.privacy_audit.enabled:  # raises, before anything is written, if the claim is contradicted
-        audit = audit_released_model(params, model, sensitive=sensitive_records, test=test_records,
-                                     claimed_epsilon=spend.epsilon, delta=spend.delta)
+        audit = audit_released_model(params, model, sensitive=(sensitive_records.features, sensitive_records.labels),
+                                     test=(test_records.features, test_records.labels), claimed_epsilon=spend.epsilon,
+                                     delta=spend.delta, stage="evaluate")
         figures["privacy_audit"] = ({**audit.metrics("privacy.audit"), "claimed_epsilon": spend.epsilon}
                                     if audit is not None else {"skipped": "too few held-out records"})
     write_json(paths.metrics_file("evaluate"), figures)

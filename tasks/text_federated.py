@@ -10,6 +10,7 @@ LoRA adapters and head over the named encoder).
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +24,7 @@ from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
 from tasks.federated_clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays, sequential_updates
 from tasks.federated_training import train_federated
+from tasks.privacy_audit import audit_released_model
 from tasks.text_features import input_names
 
 __all__ = ["run_federated_text", "client_job", "load_text_model", "predict_batches"]
@@ -61,6 +63,27 @@ def predict_batches(model: torch.nn.Module, inputs: tuple[np.ndarray, ...]) -> n
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
+def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, ledger: Ledger, *, features_dir: Path,
+                   test: tuple[tuple[np.ndarray, ...], np.ndarray]) -> dict[str, float]:
+    """The membership audit of the final global model (before anything is written); {} when off or skipped.
+
+    Client-level (ε, δ)-DP bounds every single record's influence too, so record-level attacks
+    must not prove more than the claimed ε."""
+    if not params.privacy_audit.enabled:
+        return {}
+    load_vector(model, weights)
+    names = input_names(params.text.mode)
+    train = (tuple(np.load(features_dir / f"train_{n}.npy", mmap_mode="r") for n in names),
+             np.load(features_dir / "train_labels.npy"))
+    claimed = ledger.epsilon() if params.federated.private else None
+    # LoRA: a fresh start would also wipe the pretrained encoder, so no reference model for calibration
+    result = audit_released_model(params, model, sensitive=train, test=test, stage=STAGE,
+                                  claimed_epsilon=claimed.epsilon if claimed else math.inf,
+                                  delta=claimed.delta if claimed else params.privacy.delta,
+                                  calibrate=params.text.mode == "frozen")
+    return result.metrics("privacy.audit") if result is not None else {}
+
+
 def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_dir: Path = paths.TEXT_FEATURES,
                        out: Path = paths.FEDERATED,
                        updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates) -> dict[str, Any]:
@@ -85,13 +108,15 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
             "encoder_digest": features["encoder_digest"],
             "data_version": meta["data_version"], "private": params.federated.private}
     final = run.result.history[-1] if run.result.history else evaluate(run.result.weights)
+    audit = _privacy_audit(params, model, run.result.weights, ledger, features_dir=Path(features_dir),
+                           test=(test_inputs, test_labels))
     with staged_dir(out) as staging:
         np.save(staging / "weights.npy", run.result.weights)
         write_json(staging / "spec.json", spec)
         write_json(staging / "history.json", {"rounds": run.result.history, "epsilon_by_round": run.curve,
                                               "stopped": run.result.stopped})
         write_text(staging / "ledger.json", ledger.to_json())
-    figures = {**run.figures(), "accuracy_test": final["accuracy_test"]}
+    figures = {**run.figures(), "accuracy_test": final["accuracy_test"], "privacy_audit": audit}
     if params.federated.private:
         spend = ledger.epsilon()
         figures.update(epsilon=spend.epsilon, delta=spend.delta, accountant=spend.accountant)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,24 +79,34 @@ class AuditResult:
         return out
 
 
-def per_example_loss(model: nn.Module, features: np.ndarray, labels: np.ndarray, *,
-                     batch_size: int = 1024) -> np.ndarray:
-    """Cross-entropy of ``model`` on each record (float64), without gradients."""
-    losses = []
+def _as_tuple(inputs: np.ndarray | tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    return inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+def per_example_loss(model: nn.Module, inputs: np.ndarray | tuple[np.ndarray, ...], labels: np.ndarray, *,
+                     batch_size: int = 256) -> np.ndarray:
+    """Cross-entropy of ``model`` on each record (float64), without gradients; ``inputs`` is the
+    model's one input array or a tuple of them (``model(*inputs)``)."""
+    arrays, losses = _as_tuple(inputs), []
     model.eval()
     with torch.no_grad():
         for start in range(0, len(labels), batch_size):
-            x = torch.as_tensor(np.asarray(features[start:start + batch_size]), dtype=torch.float32)
+            batch = (torch.as_tensor(np.asarray(a[start:start + batch_size])) for a in arrays)
+            batch = [b.float() if b.is_floating_point() else b for b in batch]
             y = torch.as_tensor(np.asarray(labels[start:start + batch_size]), dtype=torch.int64)
-            losses.append(nn.functional.cross_entropy(model(x), y, reduction="none").double().numpy())
+            losses.append(nn.functional.cross_entropy(model(*batch), y, reduction="none").double().numpy())
     return np.concatenate(losses) if losses else np.empty(0)
 
 
-def reference_model(model: nn.Module, features: np.ndarray, labels: np.ndarray, *, epochs: int, batch_size: int,
-                    learning_rate: float, seed: int) -> nn.Module:
+def reference_model(model: nn.Module, features: np.ndarray | tuple[np.ndarray], labels: np.ndarray, *, epochs: int,
+                    batch_size: int, learning_rate: float, seed: int) -> nn.Module:
     """``model``'s architecture (its frozen front included) with fresh weights, trained without noise
     on (``features``, ``labels``): how hard each record is for a model that never saw it."""
     from privpipe.pate.teachers import TeacherConfig, train_classifier
+
+    arrays = _as_tuple(features)
+    if len(arrays) != 1:
+        raise ValueError(f"a reference model trains on one input array, got {len(arrays)}")
 
     reference = copy.deepcopy(model)
     with torch.random.fork_rng():
@@ -104,15 +115,15 @@ def reference_model(model: nn.Module, features: np.ndarray, labels: np.ndarray, 
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
     config = TeacherConfig(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=0.0)
-    return train_classifier(reference, features, labels, config=config, seed=seed)
+    return train_classifier(reference, np.asarray(arrays[0]), labels, config=config, seed=seed)
 
 
-def attack_scores(model: nn.Module, members: tuple[np.ndarray, np.ndarray], non_members: tuple[np.ndarray, np.ndarray],
-                  *, reference: nn.Module | None = None) -> AttackScores:
+def attack_scores(model: nn.Module, members: tuple[Any, np.ndarray], non_members: tuple[Any, np.ndarray], *,
+                  reference: nn.Module | None = None) -> AttackScores:
     """The loss attack's scores, and the calibrated attack's when a ``reference`` model is given.
 
-    ``members`` and ``non_members`` are (features, labels); the reference model must have
-    been trained on neither.
+    ``members`` and ``non_members`` are (inputs, labels), inputs as :func:`per_example_loss`
+    takes them; the reference model must have been trained on neither.
     """
     sets = {"members": members, "non_members": non_members}
     target = {name: per_example_loss(model, *data) for name, data in sets.items()}
