@@ -294,10 +294,40 @@ def test_dpsgd_secure_mode_takes_lots_and_noise_from_the_os():
     x, y = _dpsgd_data()
     with counting_entropy() as entropy, seeded_draws_forbidden():
         _dpsgd((x, y), True, SEED)
-    # 2 steps: each one coin per record (64), then the noise of the weight (15 values) and bias (3),
-    # 4 normals per value and 2 uniforms per pair of normals
+    # 2 steps: each one coin per record (64), then the noise of the weight (15 values) and the bias (3):
+    # 4 Box–Muller draws per tensor, each of ceil(values/2) pairs, i.e. two calls of that many uniforms
     assert entropy.uniforms.count(64) == 2
-    assert sorted(c for c in entropy.uniforms if c != 64) == [6, 6, 6, 6, 30, 30, 30, 30]
+    assert sorted(c for c in entropy.uniforms if c != 64) == [2] * 16 + [8] * 16
+
+
+def test_each_secure_normal_rests_on_four_separate_box_muller_pairs(monkeypatch):
+    """The defence against the floating-point attack (Holohan & Braghin 2021, §5.1; Opacus' secure mode)
+    sums 2n = 4 *independent* normals per value, so every value must depend on 8 distinct uniforms:
+    the cosine and sine of one Box–Muller pair sum to a single scaled Box–Muller normal."""
+    stream = np.random.default_rng(0).uniform(0.05, 0.95, size=256)
+
+    def replaying(values: np.ndarray) -> Callable[[int], np.ndarray]:
+        position = 0
+
+        def uniform(count: int) -> np.ndarray:
+            nonlocal position
+            position += count
+            return values[position - count:position].copy()
+        uniform.used = lambda: position  # type: ignore[attr-defined]
+        return uniform
+
+    def normals(values: np.ndarray) -> tuple[np.ndarray, int]:
+        uniform = replaying(values)
+        monkeypatch.setattr(secure_noise, "_secure_uniform", uniform)
+        return secure_normal((5,), std=1.0, dtype=torch.float64).numpy(), uniform.used()
+
+    base, used = normals(stream)
+    depends = np.zeros((5, used), dtype=bool)
+    for k in range(used):
+        moved = stream.copy()
+        moved[k] = 0.05 + (moved[k] + 0.37) % 0.9
+        depends[:, k] = normals(moved)[0] != base
+    assert (depends.sum(axis=1) >= 8).all(), depends.sum(axis=1)
 
 
 def test_a_secure_noise_source_holds_no_seeded_generator():

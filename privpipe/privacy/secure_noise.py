@@ -4,8 +4,13 @@ Opacus' own secure mode needs ``torchcsprng``, which has no build for current
 PyTorch. This module draws uniform bits from ``os.urandom`` (the kernel CSPRNG),
 turns them into normals with Box–Muller in float64, and, like Opacus' secure
 mode, returns the sum of 4 normals scaled by 1/2 (Holohan & Braghin 2021, §5.1):
-a single float normal leaks its low-order bits (Mironov 2012's attack on
-floating-point noise); summing several makes the attack cost ~2^159.
+a single float normal can be inverted back to the uniforms behind it (the
+floating-point attack of Mironov 2012 on Laplace noise, carried to DP-SGD's
+Gaussian by Jin et al. 2022); a sum of 2n independent ones raises the attack's
+cost to ~2^(53(2n−1)), 2^159 here. The 4 normals of one output come from 4
+distinct Box–Muller pairs: the cosine and sine of one pair sum to a single
+scaled Box–Muller normal (√2·r·cos(θ − π/4)), which would halve the sum.
+See docs/security.md.
 """
 
 from __future__ import annotations
@@ -31,16 +36,21 @@ def secure_uniform(count: int) -> np.ndarray:
     return _secure_uniform(count)
 
 
-def secure_normal(shape: torch.Size | tuple[int, ...], *, std: float,
-                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
-    """N(0, std²) noise of the given shape from the OS CSPRNG."""
-    count = int(np.prod(shape, dtype=np.int64))
-    pairs = (count * _DRAWS + 1) // 2
+def _box_muller(count: int) -> np.ndarray:
+    """``count`` standard normals; a pair of uniforms feeds two *different* outputs (cosine, sine)."""
+    pairs = (count + 1) // 2
     u1, u2 = _secure_uniform(pairs), _secure_uniform(pairs)
     radius = np.sqrt(-2.0 * np.log(u1))
-    normals = np.concatenate([radius * np.cos(2 * np.pi * u2), radius * np.sin(2 * np.pi * u2)])
-    summed = normals[: count * _DRAWS].reshape(_DRAWS, count).sum(axis=0) / np.sqrt(_DRAWS)
-    return torch.from_numpy(summed * std).to(dtype=dtype, device=device).reshape(shape)
+    return np.concatenate([radius * np.cos(2 * np.pi * u2), radius * np.sin(2 * np.pi * u2)])[:count]
+
+
+def secure_normal(shape: torch.Size | tuple[int, ...], *, std: float,
+                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
+    """N(0, std²) noise of the given shape from the OS CSPRNG: each value the sum of 4 normals from
+    4 separate Box–Muller draws (8 uniforms of 53 bits), scaled by 1/2."""
+    count = int(np.prod(shape, dtype=np.int64))
+    summed = sum(_box_muller(count) for _ in range(_DRAWS)) / np.sqrt(_DRAWS)
+    return torch.from_numpy(np.asarray(summed, dtype=np.float64) * std).to(dtype=dtype, device=device).reshape(shape)
 
 
 def secure_laplace(count: int, *, scale: float) -> np.ndarray:
