@@ -33,7 +33,8 @@ from privpipe.pate.analysis import (AggregatorSpec, data_dependent_rdp, data_ind
 from privpipe.pate.teachers import vote_histograms
 from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_epsilon
 from tasks import paths
-from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, write_json, write_text
+from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json,
+                          write_text)
 from tasks.dp_pca import check_projection, load_ledger
 from tasks.teachers import query_records
 
@@ -78,6 +79,9 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     log.info("aggregate: %s on %d queries from %d teachers; at worst the run total becomes %s",
              cfg.mechanism, len(queries), votes.shape[0], after)
 
+    what = ("the vote noise and the smooth-sensitivity release's noise come" if cfg.analysis == "data_dependent"
+            else "the vote noise comes")
+    warn_insecure_rng(params, "aggregate", what, flow_warns=True)
     noise = NoiseSource(seed=seed_for(params.run.seed, "aggregate"), secure=params.privacy.secure_rng)
     labels = aggregate(histograms, mechanism=cfg.mechanism, noise=noise,
                        gamma=cfg.gamma, sigma=cfg.sigma, threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2)

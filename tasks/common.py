@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import numpy as np
 
 __all__ = ["write_json", "read_json", "write_text", "staged_dir", "stage_logger", "skip_stage", "seed_for",
-           "SEED_STREAMS", "exclusive_lock", "PipelineBusy"]
+           "SEED_STREAMS", "exclusive_lock", "PipelineBusy", "warn_insecure_rng", "INSECURE_STAGE_WARNING"]
 
 #: run.seed is split into independent streams, one per use (numpy SeedSequence keys)
 SEED_STREAMS = {"dp_pca": 1, "aggregate": 2, "sanitise": 3, "teacher": 4, "student": 5, "head": 6, "removal": 7,
@@ -102,6 +102,33 @@ def stage_logger(stage: str) -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger(f"privpipe.{stage}")  # the command line configures its output
+
+
+#: what a stage logs when it draws noise or sampling coins from a seeded generator
+INSECURE_STAGE_WARNING = ("%s: privacy.secure_rng is false: %s from a pseudo-random generator seeded with run.seed, "
+                          "so whoever knows the seed can recompute the noise and undo it; fine for experiments, "
+                          "not for a release (set privacy.secure_rng: true)")
+
+
+def _in_prefect_run() -> bool:
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+def warn_insecure_rng(params: Any, stage: str, what: str, *, flow_warns: bool) -> bool:
+    """Warn through the stage's logger that ``what`` (e.g. "DP-SGD's noise and lots come") is drawn
+    from a seeded generator, when ``privacy.secure_rng`` is false; return whether it warned.
+
+    ``flow_warns``: the flows that run this stage (pipeline, federated) warn once at their start,
+    so inside a Prefect run the stage stays quiet; alone (``privpipe stage``, what dvc repro runs)
+    it warns itself. A stage that runs in a flow that does not warn (a removal run's retrain)
+    passes False.
+    """
+    if params.privacy.secure_rng or (flow_warns and _in_prefect_run()):
+        return False
+    stage_logger(stage).warning(INSECURE_STAGE_WARNING, stage, what)
+    return True
 
 
 def skip_stage(stage: str, out: Path, reason: str) -> dict[str, Any]:

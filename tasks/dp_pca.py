@@ -22,7 +22,7 @@ from privpipe.data import DataError, Records
 from privpipe.dp_pca import dp_pca, dp_pca_event
 from privpipe.privacy import Event, Ledger
 from tasks import paths
-from tasks.common import read_json, seed_for, stage_logger, staged_dir, write_json, write_text
+from tasks.common import read_json, seed_for, stage_logger, staged_dir, warn_insecure_rng, write_json, write_text
 
 __all__ = ["run_dp_pca", "dp_pca_task", "new_ledger", "load_ledger", "calibrate_for", "load_projection",
            "projection_digest", "check_projection"]
@@ -60,6 +60,7 @@ def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path =
         if sigma is None:
             sigma = calibrate_for(ledger, dp_pca_event, target_epsilon=cfg.epsilon, key="dp_pca.epsilon")
         ledger.ensure_affordable(dp_pca_event(noise_multiplier=sigma))
+        warn_insecure_rng(params, "dp_pca", "the noise on AᵀA comes", flow_warns=True)
         rng = np.random.default_rng(seed_for(params.run.seed, "dp_pca"))
         projection = dp_pca(records.features, components=cfg.components, noise_multiplier=sigma,
                             rng=rng, secure=params.privacy.secure_rng)

@@ -24,7 +24,7 @@ from privpipe.federated import ClientUpdates
 from privpipe.models import released_model, save_released
 from privpipe.privacy import Ledger, compute_epsilon
 from tasks import paths
-from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_json, write_text
+from tasks.common import read_json, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json, write_text
 from tasks.dp_pca import calibrate_for
 from tasks.federated_clients import ClientJob, sequential_updates
 from tasks.finetune_federated import run_finetune_federated
@@ -48,7 +48,10 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     if not params.finetune.enabled:
         return skip_stage("finetune", out, "finetune.enabled is false: the student is deployed")
     start = Path(start if start is not None else start_dir(params))
-    if params.finetune.mode == "federated":
+    federated = params.finetune.mode == "federated"
+    warn_insecure_rng(params, "finetune", "DP-FedAvg's noise and client sampling come" if federated else
+                      "DP-SGD's noise and lot sampling come", flow_warns=True)
+    if federated:
         return run_finetune_federated(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir),
                                       start=start, out=out, updates_for=updates_for)
     log = stage_logger("finetune")
@@ -74,7 +77,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
 
     with warnings.catch_warnings(), progress(cfg.epochs, "finetune (DP-SGD epochs)") as bar:
         if not params.privacy.secure_rng:
-            warnings.simplefilter("ignore")  # the flow warns once per run instead
+            warnings.simplefilter("ignore")  # the flow (or, alone, the stage) has warned through its logger
         result = train_dpsgd(
             network, features, records.labels, noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm,
             lot_size=cfg.lot_size, epochs=cfg.epochs, learning_rate=cfg.learning_rate,

@@ -29,7 +29,7 @@ from privpipe.removal import RemovableHead, RemovalGuarantee, combined_guarantee
 from privpipe.removal.features import feature_extractor, head_features, head_model
 from privpipe.requests import RequestQueue
 from tasks import paths
-from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, write_json
+from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json
 from tasks.dp_pca import load_projection
 from tasks.evaluate import deployed_dir
 
@@ -39,7 +39,17 @@ _SHRINK = 1.0 - 1e-6  # features are stored as float32; shrinking first keeps ev
 
 
 def noise_for(params: Params, *, retrain: int) -> NoiseSource:
-    """The perturbation b of the head's ``retrain``-th training (0: the pipeline's own)."""
+    """The perturbation b of the head's ``retrain``-th training (0: the pipeline's own).
+
+    Without ``privacy.secure_rng`` it warns: b is what the certified-removal guarantee rests
+    on (the Newton updates' included), and a seeded b can be recomputed. The pipeline's own
+    training (0) stays quiet inside a flow, which warned at its start; a removal run's
+    (``retrain`` ≥ 1) always warns, as the removal flow does not.
+    """
+    what = ("the head's loss perturbation b comes" if retrain == 0 else
+            "the loss perturbation b of any retrain these removals force comes (and the Newton updates' "
+            "certificate rests on the b drawn the same way)")
+    warn_insecure_rng(params, "head" if retrain == 0 else "removals", what, flow_warns=retrain == 0)
     return NoiseSource(seed=seed_for(params.run.seed, "head", retrain), secure=params.privacy.secure_rng)
 
 
