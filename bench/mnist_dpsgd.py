@@ -100,35 +100,46 @@ def plan(cfg: Config, n: int) -> tuple[float, int]:
     return ledger.calibrate(lambda s: schedule.event(noise_multiplier=s), target_epsilon=cfg.target_epsilon), cfg.epochs
 
 
-def run(name: str, cfg: Config, data: dict, seed: int) -> None:
-    train, test = data["train"], data["test"]
-    sigma, epochs = plan(cfg, len(train))
+def train(cfg: Config, data: dict, seed: int) -> dict | None:
+    """Train one config: the released model (front included), its events, σ, epochs and seconds;
+    None when DP-PCA alone passes the target ε."""
+    train_set = data["train"]
+    sigma, epochs = plan(cfg, len(train_set))
     if epochs == 0:
-        print(f"{name}: PCA alone exceeds ε = {cfg.target_epsilon}")
-        return
+        return None
     start = time.perf_counter()
     projection = None
     if cfg.pca_sigma is not None:
-        projection = dp_pca(train.features, components=cfg.components, noise_multiplier=cfg.pca_sigma,
+        projection = dp_pca(train_set.features, components=cfg.components, noise_multiplier=cfg.pca_sigma,
                             rng=np.random.default_rng(seed))
     front = torch.nn.Sequential(*front_layers(cfg.model, projection, input_scale=cfg.input_scale))
     with torch.no_grad():
-        x = front(torch.as_tensor(train.features)).numpy()
+        x = front(torch.as_tensor(train_set.features)).numpy()
     network = make_network(cfg.model, in_features=int(np.prod(x.shape[1:])), hidden_units=cfg.hidden, classes=10)
-    result = train_dpsgd(network, x, train.labels, noise_multiplier=sigma, max_grad_norm=cfg.clip,
+    result = train_dpsgd(network, x, train_set.labels, noise_multiplier=sigma, max_grad_norm=cfg.clip,
                          lot_size=cfg.lot, epochs=epochs, learning_rate=cfg.lr, lr_schedule=cfg.lr_schedule,
                          lr_end=cfg.lr_end, lr_decay_epochs=10, momentum=cfg.momentum,
                          grad_sample_mode=cfg.grad_sample_mode, seed=seed)
-    seconds = time.perf_counter() - start
     model = released_model(result.model, projection, input_scale=cfg.input_scale, kind=cfg.model)
+    return {"model": model, "events": [*pca_events(cfg), result.event], "sigma": sigma, "epochs": epochs,
+            "seconds": time.perf_counter() - start}
+
+
+def run(name: str, cfg: Config, data: dict, seed: int) -> None:
+    trained = train(cfg, data, seed)
+    if trained is None:
+        print(f"{name}: PCA alone exceeds ε = {cfg.target_epsilon}")
+        return
+    test = data["test"]
     with torch.no_grad():
-        accuracy = float((model(torch.as_tensor(test.features)).argmax(1).numpy() == test.labels).mean())
-    events = [*pca_events(cfg), result.event]
-    pld = compute_epsilon(events, delta=DELTA, accountant="pld").epsilon
-    rdp = compute_epsilon(events, delta=DELTA, accountant="rdp").epsilon
+        predicted = trained["model"](torch.as_tensor(test.features)).argmax(1).numpy()
+    accuracy = float((predicted == test.labels).mean())
+    pld = compute_epsilon(trained["events"], delta=DELTA, accountant="pld").epsilon
+    rdp = compute_epsilon(trained["events"], delta=DELTA, accountant="rdp").epsilon
     pca = "none" if cfg.pca_sigma is None else f"{cfg.pca_sigma:g}"
-    print(f"{name:16s} {cfg.model} σ={sigma:<6.3g} σ_pca={pca:<4s} lot={cfg.lot:<5d} epochs={epochs:<4d} "
-          f"test acc {accuracy:.4f}   ε PLD {pld:.3f}  ε RDP {rdp:.3f}  (δ=1e-5)   {seconds:.0f} s", flush=True)
+    print(f"{name:16s} {cfg.model} σ={trained['sigma']:<6.3g} σ_pca={pca:<4s} lot={cfg.lot:<5d} "
+          f"epochs={trained['epochs']:<4d} test acc {accuracy:.4f}   ε PLD {pld:.3f}  ε RDP {rdp:.3f}  (δ=1e-5)   "
+          f"{trained['seconds']:.0f} s", flush=True)
 
 
 def main() -> None:
