@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger
 
 from privpipe.config import load_params
 from privpipe.requests import RequestQueue
-from tasks import budget, paths, tracking
+from tasks import budget, head_tracking, paths, tracking
 from tasks.removals import apply_task, audit_records, erase_task, register_task
 
 __all__ = ["removals"]
@@ -42,6 +42,11 @@ def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo)
         applied = apply_task(params, batch_id, todo)
         version = register_task(params, run_id, batch_id, applied)
         erased = erase_task(params, todo)
+        if version is not None:
+            # registered before the erasure, perhaps by a run that then died: only now can the version
+            # say which data version it matches and which run holds its audit
+            head_tracking.tag_version(params, version, {"dvc.data_version": erased["data_version"],
+                                                        "removal.audit_run_id": run_id})
         audits = audit_records(params, queue, batch_id, todo, applied, version, erased)
         client = tracking._client(params)
         client.log_text(run_id, json.dumps(list(audits.values()), indent=2), "removals/audit.json")

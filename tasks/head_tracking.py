@@ -4,7 +4,10 @@ The head is registered as ``<run.model_name>-head``, apart from the DP model: it
 on the sensitive records without DP noise, so its versions carry the certified-removal
 guarantee (``removal.*`` tags) and the extractor's DP (``privacy.features_*``), and say
 ``privacy.head_dp = false``. Removal runs register a new version per batch, tagged with the
-batch id so that a re-run after a crash finds it instead of registering twice.
+batch id so that a re-run after a crash finds it instead of registering twice; once the
+erasure has written the new data version, the version is tagged with it (``dvc.data_version``)
+and with the run that holds the batch's audit (``removal.audit_run_id``: after a crash, not
+the run that registered it).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from privpipe.config import Params
 from tasks import tracking
 from tasks.common import read_json
 
-__all__ = ["head_model_name", "log_head", "register_head", "find_version", "latest_version", "guarantee_tags"]
+__all__ = ["head_model_name", "log_head", "register_head", "find_version", "latest_version", "guarantee_tags",
+           "tag_version"]
 
 
 def head_model_name(params: Params) -> str:
@@ -67,6 +71,13 @@ def find_version(params: Params, *, tag: str, value: str) -> str | None:
         if version.tags.get(tag) == value:
             return str(version.version)
     return None
+
+
+def tag_version(params: Params, version: str, tags: dict[str, str]) -> None:
+    """Add (or overwrite) tags of a registered head version; safe to repeat."""
+    client = tracking._client(params)
+    for key, value in tags.items():
+        client.set_model_version_tag(head_model_name(params), version, key, value)
 
 
 def latest_version(params: Params) -> str | None:
