@@ -251,6 +251,8 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     assert result["head_version"] == str(version.version)
     assert version.tags["removal.budget_used"] == f"{reference.used_total:.6g}"
     assert version.tags["dvc.data_version_before"] == template.data_version
+    assert version.tags["dvc.data_version"] == _pointer_md5(folder)  # the data it matches: after the erasure
+    assert version.tags["removal.audit_run_id"] == result["run_id"]  # the run with the audit, not the killed one
     client = _mlflow(folder)
     assert client.get_experiment_by_name("privpipe").artifact_location.startswith(folder.resolve().as_uri())
     assert client.get_run(result["run_id"]).data.tags["dvc.data_version"] == result["data_version"]
@@ -266,3 +268,118 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     with monkeypatch.context() as inside:
         inside.chdir(folder)
         assert source_version(load_params("params.yaml")) == current  # the file matches its pointer
+
+
+# --------------------------------------------------------------------------------------------
+# 2. concurrent `privpipe forget`
+# --------------------------------------------------------------------------------------------
+
+
+def _unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_concurrent_forget_processes_lose_and_double_nothing(tmp_path: Path) -> None:
+    # `forget` notifies a Prefect server if one answers: point it at a port nobody listens on
+    api = f"http://127.0.0.1:{_unused_port()}/api"
+    write_params(tmp_path, schedule={"prefect_api_url": api})
+    init = _cli(tmp_path, "init-data")
+    assert init.returncode == 0, init.stderr
+    ids = sorted(_csv_ids(tmp_path))[:800]
+    assert len(ids) == 800 and all(i.startswith("digits-") for i in ids)
+    chunks = [ids[w * 100:(w + 1) * 100] for w in range(8)]
+    workers = [subprocess.Popen([sys.executable, "-m", "flows.cli", "forget", *chunk, "--reason", f"worker {w}"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for w, chunk in enumerate(chunks)]  # started together; each submits its 100 at once
+    for worker in workers:
+        out, err = worker.communicate(timeout=300)
+        assert worker.returncode == 0, err[-3000:]
+        assert "100 deletion request(s) queued" in out and f"no Prefect server at {api}" in out
+
+    events = _journal(tmp_path)  # every line parses as JSON: no torn or interleaved write
+    assert Counter(e["event"] for e in events) == {"received": 800}
+    assert len({e["request_id"] for e in events}) == 800
+    assert Counter(e["record_id"] for e in events) == Counter(ids)  # each record exactly once
+    requests = RequestQueue(tmp_path / "data/requests").read()  # the fold validates every event
+    assert len(requests) == 800 and {r.status for r in requests} == {"pending"}
+    assert {r.record_id: r.reason for r in requests} == {i: f"worker {w}" for w, chunk in enumerate(chunks)
+                                                         for i in chunk}
+
+
+# --------------------------------------------------------------------------------------------
+# 3. a pipeline run killed mid-stage
+# --------------------------------------------------------------------------------------------
+
+PIPELINE_MODEL = "crash-pipeline"
+# a short pipeline: 10 teachers (long enough a stage to be killed in), a short student and finetune,
+# a fixed σ with the RDP accountant (no calibration search), no head, no membership-inference audit
+PIPELINE_PARAMS = dict(run={"model_name": PIPELINE_MODEL}, partition={"shards": 10}, teachers={"epochs": 15},
+                       student={"steps": 100, "delay_steps": 20, "ramp_steps": 30},
+                       finetune={"epochs": 2, "noise_multiplier": 2.0, "target_epsilon": None,
+                                 "epsilon_curve_points": 2},
+                       privacy={"accountant": "rdp"}, head={"enabled": False}, privacy_audit={"enabled": False})
+
+
+def _model_versions(folder: Path) -> dict[str, Any]:
+    versions = _mlflow(folder).search_model_versions(f"name = '{PIPELINE_MODEL}'")
+    return {str(v.version): v for v in sorted(versions, key=lambda v: int(v.version))}
+
+
+def _kill_in_teachers_stage(folder: Path, api_url: str) -> str:
+    """Start `privpipe run`, SIGKILL it once the teachers stage is under way; return its output."""
+    log = folder / "killed-run.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "flows.cli", "run"], cwd=folder, env=_env(api_url),
+                                   stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        # dp_pca is the stage before the teachers: once it finished, the teachers are training
+        while not any("Task run 'dp_pca-" in line and "Finished in state" in line
+                      for line in log.read_text().splitlines()):
+            assert process.poll() is None, f"the run ended (rc {process.returncode}) before its teachers:\n" \
+                                           f"{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGKILL)
+        assert process.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=60)
+    return log.read_text()
+
+
+def test_pipeline_run_killed_mid_stage_releases_and_charges_nothing(
+        api_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.cli import main
+    from tasks.common import exclusive_lock
+
+    (tmp_path / "data/raw").mkdir(parents=True)
+    (tmp_path / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
+    write_params(tmp_path, **PIPELINE_PARAMS)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run"]) == 0  # in this process: the same command, without a second start-up
+    (first,) = _model_versions(tmp_path).values()
+    ledger = tmp_path / "data/budget/digits.json"
+    charged = ledger.read_bytes()
+    assert [e["run"] for e in json.loads(charged)["entries"]] == [first.run_id]
+    votes = tmp_path / "artifacts/teachers/votes.npy"
+    votes_written = votes.stat().st_mtime_ns
+
+    output = _kill_in_teachers_stage(tmp_path, api_url)
+    # killed mid-stage: the teachers had not reported, nothing after them ran
+    assert "collect-votes" not in output and votes.stat().st_mtime_ns == votes_written, output[-3000:]
+    versions = _model_versions(tmp_path)
+    assert list(versions) == ["1"] and versions["1"].tags == first.tags  # nothing released
+    assert ledger.read_bytes() == charged  # nothing charged
+    with exclusive_lock(tmp_path / "artifacts/.pipeline.lock", blocking=False):
+        pass  # the dead run's lock went with it
+
+    assert main(["run"]) == 0  # the next run proceeds
+    versions = _model_versions(tmp_path)
+    assert list(versions) == ["1", "2"] and versions["1"].tags == first.tags
+    entries = json.loads(ledger.read_text())["entries"]
+    assert [e["run"] for e in entries] == [first.run_id, versions["2"].run_id]
