@@ -64,6 +64,8 @@ def _load_digits(params: Params) -> tuple[dict[str, Records], list[Path]]:
     source = Path(cfg.path)
     ensure_default_data(params)
     records = load_labeled_csv(source)
+    # before the stratified split, which fails on a stray label with a message naming no file
+    check_labels(records, classes=DATASET_CLASSES["digits"], source=str(source))
     rest, test = _split_off(records, cfg.test_fraction, seed)
     # later shares are of what is left, so each is the stated share of the whole file
     left = 1.0 - cfg.test_fraction

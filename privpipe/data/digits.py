@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,10 @@ def load_labeled_csv(path: Path) -> Records:
                 rows.append([float(v) for v in row[2:]])
             except ValueError:
                 raise DataError(f"{path}: line {line_no} has a non-numeric label or feature") from None
+            bad = next((i for i, v in enumerate(rows[-1]) if not math.isfinite(v)), None)
+            if bad is not None:  # float() accepts "nan" and "inf"; no model can use them
+                raise DataError(f"{path}: line {line_no}: feature {header[bad + 2]} is {rows[-1][bad]} "
+                                "(features must not be NaN or infinite)")
             ids.append(row[0])
     if not rows:
         raise DataError(f"{path}: no records")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from privpipe.data.records import DataError, Records
+from privpipe.data.records import DATASET_CLASSES, DataError, Records, check_labels
 
 __all__ = ["read_idx", "load_mnist", "mnist_files", "MNIST_FILES"]
 
@@ -78,9 +78,11 @@ def load_mnist(folder: Path, *, download: bool = False) -> dict[str, Records]:
     out = {}
     for split, (images_stem, labels_stem) in MNIST_FILES.items():
         images = read_idx(_find(folder, images_stem))
-        labels = read_idx(_find(folder, labels_stem))
+        labels_file = _find(folder, labels_stem)
+        labels = read_idx(labels_file)
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise DataError(f"{folder}: {split} images {images.shape} and labels {labels.shape} do not match")
         ids = np.array([f"mnist-{split}-{i:05d}" for i in range(len(labels))])
         out[split] = Records(images.reshape(len(images), -1).astype(np.float32) / 255.0, labels.astype(np.int64), ids)
+        check_labels(out[split], classes=DATASET_CLASSES["mnist"], source=str(labels_file))  # name the labels file
     return out
