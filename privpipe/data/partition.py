@@ -126,6 +126,23 @@ def _check_arguments(ids: np.ndarray, labels: np.ndarray, *, shards: int, strate
                              f"{classes} classes; raise labels_per_shard or shards")
 
 
+def _check_classes_held(labels: np.ndarray, *, shards: int, classes: int, labels_per_shard: int, seed: int,
+                        min_records: int) -> None:
+    """label_shards: refuse a shard whose classes have no records at all, naming the labels (fewer
+    shards, what check_partition would advise, cannot fill it)."""
+    if min_records == 0:
+        return
+    present = np.bincount(labels, minlength=classes) > 0
+    held = shard_classes(shards=shards, classes=classes, labels_per_shard=labels_per_shard, seed=seed)
+    empty = np.flatnonzero(~present[held].any(axis=1))
+    if len(empty):
+        s = int(empty[0])
+        names = ", ".join(str(int(c)) for c in held[s])
+        these = "classes" if labels_per_shard > 1 else "class"
+        raise ValueError(f"labels: label_shards shard {s} holds only {these} {names}, with no records; "
+                         "every class needs records (or raise labels_per_shard)")
+
+
 def assign_shards(ids: np.ndarray, labels: np.ndarray, *, shards: int, strategy: str, seed: int,
                   alpha: float = 0.5, labels_per_shard: int = 2, min_records: int = 1,
                   classes: int | None = None) -> np.ndarray:
@@ -165,6 +182,8 @@ def assign_shards(ids: np.ndarray, labels: np.ndarray, *, shards: int, strategy:
     elif strategy == "dirichlet":
         assignment = _dirichlet(u, labels, shards=shards, alpha=alpha, seed=seed)
     else:
+        _check_classes_held(labels, shards=shards, classes=classes, labels_per_shard=labels_per_shard, seed=seed,
+                            min_records=min_records)
         assignment = _label_shards(u, labels, shards=shards, classes=classes, labels_per_shard=labels_per_shard,
                                    seed=seed)
     check_partition(assignment, shards=shards, n_records=len(ids), min_records=min_records)
