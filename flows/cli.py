@@ -216,8 +216,16 @@ def _requests(_args: argparse.Namespace) -> int:
 
 def _removals(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
+    from privpipe.requests import RequestQueue
+    from tasks import paths
 
     load_params(args.params)
+    # before Prefect starts: a damaged journal, or requests with no head to remove them from, would
+    # otherwise fail inside the flow after it took the lock and announced a batch (the flow checks again)
+    queue = RequestQueue(paths.REQUESTS)
+    work = queue.open_batch() is not None or bool(queue.pending())
+    if work and not paths.HEAD.joinpath("meta.json").exists():
+        raise FileNotFoundError(f"{paths.HEAD}: no removal-enabled head (run the pipeline with head.enabled)")
     from flows.removals import removals
 
     results = removals(params_file=args.params)
@@ -337,9 +345,17 @@ def _federated(args: argparse.Namespace) -> int:
 
     from privpipe.data import DataError
 
-    if params.text.format != "20newsgroups" and not Path(params.text.path).is_file():
-        raise DataError(f"{params.text.path}: text file not found (text.path: a JSONL or CSV file with "
-                        f"{params.text.text_column!r} and {params.text.label_column!r} columns)")
+    if params.text.format != "20newsgroups":
+        if not Path(params.text.path).is_file():
+            raise DataError(f"{params.text.path}: text file not found (text.path: a JSONL or CSV file with "
+                            f"{params.text.text_column!r} and {params.text.label_column!r} columns)")
+        from privpipe.text.corpus import load_corpus
+
+        # read here too, before Prefect starts: a bad line fails now, not in the flow after MLflow opened a run
+        text = params.text
+        load_corpus(text.path, format=text.format, text_column=text.text_column, label_column=text.label_column,
+                    client_column=text.client_column, split_column=text.split_column,
+                    test_fraction=text.test_fraction, seed=params.run.seed)
     from privpipe.config import check_federated_use
 
     check_federated_use(params, clients=None if params.text.client_column else params.federated.clients)
@@ -371,7 +387,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from privpipe.config import ConfigError
     from privpipe.data import DataError
-    from privpipe.privacy import BudgetExceeded
     from privpipe.requests import QueueBusy, QueueError, UnknownRecord
     from tasks.common import PipelineBusy
 
@@ -396,9 +411,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError, QueueError, UnknownRecord, ValueError, FileNotFoundError) as exc:
         print(f"privpipe: error: {exc}", file=sys.stderr)
         return 2
-    except BudgetExceeded as exc:
+    except RuntimeError as exc:
+        if not _budget_refusal(exc):
+            raise
         print(f"privpipe: refused: {exc}", file=sys.stderr)
         return 1
+
+
+def _budget_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is a BudgetExceeded. Looked up, not imported: privpipe.privacy imports torch (seconds),
+    and where it was never imported nothing can have raised its exception, e.g. a typo in the params file."""
+    privacy = sys.modules.get("privpipe.privacy")
+    return privacy is not None and isinstance(exc, privacy.BudgetExceeded)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from privpipe.data.records import Records
 
@@ -12,6 +11,9 @@ __all__ = ["stratified_split", "subsample"]
 
 def stratified_split(records: Records, *, test_fraction: float, seed: int) -> tuple[Records, Records]:
     """Split into (train, test) with class proportions kept."""
+    # imported here: scikit-learn takes seconds, and most commands (every bad-input error) never split
+    from sklearn.model_selection import train_test_split
+
     index = np.arange(len(records))
     train, test = train_test_split(index, test_size=test_fraction, random_state=seed, stratify=records.labels)
     return records.subset(np.sort(train)), records.subset(np.sort(test))

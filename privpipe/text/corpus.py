@@ -57,9 +57,9 @@ def _rows_jsonl(path: Path) -> list[tuple[str, dict]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.strip())  # the newline would read as a control character in a cut-off string
             except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg}: column {exc.colno})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
             rows.append((f"line-{number}", row))
