@@ -1,0 +1,345 @@
+"""Bad input, as a user gives it: each case is refused with one line naming the key or file, a
+non-zero exit code, and nothing written or changed in the project folder.
+
+Every case runs the real command line in a subprocess (``python -m flows.cli …`` in a copy of a
+small project). The command costs seconds of imports (torch, scikit-learn), so the module runs
+the selected cases side by side, one per core, and each parametrized test then checks its own
+case's outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import PROJECT
+
+DIGITS_CSV = "data/raw/digits.csv"
+TEXTS = "data/raw/texts.jsonl"
+QUEUE = "data/requests/queue.jsonl"
+LEDGER = "data/budget/digits.json"
+MNIST = "data/raw/mnist"
+MNIST_SIDE = 28
+MNIST_TRAIN, MNIST_TEST = 40, 20  # a tiny but well-formed MNIST: the bad byte is the only problem
+TIMEOUT_S = 300
+
+
+# ---------------------------------------------------------------------------------------------
+# set-up helpers: each edits a copy of a base project before the snapshot is taken
+
+def set_params(folder: Path, **sections: dict) -> None:
+    """Merge ``sections`` into the project's params.yaml."""
+    path = folder / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for name, values in sections.items():
+        params.setdefault(name, {}).update(values)
+    path.write_text(yaml.safe_dump(params))
+
+
+def edit_csv_row(folder: Path, row: int, edit: Callable[[list[str]], list[str]]) -> None:
+    """Change data row ``row`` (1 = the first record) of the digits CSV."""
+    path = folder / DIGITS_CSV
+    lines = path.read_text().splitlines()
+    lines[row] = ",".join(edit(lines[row].split(",")))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def relabel(folder: Path, relabelled: Callable[[int], int]) -> None:
+    """Give every record of the digits CSV the label ``relabelled(label)``."""
+    path = folder / DIGITS_CSV
+    header, *rows = path.read_text().splitlines()
+    out = [header]
+    for row in rows:
+        record_id, label, rest = row.split(",", 2)
+        out.append(f"{record_id},{relabelled(int(label))},{rest}")
+    path.write_text("\n".join(out) + "\n")
+
+
+def idx_bytes(array: np.ndarray, *, magic: bytes = b"\x00\x00\x08") -> bytes:
+    """The IDX format: 2 zero bytes, type 0x08 (unsigned byte), ndim, big-endian dims, then the data."""
+    return magic + bytes([array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+
+
+def write_mnist(folder: Path) -> None:
+    """Four tiny, valid IDX .gz files and params that read them (prepare.dataset mnist)."""
+    rng = np.random.default_rng(0)
+    raw = folder / MNIST
+    raw.mkdir(parents=True)
+    for prefix, n in (("train", MNIST_TRAIN), ("t10k", MNIST_TEST)):
+        images = rng.integers(0, 256, size=(n, MNIST_SIDE, MNIST_SIDE), dtype=np.uint8)
+        labels = (np.arange(n) % 10).astype(np.uint8)
+        (raw / f"{prefix}-images-idx3-ubyte.gz").write_bytes(gzip.compress(idx_bytes(images), mtime=0))
+        (raw / f"{prefix}-labels-idx1-ubyte.gz").write_bytes(gzip.compress(idx_bytes(labels), mtime=0))
+    set_params(folder, prepare={"dataset": "mnist", "path": MNIST, "public_queries": MNIST_TEST // 2,
+                                "target_domain": False})
+
+
+def rewrite_idx(folder: Path, name: str, change: Callable[[bytes], bytes]) -> None:
+    """Replace the uncompressed IDX bytes of ``name`` by ``change(bytes)``, gzipped again."""
+    path = folder / MNIST / name
+    path.write_bytes(gzip.compress(change(gzip.decompress(path.read_bytes())), mtime=0))
+
+
+def queue_request(folder: Path, record_id: str = "digits-0001") -> None:
+    """One pending deletion request, queued as `privpipe forget` does."""
+    from privpipe.requests import RequestQueue
+
+    RequestQueue(folder / "data/requests").submit([record_id], reason="test", known=lambda _: True)
+
+
+def write_ledger(folder: Path, epsilon: float) -> None:
+    """A lifetime ledger for digits with one recorded run that spent ``epsilon``."""
+    entry = {"run": "0" * 32, "flow": "pipeline", "recorded_at": "2026-01-01T00:00:00+00:00",
+             "data_version": "abc", "epsilon": epsilon, "delta": 1e-5, "accountant": "pld", "stages": {}}
+    path = folder / LEDGER
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": "privpipe.lifetime/1", "dataset": "digits", "entries": [entry]}))
+
+
+def prepare(folder: Path) -> None:
+    """What `privpipe stage prepare` writes, run in this process (the imports are paid already)."""
+    from privpipe.config import load_params
+    from tasks.prepare import run_prepare
+
+    with contextlib.chdir(folder):
+        run_prepare(load_params("params.yaml"))
+
+
+def write_texts(folder: Path, broken_line: str) -> None:
+    """A small JSONL text set for `privpipe federated` whose third line is ``broken_line``."""
+    lines = [json.dumps({"text": f"text number {i}", "label": i % 2, "split": "test" if i % 4 == 0 else "train"})
+             for i in range(12)]
+    lines[2] = broken_line
+    (folder / TEXTS).write_text("\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    expect: str  # the error line, the last on stderr
+    code: int = 2
+    setup: Callable[[Path], None] = lambda _folder: None
+    base: str = "digits"  # digits: params + digits CSV; prepared: after `privpipe stage prepare`
+
+
+def params(**sections: dict) -> Callable[[Path], None]:
+    return lambda folder: set_params(folder, **sections)
+
+
+def steps(*setups: Callable[[Path], None]) -> Callable[[Path], None]:
+    def run(folder: Path) -> None:
+        for setup in setups:
+            setup(folder)
+    return run
+
+
+def write(path: str, text: str) -> Callable[[Path], None]:
+    def run(folder: Path) -> None:
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+    return run
+
+
+def mnist_with(name: str, change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    return steps(write_mnist, lambda folder: rewrite_idx(folder, name, change))
+
+
+def cut_gzip(name: str) -> Callable[[Path], None]:
+    """A download that stopped half-way: the .gz file itself is cut."""
+    def run(folder: Path) -> None:
+        path = folder / MNIST / name
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return steps(write_mnist, run)
+
+
+BAD_ROW, NAN_ROW = 5, 7  # data rows of the digits CSV (line = row + 1, after the header)
+QUEUE_ERROR = f"privpipe: error: {QUEUE}: line 1: not valid JSON (Expecting property name enclosed in double quotes)"
+BROKEN_QUEUE = '{"event": "received", "request_id": "req-1", "record_id": "digits-0001", "reason": null,\n'
+
+CASES = [
+    # -- params: refused by load_params, before any work
+    Case("epsilon-budget-zero", ("run",), "privpipe: error: privacy.epsilon_budget: must be > 0",
+         setup=params(privacy={"epsilon_budget": 0})),
+    Case("epsilon-budget-negative", ("run",), "privpipe: error: privacy.epsilon_budget: must be > 0",
+         setup=params(privacy={"epsilon_budget": -1})),
+    Case("delta-one", ("run",), "privpipe: error: privacy.delta: must be in (0, 1)",
+         setup=params(privacy={"delta": 1})),
+    # δ < 1/n needs n, the sensitive records: the prepare stage refuses it before it writes
+    Case("delta-not-below-1-over-n", ("stage", "prepare"),
+         "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.00101 (n = 987 sensitive records); "
+         "a δ that large permits leaking a whole record",
+         setup=params(privacy={"delta": 0.01})),
+    Case("finetune-noise-negative", ("run",), "privpipe: error: finetune.noise_multiplier: must be > 0",
+         setup=params(finetune={"noise_multiplier": -1.0, "target_epsilon": None})),
+    Case("finetune-clip-zero", ("run",),
+         "privpipe: error: finetune.max_grad_norm: must be > 0 (it bounds each example's influence)",
+         setup=params(finetune={"max_grad_norm": 0})),
+    Case("federated-clip-zero", ("federated",),
+         "privpipe: error: federated.clip_norm: must be > 0 (it bounds each client's influence)",
+         setup=params(federated={"clip_norm": 0})),
+    # the shard count is checked against the sensitive set, so after prepare
+    Case("more-shards-than-records", ("stage", "partition"),
+         "privpipe: error: partition.shards: 100000 shards for 987 records leaves shard 0 with 0 records "
+         "(need ≥ 5); use fewer shards",
+         setup=params(partition={"shards": 100_000}), base="prepared"),
+    Case("params-not-yaml", ("run",), "privpipe: error: params.yaml: not valid YAML (line 3)",
+         setup=write("params.yaml", "privacy:\n  delta: [1e-5\nrun: {seed: 0}\n")),
+    Case("params-unknown-key", ("run",), "privpipe: error: finetune.epoch: unknown key",
+         setup=params(finetune={"epoch": 3})),
+    Case("params-wrong-type", ("run",), "privpipe: error: finetune.epochs: expected an integer, got 'ten'",
+         setup=params(finetune={"epochs": "ten"})),
+    Case("params-file-missing", ("run", "--params", "nope.yaml"), "privpipe: error: nope.yaml: params file not found"),
+
+    # -- data files
+    Case("mnist-gz-truncated", ("stage", "prepare"),
+         f"privpipe: error: {MNIST}/train-images-idx3-ubyte.gz: cannot read (Compressed file ended before the "
+         "end-of-stream marker was reached)",
+         setup=cut_gzip("train-images-idx3-ubyte.gz")),
+    Case("mnist-idx-bad-magic", ("stage", "prepare"),
+         f"privpipe: error: {MNIST}/train-labels-idx1-ubyte.gz: not an IDX file (bad magic number)",
+         setup=mnist_with("train-labels-idx1-ubyte.gz", lambda data: b"\x12\x34" + data[2:])),
+    Case("mnist-label-out-of-range", ("stage", "prepare"),
+         f"privpipe: error: {MNIST}/train-labels-idx1-ubyte.gz: label 12 is outside 0..9",
+         setup=mnist_with("train-labels-idx1-ubyte.gz", lambda data: data[:-1] + bytes([12]))),
+    Case("text-jsonl-broken-line", ("federated",),
+         f"privpipe: error: {TEXTS}:3: not valid JSON (Expecting value: column 29)",
+         setup=lambda folder: write_texts(folder, '{"text": "cut off", "label": ')),
+    Case("csv-ragged-row", ("stage", "prepare"),
+         f"privpipe: error: {DIGITS_CSV}: line {BAD_ROW + 1} has 4 fields, expected 66",
+         setup=lambda folder: edit_csv_row(folder, BAD_ROW, lambda row: row[:4])),
+    Case("csv-nan-feature", ("stage", "prepare"),
+         f"privpipe: error: {DIGITS_CSV}: line {NAN_ROW + 1}: feature p3 is nan "
+         "(features must not be NaN or infinite)",
+         setup=lambda folder: edit_csv_row(folder, NAN_ROW, lambda row: [*row[:5], "nan", *row[6:]])),
+    Case("csv-negative-label", ("stage", "prepare"),
+         f"privpipe: error: {DIGITS_CSV}: label -1 is outside 0..9",
+         setup=lambda folder: edit_csv_row(folder, BAD_ROW, lambda row: [row[0], "-1", *row[2:]])),
+    # one empty class: with one class per teacher, the teachers of that class get no records
+    Case("empty-class-label-shards", ("stage", "partition"),
+         "privpipe: error: data/prepared/sensitive: labels: label_shards shard 6 holds only class 3, "
+         "with no records; every class needs records (or raise labels_per_shard)",
+         setup=steps(params(partition={"strategy": "label_shards", "labels_per_shard": 1, "shards": 10,
+                                       "min_records": 1}),
+                     lambda folder: relabel(folder, lambda label: 0 if label == 3 else label),
+                     prepare),
+         base="digits"),
+
+    # -- deletion requests
+    Case("forget-unknown-record", ("forget", "digits-9999"),
+         "privpipe: error: record id 'digits-9999': not in the current data (nothing was queued)"),
+    Case("queue-invalid-json-requests", ("requests",),
+         QUEUE_ERROR, setup=write(QUEUE, BROKEN_QUEUE)),
+    Case("queue-invalid-json-removals", ("removals",),
+         QUEUE_ERROR, setup=write(QUEUE, BROKEN_QUEUE)),
+    # no command takes a model version as input; the removal run consumes the deployed head
+    # (artifacts/head, registered as <model_name>-head): a queued request without it is refused
+    Case("removals-without-head", ("removals",),
+         "privpipe: error: artifacts/head: no removal-enabled head (run the pipeline with head.enabled)",
+         setup=queue_request),
+
+    # -- the lifetime budget
+    Case("lifetime-exhausted-run", ("run",),
+         "privpipe: refused: pipeline run: dataset 'digits' has spent ε = 30, δ = 1e-05 over 1 run(s); "
+         "left ε = 0, δ = 9e-05 of lifetime budget (ε = 30, δ = 0.0001); this run may cost up to ε = 3, "
+         "δ = 1e-05 (privacy.epsilon_budget, privacy.delta); refusing before it starts",
+         code=1, setup=lambda folder: write_ledger(folder, 30.0)),
+    Case("lifetime-ledger-damaged", ("run",),
+         f"privpipe: error: {LEDGER}: damaged lifetime ledger (Expecting value: line 1 column 47 (char 46)); "
+         f"restore it with `dvc checkout {LEDGER}`",
+         setup=write(LEDGER, '{"format": "privpipe.lifetime/1", "entries": [')),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# running the cases
+
+
+@dataclass
+class Outcome:
+    before: dict[str, str | None]
+    after: dict[str, str | None]
+    done: subprocess.CompletedProcess
+
+
+def snapshot(folder: Path) -> dict[str, str | None]:
+    """Every path under ``folder``, nothing excluded: a file's bytes hash, None for a folder."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+            for p in sorted(folder.rglob("*"))}
+
+
+def _base_projects(root: Path, needed: set[str]) -> dict[str, Path]:
+    digits = root / "base-digits"
+    (digits / "data/raw").mkdir(parents=True)
+    shutil.copy(PROJECT / "params.yaml", digits / "params.yaml")
+    shutil.copy(PROJECT / f"{DIGITS_CSV}.dvc", digits / f"{DIGITS_CSV}.dvc")
+    from privpipe.data import export_digits_csv
+
+    export_digits_csv(digits / DIGITS_CSV)  # what `privpipe init-data` writes (same bytes)
+    bases = {"digits": digits}
+    if "prepared" in needed:
+        bases["prepared"] = root / "base-prepared"
+        shutil.copytree(digits, bases["prepared"])
+        prepare(bases["prepared"])
+    return bases
+
+
+def _run(case: Case, folder: Path) -> Outcome:
+    before = snapshot(folder)  # right before the command
+    done = subprocess.run([sys.executable, "-m", "flows.cli", *case.args], cwd=folder, capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+    return Outcome(before, snapshot(folder), done)
+
+
+@pytest.fixture(scope="module")
+def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
+    """The outcome of every selected case, run side by side (the command is mostly import time)."""
+    selected = [item.callspec.params["case"] for item in request.session.items
+                if item.path == request.path and hasattr(item, "callspec") and "case" in item.callspec.params]
+    root = tmp_path_factory.mktemp("bad-input")
+    bases = _base_projects(root, {case.base for case in selected})
+    for case in selected:  # in this thread: a set-up may change the working directory
+        shutil.copytree(bases[case.base], root / case.id)
+        case.setup(root / case.id)
+    workers = max(1, len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {case.id: pool.submit(_run, case, root / case.id) for case in selected}
+        return {case_id: future.result() for case_id, future in futures.items()}
+
+
+def test_cases_are_distinct():
+    assert len(CASES) >= 22
+    assert len({case.id for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_bad_input_is_refused_with_one_line_and_changes_nothing(case: Case, outcomes: dict[str, Outcome]):
+    out = outcomes[case.id]
+    lines = out.done.stderr.strip().splitlines()
+    assert lines, f"no error on stderr (exit {out.done.returncode}); stdout: {out.done.stdout!r}"
+    last = lines[-1]
+    assert last == case.expect, f"last stderr line: {last!r}\nstderr:\n{out.done.stderr}"
+    errors = [line for line in lines if line.startswith("privpipe: ") or "Traceback" in line]
+    assert errors == [last], f"more than one error line:\n{out.done.stderr}"
+    assert out.done.returncode == case.code, out.done.stderr
+    changed = sorted(set(out.before.items()) ^ set(out.after.items()))
+    assert out.after == out.before, f"written or changed: {sorted({path for path, _ in changed})}"
