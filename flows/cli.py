@@ -305,11 +305,11 @@ def _run(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
 
     params = load_params(args.params)  # validate before Prefect starts anything
-    from tasks import budget
+    from flows.pipeline import pipeline, preflight
+    from tasks import budget, tracking
 
+    preflight(params)  # bad data, δ ≥ 1/n, an impossible partition: refused before any run state exists
     budget.check_lifetime(params, budget.dataset_name(params), what="pipeline run")  # the flow checks again
-    from flows.pipeline import pipeline
-    from tasks import tracking
 
     result = pipeline(params_file=args.params)
     params = load_params(args.params)

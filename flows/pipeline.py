@@ -26,7 +26,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 
 from flows.client_map import mapped_client_updates
-from privpipe.config import load_params
+from privpipe.config import Params, load_params
 from privpipe.privacy import Ledger
 from tasks import audit_tracking, budget, tracking
 from tasks.common import PipelineBusy, exclusive_lock, read_json
@@ -37,8 +37,8 @@ from tasks.dp_pca import dp_pca_task
 from tasks.evaluate import deployed_dir, evaluate_task
 from tasks.finetune import finetune_task, log_finetune_outputs, run_finetune, start_dir
 from tasks.head import head_task, run_head
-from tasks.partition import partition_task, run_partition
-from tasks.prepare import prepare_task
+from tasks.partition import partition_task, run_partition, shard_assignment
+from tasks.prepare import prepare_task, prepared_sets
 from tasks.student import run_student, student_task
 from tasks.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
 
@@ -106,6 +106,14 @@ def _teachers(params, runner, prepared: dict[str, str], partition_dir: str, dp_p
         for _ in as_completed(futures):
             bar.update()
     return futures.result()
+
+
+def preflight(params: Params) -> None:
+    """Load and check the data and the partition the run would make, writing nothing: ``privpipe run``
+    calls it before Prefect, MLflow or the pipeline lock exist, so bad input leaves no trace."""
+    sets, *_ = prepared_sets(params)
+    if params.student.enabled:
+        shard_assignment(params, sets["sensitive"], source=params.prepare.path)
 
 
 @flow(name="privpipe-pipeline")

@@ -28,22 +28,28 @@ from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_
 __all__ = ["run_partition", "partition_task", "load_shards"]
 
 
+def shard_assignment(params: Params, records: Records, *, source: Path | str) -> np.ndarray:
+    """Each record's shard; a refused partition (too few records per shard, …) names the key or ``source``."""
+    cfg = params.partition
+    classes = DATASET_CLASSES[params.prepare.dataset]  # public: from the task, not from the labels
+    try:
+        return assign_shards(records.ids, records.labels, shards=cfg.shards, strategy=cfg.strategy,
+                             seed=params.run.seed, alpha=cfg.alpha, labels_per_shard=cfg.labels_per_shard,
+                             min_records=cfg.min_records, classes=classes)
+    except ValueError as exc:  # the library names the argument: shards, alpha, labels_per_shard, …
+        message = str(exc)
+        if message.split(":")[0] in ("ids", "labels"):
+            raise DataError(f"{source}: {message}") from None
+        raise ConfigError(f"partition.{message}") from None
+
+
 def run_partition(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.PARTITION) -> dict[str, Any]:
     if not params.student.enabled:
         return skip_stage("partition", out, "student.enabled is false")
     log = stage_logger("partition")
     cfg = params.partition
     records = Records.load(sensitive)
-    classes = DATASET_CLASSES[params.prepare.dataset]  # public: from the task, not from the labels
-    try:
-        shards = assign_shards(records.ids, records.labels, shards=cfg.shards, strategy=cfg.strategy,
-                               seed=params.run.seed, alpha=cfg.alpha, labels_per_shard=cfg.labels_per_shard,
-                               min_records=cfg.min_records, classes=classes)
-    except ValueError as exc:  # the library names the argument: shards, alpha, labels_per_shard, …
-        message = str(exc)
-        if message.split(":")[0] in ("ids", "labels"):
-            raise DataError(f"{sensitive}: {message}") from None
-        raise ConfigError(f"partition.{message}") from None
+    shards = shard_assignment(params, records, source=sensitive)
     # shard sizes depend on the sensitive labels (per-class counts under label skew): kept with the
     # partition, not in metrics, MLflow or logs
     sizes = np.bincount(shards, minlength=cfg.shards)

@@ -120,9 +120,10 @@ def _mnist_target(params: Params) -> tuple[Records, Records]:
                  for name in ("train", "test"))
 
 
-def run_prepare(params: Params) -> dict[str, str]:
-    """Write data/prepared/*; return their paths and the data version."""
-    log = stage_logger("prepare")
+def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], set[str], int]:
+    """Every set the stage writes, loaded and checked, and nothing written (but the embedded
+    default data on first use): (sets, source files, erased record hashes, records dropped as erased).
+    ``privpipe run`` calls it before Prefect starts, so bad data is refused before any run state exists."""
     sets, sources = (_load_digits if params.prepare.dataset == "digits" else _load_mnist)(params)
     queue = RequestQueue(paths.REQUESTS)
     erased = queue.erased_record_hashes()  # completed deletion requests: gone from every set, whatever the file says
@@ -141,6 +142,14 @@ def run_prepare(params: Params) -> dict[str, str]:
         check_labels(records, classes=DATASET_CLASSES[params.prepare.dataset], source=f"{sources[0]} ({name} set)")
     if len(set(sensitive.labels.tolist())) < 2:
         raise DataError(f"{sources[0]}: the sensitive set needs at least two classes")
+    return sets, sources, erased, filtered
+
+
+def run_prepare(params: Params) -> dict[str, str]:
+    """Write data/prepared/*; return their paths and the data version."""
+    log = stage_logger("prepare")
+    sets, sources, erased, filtered = prepared_sets(params)
+    sensitive = sets["sensitive"]
     with staged_dir(paths.PREPARED) as out:
         for name, records in sets.items():
             records.save(out / name)

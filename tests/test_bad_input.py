@@ -189,6 +189,18 @@ CASES = [
          "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.00101 (n = 987 sensitive records); "
          "a δ that large permits leaking a whole record",
          setup=params(privacy={"delta": 0.01})),
+    # `privpipe run` checks the data and the partition before Prefect, MLflow or the pipeline lock exist
+    Case("run-delta-not-below-1-over-n", ("run",),
+         "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.00101 (n = 987 sensitive records); "
+         "a δ that large permits leaking a whole record",
+         setup=params(privacy={"delta": 0.01})),
+    Case("run-more-shards-than-records", ("run",),
+         "privpipe: error: partition.shards: 100000 shards for 987 records leaves shard 0 with 0 records "
+         "(need ≥ 5); use fewer shards",
+         setup=params(partition={"shards": 100_000})),
+    Case("run-csv-negative-label", ("run",),
+         f"privpipe: error: {DIGITS_CSV}: label -1 is outside 0..9",
+         setup=lambda folder: edit_csv_row(folder, BAD_ROW, lambda row: [row[0], "-1", *row[2:]])),
     Case("finetune-noise-negative", ("run",), "privpipe: error: finetune.noise_multiplier: must be > 0",
          setup=params(finetune={"noise_multiplier": -1.0, "target_epsilon": None})),
     Case("finetune-clip-zero", ("run",),
