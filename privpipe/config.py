@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
@@ -297,8 +298,19 @@ class Params:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
     def flat(self) -> dict[str, Any]:
-        """All parameters as ``section.key`` → value (what MLflow records)."""
-        return flatten(dataclasses.asdict(self))
+        """All parameters as ``section.key`` → value (what MLflow records), a password in a URL
+        (``http://user:secret@host``) replaced by ``***``."""
+        return {key: _without_password(value) for key, value in flatten(dataclasses.asdict(self)).items()}
+
+
+def _without_password(value: Any) -> Any:
+    if not isinstance(value, str) or "://" not in value:
+        return value
+    parts = urlsplit(value)
+    if parts.password is None:
+        return value
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -314,21 +314,15 @@ def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
     assert {r.audit["record_id_hash"] for r in queue.read()} == hashes
 
 
-@pytest.mark.xfail(strict=True, reason="tasks/tracking.start_run logs params.flat() verbatim, so credentials in a "
-                                      "URL-valued parameter (run.tracking_uri, schedule.prefect_api_url, "
-                                      "runner.address) reach MLflow; the fix belongs in tasks/tracking.py or "
-                                      "privpipe/config.py (being edited elsewhere)")
 def test_credentials_in_a_url_parameter_never_reach_mlflow(project):
     from mlflow.tracking import MlflowClient
 
-    from privpipe.config import ConfigError
     from tasks import tracking
 
     write_params(project, schedule={"prefect_api_url": "http://ops:s3cret-token@127.0.0.1:4200/api"})
-    try:
-        params = load_params("params.yaml")
-    except ConfigError:
-        return  # refused before anything is logged: as good
+    params = load_params("params.yaml")
+    assert params.schedule.prefect_api_url.endswith("s3cret-token@127.0.0.1:4200/api")  # still usable
     run_id = tracking.start_run(params, params_file="params.yaml")
     logged = MlflowClient(tracking_uri=tracking.resolve_tracking_uri(params.run.tracking_uri)).get_run(run_id).data
     assert not [k for k, v in {**logged.params, **logged.tags}.items() if "s3cret-token" in v]
+    assert logged.params["schedule.prefect_api_url"] == "http://ops:***@127.0.0.1:4200/api"
