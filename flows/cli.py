@@ -14,7 +14,8 @@
     privpipe privacy dpsgd --noise-multiplier 1.1 --sample-rate 0.01 --steps 10000 --delta 1e-5
 
 Bad input ends with one line on stderr naming the key or file, and exit code 2;
-a refused budget or a failed stage with exit code 1.
+a refused budget or a failed stage with exit code 1; a privacy audit that contradicts
+the claimed ε (a bug: the model is not registered) with exit code 3.
 """
 
 from __future__ import annotations
@@ -301,6 +302,17 @@ def _audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_audit(audit: dict) -> None:
+    """The membership audit's line (see tasks.privacy_audit); nothing when it was off."""
+    if "privacy.audit.epsilon_lower_bound" in audit:
+        aucs = ", ".join(f"{audit[f'privacy.audit.{name}.auc']:.3f} ({name})" for name in ("loss", "calibrated")
+                         if f"privacy.audit.{name}.auc" in audit)
+        print(f"privacy audit   membership AUC {aucs}; empirical ε ≥ "
+              f"{audit['privacy.audit.epsilon_lower_bound']:.3f}, within the claimed ε")
+    elif audit:
+        print(f"privacy audit   skipped: {audit['skipped']}")
+
+
 def _run(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
 
@@ -320,6 +332,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"privacy spent   ε = {result['epsilon']:.4f}, δ = {result['delta']:g}  "
           f"({result['accountant'].upper()} accountant over all stages; per stage in metrics/privacy.json)")
     life = result["lifetime"]
+    _print_audit(result.get("privacy_audit", {}))
     print(f"lifetime        dataset {life['dataset']}: ε = {life['spent']:.4g} spent over {life['runs']} run(s), "
           f"{life['left']:.4g} left of {life['budget']:g} (`privpipe budget`)")
     print(f"data version    {result['data_version']}")
@@ -375,6 +388,7 @@ def _federated(args: argparse.Namespace) -> int:
               f"accountant, client-level: one client's records added or removed)")
     else:
         print("privacy spent   not private (federated.private: false)")
+    _print_audit(out.get("privacy_audit", {}))
     if out.get("stopped"):
         print(f"note            {out['stopped']}")
     if "model_version" in out:
@@ -412,17 +426,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"privpipe: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        if not _budget_refusal(exc):
-            raise
-        print(f"privpipe: refused: {exc}", file=sys.stderr)
-        return 1
+        if _raised_by(exc, "privpipe.privacy", "BudgetExceeded"):
+            print(f"privpipe: refused: {exc}", file=sys.stderr)
+            return 1
+        if _raised_by(exc, "privpipe.privacy.membership", "PrivacyAuditFailed"):  # a bug: say so loudly
+            print(f"privpipe: PRIVACY AUDIT FAILED: {exc}", file=sys.stderr)
+            return 3
+        raise
 
 
-def _budget_refusal(exc: BaseException) -> bool:
-    """Whether ``exc`` is a BudgetExceeded. Looked up, not imported: privpipe.privacy imports torch (seconds),
+def _raised_by(exc: BaseException, module: str, name: str) -> bool:
+    """Whether ``exc`` is ``module.name``. Looked up, not imported: privpipe.privacy imports torch (seconds),
     and where it was never imported nothing can have raised its exception, e.g. a typo in the params file."""
-    privacy = sys.modules.get("privpipe.privacy")
-    return privacy is not None and isinstance(exc, privacy.BudgetExceeded)
+    loaded = sys.modules.get(module)
+    return loaded is not None and isinstance(exc, getattr(loaded, name))
 
 
 if __name__ == "__main__":

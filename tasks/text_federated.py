@@ -65,7 +65,7 @@ def predict_batches(model: torch.nn.Module, inputs: tuple[np.ndarray, ...]) -> n
 
 def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, ledger: Ledger, *, features_dir: Path,
                    test: tuple[tuple[np.ndarray, ...], np.ndarray]) -> dict[str, float]:
-    """The membership audit of the final global model (before anything is written); {} when off or skipped.
+    """The membership audit of the final global model (before anything is written); {} when off.
 
     Client-level (ε, δ)-DP bounds every single record's influence too, so record-level attacks
     must not prove more than the claimed ε."""
@@ -81,7 +81,7 @@ def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, 
                                   claimed_epsilon=claimed.epsilon if claimed else math.inf,
                                   delta=claimed.delta if claimed else params.privacy.delta,
                                   calibrate=params.text.mode == "frozen")
-    return result.metrics("privacy.audit") if result is not None else {}
+    return result.metrics("privacy.audit") if result is not None else {"skipped": "too few held-out records"}
 
 
 def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_dir: Path = paths.TEXT_FEATURES,

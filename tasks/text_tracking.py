@@ -40,7 +40,8 @@ def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
     # the final accuracy is the last point of the federated.accuracy_test curve; the run's headline is accuracy.test
     log_stage_figures(params, run_id, "federated", {k: v for k, v in out.items()
                                                     if k not in ("history", "stopped", "accuracy_test")})
-    _metrics(client, run_id, {"accuracy.test": out["accuracy_test"], **out.get("privacy_audit", {})})
+    audit = {k: v for k, v in out.get("privacy_audit", {}).items() if k.startswith("privacy.audit.")}
+    _metrics(client, run_id, {"accuracy.test": out["accuracy_test"], **audit})
     client.set_tag(run_id, "privacy.private", str(params.federated.private).lower())
     client.set_tag(run_id, "privacy.not_covered",
                    "federated.clients_dropped counts clients whose update failed; it is not covered by ε")
@@ -56,7 +57,8 @@ def register_text_model(params: Params, run_id: str, out: dict[str, Any], encode
     else:
         tags = {"privacy.epsilon": "inf", "privacy.private": "false"}
     audit = out.get("privacy_audit", {})
-    tags.update({k: f"{v:.4g}" for k, v in audit.items() if k.endswith((".auc", "audit.epsilon_lower_bound"))})
+    tags.update({k: f"{v:.4g}" for k, v in audit.items()
+                 if k.startswith("privacy.audit.") and k.endswith((".auc", "audit.epsilon_lower_bound"))})
     import transformers
 
     with mlflow.start_run(run_id=run_id):
