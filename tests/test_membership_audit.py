@@ -121,3 +121,28 @@ def test_evaluate_stops_a_run_whose_claim_the_audit_contradicts(overfit, project
     audit = json.loads((project / "metrics/evaluate.json").read_text())["privacy_audit"]
     assert audit["privacy.audit.members"] == 100 and audit["claimed_epsilon"] == pytest.approx(out["epsilon"])
     assert audit["privacy.audit.epsilon_lower_bound"] <= out["epsilon"]
+
+
+def test_the_command_ends_loudly_with_exit_3(overfit, project):
+    """`privpipe stage evaluate` (what dvc repro runs) on a model whose claim the audit contradicts."""
+    import subprocess
+    import sys
+
+    model, (x, y), (train, reference_rows, rest) = overfit
+    write_params(project, privacy_audit={"records": 100, "reference_fraction": 0.3})
+    ids = np.array([f"digits-{i:04d}" for i in range(len(y))])
+    Records(x[train], y[train], ids[train]).save(project / "data/prepared/sensitive")
+    unseen = np.setdiff1d(np.arange(len(y)), np.r_[train, rest, reference_rows])[:160]
+    held = np.r_[rest, unseen]
+    Records(x[held], y[held], ids[held]).save(project / "data/prepared/test")
+    folder = project / "artifacts/finetune"
+    save_released(model, folder, spec={"model": "mlp", "input_dim": 64, "projection_dim": 0, "hidden_units": [256],
+                                       "classes": 10, "input_scale": 1.0})
+    (folder / "ledger.json").write_text(Ledger(epsilon_budget=3.0, delta=1e-5, events=[
+        GaussianEvent(stage="finetune", noise_multiplier=500.0)]).to_json())
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "stage", "evaluate"], cwd=project, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 3
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "privpipe: PRIVACY AUDIT FAILED: privacy audit: the ") and "the model was not released" in done.stderr
+    assert not (project / "metrics").exists()
