@@ -2,7 +2,7 @@
 
 - The removal flow killed at each step of its work (tests/crash_removals.py injects the kill),
   then re-run: every request done once, the batch applied, registered and charged once, and
-  the data version of the audit the current one.
+  the data version of the audit and of the head version the raw data's current one.
 - Eight ``privpipe forget`` processes at once: no request lost, none doubled, the journal whole.
 - A pipeline run killed mid-stage: nothing released, nothing charged, no stale lock; the next
   run completes.
@@ -55,9 +55,9 @@ def _env(api_url: str) -> dict[str, str]:
     return {**os.environ, "PREFECT_API_URL": api_url}
 
 
-def _cli(folder: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=folder, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=300)
 
 
 def _pointer_md5(folder: Path) -> str:
@@ -77,8 +77,6 @@ def _mlflow(folder: Path) -> MlflowClient:
 
 
 def _head_versions(folder: Path) -> list:
-    if not (folder / "mlflow.db").exists():  # killed before the flow's MLflow run: do not create a store
-        return []
     return _mlflow(folder).search_model_versions(f"name = '{HEAD_MODEL}'")
 
 
@@ -240,9 +238,14 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     assert meta["applied_batches"][batch_id]["rows_removed"] == 3
     rows = [ids.tolist().index(t) for t in template.targets[:3]]
     assert not head.active[rows].any() and head.active.sum() == len(ids) - 3
-    assert head.used_total == reference.used_total and result["budget_used"] == reference.used_total
-    assert {k: v for k, v in meta["applied_batches"][batch_id].items() if k != "applied_at"} == \
-        {k: v for k, v in reference.applied.items() if k != "applied_at"}
+    # counted once: as much as the uninterrupted run (a second count would at least double it; the
+    # tolerance only allows for a BLAS that sums in another order)
+    used = pytest.approx(reference.used_total, rel=1e-9, abs=0)
+    assert head.used_total == used and result["budget_used"] == used
+    applied = meta["applied_batches"][batch_id]
+    assert applied["budget_used"] == used
+    assert {k: v for k, v in applied.items() if k not in ("applied_at", "budget_used")} == \
+        {k: v for k, v in reference.applied.items() if k not in ("applied_at", "budget_used")}
 
     # MLflow: one head version for the batch, in this copy's own store
     versions = _head_versions(folder)
@@ -264,7 +267,7 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     for request in requests:
         audit = request.audit
         assert (audit["data_version_before"], audit["data_version_after"]) == (template.data_version, current)
-        assert audit["version_after"] == str(version.version) and audit["budget_used"] == reference.used_total
+        assert audit["version_after"] == str(version.version) and audit["budget_used"] == used
     with monkeypatch.context() as inside:
         inside.chdir(folder)
         assert source_version(load_params("params.yaml")) == current  # the file matches its pointer
@@ -342,7 +345,7 @@ def _kill_in_teachers_stage(folder: Path, api_url: str) -> str:
                                            f"{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
-        time.sleep(0.5)
+        time.sleep(0.3)
         process.send_signal(signal.SIGKILL)
         assert process.wait(timeout=60) == -signal.SIGKILL
     finally:
