@@ -129,7 +129,8 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     dataset = budget.dataset_name(params)
     with one_pipeline_at_a_time():
         budget.check_lifetime(params, dataset, what="pipeline run")
-        with tracking.tracked_run(params, params_file=params_file, flow="pipeline", dataset=dataset) as run_id, \
+        with tracking.tracked_run(params, params_file=params_file, flow="pipeline", dataset=dataset,
+                                  exclusive=True) as run_id, \
                 mapping_runner(params) as runner:
             log.info("pipeline: mapped tasks run on %s", describe_runner(params))
             result, seconds = _stages(params, run_id, runner, dataset)

@@ -38,7 +38,7 @@ def _next_batch(queue: RequestQueue):
 
 def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo) -> dict[str, Any]:
     with tracking.tracked_run(params, run_name=f"removals {batch_id}", params_file=params_file, flow="removals",
-                              dataset=budget.dataset_name(params)) as run_id:
+                              dataset=budget.dataset_name(params), exclusive=True) as run_id:
         applied = apply_task(params, batch_id, todo)
         version = register_task(params, run_id, batch_id, applied)
         erased = erase_task(params, todo)
@@ -71,9 +71,10 @@ def removals(params_file: str = "params.yaml") -> list[dict[str, Any]]:
     queue = RequestQueue(paths.REQUESTS)
     results = []
     with queue.processing():
+        # before a batch is announced: without a head, requests stay pending, not stuck in an open batch
+        if (queue.open_batch() or queue.pending()) and not paths.HEAD.joinpath("meta.json").exists():
+            raise FileNotFoundError(f"{paths.HEAD}: no removal-enabled head (run the pipeline with head.enabled)")
         while (batch := _next_batch(queue)) is not None:
-            if not paths.HEAD.joinpath("meta.json").exists():
-                raise FileNotFoundError(f"{paths.HEAD}: no removal-enabled head (run the pipeline with head.enabled)")
             out = _process(params, params_file, queue, *batch)
             log.info("removals: %s done: %d requests, head version %s, data version %s%s", out["batch_id"],
                      out["requests"], out["head_version"], out["data_version"],

@@ -11,6 +11,7 @@ and Prefect may run tasks on other threads). Metric names an auditor looks for:
 
 from __future__ import annotations
 
+import hashlib
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,7 +75,7 @@ def start_run(params: Params, *, run_name: str | None = None, params_file: str =
     client = _client(params)
     run = client.create_run(experiment_id(params), run_name=run_name, tags={
         "git.commit": git_commit(), "privpipe.version": privpipe.__version__, "privpipe.params_file": params_file,
-        **(tags or {}),
+        "privpipe.project": project_id(), **(tags or {}),
     })
     flat = [Param(k, str(v)) for k, v in sorted(params.flat().items())]
     for i in range(0, len(flat), _MAX_PARAM_BATCH):
@@ -86,12 +87,37 @@ def finish_run(params: Params, run_id: str, *, status: str = "FINISHED") -> None
     _client(params).set_terminated(run_id, status)
 
 
+def project_id() -> str:
+    """This project folder, as a tag: a hash of its path (a shared tracking server holds many projects)."""
+    return hashlib.sha256(str(Path.cwd().resolve()).encode()).hexdigest()[:16]
+
+
+def close_abandoned_runs(params: Params, *, flow: str) -> list[str]:
+    """Mark this project's runs of ``flow`` still RUNNING as KILLED; their ids.
+
+    Only for a caller holding the flow's project lock: then no other run of the flow is alive,
+    and a RUNNING one is a process that died (SIGKILL, power loss) before it could say so."""
+    client = _client(params)
+    abandoned = client.search_runs(
+        [experiment_id(params)], filter_string=f"attributes.status = 'RUNNING' and tags.`privpipe.flow` = '{flow}' "
+                                               f"and tags.`privpipe.project` = '{project_id()}'")
+    for run in abandoned:
+        client.set_tag(run.info.run_id, "privpipe.ended", "killed: its process died before the run finished; "
+                                                          "marked by the next run of the flow")
+        client.set_terminated(run.info.run_id, "KILLED")
+    return [run.info.run_id for run in abandoned]
+
+
 @contextmanager
-def tracked_run(params: Params, *, params_file: str, flow: str, dataset: str,
-                run_name: str | None = None) -> Iterator[str]:
+def tracked_run(params: Params, *, params_file: str, flow: str, dataset: str, run_name: str | None = None,
+                exclusive: bool = False) -> Iterator[str]:
     """``with tracked_run(...) as run_id:`` — a started run, FINISHED when the block ends, FAILED if it raises.
 
-    Tagged ``privpipe.flow`` and ``privpipe.dataset``: what ``privpipe audit`` selects by."""
+    Tagged ``privpipe.flow`` and ``privpipe.dataset``: what ``privpipe audit`` selects by.
+    ``exclusive``: the caller holds the flow's project lock, so runs of the flow left RUNNING
+    by a dead process are closed first (:func:`close_abandoned_runs`)."""
+    if exclusive:
+        close_abandoned_runs(params, flow=flow)
     run_id = start_run(params, run_name=run_name, params_file=params_file,
                        tags={"privpipe.flow": flow, "privpipe.dataset": dataset})
     try:

@@ -258,6 +258,9 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     assert version.tags["removal.audit_run_id"] == result["run_id"]  # the run with the audit, not the killed one
     client = _mlflow(folder)
     assert client.get_experiment_by_name("privpipe").artifact_location.startswith(folder.resolve().as_uri())
+    experiment = client.get_experiment_by_name("privpipe").experiment_id
+    # a run the kill left RUNNING was closed as KILLED by the re-run
+    assert not client.search_runs([experiment], filter_string="attributes.status = 'RUNNING'")
     assert client.get_run(result["run_id"]).data.tags["dvc.data_version"] == result["data_version"]
 
     # the data: the records gone, the audits' data version the raw data's current one (its DVC pointer)
@@ -381,8 +384,15 @@ def test_pipeline_run_killed_mid_stage_releases_and_charges_nothing(
     with exclusive_lock(tmp_path / "artifacts/.pipeline.lock", blocking=False):
         pass  # the dead run's lock went with it
 
+    client = _mlflow(tmp_path)
+    experiment = client.get_experiment_by_name("privpipe").experiment_id
+    killed = client.search_runs([experiment], filter_string="attributes.status = 'RUNNING'")
+    assert len(killed) == 1  # the dead run could not say so itself
+
     assert main(["run"]) == 0  # the next run proceeds
     versions = _model_versions(tmp_path)
     assert list(versions) == ["1", "2"] and versions["1"].tags == first.tags
+    closed = _mlflow(tmp_path).get_run(killed[0].info.run_id)  # … and the next run closed it
+    assert closed.info.status == "KILLED" and closed.data.tags["privpipe.ended"].startswith("killed")
     entries = json.loads(ledger.read_text())["entries"]
     assert [e["run"] for e in entries] == [first.run_id, versions["2"].run_id]
