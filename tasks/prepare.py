@@ -81,7 +81,7 @@ def _load_digits(params: Params) -> tuple[dict[str, Records], list[Path]]:
 
 
 def _load_mnist(params: Params) -> tuple[dict[str, Records], list[Path]]:
-    cfg, seed = params.prepare, params.run.seed
+    cfg = params.prepare
     source = Path(cfg.path)
     if cfg.download:
         source.mkdir(parents=True, exist_ok=True)  # torchvision fetches into it

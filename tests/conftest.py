@@ -60,3 +60,25 @@ def write_params(folder: Path, **sections: dict) -> Path:
     path = folder / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     return path
+
+
+def trained_dvc_project(folder: Path, stages: tuple[str, ...], **sections: dict) -> dict[str, object]:
+    """``folder`` as a DVC project (digits pointer, params.yaml with ``sections``) with ``stages`` run in
+    it in order, e.g. ("prepare", "dp_pca", "head"); each stage's output by name. The cwd is restored."""
+    import importlib
+    import subprocess
+    import sys
+
+    from privpipe.config import load_params
+
+    (folder / "data/raw").mkdir(parents=True)
+    (folder / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
+    write_params(folder, **sections)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        params = load_params("params.yaml")
+        return {name: getattr(importlib.import_module(f"tasks.{name}"), f"run_{name}")(params) for name in stages}
+    finally:
+        os.chdir(previous)

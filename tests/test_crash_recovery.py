@@ -29,7 +29,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import PROJECT, write_params
+from conftest import PROJECT, trained_dvc_project, write_params
 from crash_removals import STEPS
 from privpipe.config import load_params
 from privpipe.data import Records
@@ -97,23 +97,14 @@ class Template:
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Template:
-    from tasks.dp_pca import run_dp_pca
     from tasks.erase import current_record_ids
-    from tasks.head import run_head
-    from tasks.prepare import run_prepare
 
     folder = tmp_path_factory.mktemp("crash-template")
-    (folder / "data/raw").mkdir(parents=True)
-    (folder / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
-    write_params(folder, **REMOVAL_PARAMS)
-    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
+    trained_dvc_project(folder, ("prepare", "dp_pca", "head"), **REMOVAL_PARAMS)
     previous = os.getcwd()
     os.chdir(folder)
     try:
         params = load_params("params.yaml")
-        run_prepare(params)
-        run_dp_pca(params)
-        run_head(params)
         queue = RequestQueue(Path("data/requests"))
         sensitive = Records.load(Path("data/prepared/sensitive")).ids.tolist()
         targets = [sensitive[3], sensitive[17], sensitive[42], str(Records.load(Path("data/prepared/test")).ids[0])]

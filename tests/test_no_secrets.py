@@ -16,14 +16,12 @@ import json
 import logging
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterable
 
 import pytest
 
-from conftest import PROJECT, write_params
+from conftest import PROJECT, trained_dvc_project, write_params
 from privpipe.config import load_params
 from privpipe.data import Records
 from privpipe.requests import RequestQueue
@@ -143,24 +141,8 @@ REASON = "erasure request 7Q3-ZX: subject e-mailed privacy@example.org on 2026-1
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """A DVC project folder with prepare → dp_pca → finetune → head run (no PATE, for speed)."""
-    from tasks.dp_pca import run_dp_pca
-    from tasks.finetune import run_finetune
-    from tasks.head import run_head
-    from tasks.prepare import run_prepare
-
     folder = tmp_path_factory.mktemp("secrets-project")
-    (folder / "data/raw").mkdir(parents=True)
-    (folder / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
-    write_params(folder, **QUICK)
-    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
-    previous = os.getcwd()
-    os.chdir(folder)
-    try:
-        params = load_params("params.yaml")
-        for run in (run_prepare, run_dp_pca, run_finetune, run_head):
-            run(params)
-    finally:
-        os.chdir(previous)
+    trained_dvc_project(folder, ("prepare", "dp_pca", "finetune", "head"), **QUICK)
     return folder
 
 

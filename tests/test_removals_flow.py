@@ -4,7 +4,6 @@ a crash between its steps, and the next data version without the records."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import PROJECT, write_params
+from conftest import trained_dvc_project
 from privpipe.config import load_params
 from privpipe.data import Records
 from privpipe.requests import RequestQueue, UnknownRecord
@@ -27,27 +26,9 @@ QUICK = dict(student={"enabled": False}, finetune={"epochs": 3, "hidden_units": 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A DVC project folder with prepare → dp_pca → finetune → head run (no PATE, for speed)."""
-    from tasks.dp_pca import run_dp_pca
-    from tasks.finetune import run_finetune
-    from tasks.head import run_head
-    from tasks.prepare import run_prepare
-
     folder = tmp_path_factory.mktemp("removal-project")
-    (folder / "data/raw").mkdir(parents=True)
-    (folder / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
-    write_params(folder, **QUICK)
-    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
-    previous = os.getcwd()
-    os.chdir(folder)
-    try:
-        params = load_params("params.yaml")
-        run_prepare(params)
-        run_dp_pca(params)
-        run_finetune(params)
-        head = run_head(params)
-    finally:
-        os.chdir(previous)
-    return folder, head
+    outputs = trained_dvc_project(folder, ("prepare", "dp_pca", "finetune", "head"), **QUICK)
+    return folder, outputs["head"]
 
 
 @pytest.fixture
