@@ -219,14 +219,11 @@ def _removals(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
     from privpipe.requests import RequestQueue
     from tasks import paths
+    from tasks.removals import ensure_head_for
 
     load_params(args.params)
-    # before Prefect starts: a damaged journal, or requests with no head to remove them from, would
-    # otherwise fail inside the flow after it took the lock and announced a batch (the flow checks again)
-    queue = RequestQueue(paths.REQUESTS)
-    work = queue.open_batch() is not None or bool(queue.pending())
-    if work and not paths.HEAD.joinpath("meta.json").exists():
-        raise FileNotFoundError(f"{paths.HEAD}: no removal-enabled head (run the pipeline with head.enabled)")
+    # before Prefect starts: a damaged journal, or requests with no head, fail here (the flow checks again)
+    ensure_head_for(RequestQueue(paths.REQUESTS))
     from flows.removals import removals
 
     results = removals(params_file=args.params)

@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger
 from privpipe.config import load_params
 from privpipe.requests import RequestQueue
 from tasks import budget, head_tracking, paths, tracking
-from tasks.removals import apply_task, audit_records, erase_task, register_task
+from tasks.removals import apply_task, audit_records, ensure_head_for, erase_task, register_task
 
 __all__ = ["removals"]
 
@@ -71,9 +71,7 @@ def removals(params_file: str = "params.yaml") -> list[dict[str, Any]]:
     queue = RequestQueue(paths.REQUESTS)
     results = []
     with queue.processing():
-        # before a batch is announced: without a head, requests stay pending, not stuck in an open batch
-        if (queue.open_batch() or queue.pending()) and not paths.HEAD.joinpath("meta.json").exists():
-            raise FileNotFoundError(f"{paths.HEAD}: no removal-enabled head (run the pipeline with head.enabled)")
+        ensure_head_for(queue)
         while (batch := _next_batch(queue)) is not None:
             out = _process(params, params_file, queue, *batch)
             log.info("removals: %s done: %d requests, head version %s, data version %s%s", out["batch_id"],

@@ -28,7 +28,7 @@ from tasks.common import stage_logger, staged_dir
 from tasks.erase import base_id, erase_from_source, source_version
 from tasks.head import load_head, noise_for, save_head
 
-__all__ = ["apply_batch", "register_batch", "erase_batch", "audit_records", "apply_task", "register_task",
+__all__ = ["ensure_head_for", "apply_batch", "register_batch", "erase_batch", "audit_records", "apply_task", "register_task",
            "erase_task"]
 
 MECHANISMS = {
@@ -40,6 +40,13 @@ MECHANISMS = {
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def ensure_head_for(queue: RequestQueue, *, folder: Path = paths.HEAD) -> None:
+    """FileNotFoundError when requests wait (pending or in an open batch) but no head was trained:
+    checked before a batch is announced, so the requests stay pending rather than stuck in a batch."""
+    if (queue.open_batch() is not None or queue.pending()) and not folder.joinpath("meta.json").exists():
+        raise FileNotFoundError(f"{folder}: no removal-enabled head (run the pipeline with head.enabled)")
 
 
 def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, folder: Path = paths.HEAD,
