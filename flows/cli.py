@@ -304,8 +304,10 @@ def _print_audit(audit: dict) -> None:
     if "privacy.audit.epsilon_lower_bound" in audit:
         aucs = ", ".join(f"{audit[f'privacy.audit.{name}.auc']:.3f} ({name})" for name in ("loss", "calibrated")
                          if f"privacy.audit.{name}.auc" in audit)
-        print(f"privacy audit   membership AUC {aucs}; empirical ε ≥ "
-              f"{audit['privacy.audit.epsilon_lower_bound']:.3f}, within the claimed ε")
+        bound, ceiling = audit["privacy.audit.epsilon_lower_bound"], audit["privacy.audit.max_provable_epsilon"]
+        verdict = ("within the claimed ε" if bound <= audit["claimed_epsilon"] else "ABOVE the claimed ε (see the log)")
+        print(f"privacy audit   membership AUC {aucs}; empirical ε ≥ {bound:.3f}, {verdict} "
+              f"(at most {ceiling:.2f} provable with {audit['privacy.audit.members']:.0f} records a side)")
     elif audit:
         print(f"privacy audit   skipped: {audit['skipped']}")
 

@@ -167,15 +167,16 @@ def _stages(params, run_id: str, runner, dataset: str) -> tuple[dict[str, Any], 
     else:
         run_finetune(params)
     # the ledger is final: charge the dataset's lifetime budget before anything is released
-    # (the head's model and the evaluated one)
+    # (the evaluated model, then the head built on it)
     lifetime = audit_tracking.charge_run(params, run_id, flow="pipeline", dataset=dataset,
                                          ledger=Ledger.from_dict(read_json(deployed_dir(params) / "ledger.json")),
                                          data_version=prepared["data_version"])
+    # evaluate first: its privacy audit must pass before anything built on the model is registered
+    result = timed("evaluate", evaluate_task, params, run_id, sensitive, test, str(deployed_dir(params)))
     if params.head.enabled:
         head = timed("head", head_task, params, run_id, sensitive, test, str(deployed_dir(params)), pca["dir"])
     else:
         head = run_head(params)
-    result = timed("evaluate", evaluate_task, params, run_id, sensitive, test, str(deployed_dir(params)))
     result.update({k: v for k, v in head.items() if k.startswith("head_model")})
     result["data_version"] = prepared["data_version"]
     result["lifetime"] = lifetime.summary()

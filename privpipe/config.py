@@ -199,8 +199,8 @@ class EvaluateConfig:
 @dataclass(frozen=True)
 class PrivacyAuditConfig:
     enabled: bool = True
-    records: int = 150
-    reference_fraction: float = 0.5
+    records: int = 250
+    reference_fraction: float = 0.3
     confidence: float = 0.95
     reference_epochs: int = 60
     reference_batch_size: int = 32
@@ -298,19 +298,36 @@ class Params:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
     def flat(self) -> dict[str, Any]:
-        """All parameters as ``section.key`` → value (what MLflow records), a password in a URL
-        (``http://user:secret@host``) replaced by ``***``."""
-        return {key: _without_password(value) for key, value in flatten(dataclasses.asdict(self)).items()}
+        """All parameters as ``section.key`` → value (what MLflow records), with secrets in URLs
+        masked (:func:`redact_url`)."""
+        return {key: redact_url(value) for key, value in flatten(dataclasses.asdict(self)).items()}
 
 
-def _without_password(value: Any) -> Any:
+#: query parameters whose values are secrets in URLs people paste into config files
+_SECRET_QUERY_KEYS = ("token", "access_token", "api_key", "apikey", "key", "password", "secret", "sig", "signature")
+
+
+def redact_url(value: Any) -> Any:
+    """``value`` with the secrets a URL may carry masked as ``***`` (a password, a login with no
+    password, which is then a token, secret-looking query parameters); other values unchanged."""
     if not isinstance(value, str) or "://" not in value:
         return value
-    parts = urlsplit(value)
-    if parts.password is None:
-        return value
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    try:
+        parts = urlsplit(value)
+        login = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else None
+    except ValueError:  # not a parsable URL: it may still hold a secret
+        return "***"
+    netloc = parts.netloc
+    if login is not None:
+        user, _, password = login.partition(":")
+        masked = f"{user}:***" if password else "***"
+        netloc = f"{masked}@{parts.netloc.rpartition('@')[2]}"
+    pairs = [pair.partition("=") for pair in parts.query.split("&") if pair]
+    secret = any(key.lower() in _SECRET_QUERY_KEYS for key, _, _ in pairs)
+    if login is None and not secret:
+        return value  # rebuilding would also normalise it (sqlite:/// loses a slash)
+    query = "&".join(f"{key}=***" if key.lower() in _SECRET_QUERY_KEYS else key + sep + v for key, sep, v in pairs)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

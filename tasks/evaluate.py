@@ -24,7 +24,7 @@ from privpipe.models import load_released
 from privpipe.privacy import Ledger
 from tasks import paths
 from tasks.common import read_json, stage_logger, write_json
-from tasks.privacy_audit import audit_released_model
+from tasks.privacy_audit import audit_figures, audit_released_model
 
 __all__ = ["run_evaluate", "track_evaluation", "evaluate_task", "accuracy", "deployed_dir"]
 
@@ -56,9 +56,10 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     if params.privacy_audit.enabled:  # raises, before anything is written, if the claim is contradicted
         audit = audit_released_model(params, model, sensitive=(sensitive_records.features, sensitive_records.labels),
                                      test=(test_records.features, test_records.labels), claimed_epsilon=spend.epsilon,
-                                     delta=spend.delta, stage="evaluate")
-        figures["privacy_audit"] = ({**audit.metrics("privacy.audit"), "claimed_epsilon": spend.epsilon}
-                                    if audit is not None else {"skipped": "too few held-out records"})
+                                     delta=spend.delta, stage="evaluate",
+                                     # digits: a seeded stratified split; MNIST: its fixed test set
+                                     exchangeable=params.prepare.dataset == "digits")
+        figures["privacy_audit"] = audit_figures(audit, claimed_epsilon=spend.epsilon)
     write_json(paths.metrics_file("evaluate"), figures)
     write_json(paths.metrics_file("privacy"), ledger.summary())
     log.info("evaluate: test accuracy %.4f (train %.4f); run total %s", figures["accuracy_test"],

@@ -16,7 +16,7 @@ from typing import Iterator
 
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
-from privpipe.config import ConfigError, Params
+from privpipe.config import ConfigError, Params, redact_url
 
 __all__ = ["task_runner", "mapping_runner", "describe_runner"]
 
@@ -78,5 +78,5 @@ def mapping_runner(params: Params) -> Iterator[TaskRunner]:
 
 
 def describe_runner(params: Params) -> str:
-    where = params.runner.address or f"local, {params.runner.workers or _cores()} workers"
+    where = redact_url(params.runner.address) or f"local, {params.runner.workers or _cores()} workers"
     return f"{params.runner.kind} ({where})"

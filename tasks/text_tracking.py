@@ -12,6 +12,7 @@ import torch
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger
+from tasks import privacy_audit
 from tasks.common import read_json
 from tasks.federated_tracking import log_rounds
 from tasks.tracking import _client, _metrics, log_stage_figures, register_logged_model
@@ -40,11 +41,12 @@ def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
     # the final accuracy is the last point of the federated.accuracy_test curve; the run's headline is accuracy.test
     log_stage_figures(params, run_id, "federated", {k: v for k, v in out.items()
                                                     if k not in ("history", "stopped", "accuracy_test")})
-    audit = {k: v for k, v in out.get("privacy_audit", {}).items() if k.startswith("privacy.audit.")}
-    _metrics(client, run_id, {"accuracy.test": out["accuracy_test"], **audit})
+    _metrics(client, run_id, {"accuracy.test": out["accuracy_test"],
+                              **privacy_audit.metric_items(out.get("privacy_audit", {}))})
     client.set_tag(run_id, "privacy.private", str(params.federated.private).lower())
     client.set_tag(run_id, "privacy.not_covered",
-                   "federated.clients_dropped counts clients whose update failed; it is not covered by ε")
+                   "federated.clients_dropped counts clients whose update failed, and the membership audit's "
+                   "privacy.audit.* figures are computed on the records without noise: not covered by ε")
 
 
 def register_text_model(params: Params, run_id: str, out: dict[str, Any], encoder: str) -> dict[str, Any]:
@@ -56,9 +58,7 @@ def register_text_model(params: Params, run_id: str, out: dict[str, Any], encode
                 "privacy.accountant": out["accountant"], "privacy.adjacency": "client"}
     else:
         tags = {"privacy.epsilon": "inf", "privacy.private": "false"}
-    audit = out.get("privacy_audit", {})
-    tags.update({k: f"{v:.4g}" for k, v in audit.items()
-                 if k.startswith("privacy.audit.") and k.endswith((".auc", "audit.epsilon_lower_bound"))})
+    tags.update(privacy_audit.version_tags(out.get("privacy_audit", {})))
     import transformers
 
     with mlflow.start_run(run_id=run_id):

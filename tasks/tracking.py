@@ -12,6 +12,7 @@ and Prefect may run tasks on other threads). Metric names an auditor looks for:
 from __future__ import annotations
 
 import hashlib
+import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,8 +25,9 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 import privpipe
-from privpipe.config import Params
+from privpipe.config import Params, redact_url
 from privpipe.privacy import Ledger
+from tasks import privacy_audit
 from tasks.versioning import git_commit
 
 __all__ = ["resolve_tracking_uri", "start_run", "finish_run", "tracked_run", "log_prepare", "log_privacy", "log_dp_pca",
@@ -88,8 +90,10 @@ def finish_run(params: Params, run_id: str, *, status: str = "FINISHED") -> None
 
 
 def project_id() -> str:
-    """This project folder, as a tag: a hash of its path (a shared tracking server holds many projects)."""
-    return hashlib.sha256(str(Path.cwd().resolve()).encode()).hexdigest()[:16]
+    """This project folder on this machine, as a tag: a hash of host name and path (a shared tracking
+    server holds many projects, and containers often share a path such as /app)."""
+    where = f"{socket.gethostname()}:{Path.cwd().resolve()}"
+    return hashlib.sha256(where.encode()).hexdigest()[:16]
 
 
 def close_abandoned_runs(params: Params, *, flow: str) -> list[str]:
@@ -131,7 +135,7 @@ def tracked_run(params: Params, *, params_file: str, flow: str, dataset: str, ru
 def run_url_hint(params: Params, run_id: str) -> str:
     client = _client(params)
     run = client.get_run(run_id)
-    uri = resolve_tracking_uri(params.run.tracking_uri)
+    uri = redact_url(resolve_tracking_uri(params.run.tracking_uri))
     return (f"mlflow ui --backend-store-uri {uri}  →  http://127.0.0.1:5000/#/experiments/"
             f"{run.info.experiment_id}/runs/{run_id}")
 
@@ -199,23 +203,26 @@ def log_finetune(params: Params, run_id: str, out: dict[str, Any], ledger: Ledge
     log_privacy(params, run_id, ledger)
 
 
+#: the figures computed on sensitive records without noise (for the data owner, not for publication)
+NOT_COVERED = ("accuracy.train, finetune.loss and the membership audit's privacy.audit.* figures are computed on "
+               "the sensitive data without noise: for the data owner, not covered by ε; the released model and the "
+               "other privacy.* metrics are")
+
+
 def log_evaluate(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger,
                  model: torch.nn.Module, example: np.ndarray) -> dict[str, Any]:
     """Accuracy metrics; log the released model, register it, tag the version with its (ε, δ)."""
     client = _client(params)
     _metrics(client, run_id, {f"accuracy.{k.removeprefix('accuracy_')}": v for k, v in out.items()
                               if k.startswith("accuracy_")})
-    client.set_tag(run_id, "privacy.not_covered",
-                   "accuracy.train and finetune.loss are computed on the sensitive data without noise: "
-                   "for the data owner, not covered by ε; the released model and privacy.* metrics are")
+    client.set_tag(run_id, "privacy.not_covered", NOT_COVERED)
     spend = ledger.epsilon()
     privacy_tags = {"privacy.epsilon": f"{spend.epsilon:.6g}", "privacy.delta": f"{spend.delta:g}",
                     "privacy.accountant": spend.accountant}
-    audit = {k: v for k, v in out.get("privacy_audit", {}).items() if k.startswith("privacy.audit.")}
-    if audit:  # the empirical lower bound and the attacks' AUC, next to the claimed ε
-        _metrics(client, run_id, audit)
-        privacy_tags.update({key: f"{audit[key]:.4g}" for key in audit
-                             if key.endswith((".auc", "audit.epsilon_lower_bound"))})
+    audit = out.get("privacy_audit", {})
+    if privacy_audit.metric_items(audit):  # the empirical lower bound and the attacks' AUC, next to the claimed ε
+        _metrics(client, run_id, privacy_audit.metric_items(audit))
+        privacy_tags.update(privacy_audit.version_tags(audit))
         client.set_tag(run_id, "privacy.audit", "membership inference (loss, reference-calibrated): "
                        "privacy.audit.epsilon_lower_bound is what the attacks prove, privacy.epsilon what is claimed")
     with mlflow.start_run(run_id=run_id):

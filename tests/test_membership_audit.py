@@ -16,7 +16,8 @@ from privpipe.models import make_mlp, released_model, save_released
 from privpipe.pate.teachers import TeacherConfig, train_classifier
 from privpipe.privacy import GaussianEvent, Ledger
 from privpipe.privacy.membership import (AttackScores, PrivacyAuditFailed, attack_scores, audit_membership,
-                                         check_claim, epsilon_lower_bound, reference_model, roc_auc)
+                                         attack_result, check_claim, max_provable_epsilon, reference_model,
+                                         roc_auc)
 from tasks.evaluate import run_evaluate
 
 
@@ -29,23 +30,26 @@ def randomized_response(epsilon: float, n: int, rng: np.random.Generator) -> tup
 @pytest.mark.parametrize("seed", range(5))
 def test_the_bound_never_exceeds_the_true_epsilon_and_has_power(seed):
     members, non_members = randomized_response(1.0, 4000, np.random.default_rng(seed))
-    result = epsilon_lower_bound(members, non_members, delta=1e-5, confidence=0.95, seed=seed)
+    result = attack_result(members, non_members, delta=1e-5, confidence=0.95, seed=seed)
     assert 0.6 < result.epsilon_lower_bound <= 1.0  # sound, yet close: the attack is optimal here
     assert result.auc == pytest.approx(math.e / (1 + math.e), abs=0.03)
 
 
 def test_indistinguishable_scores_prove_nothing():
     rng = np.random.default_rng(1)
-    result = epsilon_lower_bound(rng.normal(size=500), rng.normal(size=500), delta=1e-5, confidence=0.95, seed=0)
+    result = attack_result(rng.normal(size=500), rng.normal(size=500), delta=1e-5, confidence=0.95, seed=0)
     assert result.epsilon_lower_bound < 0.3 and abs(result.auc - 0.5) < 0.06
 
 
 def test_perfect_separation_is_limited_by_the_sample_size():
     # 100 held-out trials with no error prove at most about log(n / 3.7): more records, larger bounds
-    small = epsilon_lower_bound(np.ones(200), np.zeros(200), delta=1e-5, confidence=0.95, seed=0)
-    large = epsilon_lower_bound(np.ones(2000), np.zeros(2000), delta=1e-5, confidence=0.95, seed=0)
+    small = attack_result(np.ones(200), np.zeros(200), delta=1e-5, confidence=0.95, seed=0)
+    large = attack_result(np.ones(2000), np.zeros(2000), delta=1e-5, confidence=0.95, seed=0)
     assert roc_auc(np.ones(3), np.zeros(3)) == 1.0
     assert 2.5 < small.epsilon_lower_bound < large.epsilon_lower_bound < math.log(1000)
+    # … and that ceiling is known before any attack: a claim above it cannot be contradicted
+    assert small.epsilon_lower_bound == pytest.approx(max_provable_epsilon(200, 200, delta=1e-5, confidence=0.95))
+    assert max_provable_epsilon(200, 200, delta=1e-5, confidence=0.95, comparisons=2) < small.epsilon_lower_bound
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -53,11 +57,11 @@ def test_perfect_separation_is_limited_by_the_sample_size():
 ])
 def test_bad_arguments_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        epsilon_lower_bound(np.ones(10), np.zeros(10), seed=0, **kwargs)
+        attack_result(np.ones(10), np.zeros(10), seed=0, **kwargs)
     with pytest.raises(ValueError, match="at least 4"):
-        epsilon_lower_bound(np.ones(3), np.zeros(10), delta=1e-5, confidence=0.95, seed=0)
+        attack_result(np.ones(3), np.zeros(10), delta=1e-5, confidence=0.95, seed=0)
     with pytest.raises(ValueError, match="finite"):
-        epsilon_lower_bound(np.r_[np.ones(9), np.nan], np.zeros(10), delta=1e-5, confidence=0.95, seed=0)
+        attack_result(np.r_[np.ones(9), np.nan], np.zeros(10), delta=1e-5, confidence=0.95, seed=0)
 
 
 def test_check_claim_names_the_attack_and_both_figures():

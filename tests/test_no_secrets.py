@@ -308,3 +308,17 @@ def test_credentials_in_a_url_parameter_never_reach_mlflow(project):
     logged = MlflowClient(tracking_uri=tracking.resolve_tracking_uri(params.run.tracking_uri)).get_run(run_id).data
     assert not [k for k, v in {**logged.params, **logged.tags}.items() if "s3cret-token" in v]
     assert logged.params["schedule.prefect_api_url"] == "http://ops:***@127.0.0.1:4200/api"
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://ops:s3cret@127.0.0.1:4200/api", "http://ops:***@127.0.0.1:4200/api"),
+    ("https://ghp_TOKEN@mlflow.example.org", "https://***@mlflow.example.org"),
+    ("https://mlflow.example.org/?token=abc&x=1", "https://mlflow.example.org/?token=***&x=1"),
+    ("http://[::1", "***"),  # unparsable: hidden whole
+    ("sqlite:///mlflow.db", "sqlite:///mlflow.db"),  # nothing secret: untouched, not normalised
+    ("tcp://127.0.0.1:8786", "tcp://127.0.0.1:8786"),
+])
+def test_secrets_in_urls_are_masked(url, shown):
+    from privpipe.config import redact_url
+
+    assert redact_url(url) == shown
