@@ -10,9 +10,12 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
+
+if TYPE_CHECKING:  # a type only: privpipe.config stays off this module's import path
+    from privpipe.config import Params
 
 __all__ = ["write_json", "read_json", "write_text", "staged_dir", "stage_logger", "skip_stage", "seed_for",
            "SEED_STREAMS", "exclusive_lock", "PipelineBusy", "warn_insecure_rng", "INSECURE_STAGE_WARNING"]
@@ -116,7 +119,7 @@ def _in_prefect_run() -> bool:
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 
 
-def warn_insecure_rng(params: Any, stage: str, what: str, *, flow_warns: bool) -> bool:
+def warn_insecure_rng(params: Params, stage: str, what: str, *, flow_warns: bool) -> bool:
     """Warn through the stage's logger that ``what`` (e.g. "DP-SGD's noise and lots come") is drawn
     from a seeded generator, when ``privacy.secure_rng`` is false; return whether it warned.
 
