@@ -17,6 +17,7 @@ from privpipe.privacy.ledger import (
     classic_rdp_epsilon,
     compute_epsilon,
 )
+from privpipe.privacy.group import group_of_two_rdp, record_level_event, record_level_ledger
 from privpipe.privacy.lifetime import LifetimeBudgetExceeded, LifetimeLedger, RunSpend
 from privpipe.privacy.secure_noise import NoiseSource, secure_laplace, secure_normal, secure_uniform
 
@@ -41,4 +42,7 @@ __all__ = [
     "LifetimeLedger",
     "LifetimeBudgetExceeded",
     "RunSpend",
+    "group_of_two_rdp",
+    "record_level_event",
+    "record_level_ledger",
 ]

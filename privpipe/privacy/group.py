@@ -1,0 +1,74 @@
+"""The record-level cost of a client-level event: RDP of a group of two.
+
+Client-level DP (DP-FedAvg) protects the add-or-remove of one whole client. Adding or
+removing one *record* changes its client's data instead: D and D' (one record more in
+client k) are both one client away from D'' (client k removed), so they are two
+add-or-remove steps apart. A client-level bound therefore does not bound one record by
+itself; group privacy for two steps does. In RDP that is Mironov's weak triangle
+inequality (Rényi Differential Privacy, 2017, Prop. 11 with p = q = 2): for any P, Q, R
+
+    D_α(P‖Q) ≤ (α − ½)/(α − 1) · D_2α(P‖R) + D_(2α−1)(R‖Q),
+
+so a mechanism that is (β, ε(β))-RDP for add-or-remove (both directions, as
+dp_accounting's curves are) is, for one record,
+
+    (α, (α − ½)/(α − 1) · ε(2α) + ε(2α − 1))-RDP.
+
+The result is an :class:`RdpCurveEvent` at the ledger's orders: it composes with the
+record-level events of other stages in RDP, like any custom curve (it has no PLD).
+A mechanism without subsampling needs no triangle: two steps move a Gaussian or Laplace
+mechanism's output by at most twice its sensitivity, so its record-level form is the same
+mechanism with half the noise multiplier (tight when both steps push the same way, and
+it keeps its PLD).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Sequence
+
+import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from privpipe.privacy.events import Event, GaussianEvent, LaplaceEvent, RdpCurveEvent
+from privpipe.privacy.ledger import RDP_ORDERS, Ledger
+
+__all__ = ["group_of_two_rdp", "record_level_event", "record_level_ledger"]
+
+
+def group_of_two_rdp(event: Event, orders: Sequence[float] = RDP_ORDERS) -> np.ndarray:
+    """RDP at ``orders`` of ``event`` between datasets two add-or-remove steps apart."""
+    if isinstance(event, RdpCurveEvent):  # known only at its own orders, not at 2α and 2α − 1
+        raise TypeError("a custom RDP curve has no group-of-two form")
+    alphas = np.asarray(orders, dtype=float)
+    needed = sorted({*(2 * alphas), *(2 * alphas - 1)})
+    accountant = rdp_privacy_accountant.RdpAccountant(orders=needed)
+    absl_logger = logging.getLogger("absl")  # orders it cannot evaluate come back as +inf (sound, never chosen)
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        accountant.compose(event.to_dp_event())
+    finally:
+        absl_logger.setLevel(level)
+    at = dict(zip(needed, accountant.rdp))
+    return np.array([(a - 0.5) / (a - 1) * at[2 * a] + at[2 * a - 1] for a in alphas])
+
+
+def record_level_event(event: Event) -> Event:
+    """``event`` (client-level) in its record-level form, same stage."""
+    if isinstance(event, (GaussianEvent, LaplaceEvent)):
+        return dataclasses.replace(event, noise_multiplier=event.noise_multiplier / 2)
+    return RdpCurveEvent(stage=event.stage, orders=RDP_ORDERS, rdp=tuple(group_of_two_rdp(event)))
+
+
+def record_level_ledger(ledger: Ledger) -> Ledger:
+    """A client-level run ledger's events as record-level ones, at the same δ.
+
+    Its budget is unbounded: the run's own budget binds the client-level ε; what the
+    record-level form may cost is for the dataset's lifetime budget to refuse. PLD has no
+    curve events, so a ``pld`` ledger's record-level form is accounted by RDP.
+    """
+    return Ledger(epsilon_budget=float("inf"), delta=ledger.delta,
+                  accountant="rdp" if ledger.accountant == "pld" else ledger.accountant,
+                  events=[record_level_event(e) for e in ledger.events])
