@@ -374,7 +374,7 @@ def _federated(args: argparse.Namespace) -> int:
     from tasks import budget
 
     budget.check_lifetime(params, budget.dataset_name(params, flow="federated-text"), what="federated text run",
-                          private=params.federated.private)
+                          private=params.federated.private, client_level=True)
     from flows.federated import federated_text
     from tasks import tracking
 
@@ -385,6 +385,9 @@ def _federated(args: argparse.Namespace) -> int:
     if out["private"]:
         print(f"privacy spent   ε = {out['epsilon']:.4f}, δ = {out['delta']:g}  ({out['accountant'].upper()} "
               f"accountant, client-level: one client's records added or removed)")
+        print(f"                ε = {out['record_epsilon']:.4f}, δ = {out['delta']:g}  "
+              f"({out['record_accountant'].upper()}, record-level: one record changes one client; charged to the "
+              "lifetime budget)")
     else:
         print("privacy spent   not private (federated.private: false)")
     _print_audit(out.get("privacy_audit", {}))

@@ -7,8 +7,10 @@ Knobs: the ``text`` section (data, encoder, frozen or LoRA) and the ``federated`
 (clients, sampling, rounds, clipping, noise or target ε, server optimiser). One MLflow run:
 per-round test accuracy and ε as curves, clients per round, the ledger, and the model
 (text in, label out) registered as ``text.model_name`` with its privacy tags. Like the
-pipeline, it is charged to its dataset's lifetime budget (``privpipe budget``); a
-non-private run (``federated.private: false``) has no finite ε and is refused.
+pipeline, it is charged to its dataset's lifetime budget (``privpipe budget``), in the
+record-level form of its client-level ε (one record changes one client: a group of two), and
+refused before its rounds if the dataset cannot pay that; a non-private run
+(``federated.private: false``) has no finite ε and is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact
 from flows.client_map import mapped_client_updates
 from flows.pipeline import INSECURE_RNG_WARNING
 from privpipe.config import load_params
-from privpipe.privacy import Ledger
+from privpipe.privacy import Event, Ledger, record_level_ledger
 from tasks import audit_tracking, budget, tracking
 from tasks.common import read_json
 from tasks.runner import describe_runner, mapping_runner
@@ -40,7 +42,9 @@ def federated_markdown(out: dict[str, Any]) -> str:
     if out["private"]:
         lines.append(f"Client-level privacy: **ε = {out['epsilon']:.4f}**, δ = {out['delta']:g} "
                      f"({out['accountant'].upper()} accountant; noise z = {out['noise_multiplier']:.4g}, "
-                     f"clip S = {out['clip_norm']:g}).")
+                     f"clip S = {out['clip_norm']:g}). For one record (a group of two clients): "
+                     f"ε = {out['record_epsilon']:.4f} ({out['record_accountant'].upper()}), what the dataset's "
+                     "lifetime budget is charged.")
     else:
         lines.append("Not private (federated.private: false): no clipping, no noise, no guarantee.")
     if out.get("stopped"):
@@ -55,18 +59,26 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)
     dataset = budget.dataset_name(params, flow="federated-text")
-    budget.check_lifetime(params, dataset, what="federated text run", private=params.federated.private)
+    budget.check_lifetime(params, dataset, what="federated text run", private=params.federated.private,
+                          client_level=True)
     with tracking.tracked_run(params, run_name="federated-text", params_file=params_file, flow="federated-text",
                               dataset=dataset) as run_id, mapping_runner(params) as runner:
         log.info("federated: client updates run on %s", describe_runner(params))
         prepared = prepare_text_task(params, run_id)
         features = text_features_task(params, run_id, prepared["dir"])
+
+        def lifetime_can_pay(planned: Event) -> None:
+            budget.check_lifetime_planned(params, dataset, what="federated text run", client_ledger=Ledger(
+                epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
+                accountant=params.privacy.accountant, events=[planned]))
+
         out = run_federated_text(params, text_dir=prepared["dir"], features_dir=features["dir"],
-                                 updates_for=mapped_client_updates(runner))
+                                 updates_for=mapped_client_updates(runner), before_rounds=lifetime_can_pay)
         text_tracking.log_federated(params, run_id, out)
         ledger = Ledger.from_dict(read_json(out["ledger"]))
-        audit_tracking.charge_run(params, run_id, flow="federated-text", dataset=dataset, ledger=ledger,
-                                  data_version=prepared["data_version"])  # before the model is released
+        # the lifetime ledger composes records: charge the record-level form, before the model is released
+        audit_tracking.charge_run(params, run_id, flow="federated-text", dataset=dataset,
+                                  ledger=record_level_ledger(ledger), data_version=prepared["data_version"])
         out.update(text_tracking.register_text_model(params, run_id, out, features["encoder"]))
         audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger)
         create_markdown_artifact(key="federated-summary", markdown=federated_markdown(out),

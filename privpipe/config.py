@@ -499,8 +499,26 @@ def _validate(p: Params) -> None:
     _validate_text(p)
     _validate_operations(p)
     _validate_privacy_audit(p)
+    _validate_accountant(p)
     if ft.clipping == "per_layer":
         _require(ft.grad_sample_mode != "ghost", "finetune.clipping", "per_layer clipping is not supported with ghost clipping")
+
+
+def _rdp_curve_stages(p: Params) -> list[str]:
+    """The enabled stages whose cost is an RDP curve, which has no privacy-loss distribution."""
+    stages = []
+    if p.student.enabled and p.aggregate.analysis == "data_dependent":
+        stages.append("aggregate.analysis: data_dependent")
+    if (p.finetune.enabled and p.finetune.mode == "federated" and p.federated.private
+            and p.federated.sampling == "poisson"):
+        stages.append("finetune.mode: federated with poisson sampling (its record-level cost, a group of two clients)")
+    return stages
+
+
+def _validate_accountant(p: Params) -> None:
+    curves = _rdp_curve_stages(p)
+    _require(p.privacy.accountant != "pld" or not curves, "privacy.accountant",
+             f"pld cannot account for {'; '.join(curves)}: an RDP curve has no PLD (use best or rdp)")
 
 
 def _validate_pate(p: Params) -> None:

@@ -4,8 +4,11 @@
 
 Before a pipeline or federated run starts, :func:`check_lifetime` refuses it if the run's
 own budget (``privacy.epsilon_budget``, ``privacy.delta``: the most it can spend) would take
-the dataset past ``lifetime``. When the run has released its model, :func:`record_lifetime`
-adds what it actually spent. The file lives with the data and is versioned by DVC
+the dataset past ``lifetime``. The ledgers compose record-level ε; a client-level run (the
+federated text flow) costs more per record than its own budget, so once its rounds are
+planned :func:`check_lifetime_planned` checks their record-level form too. When the run has
+released its model, :func:`record_lifetime` adds what it actually spent, record-level. The
+file lives with the data and is versioned by DVC
 (``dvc add`` after each write, when the project is a DVC repository and we are not inside
 ``dvc repro``, which holds DVC's lock: ``make repro`` adds it afterwards). A run that dies
 before it records has released nothing and costs nothing.
@@ -20,12 +23,12 @@ from pathlib import Path
 
 from privpipe.config import Params
 from privpipe.data import DataError
-from privpipe.privacy import LifetimeLedger, Ledger, RunSpend
+from privpipe.privacy import LifetimeLedger, Ledger, RunSpend, record_level_ledger
 from tasks.common import exclusive_lock, stage_logger, write_text
 from tasks.versioning import dvc
 
-__all__ = ["dataset_name", "ledger_path", "load_lifetime", "check_lifetime", "record_lifetime", "spend_of_run",
-           "all_lifetimes"]
+__all__ = ["dataset_name", "ledger_path", "load_lifetime", "check_lifetime", "check_lifetime_planned",
+           "record_lifetime", "spend_of_run", "all_lifetimes"]
 
 
 def dataset_name(params: Params, *, flow: str = "pipeline") -> str:
@@ -54,13 +57,30 @@ def load_lifetime(params: Params, dataset: str) -> LifetimeLedger:
                           delta_budget=params.lifetime.delta_budget)
 
 
-def check_lifetime(params: Params, dataset: str, *, what: str, private: bool = True) -> LifetimeLedger:
-    """Refuse (LifetimeBudgetExceeded) a run whose budget the dataset can no longer pay."""
+def check_lifetime(params: Params, dataset: str, *, what: str, private: bool = True,
+                   client_level: bool = False) -> LifetimeLedger:
+    """Refuse (LifetimeBudgetExceeded) a run whose budget the dataset can no longer pay.
+
+    ``client_level``: the run's budget binds client-level ε, only a floor of its record-level
+    cost (checked again by :func:`check_lifetime_planned`)."""
     ledger = load_lifetime(params, dataset)
     if not private:  # a non-private model of the data has no finite ε: it would end the dataset's budget
         ledger.ensure_affordable(epsilon=float("inf"), delta=0.0, what=f"{what} (not private)")
-    ledger.ensure_affordable(epsilon=params.privacy.epsilon_budget, delta=params.privacy.delta, what=what)
+    basis = ("privacy.epsilon_budget, client-level: one record costs more, checked before the first round"
+             if client_level else "privacy.epsilon_budget, privacy.delta")
+    ledger.ensure_affordable(epsilon=params.privacy.epsilon_budget, delta=params.privacy.delta, what=what,
+                             basis=basis)
     return ledger
+
+
+def check_lifetime_planned(params: Params, dataset: str, *, client_ledger: Ledger, what: str) -> None:
+    """Refuse (LifetimeBudgetExceeded) a client-level run whose planned events, in their
+    record-level form (privpipe.privacy.group), the dataset can no longer pay."""
+    spend = record_level_ledger(client_ledger).epsilon()
+    load_lifetime(params, dataset).ensure_affordable(
+        epsilon=spend.epsilon, delta=spend.delta, what=what,
+        basis=f"its planned rounds for one record, by {spend.accountant.upper()}: one record changes one client",
+        before="its first round")
 
 
 def spend_of_run(*, run_id: str, flow: str, data_version: str, ledger: Ledger) -> RunSpend:

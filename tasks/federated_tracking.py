@@ -19,7 +19,7 @@ __all__ = ["log_rounds"]
 
 
 def log_rounds(params: Params, run_id: str, stage: str, history: dict[str, Any], ledger: Ledger | None,
-               *, sampling: str) -> None:
+               *, sampling: str, record_level: bool) -> None:
     client = _client(params)
     stamp = _now_ms()
     metrics = [Metric(f"{stage}.{k}", float(v), stamp, int(record["round"]))
@@ -29,7 +29,9 @@ def log_rounds(params: Params, run_id: str, stage: str, history: dict[str, Any],
     for i in range(0, len(metrics), 500):
         client.log_batch(run_id, metrics=metrics[i:i + 500])
     client.set_tag(run_id, f"{stage}.sampling", sampling)
-    client.set_tag(run_id, f"privacy.{stage}.adjacency", "client (add or remove all of one client's records)")
+    client.set_tag(run_id, f"privacy.{stage}.adjacency",
+                   "record (one record changes one client's update: each round charged for a group of two clients)"
+                   if record_level else "client (add or remove all of one client's records)")
     if history.get("stopped"):
         client.set_tag(run_id, f"{stage}.stopped", history["stopped"])
     if ledger is not None:

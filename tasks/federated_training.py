@@ -16,7 +16,7 @@ import numpy as np
 from privpipe.config import ConfigError, Params
 from privpipe.data.partition import assign_shards
 from privpipe.federated import ClientUpdates, FedAvgConfig, FedAvgResult, check_client_delta, epsilon_curve, run_fedavg
-from privpipe.privacy import Ledger, NoiseSource
+from privpipe.privacy import Event, Ledger, NoiseSource
 from tasks.common import seed_for
 from tasks.dp_pca import calibrate_for
 from tasks.federated_clients import ClientJob, sequential_updates
@@ -48,10 +48,10 @@ def assign_clients(params: Params, *, ids: np.ndarray, labels: np.ndarray, class
     return assignment, fed.clients
 
 
-def fedavg_config(params: Params, *, clients: int) -> FedAvgConfig:
+def fedavg_config(params: Params, *, clients: int, record_level: bool) -> FedAvgConfig:
     fed = params.federated
     return FedAvgConfig(clients=clients, rounds=fed.rounds, sample_rate=fed.sample_rate, sampling=fed.sampling,
-                        private=fed.private, clip_norm=fed.clip_norm,
+                        private=fed.private, clip_norm=fed.clip_norm, record_level=record_level,
                         noise_multiplier=fed.noise_multiplier if fed.noise_multiplier is not None else 1.0,
                         server_optimizer=fed.server_optimizer, server_learning_rate=fed.server_learning_rate,
                         server_momentum=fed.server_momentum, server_beta1=fed.server_beta1,
@@ -78,13 +78,19 @@ class FederatedRun:
 
 
 def train_federated(params: Params, job: ClientJob, *, initial: np.ndarray, ledger: Ledger, stage: str,
-                    log: logging.Logger | logging.LoggerAdapter,
+                    record_level: bool, log: logging.Logger | logging.LoggerAdapter,
                     updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates,
-                    evaluate: Callable[[np.ndarray], dict[str, float]] | None = None) -> FederatedRun:
+                    evaluate: Callable[[np.ndarray], dict[str, float]] | None = None,
+                    before_rounds: Callable[[Event], None] | None = None) -> FederatedRun:
     """Check δ against K, fix σ (given, or calibrated so the run's total after all rounds is at most
-    ``federated.target_epsilon``), run the rounds and record them in ``ledger``."""
+    ``federated.target_epsilon``), run the rounds and record them in ``ledger``.
+
+    ``record_level``: the ledger composes record-level events (the pipeline), so each round is
+    accounted in its group-of-two form; else client-level (the text flow's own ledger).
+    ``before_rounds(event)`` sees the most the rounds can cost, once σ is fixed (private runs);
+    it may refuse the run by raising."""
     fed = params.federated
-    config = fedavg_config(params, clients=job.data.clients)
+    config = fedavg_config(params, clients=job.data.clients, record_level=record_level)
     if fed.private:
         try:
             warning = check_client_delta(delta=ledger.delta, clients=config.clients)
@@ -102,6 +108,8 @@ def train_federated(params: Params, job: ClientJob, *, initial: np.ndarray, ledg
         log.info("%s: K = %d clients, %s sampling at q = %g, clip S = %g, noise z = %.4g; %s", stage,
                  config.clients, config.sampling, config.sample_rate, config.clip_norm, config.noise_multiplier,
                  "amplified by subsampling" if config.sampling == "poisson" else "accounted without amplification")
+        if before_rounds is not None:
+            before_rounds(config.event(config.rounds, stage=stage))
     else:
         log.warning("%s: federated.private is false: no clipping, no noise, no privacy guarantee", stage)
     noise = NoiseSource(seed=seed_for(params.run.seed, "federated"), secure=params.privacy.secure_rng)

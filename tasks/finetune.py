@@ -125,7 +125,7 @@ def log_finetune_outputs(params: Params, run_id: str, out: dict[str, Any]) -> No
     history = read_json(Path(out["history"]))
     ledger = Ledger.from_json(Path(out["ledger"]).read_text())
     if history.get("mode") == "federated":
-        log_rounds(params, run_id, "finetune", history, ledger, sampling=out["sampling"])
+        log_rounds(params, run_id, "finetune", history, ledger, sampling=out["sampling"], record_level=True)
         tracking.log_stage_figures(params, run_id, "finetune", {k: v for k, v in out.items() if k != "stopped"})
     else:
         tracking.log_finetune(params, run_id, out, ledger, history["epochs"], history["epsilon_by_step"])

@@ -2,9 +2,10 @@
 
 The sensitive records are split into ``federated.clients`` clients (``federated.strategy``,
 the partition stage's keyed assignment), and the deployed network (from the student when
-PATE ran, else fresh) is trained by federated rounds on the projected features. The
-rounds' event joins the run's ledger: a client-level bound is also a record-level one, so
-it composes with the other stages'. Output is the same as DP-SGD's (artifacts/finetune/),
+PATE ran, else fresh) is trained by federated rounds on the projected features. The run's
+ledger is record-level, and one record changes its client's update (two add-or-remove
+steps of a client), so the rounds join it in their group-of-two form (privacy.group), which
+composes with the other stages'. Output is the same as DP-SGD's (artifacts/finetune/),
 with the per-round history in place of the per-epoch one.
 """
 
@@ -65,8 +66,9 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
         return {"accuracy_test": float((predicted == test_records.labels).mean())}
 
     try:
+        # the run's ledger is record-level: each round is charged in its group-of-two form
         run = train_federated(params, job, initial=trainable_vector(network), ledger=ledger, stage="finetune",
-                              log=log, updates_for=updates_for, evaluate=evaluate)
+                              record_level=True, log=log, updates_for=updates_for, evaluate=evaluate)
     finally:
         forget_arrays()
         for file in work.iterdir():
@@ -87,7 +89,7 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
     figures = {**{k: v for k, v in run.figures().items() if k not in ("private", "stopped")}, "mode": "federated",
                "epsilon": spend.epsilon, "accuracy_test_last_round": run.result.history[-1]["accuracy_test"]}
     write_json(paths.metrics_file("finetune"), figures)
-    log.info("finetune: federated done, %d rounds, stage %s; run total %s", run.result.rounds_run, spend,
-             ledger.epsilon())
+    log.info("finetune: federated done, %d rounds, stage %s (record-level); run total %s", run.result.rounds_run,
+             spend, ledger.epsilon())
     return {"model_dir": str(out), "ledger": str(out / "ledger.json"), "history": str(out / "history.json"),
             **figures, "stopped": run.result.stopped}

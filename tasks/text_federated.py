@@ -5,6 +5,10 @@ a plain loop), evaluates the global model on the test set after every round, and
 artifacts/federated/{weights.npy, spec.json, history.json, ledger.json}. The saved model is
 the trainable vector plus the spec that rebuilds its architecture (the head alone, or the
 LoRA adapters and head over the named encoder).
+
+The run's ledger is client-level (what DP-FedAvg promises and its budget binds). Its
+record-level form (privpipe.privacy.group: one record changes one client, a group of two)
+is reported beside it; the membership audit checks it and the lifetime ledger is charged it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 
 from privpipe.config import Params
 from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainable_vector
-from privpipe.privacy import Ledger
+from privpipe.privacy import Event, Ledger, Spend, record_level_ledger
 from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
 from tasks.federated_clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays, sequential_updates
@@ -63,27 +67,17 @@ def predict_batches(model: torch.nn.Module, inputs: tuple[np.ndarray, ...]) -> n
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def record_level(epsilon: float, delta: float) -> tuple[float, float]:
-    """Client-level (ε, δ) as a bound for one record: adding or removing a record changes one client's
-    data, i.e. replaces one client, two add-or-remove steps: group privacy gives (2ε, (1 + e^ε)·δ)."""
-    return 2 * epsilon, (1 + math.exp(epsilon)) * delta
-
-
-def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, ledger: Ledger, *, features_dir: Path,
-                   test: tuple[tuple[np.ndarray, ...], np.ndarray]) -> dict[str, Any]:
-    """The membership audit of the final global model, against the claim's record-level form; {} when off."""
+def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, record: Spend | None, *,
+                   features_dir: Path, test: tuple[tuple[np.ndarray, ...], np.ndarray]) -> dict[str, Any]:
+    """The membership audit of the final global model, against the record-level claim; {} when off."""
     if not params.privacy_audit.enabled:
         return {}
     load_vector(model, weights)
     names = input_names(params.text.mode)
     train = (tuple(np.load(features_dir / f"train_{n}.npy", mmap_mode="r") for n in names),
              np.load(features_dir / "train_labels.npy"))
-    claimed, delta = math.inf, params.privacy.delta  # not private: nothing to contradict, AUCs only
-    if params.federated.private:
-        spend = ledger.epsilon()
-        record = record_level(spend.epsilon, spend.delta)
-        if record[1] < 1:  # else group privacy leaves no record-level claim
-            claimed, delta = record
+    # not private: nothing to contradict, AUCs only
+    claimed, delta = (record.epsilon, record.delta) if record is not None else (math.inf, params.privacy.delta)
     result = audit_released_model(params, model, sensitive=train, test=test, stage=STAGE, claimed_epsilon=claimed,
                                   delta=delta,
                                   # a text file's split may be fixed (its split column): a heuristic bound
@@ -95,7 +89,10 @@ def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, 
 
 def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_dir: Path = paths.TEXT_FEATURES,
                        out: Path = paths.FEDERATED,
-                       updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates) -> dict[str, Any]:
+                       updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates,
+                       before_rounds: Callable[[Event], None] | None = None) -> dict[str, Any]:
+    """``before_rounds(event)``: the most the rounds can cost (client-level), once σ is fixed;
+    the flow's lifetime check, which may refuse the run."""
     log = stage_logger(STAGE)
     forget_arrays()  # files of an earlier run in this process may have been rewritten
     job = client_job(params, text_dir=text_dir, features_dir=features_dir)
@@ -109,15 +106,17 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
         load_vector(model, weights)
         return {"accuracy_test": float((predict_batches(model, test_inputs) == test_labels).mean())}
 
-    run = train_federated(params, job, initial=trainable_vector(model), ledger=ledger, stage=STAGE, log=log,
-                          updates_for=updates_for, evaluate=evaluate)
+    run = train_federated(params, job, initial=trainable_vector(model), ledger=ledger, stage=STAGE,
+                          record_level=False, log=log, updates_for=updates_for, evaluate=evaluate,
+                          before_rounds=before_rounds)
+    record = record_level_ledger(ledger).epsilon() if params.federated.private else None
     meta, features = read_json(Path(text_dir) / "meta.json"), read_json(Path(features_dir) / "meta.json")
     spec = {"model": dataclasses.asdict(job.model), "classes": meta["classes"], "mode": params.text.mode,
             "max_length": params.text.max_length, "embed_batch_size": params.text.embed_batch_size,
             "encoder_digest": features["encoder_digest"],
             "data_version": meta["data_version"], "private": params.federated.private}
     final = run.result.history[-1] if run.result.history else evaluate(run.result.weights)
-    audit = _privacy_audit(params, model, run.result.weights, ledger, features_dir=Path(features_dir),
+    audit = _privacy_audit(params, model, run.result.weights, record, features_dir=Path(features_dir),
                            test=(test_inputs, test_labels))
     with staged_dir(out) as staging:
         np.save(staging / "weights.npy", run.result.weights)
@@ -128,9 +127,10 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
     figures = {**run.figures(), "accuracy_test": final["accuracy_test"], "privacy_audit": audit}
     if params.federated.private:
         spend = ledger.epsilon()
-        figures.update(epsilon=spend.epsilon, delta=spend.delta, accountant=spend.accountant)
-        log.info("federated: test accuracy %.4f after %d rounds; %s (client-level)", final["accuracy_test"],
-                 run.result.rounds_run, spend)
+        figures.update(epsilon=spend.epsilon, delta=spend.delta, accountant=spend.accountant,
+                       record_epsilon=record.epsilon, record_accountant=record.accountant)
+        log.info("federated: test accuracy %.4f after %d rounds; %s (client-level), %s for one record",
+                 final["accuracy_test"], run.result.rounds_run, spend, record)
     else:
         log.info("federated: test accuracy %.4f after %d rounds (not private)", final["accuracy_test"],
                  run.result.rounds_run)

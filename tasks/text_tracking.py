@@ -37,11 +37,15 @@ def log_text_features(params: Params, run_id: str, out: dict[str, Any]) -> None:
 def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
     client = _client(params)
     ledger = Ledger.from_json(Path(out["ledger"]).read_text()) if params.federated.private else None
-    log_rounds(params, run_id, "federated", read_json(Path(out["history"])), ledger, sampling=out["sampling"])
+    log_rounds(params, run_id, "federated", read_json(Path(out["history"])), ledger, sampling=out["sampling"],
+               record_level=False)
     # the final accuracy is the last point of the federated.accuracy_test curve; the run's headline is accuracy.test
     log_stage_figures(params, run_id, "federated", {k: v for k, v in out.items()
-                                                    if k not in ("history", "stopped", "accuracy_test")})
-    _metrics(client, run_id, {"accuracy.test": out["accuracy_test"],
+                                                    if k not in ("history", "stopped", "accuracy_test",
+                                                                 "record_epsilon", "record_accountant")})
+    # privacy.epsilon is client-level; one record's bound (a group of two clients) beside it
+    record = {"privacy.record_epsilon": out["record_epsilon"]} if params.federated.private else {}
+    _metrics(client, run_id, {"accuracy.test": out["accuracy_test"], **record,
                               **privacy_audit.metric_items(out.get("privacy_audit", {}))})
     client.set_tag(run_id, "privacy.private", str(params.federated.private).lower())
     client.set_tag(run_id, "privacy.not_covered",
@@ -55,7 +59,9 @@ def register_text_model(params: Params, run_id: str, out: dict[str, Any], encode
 
     if params.federated.private:
         tags = {"privacy.epsilon": f"{out['epsilon']:.6g}", "privacy.delta": f"{out['delta']:g}",
-                "privacy.accountant": out["accountant"], "privacy.adjacency": "client"}
+                "privacy.accountant": out["accountant"], "privacy.adjacency": "client",
+                "privacy.record_epsilon": f"{out['record_epsilon']:.6g}",
+                "privacy.record_accountant": out["record_accountant"]}
     else:
         tags = {"privacy.epsilon": "inf", "privacy.private": "false"}
     tags.update(privacy_audit.version_tags(out.get("privacy_audit", {})))

@@ -1,5 +1,6 @@
 """The federated text flow end to end on a tiny corpus with a tiny random encoder, plus its parts:
-the corpus loader, the embedding cache, LoRA mode, and the client-level δ check."""
+the corpus loader, the embedding cache, LoRA mode, the client-level δ check, and the record-level
+charge to the lifetime budget."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from conftest import write_params
 from privpipe.config import ConfigError, load_params
 from privpipe.data import DataError
 from privpipe.federated import trainable_vector
-from privpipe.privacy import Ledger
+from privpipe.privacy import Ledger, record_level_ledger
 from privpipe.text import load_corpus, load_encoder
 from tasks.text_features import run_text_features
 from tasks.text_federated import load_text_model, run_federated_text
@@ -51,6 +52,9 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     assert ledger.events[0].to_dict() | {} == {"mechanism": "poisson_gaussian", "stage": "federated",
                                                "noise_multiplier": out["noise_multiplier"], "sample_rate": 0.5,
                                                "steps": 3}
+    # one record changes one client: its bound is the group-of-two form, larger than the client-level ε
+    record = record_level_ledger(ledger).epsilon()
+    assert out["record_epsilon"] == pytest.approx(record.epsilon) and record.epsilon > 2 * spend.epsilon
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
     run = client.get_run(out["run_id"])
@@ -62,20 +66,47 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     assert len(client.get_metric_history(out["run_id"], "federated.clients_sampled")) == 3
     assert run.data.tags["federated.sampling"] == "poisson"
     # the membership audit of the global model, next to the claimed (client-level) ε
-    # 40 test texts: 12 train the reference, 28 are audited; the claim compared is the record-level 2ε
+    # 40 test texts: 12 train the reference, 28 are audited; the claim compared is the record-level one
     assert run.data.metrics["privacy.audit.members"] == 28 and "privacy.audit.calibrated.auc" in run.data.metrics
-    assert run.data.metrics["privacy.audit.epsilon_lower_bound"] <= 2 * spend.epsilon
+    assert out["privacy_audit"]["claimed_epsilon"] == pytest.approx(record.epsilon)
+    assert run.data.metrics["privacy.audit.epsilon_lower_bound"] <= record.epsilon
+    assert run.data.metrics["privacy.record_epsilon"] == pytest.approx(record.epsilon)
 
     version = client.get_model_version("privpipe-text", out["model_version"])
     assert float(version.tags["privacy.epsilon"]) == pytest.approx(spend.epsilon, rel=1e-5)
     assert version.tags["privacy.adjacency"] == "client"
+    assert float(version.tags["privacy.record_epsilon"]) == pytest.approx(record.epsilon, rel=1e-5)
     model = mlflow.pyfunc.load_model(f"models:/privpipe-text/{out['model_version']}")
     assert set(model.predict(["apple banana with plum", "gear and clutch"])) <= {"engine", "fruit"}
-    # charged to the text file's lifetime ledger (client-level ε bounds record-level ε too)
+    # charged to the text file's lifetime ledger, which composes records: the record-level form
     (entry,) = json.loads((project / "data/budget/texts.json").read_text())["entries"]
     assert (entry["run"], entry["flow"]) == (out["run_id"], "federated-text")
-    assert entry["epsilon"] == pytest.approx(spend.epsilon)
+    assert (entry["epsilon"], entry["delta"]) == (pytest.approx(record.epsilon), spend.delta)
     assert run.data.tags["privpipe.dataset"] == "texts"
+
+
+def test_a_run_whose_record_level_cost_the_lifetime_cannot_pay_is_refused_before_its_rounds(
+        project, encoder, prefect_harness, capsys):
+    from flows.cli import main
+    from privpipe.privacy import LifetimeLedger, RunSpend
+
+    text_project(project, encoder)
+    # 24 of 30 spent: 6 left pays the run's client-level budget (3), not its record-level cost (about 7.8)
+    lifetime = LifetimeLedger(dataset="texts", epsilon_budget=30.0, delta_budget=1e-4, entries=[RunSpend(
+        run="earlier", flow="federated-text", recorded_at="2026-11-23T03:00:00+00:00", data_version="abc",
+        epsilon=24.0, delta=1e-5, accountant="rdp")])
+    (project / "data/budget").mkdir(parents=True)
+    (project / "data/budget/texts.json").write_text(json.dumps(lifetime.to_dict()))
+    before = (project / "data/budget/texts.json").read_bytes()
+    assert main(["federated"]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # the flow's own logs come before it
+    assert last.startswith("privpipe: refused: federated text run: dataset 'texts' has spent ε = 24")
+    assert "this run may cost up to ε = 7." in last and last.endswith(
+        "(its planned rounds for one record, by RDP: one record changes one client); refusing before its first round")
+    assert (project / "data/budget/texts.json").read_bytes() == before  # nothing charged
+    assert not (project / "artifacts/federated").exists()  # no round ran, nothing saved or released
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    assert not client.search_registered_models()
 
 
 def test_lora_mode_trains_adapters_and_head_only(project, encoder):

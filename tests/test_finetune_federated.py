@@ -8,7 +8,7 @@ import pytest
 
 from conftest import write_params
 from privpipe.config import ConfigError, load_params
-from privpipe.privacy import Ledger, PoissonGaussianEvent
+from privpipe.privacy import Ledger, PoissonGaussianEvent, compute_epsilon, record_level_event
 from tasks.dp_pca import run_dp_pca
 from tasks.evaluate import run_evaluate
 from tasks.finetune import run_finetune
@@ -38,9 +38,13 @@ def test_federated_finetune_joins_the_run_ledger(project):
     out = run_finetune(params)
     ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
     assert ledger.stages() == ["dp_pca", "finetune"]
-    assert ledger.events[-1] == PoissonGaussianEvent(stage="finetune", noise_multiplier=out["noise_multiplier"],
-                                                     sample_rate=0.5, steps=4)
+    # the run's ledger is record-level: the rounds are charged for a group of two clients
+    client_level = PoissonGaussianEvent(stage="finetune", noise_multiplier=out["noise_multiplier"],
+                                        sample_rate=0.5, steps=4)
+    assert ledger.events[-1] == record_level_event(client_level)
     assert 2.4 < ledger.epsilon().epsilon <= 2.5  # calibrated against the total, dp_pca included
+    # so the noise is larger than a client-level total of 2.5 would need
+    assert compute_epsilon([ledger.events[0], client_level], delta=params.privacy.delta).epsilon < 1.5
     history = json.loads((project / "artifacts/finetune/history.json").read_text())
     assert [r["round"] for r in history["rounds"]] == [1, 2, 3, 4]
     assert history["epsilon_by_round"][-1]["epsilon"] == pytest.approx(ledger.epsilon().epsilon)
@@ -55,6 +59,16 @@ def test_federated_finetune_stops_before_the_budget_and_says_so(project):
     assert 0 < out["rounds"] < 500 and "stopped before round" in out["stopped"]
     ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
     assert ledger.epsilon().epsilon <= params.privacy.epsilon_budget
+
+
+def test_pld_accountant_is_refused_for_the_record_level_curve():
+    from privpipe.config import parse_params
+
+    with pytest.raises(ConfigError, match="^privacy.accountant: pld cannot account for finetune.mode: federated"):
+        parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": False},
+                      "finetune": {"mode": "federated"}})
+    parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": False},  # fixed sampling keeps a PLD
+                  "finetune": {"mode": "federated"}, "federated": {"sampling": "fixed"}})
 
 
 def test_non_private_federated_finetune_is_refused():

@@ -16,8 +16,10 @@ drawn decides the accounting, and the ledger event says which:
   amplification (no add-or-remove accountant in dp_accounting covers it):
   ``GaussianEvent(z, rounds)``, D = m.
 
-A client-level (ε, δ) bound is also a record-level one (a record belongs to one client),
-so in the pipeline these events compose with the record-level events of other stages.
+A client-level bound is *not* by itself a record-level one: adding or removing a record
+changes its client's data, which is two add-or-remove steps of a client. Where records are
+the unit (the pipeline's ledger, the lifetime budget) these events are taken in their
+group-of-two form (privpipe.privacy.group).
 """
 
 from __future__ import annotations

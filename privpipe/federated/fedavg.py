@@ -23,7 +23,7 @@ from privpipe.federated.accounting import SAMPLINGS, denominator, round_event
 from privpipe.federated.aggregation import plain_mean, private_mean
 from privpipe.federated.sampling import ClientSampler
 from privpipe.federated.server_optimizer import ServerOptimizer
-from privpipe.privacy import Event, Ledger, NoiseSource, compute_epsilon
+from privpipe.privacy import Event, Ledger, NoiseSource, compute_epsilon, record_level_event
 
 __all__ = ["FedAvgConfig", "FedAvgResult", "ClientUpdates", "run_fedavg", "epsilon_curve"]
 
@@ -46,6 +46,9 @@ class FedAvgConfig:
     server_beta1: float = 0.9
     server_beta2: float = 0.99
     server_epsilon: float = 1e-3
+    #: account per record, not per client: one record changes its client's update, two
+    #: add-or-remove steps, so every event is its group-of-two form (privacy.group)
+    record_level: bool = False
 
     def __post_init__(self) -> None:
         if self.clients < 1 or self.rounds < 1:
@@ -58,8 +61,9 @@ class FedAvgConfig:
             raise ValueError("private training needs clip_norm > 0 and noise_multiplier > 0")
 
     def event(self, rounds: int, *, stage: str, noise_multiplier: float | None = None) -> Event:
-        return round_event(sampling=self.sampling, sample_rate=self.sample_rate, rounds=rounds, stage=stage,
-                           noise_multiplier=self.noise_multiplier if noise_multiplier is None else noise_multiplier)
+        event = round_event(sampling=self.sampling, sample_rate=self.sample_rate, rounds=rounds, stage=stage,
+                            noise_multiplier=self.noise_multiplier if noise_multiplier is None else noise_multiplier)
+        return record_level_event(event) if self.record_level else event
 
 
 @dataclass

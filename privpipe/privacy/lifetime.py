@@ -83,8 +83,12 @@ class LifetimeLedger:
         epsilon, delta = self.spent()
         return (max(0.0, self.epsilon_budget - epsilon), max(0.0, self.delta_budget - delta))
 
-    def ensure_affordable(self, *, epsilon: float, delta: float, what: str) -> None:
-        """Raise :class:`LifetimeBudgetExceeded` if a run costing up to (ε, δ) would pass the budget."""
+    def ensure_affordable(self, *, epsilon: float, delta: float, what: str,
+                          basis: str = "privacy.epsilon_budget, privacy.delta", before: str = "it starts") -> None:
+        """Raise :class:`LifetimeBudgetExceeded` if a run costing up to (ε, δ) would pass the budget.
+
+        ``basis`` (where that most-it-can-cost comes from) and ``before`` (what is refused) are for
+        the message."""
         spent_eps, spent_delta = self.spent()
         left_eps, left_delta = self.remaining()
         # a run that can only exactly fill the budget is allowed; float sums get a hair of slack
@@ -94,7 +98,7 @@ class LifetimeLedger:
                 f"{what}: dataset {self.dataset!r} has spent ε = {spent_eps:.4g}, δ = {spent_delta:.3g} over "
                 f"{len(self.entries)} run(s); left ε = {left_eps:.4g}, δ = {left_delta:.3g} of lifetime budget "
                 f"(ε = {self.epsilon_budget:g}, δ = {self.delta_budget:g}); this run may cost up to "
-                f"ε = {epsilon:g}, δ = {delta:g} (privacy.epsilon_budget, privacy.delta); refusing before it starts")
+                f"ε = {epsilon:.4g}, δ = {delta:g} ({basis}); refusing before {before}")
 
     def record(self, entry: RunSpend) -> bool:
         """Add a finished run; False (nothing added) if that run was recorded already."""
