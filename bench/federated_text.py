@@ -12,7 +12,8 @@ product's code (tasks.text_prepare → tasks.text_features → tasks.text_federa
 uses tasks.federated_training and privpipe.federated) with client updates in a plain
 loop, without Prefect or MLflow: the figures are the algorithm's, not the orchestrator's.
 ε is client-level, δ = 1e-5, from the product's ledger (best of PLD and RDP); the seed table
-also gives the record-level ε (a group of two clients), what a lifetime budget is charged.
+also gives the record-level ε (two add-or-remove steps of one client), what a lifetime budget
+is charged.
 Prints Markdown tables; writes bench/out/federated/results.json and accuracy_by_round.png.
 """
 

@@ -145,13 +145,14 @@ def _log_stages_to_stderr() -> None:
 
 
 def _stage(args: argparse.Namespace) -> int:
-    from privpipe.config import load_params
+    from privpipe.config import check_pipeline_use, load_params
 
     _log_stages_to_stderr()
 
     import importlib
 
     params = load_params(args.params)
+    check_pipeline_use(params)
     if args.name in SPENDING_STAGES:  # dvc repro: the run is charged at evaluate --track; refuse before spending
         from tasks import budget
 

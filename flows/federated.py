@@ -42,7 +42,7 @@ def federated_markdown(out: dict[str, Any]) -> str:
     if out["private"]:
         lines.append(f"Client-level privacy: **ε = {out['epsilon']:.4f}**, δ = {out['delta']:g} "
                      f"({out['accountant'].upper()} accountant; noise z = {out['noise_multiplier']:.4g}, "
-                     f"clip S = {out['clip_norm']:g}). For one record (a group of two clients): "
+                     f"clip S = {out['clip_norm']:g}). For one record (two add-or-remove steps of one client): "
                      f"ε = {out['record_epsilon']:.4f} ({out['record_accountant'].upper()}), what the dataset's "
                      "lifetime budget is charged.")
     else:

@@ -26,7 +26,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 
 from flows.client_map import mapped_client_updates
-from privpipe.config import Params, load_params
+from privpipe.config import Params, check_pipeline_use, load_params
 from privpipe.privacy import Ledger
 from tasks import audit_tracking, budget, tracking
 from tasks.common import PipelineBusy, exclusive_lock, read_json
@@ -111,6 +111,7 @@ def _teachers(params, runner, prepared: dict[str, str], partition_dir: str, dp_p
 def preflight(params: Params) -> None:
     """Load and check the data and the partition the run would make, writing nothing: ``privpipe run``
     calls it before Prefect, MLflow or the pipeline lock exist, so bad input leaves no trace."""
+    check_pipeline_use(params)
     sets, *_ = prepared_sets(params)
     if params.student.enabled:
         shard_assignment(params, sets["sensitive"], source=params.prepare.path)
@@ -123,6 +124,7 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     One run at a time (a lock under artifacts/); refused before any work if the dataset's
     lifetime budget cannot pay for the run's ``privacy.epsilon_budget``."""
     params = load_params(params_file)
+    check_pipeline_use(params)  # a deployment's run starts here, not in preflight
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)

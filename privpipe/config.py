@@ -40,6 +40,7 @@ __all__ = [
     "Params",
     "load_params",
     "check_federated_use",
+    "check_pipeline_use",
     "parse_params",
     "flatten",
 ]
@@ -499,7 +500,6 @@ def _validate(p: Params) -> None:
     _validate_text(p)
     _validate_operations(p)
     _validate_privacy_audit(p)
-    _validate_accountant(p)
     if ft.clipping == "per_layer":
         _require(ft.grad_sample_mode != "ghost", "finetune.clipping", "per_layer clipping is not supported with ghost clipping")
 
@@ -511,11 +511,15 @@ def _rdp_curve_stages(p: Params) -> list[str]:
         stages.append("aggregate.analysis: data_dependent")
     if (p.finetune.enabled and p.finetune.mode == "federated" and p.federated.private
             and p.federated.sampling == "poisson"):
-        stages.append("finetune.mode: federated with poisson sampling (its record-level cost, a group of two clients)")
+        stages.append("finetune.mode: federated with poisson sampling (its record-level cost, two add-or-remove "
+                      "steps of one client)")
     return stages
 
 
-def _validate_accountant(p: Params) -> None:
+def check_pipeline_use(p: Params) -> None:
+    """What only matters where the pipeline's stages run (``privpipe run``, ``privpipe stage``, the
+    pipeline flow): an accountant that can account for every stage's event. Other commands (the
+    text flow, budget, audit) may use ``pld`` with these params."""
     curves = _rdp_curve_stages(p)
     _require(p.privacy.accountant != "pld" or not curves, "privacy.accountant",
              f"pld cannot account for {'; '.join(curves)}: an RDP curve has no PLD (use best or rdp)")

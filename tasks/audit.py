@@ -2,7 +2,8 @@
 
     privpipe audit [--dataset digits] [--since 2026-11-01] [--until 2026-12-01] [--csv runs.csv]
 
-Columns: date, run, flow, dataset, data version, ε of each stage alone, total ε and δ, the
+Columns: date, run, flow, dataset, data version, ε of each stage alone, total ε and δ for one
+record (a federated text run's record-level form, what the lifetime budget was charged), the
 accountant, test accuracy, the registered model version, and the run's status. Only parent
 runs are listed (the per-stage child runs repeat their parent's figures).
 """
@@ -79,9 +80,12 @@ def _row(run) -> dict[str, Any]:
         "run": run.info.run_id, "flow": tags.get("privpipe.flow", ""), "dataset": tags.get("privpipe.dataset", ""),
         "data_version": tags.get("dvc.data_version", ""),
         "stages": "; ".join(f"{stage} {eps:.4g}" for stage, eps in stages.items()),
-        "epsilon": metrics.get("privacy.epsilon"), "delta": metrics.get("privacy.delta"),
-        "accountant": tags.get("privacy.accountant", ""),
-        # the membership audit's lower bound: never above the claimed ε, or the run would have failed
+        # what one record cost, the figure the lifetime ledger adds up: a federated text run's
+        # privacy.epsilon is client-level, its record-level form is privacy.record_epsilon
+        "epsilon": metrics.get("privacy.record_epsilon", metrics.get("privacy.epsilon")),
+        "delta": metrics.get("privacy.delta"),
+        "accountant": tags.get("privacy.record_accountant", tags.get("privacy.accountant", "")),
+        # the membership audit's lower bound: never above that ε, or the run would have failed
         "empirical_epsilon": metrics.get("privacy.audit.epsilon_lower_bound"), "accuracy": metrics.get("accuracy.test"),
         "model": tags.get("registered_model", ""), "status": run.info.status,
     }

@@ -30,8 +30,8 @@ def log_rounds(params: Params, run_id: str, stage: str, history: dict[str, Any],
         client.log_batch(run_id, metrics=metrics[i:i + 500])
     client.set_tag(run_id, f"{stage}.sampling", sampling)
     client.set_tag(run_id, f"privacy.{stage}.adjacency",
-                   "record (one record changes one client's update: each round charged for a group of two clients)"
-                   if record_level else "client (add or remove all of one client's records)")
+                   "record (one record changes one client's update: each round charged for two add-or-remove "
+                   "steps of one client)" if record_level else "client (add or remove all of one client's records)")
     if history.get("stopped"):
         client.set_tag(run_id, f"{stage}.stopped", history["stopped"])
     if ledger is not None:

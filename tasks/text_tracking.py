@@ -43,8 +43,10 @@ def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
     log_stage_figures(params, run_id, "federated", {k: v for k, v in out.items()
                                                     if k not in ("history", "stopped", "accuracy_test",
                                                                  "record_epsilon", "record_accountant")})
-    # privacy.epsilon is client-level; one record's bound (a group of two clients) beside it
+    # privacy.epsilon is client-level; one record's bound (two add-or-remove steps of one client) beside it
     record = {"privacy.record_epsilon": out["record_epsilon"]} if params.federated.private else {}
+    if params.federated.private:
+        client.set_tag(run_id, "privacy.record_accountant", out["record_accountant"])
     _metrics(client, run_id, {"accuracy.test": out["accuracy_test"], **record,
                               **privacy_audit.metric_items(out.get("privacy_audit", {}))})
     client.set_tag(run_id, "privacy.private", str(params.federated.private).lower())

@@ -184,6 +184,11 @@ CASES = [
          setup=params(privacy={"epsilon_budget": -1})),
     Case("delta-one", ("run",), "privpipe: error: privacy.delta: must be in (0, 1)",
          setup=params(privacy={"delta": 1})),
+    # an accountant that cannot account for a stage: refused where the pipeline's stages run
+    Case("accountant-pld-with-data-dependent-pate", ("stage", "aggregate"),
+         "privpipe: error: privacy.accountant: pld cannot account for aggregate.analysis: data_dependent: "
+         "an RDP curve has no PLD (use best or rdp)",
+         setup=params(privacy={"accountant": "pld"})),
     # δ < 1/n needs n, the sensitive records: the prepare stage refuses it before it writes
     Case("delta-not-below-1-over-n", ("stage", "prepare"),
          "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.00101 (n = 987 sensitive records); "

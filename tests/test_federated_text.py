@@ -82,6 +82,11 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     (entry,) = json.loads((project / "data/budget/texts.json").read_text())["entries"]
     assert (entry["run"], entry["flow"]) == (out["run_id"], "federated-text")
     assert (entry["epsilon"], entry["delta"]) == (pytest.approx(record.epsilon), spend.delta)
+    # `privpipe audit` lists what the lifetime ledger adds up: the record-level ε and its accountant
+    from tasks.audit import audit_rows
+
+    (row,) = audit_rows(load_params("params.yaml"), dataset="texts")
+    assert (row["epsilon"], row["accountant"]) == (pytest.approx(record.epsilon), record.accountant)
     assert run.data.tags["privpipe.dataset"] == "texts"
 
 

@@ -38,7 +38,7 @@ def test_federated_finetune_joins_the_run_ledger(project):
     out = run_finetune(params)
     ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
     assert ledger.stages() == ["dp_pca", "finetune"]
-    # the run's ledger is record-level: the rounds are charged for a group of two clients
+    # the run's ledger is record-level: the rounds are charged for two add-or-remove steps of one client
     client_level = PoissonGaussianEvent(stage="finetune", noise_multiplier=out["noise_multiplier"],
                                         sample_rate=0.5, steps=4)
     assert ledger.events[-1] == record_level_event(client_level)
@@ -61,14 +61,18 @@ def test_federated_finetune_stops_before_the_budget_and_says_so(project):
     assert ledger.epsilon().epsilon <= params.privacy.epsilon_budget
 
 
-def test_pld_accountant_is_refused_for_the_record_level_curve():
-    from privpipe.config import parse_params
+def test_pld_accountant_is_refused_where_the_pipeline_meets_an_rdp_curve():
+    from privpipe.config import check_pipeline_use, parse_params
 
+    federated = parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": False},
+                              "finetune": {"mode": "federated"}})
     with pytest.raises(ConfigError, match="^privacy.accountant: pld cannot account for finetune.mode: federated"):
-        parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": False},
-                      "finetune": {"mode": "federated"}})
-    parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": False},  # fixed sampling keeps a PLD
-                  "finetune": {"mode": "federated"}, "federated": {"sampling": "fixed"}})
+        check_pipeline_use(federated)
+    with pytest.raises(ConfigError, match="^privacy.accountant: pld cannot account for aggregate.analysis"):
+        check_pipeline_use(parse_params({"privacy": {"accountant": "pld"}}))  # PATE's data-dependent bound
+    check_pipeline_use(parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": False},
+                                     "finetune": {"mode": "federated"},
+                                     "federated": {"sampling": "fixed"}}))  # fixed sampling keeps a PLD
 
 
 def test_non_private_federated_finetune_is_refused():

@@ -1,4 +1,5 @@
-"""The record-level form of client-level events (privpipe.privacy.group): a group of two clients."""
+"""The record-level form of client-level events (privpipe.privacy.group): two add-or-remove steps of
+one client."""
 
 from __future__ import annotations
 
@@ -104,6 +105,9 @@ def test_record_level_ledger_keeps_delta_and_refuses_what_it_cannot_convert():
     spend = record.epsilon()
     assert spend.delta == 1e-5 and spend.accountant == "rdp"  # a curve has no PLD: RDP for the pld ledger
     assert spend.epsilon > 2 * client.epsilon().epsilon and math.isinf(record.epsilon_budget)
+    fixed = Ledger(epsilon_budget=3.0, delta=1e-5, accountant="pld",
+                   events=[GaussianEvent(stage="federated", noise_multiplier=3.0, count=20)])
+    assert record_level_ledger(fixed).epsilon().accountant == "pld"  # half the multiplier keeps its PLD
     curve = RdpCurveEvent(stage="aggregate", orders=(2.0,), rdp=(0.1,))
     with pytest.raises(TypeError, match="no group-of-two form"):
         record_level_ledger(Ledger(epsilon_budget=3.0, delta=1e-5, events=[curve]))

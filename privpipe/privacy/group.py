@@ -1,10 +1,12 @@
-"""The record-level cost of a client-level event: RDP of a group of two.
+"""The record-level cost of a client-level event: group privacy for two steps of one client.
 
 Client-level DP (DP-FedAvg) protects the add-or-remove of one whole client. Adding or
 removing one *record* changes its client's data instead: D and D' (one record more in
 client k) are both one client away from D'' (client k removed), so they are two
-add-or-remove steps apart. A client-level bound therefore does not bound one record by
-itself; group privacy for two steps does. In RDP that is Mironov's weak triangle
+add-or-remove steps apart. (With natural clients a record may also start a new client,
+one step; K is then taken as public, as the federated flows already assume.) A
+client-level bound therefore does not bound one record by itself; group privacy for two
+steps does. In RDP that is Mironov's weak triangle
 inequality (Rényi Differential Privacy, 2017, Prop. 11 with p = q = 2): for any P, Q, R
 
     D_α(P‖Q) ≤ (α − ½)/(α − 1) · D_2α(P‖R) + D_(2α−1)(R‖Q),
@@ -66,9 +68,11 @@ def record_level_ledger(ledger: Ledger) -> Ledger:
     """A client-level run ledger's events as record-level ones, at the same δ.
 
     Its budget is unbounded: the run's own budget binds the client-level ε; what the
-    record-level form may cost is for the dataset's lifetime budget to refuse. PLD has no
-    curve events, so a ``pld`` ledger's record-level form is accounted by RDP.
+    record-level form may cost is for the dataset's lifetime budget to refuse. A ``pld``
+    ledger keeps PLD where every form has one (unsampled events), else turns to RDP.
     """
+    events = [record_level_event(e) for e in ledger.events]
+    pld_ok = all(e.supports_pld for e in events)
     return Ledger(epsilon_budget=float("inf"), delta=ledger.delta,
-                  accountant="rdp" if ledger.accountant == "pld" else ledger.accountant,
-                  events=[record_level_event(e) for e in ledger.events])
+                  accountant="rdp" if ledger.accountant == "pld" and not pld_ok else ledger.accountant,
+                  events=events)
