@@ -95,8 +95,9 @@ def test_a_run_whose_record_level_cost_the_lifetime_cannot_pay_is_refused_before
     from flows.cli import main
     from privpipe.privacy import LifetimeLedger, RunSpend
 
-    text_project(project, encoder)
-    # 24 of 30 spent: 6 left pays the run's client-level budget (3), not its record-level cost (about 7.8)
+    # a fixed z (no calibration search): client-level ε ≈ 3 over the 3 rounds, record-level ≈ 7.8
+    text_project(project, encoder, federated={"noise_multiplier": 1.6, "target_epsilon": None})
+    # 24 of 30 spent: 6 left pays the run's client-level budget (3), not its record-level cost
     lifetime = LifetimeLedger(dataset="texts", epsilon_budget=30.0, delta_budget=1e-4, entries=[RunSpend(
         run="earlier", flow="federated-text", recorded_at="2026-11-23T03:00:00+00:00", data_version="abc",
         epsilon=24.0, delta=1e-5, accountant="rdp")])
