@@ -68,9 +68,7 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
         features = text_features_task(params, run_id, prepared["dir"])
 
         def lifetime_can_pay(planned: Event) -> None:
-            budget.check_lifetime_planned(params, dataset, what="federated text run", client_ledger=Ledger(
-                epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                accountant=params.privacy.accountant, events=[planned]))
+            budget.check_lifetime_planned(params, dataset, planned=planned, what="federated text run")
 
         out = run_federated_text(params, text_dir=prepared["dir"], features_dir=features["dir"],
                                  updates_for=mapped_client_updates(runner), before_rounds=lifetime_can_pay)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from privpipe.config import Params
 from privpipe.data import DataError
-from privpipe.privacy import LifetimeLedger, Ledger, RunSpend, record_level_ledger
+from privpipe.privacy import Event, LifetimeLedger, Ledger, RunSpend, record_level_ledger
 from tasks.common import exclusive_lock, stage_logger, write_text
 from tasks.versioning import dvc
 
@@ -73,9 +73,11 @@ def check_lifetime(params: Params, dataset: str, *, what: str, private: bool = T
     return ledger
 
 
-def check_lifetime_planned(params: Params, dataset: str, *, client_ledger: Ledger, what: str) -> None:
-    """Refuse (LifetimeBudgetExceeded) a client-level run whose planned events, in their
+def check_lifetime_planned(params: Params, dataset: str, *, planned: Event, what: str) -> None:
+    """Refuse (LifetimeBudgetExceeded) a client-level run whose planned event, in its
     record-level form (privpipe.privacy.group), the dataset can no longer pay."""
+    client_ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
+                           accountant=params.privacy.accountant, events=[planned])
     spend = record_level_ledger(client_ledger).epsilon()
     load_lifetime(params, dataset).ensure_affordable(
         epsilon=spend.epsilon, delta=spend.delta, what=what,

@@ -27,14 +27,13 @@ it keeps its PLD).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Sequence
 
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privpipe.privacy.events import Event, GaussianEvent, LaplaceEvent, RdpCurveEvent
-from privpipe.privacy.ledger import RDP_ORDERS, Ledger
+from privpipe.privacy.ledger import RDP_ORDERS, Ledger, quiet_rdp_warnings
 
 __all__ = ["group_of_two_rdp", "record_level_event", "record_level_ledger"]
 
@@ -46,13 +45,8 @@ def group_of_two_rdp(event: Event, orders: Sequence[float] = RDP_ORDERS) -> np.n
     alphas = np.asarray(orders, dtype=float)
     needed = sorted({*(2 * alphas), *(2 * alphas - 1)})
     accountant = rdp_privacy_accountant.RdpAccountant(orders=needed)
-    absl_logger = logging.getLogger("absl")  # orders it cannot evaluate come back as +inf (sound, never chosen)
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
-    try:
+    with quiet_rdp_warnings():  # orders it cannot evaluate come back as +inf (sound, never chosen)
         accountant.compose(event.to_dp_event())
-    finally:
-        absl_logger.setLevel(level)
     at = dict(zip(needed, accountant.rdp))
     return np.array([(a - 0.5) / (a - 1) * at[2 * a] + at[2 * a - 1] for a in alphas])
 

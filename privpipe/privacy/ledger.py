@@ -29,8 +29,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from dp_accounting import dp_event
@@ -66,16 +67,22 @@ class Spend:
         return f"(ε = {self.epsilon:.4g}, δ = {self.delta:g}) by {self.accountant.upper()}"
 
 
-def _rdp_curve(events: Sequence[Event]) -> np.ndarray:
-    # dp_accounting warns for each order it cannot evaluate (a large sampling rate, a tiny σ);
-    # it skips that order (still sound) and the warning is not the user's to act on
+@contextmanager
+def quiet_rdp_warnings() -> Iterator[None]:
+    """dp_accounting warns for each RDP order it cannot evaluate (a large sampling rate, a tiny σ);
+    it skips that order (still sound) and the warning is not the user's to act on."""
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)
     try:
-        return _compose_rdp(events)
+        yield
     finally:
         absl_logger.setLevel(level)
+
+
+def _rdp_curve(events: Sequence[Event]) -> np.ndarray:
+    with quiet_rdp_warnings():
+        return _compose_rdp(events)
 
 
 def _compose_rdp(events: Sequence[Event]) -> np.ndarray:
