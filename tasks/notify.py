@@ -8,12 +8,14 @@ random request ids, never record ids.
 
 from __future__ import annotations
 
+import json
+import os
 import urllib.error
 import urllib.request
 
 from privpipe.config import Params
 
-__all__ = ["announce_deletion_requests", "server_answers", "DELETION_EVENT"]
+__all__ = ["announce_deletion_requests", "server_answers", "whose_server", "DELETION_EVENT"]
 
 DELETION_EVENT = "privpipe.deletion.requested"
 
@@ -25,6 +27,24 @@ def server_answers(api_url: str, *, timeout: float = 2.0) -> bool:
             return reply.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def whose_server(api_url: str, *, timeout: float = 5.0) -> str | None:
+    """None when the Prefect server answering at ``api_url`` is this project's, i.e. its PREFECT_HOME (read
+    from its settings, ``GET <api>/admin/settings``) is ours; else whose it is, in words."""
+    from prefect.settings import PREFECT_HOME
+
+    try:
+        with urllib.request.urlopen(api_url.rstrip("/") + "/admin/settings", timeout=timeout) as reply:
+            home = json.load(reply).get("home")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError) as exc:
+        return f"of unknown origin (its settings could not be read: {exc})"
+    if not isinstance(home, str) or not home:
+        return "of unknown origin (its settings name no PREFECT_HOME)"
+    ours = os.path.realpath(PREFECT_HOME.value())
+    if os.path.realpath(home) == ours:
+        return None
+    return f"not this project's (its PREFECT_HOME is {home}, this project's is {ours})"
 
 
 def announce_deletion_requests(params: Params, request_ids: list[str]) -> str:
