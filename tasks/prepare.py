@@ -8,15 +8,24 @@ DP-SGD see it), ``public`` (the student's unlabeled query pool from the same dom
 domain for the student's association) and ``target_test`` (labeled, to score it).
 
 - Digits (default): the CSV under data/raw (written from scikit-learn's copy on first
-  use), split stratified and seeded into test, public, target and sensitive shares; the
-  target share goes through :func:`privpipe.data.domains.digits_target_transform`.
+  use), split into test, public, target and sensitive shares by a keyed hash of each
+  record's id (:mod:`privpipe.data.split`): a record keeps its set in every data version,
+  whatever else is erased. The target share goes through
+  :func:`privpipe.data.domains.digits_target_transform`.
 - MNIST: the four IDX files in ``prepare.path``. As in PATE, the train set is sensitive,
   the first ``prepare.public_queries`` test images are the public pool and the rest the
-  test set; the target domain is scikit-learn's UCI digits brought to 28×28.
+  test set: by file position, which erasure never shifts (IDX files are not rewritten;
+  erased records are filtered here). The target domain is scikit-learn's UCI digits
+  brought to 28×28, its labeled share picked by the same keyed hash.
+
+Every record with an accepted deletion request is left out of every set: completed ones
+(erased) and those still pending or in a removal batch (withheld: the request is the
+owner's wish from the moment it is accepted, so no new model trains on the record).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +33,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import (DATASET_CLASSES, DataError, Records, check_labels, export_digits_csv, load_labeled_csv,
-                           load_mnist, stratified_split, subsample)
+from privpipe.data import (DATASET_CLASSES, DataError, Records, check_labels, load_labeled_csv,
+                           load_mnist, split_by_shares, subsample)
 from privpipe.data.domains import MNIST_BOX, MNIST_SIDE, as_mnist_canvas, digits_target_transform, uci_digits_as_mnist
 from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
 from privpipe.data.mnist import mnist_files
@@ -33,26 +42,10 @@ from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.erase import drop_erased
 from tasks.common import stage_logger, staged_dir, write_json
+from tasks.source import ensure_default_data
 from tasks.versioning import data_version
 
-__all__ = ["run_prepare", "prepare_task", "ensure_default_data"]
-
-
-def ensure_default_data(params: Params) -> bool:
-    """Write the embedded default (digits CSV) if params use it and it is missing; True if written.
-
-    The bytes are deterministic, so they match the md5 in data/raw/digits.csv.dvc.
-    """
-    source = Path(params.prepare.path)
-    if params.prepare.dataset == "digits" and source == paths.DEFAULT_DIGITS_CSV and not source.exists():
-        export_digits_csv(source)
-        return True
-    return False
-
-
-def _split_off(records: Records, share: float, seed: int) -> tuple[Records, Records]:
-    """(rest, the split-off share of ``records``), stratified."""
-    return stratified_split(records, test_fraction=share, seed=seed)
+__all__ = ["run_prepare", "prepare_task", "ensure_default_data", "prepared_sets", "Withheld"]
 
 
 def _with_features(records: Records, features: np.ndarray, suffix: str) -> Records:
@@ -64,19 +57,16 @@ def _load_digits(params: Params) -> tuple[dict[str, Records], list[Path]]:
     source = Path(cfg.path)
     ensure_default_data(params)
     records = load_labeled_csv(source)
-    # before the stratified split, which fails on a stray label with a message naming no file
     check_labels(records, classes=DATASET_CLASSES["digits"], source=str(source))
-    rest, test = _split_off(records, cfg.test_fraction, seed)
-    # later shares are of what is left, so each is the stated share of the whole file
-    left = 1.0 - cfg.test_fraction
-    rest, public = _split_off(rest, cfg.public_fraction / left, seed)
-    left -= cfg.public_fraction
-    sets = {"test": test, "public": public}
+    # each share is of the whole file; the target share is cut into its labeled and unlabeled parts
+    shares = {"test": cfg.test_fraction, "public": cfg.public_fraction}
     if cfg.target_domain:
-        rest, held_out = _split_off(rest, cfg.target_fraction / left, seed)
-        shifted = _with_features(held_out, digits_target_transform(held_out.features), ":target")
-        sets["target"], sets["target_test"] = _split_off(shifted, cfg.target_test_fraction, seed)
-    sets["sensitive"] = rest
+        shares["target"] = cfg.target_fraction * (1.0 - cfg.target_test_fraction)
+        shares["target_test"] = cfg.target_fraction * cfg.target_test_fraction
+    sets = split_by_shares(records, shares, rest="sensitive", seed=seed)
+    for name in ("target", "target_test") if cfg.target_domain else ():
+        # the copies keep the base id (plus ":target"): erasure and the set both follow the raw record
+        sets[name] = _with_features(sets[name], digits_target_transform(sets[name].features), ":target")
     return sets, [source]
 
 
@@ -113,23 +103,42 @@ def _mnist_target(params: Params) -> tuple[Records, Records]:
         uci = load_digits()  # ships with scikit-learn: no download
         ids = np.array([f"uci-digits-{i:04d}" for i in range(len(uci.target))])
         shifted = Records(uci_digits_as_mnist(uci.data), uci.target.astype(np.int64), ids)
-        return _split_off(shifted, cfg.target_test_fraction, params.run.seed)
+        sets = split_by_shares(shifted, {"target_test": cfg.target_test_fraction}, rest="target", seed=params.run.seed)
+        return sets["target"], sets["target_test"]
     loader, side, box = _MNIST_TARGETS[cfg.target_source]
     splits = loader(Path(cfg.target_path))  # their own train/test split: train is the unlabeled pool
     return tuple(_with_features(splits[name], as_mnist_canvas(splits[name].features, side=side, box=box), "")
                  for name in ("train", "test"))
 
 
-def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], set[str], int]:
+@dataclass(frozen=True)
+class Withheld:
+    """The records prepare left out for deletion requests: hashed ids, and how many set entries went."""
+
+    erased: set[str]  # requests done: erased from the data (the file may still hold them: IDX, an old version)
+    pending: set[str]  # requests accepted but not done (pending, or in a removal batch)
+    dropped_erased: int
+    dropped_pending: int
+
+
+def _drop(sets: dict[str, Records], queue: RequestQueue, hashes: set[str]) -> tuple[dict[str, Records], int]:
+    before = sum(len(records) for records in sets.values())
+    sets = {name: drop_erased(records, queue, hashes) for name, records in sets.items()}
+    return sets, before - sum(len(records) for records in sets.values())
+
+
+def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], Withheld]:
     """Every set the stage writes, loaded and checked, and nothing written (but the embedded
-    default data on first use): (sets, source files, erased record hashes, records dropped as erased).
+    default data on first use): (sets, source files, what was withheld for deletion requests).
     ``privpipe run`` calls it before Prefect starts, so bad data is refused before any run state exists."""
     sets, sources = (_load_digits if params.prepare.dataset == "digits" else _load_mnist)(params)
     queue = RequestQueue(paths.REQUESTS)
-    erased = queue.erased_record_hashes()  # completed deletion requests: gone from every set, whatever the file says
-    before = sum(len(records) for records in sets.values())
-    sets = {name: drop_erased(records, queue, erased) for name, records in sets.items()}
-    filtered = before - sum(len(records) for records in sets.values())
+    # every accepted request, whatever its state: gone from every set, whatever the file says
+    withheld = queue.withheld_record_hashes()
+    erased = queue.erased_record_hashes()  # read second: a request done in between is counted as erased
+    sets, dropped_erased = _drop(sets, queue, erased)
+    sets, dropped_pending = _drop(sets, queue, withheld - erased)
+    # after the drop, so erasing a record never moves another in or out (see subsample)
     sets["sensitive"] = subsample(sets["sensitive"], size=params.prepare.max_train_records, seed=params.run.seed)
     sensitive = sets["sensitive"]
     n = len(sensitive)
@@ -142,27 +151,32 @@ def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], set[s
         check_labels(records, classes=DATASET_CLASSES[params.prepare.dataset], source=f"{sources[0]} ({name} set)")
     if len(set(sensitive.labels.tolist())) < 2:
         raise DataError(f"{sources[0]}: the sensitive set needs at least two classes")
-    return sets, sources, erased, filtered
+    return sets, sources, Withheld(erased, withheld - erased, dropped_erased, dropped_pending)
 
 
 def run_prepare(params: Params) -> dict[str, str]:
     """Write data/prepared/*; return their paths and the data version."""
     log = stage_logger("prepare")
-    sets, sources, erased, filtered = prepared_sets(params)
+    sets, sources, withheld = prepared_sets(params)
     sensitive = sets["sensitive"]
     with staged_dir(paths.PREPARED) as out:
         for name, records in sets.items():
             records.save(out / name)
+    # the version names the data trained on: the file's, less what the queue took out of it
     version = data_version(sources)
-    if filtered:  # the file still holds records whose erasure is done (IDX files, or an old version checked out)
-        version = f"{version}+minus-erased:{len(erased)}"
+    if withheld.dropped_erased:  # the file still holds records whose erasure is done (IDX files, or an old version)
+        version = f"{version}+minus-erased:{len(withheld.erased)}"
+    if withheld.dropped_pending:  # requests accepted, the file not yet rewritten
+        version = f"{version}+minus-pending:{len(withheld.pending)}"
     summary = {f"n_{name}": len(records) for name, records in sets.items()}
-    summary["n_erased"] = len(erased)
+    summary["n_erased"] = len(withheld.erased)  # completed requests
+    summary["n_withheld_pending"] = len(withheld.pending)  # requests not yet done, already left out
     summary.update({"n_features": int(sensitive.features.shape[1]), "data_version": version,
                     "n_classes": DATASET_CLASSES[params.prepare.dataset]})
     write_json(paths.metrics_file("prepare"), summary)
-    log.info("prepare: %s from %s (data version %s)",
-             ", ".join(f"{len(r)} {name}" for name, r in sets.items()), params.prepare.path, version)
+    log.info("prepare: %s from %s (data version %s; %d records withheld for pending deletion requests)",
+             ", ".join(f"{len(r)} {name}" for name, r in sets.items()), params.prepare.path, version,
+             withheld.dropped_pending)
     out = {name: str(paths.PREPARED / name) for name in sets}
     return {**out, **{k: str(v) for k, v in summary.items()}}
 

@@ -8,10 +8,10 @@ import struct
 
 import numpy as np
 import pytest
-import yaml
 
-from conftest import PROJECT
-from privpipe.data import DataError, Records, export_digits_csv, load_labeled_csv, load_mnist, read_idx, stratified_split
+from privpipe.data import (DataError, Records, export_digits_csv, load_labeled_csv, load_mnist, read_idx, split_by_shares,
+                           subsample)
+from privpipe.data.digits import EMBEDDED_DIGITS_MD5, EMBEDDED_DIGITS_SIZE
 
 
 def write_idx(path, array: np.ndarray, *, gz: bool = True) -> None:
@@ -54,10 +54,10 @@ def test_missing_mnist_names_the_file_and_the_flag(tmp_path):
         load_mnist(tmp_path)
 
 
-def test_digits_export_is_byte_identical_to_the_dvc_tracked_version(tmp_path):
+def test_digits_export_is_byte_identical_to_the_embedded_version(tmp_path):
     export_digits_csv(tmp_path / "digits.csv")
-    pointer = yaml.safe_load((PROJECT / "data/raw/digits.csv.dvc").read_text())
-    assert hashlib.md5((tmp_path / "digits.csv").read_bytes()).hexdigest() == pointer["outs"][0]["md5"]
+    data = (tmp_path / "digits.csv").read_bytes()
+    assert (hashlib.md5(data).hexdigest(), len(data)) == (EMBEDDED_DIGITS_MD5, EMBEDDED_DIGITS_SIZE)
     records = load_labeled_csv(tmp_path / "digits.csv")
     assert len(records) == 1797 and records.features.shape[1] == 64
 
@@ -78,16 +78,40 @@ def test_csv_errors_name_the_file(tmp_path, content, message):
     assert "data.csv" in str(error.value)
 
 
-def test_records_round_trip_and_stratified_split(tmp_path):
+def test_records_round_trip_and_keyed_split(tmp_path):
     rng = np.random.default_rng(0)
-    records = Records(rng.normal(size=(100, 3)).astype(np.float32), np.repeat(np.arange(4), 25),
-                      np.array([f"r{i}" for i in range(100)]))
-    train, test = stratified_split(records, test_fraction=0.2, seed=0)
-    assert len(test) == 20 and sorted(np.bincount(test.labels)) == [5, 5, 5, 5]
-    assert set(train.ids).isdisjoint(test.ids)
-    train.save(tmp_path / "train")
-    again = Records.load(tmp_path / "train")
-    assert np.array_equal(again.features, train.features) and list(again.ids) == list(train.ids)
+    records = Records(rng.normal(size=(2000, 3)).astype(np.float32), np.repeat(np.arange(4), 500),
+                      np.array([f"r{i}" for i in range(2000)]))
+    sets = split_by_shares(records, {"test": 0.2, "public": 0.1}, rest="train", seed=0)
+    assert sum(len(part) for part in sets.values()) == 2000
+    assert len(set(sets["train"].ids) | set(sets["test"].ids) | set(sets["public"].ids)) == 2000
+    # shares hold in expectation, per class too (4 standard deviations)
+    assert np.all(np.abs(np.bincount(sets["test"].labels) - 100) < 4 * np.sqrt(500 * 0.2 * 0.8))
+    assert abs(len(sets["public"]) - 200) < 4 * np.sqrt(2000 * 0.1 * 0.9)
+    # a record's set is its own: the same in a shuffled, shorter file, different under another seed
+    shuffled = records.subset(rng.permutation(2000)[:1500])
+    again = split_by_shares(shuffled, {"test": 0.2, "public": 0.1}, rest="train", seed=0)
+    assert all(set(again[name].ids) <= set(sets[name].ids) for name in sets)
+    other = split_by_shares(records, {"test": 0.2, "public": 0.1}, rest="train", seed=1)
+    assert set(other["test"].ids) != set(sets["test"].ids)
+    with pytest.raises(ValueError, match="shares: must be non-negative and sum to at most 1"):
+        split_by_shares(records, {"test": 0.7, "public": 0.4}, rest="train", seed=0)
+    sets["train"].save(tmp_path / "train")
+    loaded = Records.load(tmp_path / "train")
+    assert np.array_equal(loaded.features, sets["train"].features) and list(loaded.ids) == list(sets["train"].ids)
+
+
+def test_subsample_is_the_records_with_the_smallest_keyed_draw():
+    records = Records(np.zeros((300, 1), dtype=np.float32), np.arange(300) % 3, np.array([f"r{i}" for i in range(300)]))
+    used = subsample(records, size=100, seed=0)
+    assert len(used) == 100 and subsample(records, size=0, seed=0) is records
+    unused = sorted(set(records.ids) - set(used.ids))
+    # erasing unused records changes nothing; erasing a used one brings in exactly one
+    keep = np.array([i not in unused[:50] for i in records.ids])
+    assert list(subsample(records.subset(np.flatnonzero(keep)), size=100, seed=0).ids) == list(used.ids)
+    keep = np.array([i != used.ids[0] for i in records.ids])
+    refilled = set(subsample(records.subset(np.flatnonzero(keep)), size=100, seed=0).ids)
+    assert set(used.ids[1:]) <= refilled and len(refilled - set(used.ids)) == 1
 
 
 def test_labels_outside_the_task_are_refused():

@@ -3,7 +3,7 @@
 from privpipe.data.digits import export_digits_csv, load_labeled_csv
 from privpipe.data.mnist import load_mnist, read_idx
 from privpipe.data.records import DATASET_CLASSES, DataError, Records, check_labels
-from privpipe.data.split import stratified_split, subsample
+from privpipe.data.split import assign_sets, keyed_uniforms, split_by_shares, subsample
 
 __all__ = [
     "Records",
@@ -14,6 +14,8 @@ __all__ = [
     "load_labeled_csv",
     "load_mnist",
     "read_idx",
-    "stratified_split",
+    "assign_sets",
+    "keyed_uniforms",
+    "split_by_shares",
     "subsample",
 ]

@@ -16,7 +16,12 @@ import numpy as np
 
 from privpipe.data.records import DataError, Records
 
-__all__ = ["export_digits_csv", "load_labeled_csv"]
+__all__ = ["export_digits_csv", "load_labeled_csv", "EMBEDDED_DIGITS_MD5", "EMBEDDED_DIGITS_SIZE"]
+
+#: md5 and size of the bytes :func:`export_digits_csv` writes: the embedded default's first data
+#: version. A pointer naming any other md5 is a later version (records erased) that only DVC has.
+EMBEDDED_DIGITS_MD5 = "48e0e9954e4fe2cd8a1279a02adb29e4"
+EMBEDDED_DIGITS_SIZE = 286531
 
 
 def export_digits_csv(path: Path) -> None:

@@ -5,9 +5,12 @@
 
 Each row needs a text and a label; a client column (the natural clients of federated
 learning) and a split column (``train``/``test``) are optional. Without a split column
-the test set is a seeded, per-record draw (a keyed hash of the record's id, so adding a
-row never moves another). A record's id is its line (JSONL) or row (CSV) number, or the
-value of an ``id`` column where the file has one.
+the test set is a seeded, per-record draw (a keyed hash of ``"split:{seed}:{id}"``, see
+:mod:`privpipe.data.split`), so adding or erasing a row never moves another between train
+and test. A record's id is its line (JSONL) or row (CSV) number, or the value of an ``id``
+column where the file has one. privpipe never rewrites a text file (an erased record is
+filtered out at prepare time), so line numbers stay put; a file whose owner deletes lines
+by hand should carry an ``id`` column, or every later record's id shifts.
 
 The class list is the sorted set of label values in the file. It is treated as public
 (the task's label set), as the class count is for the image sets.
@@ -22,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from privpipe.data.partition import record_uniforms
 from privpipe.data.records import DataError
+from privpipe.data.split import assign_sets
 
 __all__ = ["TextSet", "Corpus", "load_corpus", "FORMATS"]
 
@@ -115,7 +118,10 @@ def _table(path: Path, fmt: str, *, text_column: str, label_column: str, client_
     ids_array = np.array(ids)
     if len(np.unique(ids_array)) != len(ids_array):
         raise DataError(f"{path}: record ids are not unique")
-    is_test = (np.array(splits) == "test") if has_split else record_uniforms(ids_array, seed=seed) < test_fraction
+    if has_split:
+        is_test = np.array(splits) == "test"
+    else:
+        is_test = assign_sets(ids_array, {"test": test_fraction}, rest="train", seed=seed) == "test"
     classes = _sorted_classes(set(labels))
     index = {c: i for i, c in enumerate(classes)}
     label_array = np.array([index[v] for v in labels], dtype=np.int64)
