@@ -1,4 +1,5 @@
-"""Deletion requests as a Prefect flow: remove the queued records from the deployed head.
+"""Deletion requests as a Prefect flow: remove the queued records from the deployed head, erase
+them from the data, and audit how every registered model version covers them.
 
     privpipe forget digits-0042 --reason "erasure request 2026-11-21"   # queue (durable)
     privpipe removals                                                   # this flow
@@ -10,6 +11,9 @@ never leaves a stale lock. The batch is announced in the journal before any work
 re-run finishes a crashed batch first; every step checks whether it already happened
 (see ``tasks.removals``), so no request is lost or applied twice. Each run is an MLflow run
 with the audit records as an artifact (``removals/audit.json``; record ids only hashed).
+A version that does not cover a record (trained on it without DP, or of unknown training
+data) is tagged ``privacy.erasure.*`` and returned under ``uncovered``: it is flagged, not
+retrained here, as a retrain spends privacy budget and is the pipeline's to run.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from prefect import flow, get_run_logger
 from privpipe.config import load_params
 from privpipe.requests import RequestQueue
 from tasks import budget, head_tracking, paths, tracking
-from tasks.removals import apply_task, audit_records, ensure_head_for, erase_task, register_task
+from tasks.record_use import flag_uncovered
+from tasks.removals import (apply_task, audit_records, coverage_task, ensure_head_for, erase_task, head_present,
+                            register_task, skip_head)
 
 __all__ = ["removals"]
 
@@ -39,7 +45,7 @@ def _next_batch(queue: RequestQueue):
 def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo) -> dict[str, Any]:
     with tracking.tracked_run(params, run_name=f"removals {batch_id}", params_file=params_file, flow="removals",
                               dataset=budget.dataset_name(params), exclusive=True) as run_id:
-        applied = apply_task(params, batch_id, todo)
+        applied = apply_task(params, batch_id, todo) if head_present() else skip_head(params, todo)
         version = register_task(params, run_id, batch_id, applied)
         erased = erase_task(params, todo)
         if version is not None:
@@ -47,20 +53,29 @@ def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo)
             # say which data version it matches and which run holds its audit
             head_tracking.tag_version(params, version, {"dvc.data_version": erased["data_version"],
                                                         "removal.audit_run_id": run_id})
-        audits = audit_records(params, queue, batch_id, todo, applied, version, erased)
+        # after the registration, so the new head version is listed; the requests done before too, against
+        # every version registered now (a later head version still rests on the same extractor)
+        batch = {r.request_id for r in todo}
+        earlier = [r for r in queue.read() if r.status == "done" and r.request_id not in batch]
+        coverage = coverage_task(params, [*todo, *earlier])
+        audits = audit_records(params, batch_id, todo, applied, version, erased, coverage)
+        uncovered = flag_uncovered(params, coverage, audits)
         client = tracking._client(params)
         client.log_text(run_id, json.dumps(list(audits.values()), indent=2), "removals/audit.json")
-        tracking._metrics(client, run_id, {
-            "removal.requests": len(todo), "removal.rows_removed": applied["rows_removed"],
-            "removal.budget_used": applied["budget_used"], "removal.gradient_budget": applied["budget"],
-            "removal.retrained": float(applied["retrained"])})
+        figures = {"removal.requests": len(todo), "removal.rows_removed": applied["rows_removed"],
+                   "removal.retrained": float(applied["retrained"]),
+                   "removal.uncovered_versions": len(uncovered)}
+        if applied["budget"] is not None:
+            figures.update({"removal.budget_used": applied["budget_used"], "removal.gradient_budget": applied["budget"]})
+        tracking._metrics(client, run_id, figures)
         for key, value in {"removal.batch_id": batch_id, "dvc.data_version": erased["data_version"],
                            "registered_head": version or "not registered"}.items():
             client.set_tag(run_id, key, value)
         marked = queue.mark_done(batch_id, audits)
     return {"batch_id": batch_id, "requests": len(todo), "newly_marked": marked, "run_id": run_id,
             "head_version": version, "data_version": erased["data_version"], "retrained": applied["retrained"],
-            "budget_used": applied["budget_used"], "budget": applied["budget"]}
+            "rows_removed": applied["rows_removed"], "budget_used": applied["budget_used"],
+            "budget": applied["budget"], "uncovered": uncovered}
 
 
 @flow(name="privpipe-removals")
@@ -71,12 +86,16 @@ def removals(params_file: str = "params.yaml") -> list[dict[str, Any]]:
     queue = RequestQueue(paths.REQUESTS)
     results = []
     with queue.processing():
-        ensure_head_for(queue)
+        ensure_head_for(params, queue)
         while (batch := _next_batch(queue)) is not None:
             out = _process(params, params_file, queue, *batch)
             log.info("removals: %s done: %d requests, head version %s, data version %s%s", out["batch_id"],
                      out["requests"], out["head_version"], out["data_version"],
                      " (head retrained: budget spent)" if out["retrained"] else "")
+            for flagged in out["uncovered"]:
+                log.warning("removals: %s version %s does not cover %d deletion request(s), %d of this batch: %s",
+                            flagged["model"], flagged["version"], len(flagged["requests"]), len(flagged["in_batch"]),
+                            flagged["action"])
             results.append(out)
     if not results:
         log.info("removals: no pending deletion requests")

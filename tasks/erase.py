@@ -1,16 +1,27 @@
 """Erasure from the data itself: which record ids exist, and a new data version without some.
 
-- :func:`current_record_ids`: the ids a deletion request may name (the raw data, less what
-  was already erased).
+A record id is what ``privpipe forget`` takes and what the request journal keeps the HMAC of:
+
+- digits: the ``id`` column of the raw CSV (``digits-0042``);
+- MNIST: the image's position, ``mnist-train-00042`` / ``mnist-test-00042``;
+- text (``text.path``): the ``id`` column where the file has one, else an id the loader derives
+  from the row's content (``privpipe.text.corpus``; the ids of the prepared texts are in
+  artifacts/text/{train,test}_ids.npy, in the order of {train,test}_texts.json); 20 Newsgroups:
+  ``train-42`` / ``test-42``, the position in scikit-learn's copy.
+
+- :func:`current_record_ids`: the ids a deletion request may name (the pipeline's raw data and
+  the text corpus, less what was already erased).
 - :func:`erase_from_source`: rewrite the raw CSV without the erased rows (atomically) and
   record the new version with ``dvc add`` when the file is DVC-tracked. Idempotent: rows
   already gone are not looked for again, and a pointer that lags the file is brought up
   to date.
-- :func:`drop_erased`: what the prepare stage applies to every set on every run, so that
-  no later run sees an erased record even if an old data version is checked out again.
+- :func:`drop_erased`: what the prepare stages apply to every set on every run, so that
+  no later run sees an erased (or withheld) record even if an old data version is checked out again.
 
 MNIST's IDX files are not rewritten: their record ids are positions, which a rewrite would
-shift. For them the erasure is the prepare-time filter alone.
+shift onto other records. Nor is the text corpus, which is the operator's own file (JSONL,
+CSV or scikit-learn's cache) and may hold identical rows, told apart by their order. For
+them the erasure is the prepare-time filter alone.
 """
 
 from __future__ import annotations
@@ -23,13 +34,17 @@ from typing import Any, Iterable
 import numpy as np
 
 from privpipe.config import Params
-from privpipe.data import Records, load_labeled_csv
+from privpipe.data import DataError, Records, load_labeled_csv
 from privpipe.data.mnist import mnist_files, read_idx
 from privpipe.requests import RequestQueue
 from tasks.common import write_text
 from tasks.versioning import data_version, dvc
 
-__all__ = ["current_record_ids", "erase_from_source", "drop_erased", "source_version", "base_id"]
+__all__ = ["current_record_ids", "erase_from_source", "drop_erased", "source_version", "base_id", "pipeline_ids",
+           "text_ids", "hashes_in", "TEXT_NOT_REWRITTEN"]
+
+TEXT_NOT_REWRITTEN = ("the text file is not rewritten (the operator's own file; identical rows are told apart by "
+                      "their order, which a rewrite would shift): every later text prepare leaves the record out")
 
 
 def base_id(record_id: str) -> str:
@@ -41,7 +56,8 @@ def _source(params: Params) -> Path:
     return Path(params.prepare.path)
 
 
-def _raw_ids(params: Params) -> list[str]:
+def pipeline_ids(params: Params) -> list[str]:
+    """Every record id of the pipeline's raw data (``prepare``), erased or not."""
     if params.prepare.dataset == "digits":
         from tasks.prepare import ensure_default_data
 
@@ -55,17 +71,42 @@ def _raw_ids(params: Params) -> list[str]:
     return ids
 
 
+def text_ids(params: Params) -> list[str]:
+    """Every record id of the text corpus (``text``), train and test; none when it is not there
+    (no file at ``text.path``, or 20 Newsgroups outside scikit-learn's local cache)."""
+    cfg = params.text
+    if cfg.format != "20newsgroups" and not Path(cfg.path).is_file():
+        return []
+    from privpipe.text.corpus import load_corpus
+
+    try:
+        corpus = load_corpus(cfg.path, format=cfg.format, text_column=cfg.text_column,
+                             label_column=cfg.label_column, client_column=cfg.client_column,
+                             split_column=cfg.split_column, test_fraction=cfg.test_fraction, seed=params.run.seed,
+                             download=False)
+    except DataError:
+        if cfg.format == "20newsgroups":  # not cached: there is nothing of it to name
+            return []
+        raise
+    return corpus.train.ids.tolist() + corpus.test.ids.tolist()
+
+
 def current_record_ids(params: Params, queue: RequestQueue) -> set[str]:
-    """Ids in the current data version that have not been erased."""
+    """Ids in the current data versions (the pipeline's and the text corpus) that have not been erased."""
     erased = queue.erased_record_hashes()
-    ids = set(_raw_ids(params))
+    ids = set(pipeline_ids(params)) | set(text_ids(params))
     if erased:
         ids = {i for i in ids if queue.hash_record_id(i) not in erased}
     return ids
 
 
+def hashes_in(queue: RequestQueue, ids: Iterable[str]) -> set[str]:
+    """The hashed ids of ``ids`` (of their raw records, for prepared copies)."""
+    return {queue.hash_record_id(base_id(str(i))) for i in ids}
+
+
 def drop_erased(records: Records, queue: RequestQueue, erased: set[str]) -> Records:
-    """``records`` less every record (or copy of one) whose deletion was completed."""
+    """``records`` less every record (or copy of one) whose hashed id is in ``erased``."""
     if not erased:
         return records
     keep = np.array([queue.hash_record_id(base_id(str(i))) not in erased for i in records.ids], dtype=bool)
@@ -77,11 +118,11 @@ def source_version(params: Params) -> str:
     return data_version(files)
 
 
-def _rewrite_csv(path: Path, drop: set[str]) -> int:
-    """Rewrite ``path`` without the rows whose id is in ``drop``; return how many went."""
+def _rewrite_csv(path: Path, drop: set[str], queue: RequestQueue) -> int:
+    """Rewrite ``path`` without the rows whose hashed id is in ``drop``; return how many went."""
     with path.open(newline="") as handle:
         rows = list(csv.reader(handle))
-    kept = [rows[0]] + [row for row in rows[1:] if row and row[0] not in drop]
+    kept = [rows[0]] + [row for row in rows[1:] if row and queue.hash_record_id(row[0]) not in drop]
     removed = len(rows) - len(kept)
     if removed:
         buffer = io.StringIO()
@@ -90,13 +131,14 @@ def _rewrite_csv(path: Path, drop: set[str]) -> int:
     return removed
 
 
-def erase_from_source(params: Params, record_ids: Iterable[str]) -> dict[str, Any]:
-    """Remove the records from the raw data and version the result; safe to repeat."""
+def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: RequestQueue) -> dict[str, Any]:
+    """Remove the records (named by hashed id) from the pipeline's raw data and version the result;
+    safe to repeat. Text records are not looked for here: the text file is never rewritten."""
     source = _source(params)
     if params.prepare.dataset != "digits":
         return {"rewritten": False, "removed_rows": 0, "data_version": source_version(params),
                 "note": "IDX files keep positional ids: erasure is the prepare-time filter"}
-    removed = _rewrite_csv(source, {base_id(i) for i in record_ids})
+    removed = _rewrite_csv(source, set(record_hashes), queue)
     version = source_version(params)
     if version.startswith("modified:"):  # DVC-tracked, and the file left its pointer
         if not Path(".dvc").is_dir():
@@ -104,4 +146,3 @@ def erase_from_source(params: Params, record_ids: Iterable[str]) -> dict[str, An
         dvc("add", "--quiet", str(source))
         version = source_version(params)
     return {"rewritten": True, "removed_rows": removed, "data_version": version}
-

@@ -6,8 +6,10 @@ Trains :class:`privpipe.removal.RemovableHead` on the sensitive records, as seen
 feature extractor ``head.features`` names, and stores everything a removal run needs in
 artifacts/head/: ``state.npz`` (features, labels, weights, the secret perturbation b, which
 rows remain, the budget used), ``ids.npy`` (the record id of each row), ``extractor/`` (the
-frozen extractor, so the head can be served alone), ``meta.json`` and ``guarantee.json``
-(the extractor's DP beside the head's certified-removal guarantee, Theorem 5).
+frozen extractor, so the head can be served alone, and ``record_use.json``: the hashed ids of
+the sets it trained on), ``meta.json`` (with ``removed_by``: how each removed row went, Newton
+update or retrain) and ``guarantee.json`` (the extractor's DP beside the head's
+certified-removal guarantee, Theorem 5).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tasks import paths
 from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json
 from tasks.dp_pca import load_projection
 from tasks.evaluate import deployed_dir
+from tasks.record_use import extractor_uses
 
 __all__ = ["run_head", "head_task", "load_head", "save_head", "extractor_from", "served_model", "noise_for"]
 
@@ -135,10 +138,13 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
         summary = combined_guarantee(dp_epsilon=dp["epsilon"], dp_delta=dp["delta"], removal=guarantee,
                                      feature_source=cfg.features)
         summary["feature_extractor"]["accountant"] = dp["accountant"]
-        meta = {"features": cfg.features, "model_dir": str(model_dir), "applied_batches": {},
+        meta = {"features": cfg.features, "model_dir": str(model_dir), "applied_batches": {}, "removed_by": {},
                 "input_dim": int(records.features.shape[1]), "classes": classes}
         save_head(staging, head, ids=records.ids, meta=meta)
         write_json(staging / "guarantee.json", summary)
+        # what the extractor trained on (hashed ids), for the record manifest of every head version
+        write_json(staging / "extractor" / "record_use.json", {
+            "features": cfg.features, "uses": extractor_uses(params, queue, prepared=Path(sensitive).parent)})
     figures = {"accuracy_test": accuracy, "n": len(records), "dim": int(X.shape[1]),
                "gradient_budget": head.budget, "budget_used": head.used_total,
                "removal_epsilon": cfg.epsilon, "removal_delta": cfg.delta,

@@ -7,7 +7,8 @@ guarantee (``removal.*`` tags) and the extractor's DP (``privacy.features_*``), 
 batch id so that a re-run after a crash finds it instead of registering twice; once the
 erasure has written the new data version, the version is tagged with it (``dvc.data_version``)
 and with the run that holds the batch's audit (``removal.audit_run_id``: after a crash, not
-the run that registered it).
+the run that registered it). Every version gets a record manifest (``tasks.record_use``): the
+hashed ids of its rows, those removed and how, and its extractor's training sets.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tasks import tracking
 from tasks.common import read_json
 
 __all__ = ["head_model_name", "log_head", "register_head", "find_version", "latest_version", "guarantee_tags",
-           "tag_version"]
+           "tag_version", "log_manifest", "has_manifest"]
 
 
 def head_model_name(params: Params) -> str:
@@ -61,7 +62,23 @@ def register_head(params: Params, run_id: str, folder: Path, *, tags: dict[str, 
     client.update_run(run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
     all_tags = {**guarantee_tags(folder), **tags, "mlflow.run_id": run_id}
     version = mlflow.register_model(info.model_uri, head_model_name(params), tags=all_tags)
+    log_manifest(params, run_id, str(version.version), folder)
     return str(version.version)
+
+
+def log_manifest(params: Params, run_id: str, version: str, folder: Path) -> None:
+    """The version's record manifest (tasks.record_use): the head's rows as they stand, and its extractor's sets."""
+    from privpipe.requests import RequestQueue
+    from tasks import paths, record_use
+
+    record_use.log_manifest(params, run_id, head_model_name(params), version, kind="head",
+                            uses=record_use.head_uses(RequestQueue(paths.REQUESTS), folder=folder))
+
+
+def has_manifest(params: Params, version: str) -> bool:
+    from tasks.record_use import MANIFEST_TAG
+
+    return MANIFEST_TAG in tracking._client(params).get_model_version(head_model_name(params), version).tags
 
 
 def find_version(params: Params, *, tag: str, value: str) -> str | None:

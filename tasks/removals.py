@@ -1,14 +1,20 @@
 """The steps of a removal run, each safe to repeat after a crash at any point.
 
-    apply_batch → register_batch → erase_batch → audit records (marked done by the flow)
+    apply_batch → register_batch → erase_batch → coverage → audit records (marked done by the flow)
 
 - **apply**: Newton-update removal (or a retrain when the budget is spent) of the batch's
   records from artifacts/head. The new state, with the batch id in ``applied_batches``,
   replaces the old one in one rename: either the batch is in the head or it is not, and a
-  re-run that finds it there reuses what was recorded instead of removing again.
-- **register**: a new head version in MLflow, tagged ``removal.batch_id``; a re-run that
-  finds a version with that tag reuses it.
+  re-run that finds it there reuses what was recorded instead of removing again. Without a
+  head (``head.enabled: false``, or only text records waiting) the step is skipped.
+- **register**: a new head version in MLflow, tagged ``removal.batch_id``, with its record
+  manifest; a re-run that finds a version with that tag reuses it.
 - **erase**: a new data version without the records (see ``tasks.erase``); idempotent.
+- **coverage**: every registered version of the DP model, the head and the text model, and
+  how each covers each record (``tasks.record_use``); versions that do not are tagged.
+
+The journal names records by hashed id only, so every step matches hashes: the head's row
+ids, the CSV's ids and the manifests' sets are hashed under the same salt.
 """
 
 from __future__ import annotations
@@ -18,23 +24,27 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
 from privpipe.requests import Request, RequestQueue
-from tasks import head_tracking, paths
+from tasks import head_tracking, paths, record_use
 from tasks.common import stage_logger, staged_dir
-from tasks.erase import base_id, erase_from_source, source_version
+from tasks.erase import TEXT_NOT_REWRITTEN, base_id, erase_from_source, hashes_in, pipeline_ids, source_version
 from tasks.head import load_head, noise_for, save_head
 
-__all__ = ["ensure_head_for", "apply_batch", "register_batch", "erase_batch", "audit_records", "apply_task", "register_task",
-           "erase_task"]
+__all__ = ["ensure_head_for", "head_present", "apply_batch", "skip_head", "register_batch", "erase_batch",
+           "audit_records", "apply_task", "register_task", "erase_task", "coverage_task"]
 
 MECHANISMS = {
     "newton": "Newton-update removal (Guo et al. 2020), gradient residual within the certified-removal budget",
     "retrain": "head retrained from scratch without the record, fresh loss perturbation (exact removal)",
-    "absent": "not in the head's training rows (public/test record, or dropped by an earlier retrain)",
+    "absent": "not in the head's training rows (a public, target, test or text record, or one an earlier request "
+              "removed); the coverage list says how every model version that used it covers it",
+    "no_head": "no removal-enabled head in this project (head.enabled is false, or no head trained): nothing to "
+               "update; the coverage list says how every model version that used the record covers it",
 }
 
 
@@ -42,23 +52,48 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def ensure_head_for(queue: RequestQueue, *, folder: Path = paths.HEAD) -> None:
-    """FileNotFoundError when requests wait (pending or in an open batch) but no head was trained:
-    checked before a batch is announced, so the requests stay pending rather than stuck in a batch."""
-    if (queue.open_batch() is not None or queue.pending()) and not folder.joinpath("meta.json").exists():
+def head_present(folder: Path = paths.HEAD) -> bool:
+    """Whether a head was trained (load_head puts back a state a crash left between staged_dir's renames)."""
+    return folder.joinpath("meta.json").exists() or any(folder.parent.glob(f".{folder.name}.previous-*"))
+
+
+def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path = paths.HEAD) -> None:
+    """FileNotFoundError when requests wait (pending or in an open batch) for records of the pipeline's
+    data, ``head.enabled`` is true and no head was trained: checked before a batch is announced, so the
+    requests stay pending rather than stuck in a batch. Text records need no head."""
+    batch = queue.open_batch()
+    waiting = queue.pending() + (batch[1] if batch else [])
+    if not waiting or head_present(folder) or not params.head.enabled:
+        return
+    pipeline = hashes_in(queue, pipeline_ids(params))
+    if any(r.record_hash in pipeline for r in waiting):
         raise FileNotFoundError(f"{folder}: no removal-enabled head (run the pipeline with head.enabled)")
 
 
+def _removed_by(meta: dict[str, Any], before: np.ndarray, steps: Sequence[Any]) -> None:
+    """Record how each removed row left the head: a retrain takes every row out exactly, those
+    removed before it included; a Newton update certifies its own rows."""
+    removed_by = meta.setdefault("removed_by", {})
+    gone = {int(row) for row in np.flatnonzero(~before)}
+    for step in steps:
+        gone.update(int(row) for row in step.rows)
+        for row in (gone if step.mechanism == "retrain" else step.rows):
+            removed_by[str(int(row))] = step.mechanism
+
+
 def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, folder: Path = paths.HEAD,
-                version_before: str | None = None) -> dict[str, Any]:
+                version_before: str | None = None, queue: RequestQueue | None = None) -> dict[str, Any]:
     log = stage_logger("removals")
+    queue = queue if queue is not None else RequestQueue(paths.REQUESTS)
     head, ids, meta = load_head(folder)
     if batch_id in meta["applied_batches"]:
         log.info("removals: %s already applied to the head; reusing its record", batch_id)
         return meta["applied_batches"][batch_id]
-    row_of = {str(record_id): row for row, record_id in enumerate(ids)}
-    rows = {r.request_id: row_of.get(base_id(r.record_id)) for r in requests}
-    live = [row for row in rows.values() if row is not None and head.active[row]]
+    row_of = {queue.hash_record_id(base_id(str(record_id))): row for row, record_id in enumerate(ids)}
+    rows = {r.request_id: row_of.get(r.record_hash) for r in requests}
+    # distinct rows: two requests for one record (an old journal) remove it once and count it once
+    live = list(dict.fromkeys(row for row in rows.values() if row is not None and head.active[row]))
+    before = head.active.copy()
     steps = head.remove(live, noise=noise_for(params, retrain=head.retrains + 1))
     mechanism_of_row = {row: step.mechanism for step in steps for row in step.rows}
     retrains = [step.reason for step in steps if step.mechanism == "retrain"]
@@ -70,6 +105,7 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
         "applied_at": _now(),
     }
     meta["applied_batches"][batch_id] = record
+    _removed_by(meta, before, steps)
     meta.setdefault("history", []).extend(
         {"batch_id": batch_id, "rows": len(s.rows), "mechanism": s.mechanism, "bound": s.bound, "used": s.used}
         for s in steps)
@@ -84,12 +120,21 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
     return record
 
 
+def skip_head(params: Params, requests: Sequence[Request]) -> dict[str, Any]:
+    """The apply step's record where the project has no head: nothing removed, no budget."""
+    return {"mechanisms": {r.request_id: "no_head" for r in requests}, "rows_removed": 0, "newton_updates": 0,
+            "retrained": False, "retrain_reasons": [], "budget_used": None, "budget": None, "version_before": None,
+            "data_version_before": source_version(params), "applied_at": _now()}
+
+
 def register_batch(params: Params, run_id: str, batch_id: str, applied: dict[str, Any], *,
                    folder: Path = paths.HEAD) -> str | None:
-    if not params.evaluate.register_model:
+    if not params.evaluate.register_model or applied["budget"] is None:
         return None
     found = head_tracking.find_version(params, tag="removal.batch_id", value=batch_id)
     if found is not None:
+        if not head_tracking.has_manifest(params, found):  # registered by a run that died before its manifest
+            head_tracking.log_manifest(params, run_id, found, folder)
         return found
     return head_tracking.register_head(params, run_id, folder, tags={
         "removal.batch_id": batch_id, "removal.requests_applied": str(len(applied["mechanisms"])),
@@ -100,26 +145,42 @@ def register_batch(params: Params, run_id: str, batch_id: str, applied: dict[str
 
 
 def erase_batch(params: Params, requests: Sequence[Request]) -> dict[str, Any]:
-    return erase_from_source(params, [r.record_id for r in requests])
+    return erase_from_source(params, [r.record_hash for r in requests], queue=RequestQueue(paths.REQUESTS))
 
 
-def audit_records(params: Params, queue: RequestQueue, batch_id: str, requests: Sequence[Request],
-                  applied: dict[str, Any], version_after: str | None, erased: dict[str, Any]) -> dict[str, dict]:
-    """One audit record per request: what was done, to which model versions and data versions."""
-    guarantees = {"newton": f"({params.head.epsilon:g}, {params.head.delta:g})-certified removal from the head; "
-                            "the feature extractor is covered by its DP (Guo et al. 2020, Thm 5)",
-                  "retrain": "exact: the head was retrained without the record",
-                  "absent": "exact: the record was not in the head"}
-    return {r.request_id: {
-        "request_id": r.request_id, "record_id_hash": queue.hash_record_id(base_id(r.record_id)),
-        "batch_id": batch_id, "received_at": r.received_at, "completed_at": _now(),
-        "model": head_tracking.head_model_name(params), "version_before": applied["version_before"],
-        "version_after": version_after, "data_version_before": applied["data_version_before"],
-        "data_version_after": erased["data_version"], "mechanism": applied["mechanisms"][r.request_id],
-        "mechanism_detail": MECHANISMS[applied["mechanisms"][r.request_id]],
-        "guarantee": guarantees[applied["mechanisms"][r.request_id]],
-        "budget_used": applied["budget_used"], "budget": applied["budget"],
-    } for r in requests}
+def _guarantee(params: Params, mechanism: str) -> str:
+    return {"newton": f"({params.head.epsilon:g}, {params.head.delta:g})-certified removal from the head; "
+                      "the feature extractor is covered by its DP (Guo et al. 2020, Thm 5)",
+            "retrain": "exact for the head: it was retrained without the record; the feature extractor is "
+                       "covered by its DP",
+            "absent": "nothing to remove from the head; see coverage for every model version",
+            "no_head": "no head; see coverage for every model version"}[mechanism]
+
+
+def audit_records(params: Params, batch_id: str, requests: Sequence[Request], applied: dict[str, Any],
+                  version_after: str | None, erased: dict[str, Any],
+                  coverage: dict[str, list[dict[str, Any]]]) -> dict[str, dict]:
+    """One audit record per request: what was done to the head and the data, and how every registered
+    model version covers the record (``coverage``; ``uncovered`` lists those that do not)."""
+    text_source = TEXT_NOT_REWRITTEN if params.text.format == "20newsgroups" or Path(params.text.path).is_file() \
+        else None
+    audits = {}
+    for r in requests:
+        mechanism = applied["mechanisms"][r.request_id]
+        entries = coverage.get(r.request_id, [])
+        audits[r.request_id] = {
+            "request_id": r.request_id, "record_id_hash": r.record_hash, "batch_id": batch_id,
+            "received_at": r.received_at, "completed_at": _now(),
+            "model": head_tracking.head_model_name(params), "version_before": applied["version_before"],
+            "version_after": version_after, "data_version_before": applied["data_version_before"],
+            "data_version_after": erased["data_version"], "mechanism": mechanism,
+            "mechanism_detail": MECHANISMS[mechanism], "guarantee": _guarantee(params, mechanism),
+            "budget_used": applied["budget_used"], "budget": applied["budget"],
+            "erasure": {"pipeline_source": erased, "text_source": text_source},
+            "coverage": entries,
+            "uncovered": [f"{e['model']}/{e['version']}" for e in entries if e["coverage"] in record_use.UNCOVERED],
+        }
+    return audits
 
 
 @task(name="apply-removals", cache_policy=NO_CACHE)
@@ -135,3 +196,8 @@ def register_task(params: Params, run_id: str, batch_id: str, applied: dict[str,
 @task(name="erase-data", cache_policy=NO_CACHE)
 def erase_task(params: Params, requests: list[Request]) -> dict[str, Any]:
     return erase_batch(params, requests)
+
+
+@task(name="coverage", cache_policy=NO_CACHE)
+def coverage_task(params: Params, requests: list[Request]) -> dict[str, list[dict[str, Any]]]:
+    return record_use.coverage_audit(params, requests)

@@ -4,11 +4,15 @@ Output: artifacts/text/{train_texts.json, train_labels.npy, train_ids.npy, test_
 test_labels.npy, test_ids.npy, assignment.npy, meta.json}. The training set is the
 sensitive one; its clients are natural (``text.client_column``) or a partition of it
 (``federated.clients``, ``federated.strategy``).
+
+Every record with a deletion request (pending, in a batch or done) is left out of both sets,
+whatever the file holds: the removal run does not rewrite the text file (see ``tasks.erase``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +21,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
-from privpipe.text import load_corpus
+from privpipe.data import DataError
+from privpipe.requests import RequestQueue
+from privpipe.text import Corpus, TextSet, load_corpus
 from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, write_json
 from tasks.federated_training import assign_clients
@@ -33,19 +39,43 @@ def _version(params: Params, texts: list[str]) -> str:
     return data_version([Path(params.text.path)])
 
 
+def _subset(part: TextSet, keep: np.ndarray) -> TextSet:
+    picked = np.flatnonzero(keep)
+    return TextSet([part.texts[i] for i in picked], part.labels[picked], part.ids[picked],
+                   None if part.clients is None else part.clients[picked])
+
+
+def drop_withheld(corpus: Corpus, queue: RequestQueue) -> tuple[Corpus, int]:
+    """The corpus less every record with a deletion request, and how many went."""
+    withheld = queue.withheld_record_hashes()
+    if not withheld:
+        return corpus, 0
+    parts = {}
+    for name in ("train", "test"):
+        part = getattr(corpus, name)
+        keep = np.array([queue.hash_record_id(str(i)) not in withheld for i in part.ids], dtype=bool)
+        parts[name] = part if keep.all() else _subset(part, keep)
+        if not len(parts[name]):
+            raise DataError(f"{corpus.source}: every {name} record has a deletion request; nothing is left to use")
+    dropped = len(corpus.train) + len(corpus.test) - len(parts["train"]) - len(parts["test"])
+    return replace(corpus, **parts), dropped
+
+
 def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> dict[str, Any]:
     log = stage_logger("prepare_text")
     cfg = params.text
     corpus = load_corpus(cfg.path, format=cfg.format, text_column=cfg.text_column, label_column=cfg.label_column,
                          client_column=cfg.client_column, split_column=cfg.split_column,
                          test_fraction=cfg.test_fraction, seed=params.run.seed, download=cfg.download)
+    corpus, withheld = drop_withheld(corpus, RequestQueue(paths.REQUESTS))
     assignment, clients = assign_clients(params, ids=corpus.train.ids, labels=corpus.train.labels,
                                          classes=len(corpus.classes), natural=corpus.train.clients)
     sizes = np.bincount(assignment, minlength=clients)
     meta = {"classes": list(corpus.classes), "clients": int(clients), "source": corpus.source,
             "natural_clients": corpus.train.clients is not None,
-            "data_version": _version(params, corpus.train.texts + corpus.test.texts),
-            "n_train": len(corpus.train), "n_test": len(corpus.test),
+            "data_version": _version(params, corpus.train.texts + corpus.test.texts)
+                            + (f"+minus-withheld:{withheld}" if withheld else ""),
+            "n_train": len(corpus.train), "n_test": len(corpus.test), "n_withheld": withheld,
             "records_per_client_min": int(sizes.min()), "records_per_client_median": float(np.median(sizes))}
     with staged_dir(out) as staging:
         for name, part in (("train", corpus.train), ("test", corpus.test)):
@@ -54,9 +84,10 @@ def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> dict[str, Any
             np.save(staging / f"{name}_ids.npy", part.ids.astype(str))
         np.save(staging / "assignment.npy", assignment)
         write_json(staging / "meta.json", meta)
-    log.info("prepare_text: %d train / %d test texts, %d classes, %d clients (%s; median %.0f records each)",
+    log.info("prepare_text: %d train / %d test texts, %d classes, %d clients (%s; median %.0f records each)%s",
              meta["n_train"], meta["n_test"], len(corpus.classes), clients,
-             "natural" if meta["natural_clients"] else params.federated.strategy, meta["records_per_client_median"])
+             "natural" if meta["natural_clients"] else params.federated.strategy, meta["records_per_client_median"],
+             f"; {withheld} left out (deletion requests)" if withheld else "")
     return {"dir": str(out), **meta}
 
 

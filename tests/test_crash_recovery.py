@@ -29,7 +29,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import PROJECT, trained_dvc_project, write_params
+from conftest import trained_dvc_project, write_params, write_digits_pointer
 from crash_removals import STEPS
 from privpipe.config import load_params
 from privpipe.data import Records
@@ -298,11 +298,15 @@ def test_concurrent_forget_processes_lose_and_double_nothing(tmp_path: Path) -> 
     events = _journal(tmp_path)  # every line parses as JSON: no torn or interleaved write
     assert Counter(e["event"] for e in events) == {"received": 800}
     assert len({e["request_id"] for e in events}) == 800
-    assert Counter(e["record_id"] for e in events) == Counter(ids)  # each record exactly once
-    requests = RequestQueue(tmp_path / "data/requests").read()  # the fold validates every event
+    queue = RequestQueue(tmp_path / "data/requests")
+    assert Counter(e["record_hash"] for e in events) == Counter(map(queue.hash_record_id, ids))  # each exactly once
+    requests = queue.read()  # the fold validates every event
     assert len(requests) == 800 and {r.status for r in requests} == {"pending"}
-    assert {r.record_id: r.reason for r in requests} == {i: f"worker {w}" for w, chunk in enumerate(chunks)
-                                                         for i in chunk}
+    by_record = {r.record_hash: r for r in requests}
+    assert all(queue.reason_matches(by_record[queue.hash_record_id(i)], f"worker {w}")
+               for w, chunk in enumerate(chunks) for i in chunk)
+    journal = (tmp_path / "data/requests/queue.jsonl").read_text()
+    assert not any(i in journal for i in ids) and "worker" not in journal  # hashes only
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,7 +359,7 @@ def test_pipeline_run_killed_mid_stage_releases_and_charges_nothing(
     from tasks.common import exclusive_lock
 
     (tmp_path / "data/raw").mkdir(parents=True)
-    (tmp_path / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
+    write_digits_pointer(tmp_path)
     write_params(tmp_path, **PIPELINE_PARAMS)
     monkeypatch.chdir(tmp_path)
     assert main(["run"]) == 0  # in this process: the same command, without a second start-up

@@ -1,4 +1,6 @@
-"""The deletion-request queue: journal round trip, validation, torn writes, batches, locks, concurrency."""
+"""The deletion-request queue: journal round trip (hashed ids and reasons only), one request per
+record, the old journal format (read, then redacted), validation, torn writes, batches, locks,
+concurrency."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,16 +32,101 @@ def test_submit_then_read_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(queue_module, "_utcnow", lambda: datetime(2024, 5, 6, 7, 8, 9, 123456, timezone.utc))
     queue = RequestQueue(tmp_path / "q")
     accepted = queue.submit(["rec-1", "rec-2", "rec-1"], reason="asked by e-mail", known=ANY)
-    assert [r.record_id for r in accepted] == ["rec-1", "rec-2", "rec-1"]  # a repeat is its own request
-    assert len({r.request_id for r in accepted}) == 3
+    # a repeated id is one request
+    assert [r.record_hash for r in accepted] == [queue.hash_record_id("rec-1"), queue.hash_record_id("rec-2")]
+    assert len({r.request_id for r in accepted}) == 2
     for request in accepted:
         assert re.fullmatch(r"req-20240506T070809123456-[0-9a-f]{8}", request.request_id)
         assert request.received_at == "2024-05-06T07:08:09.123456Z"
         assert (request.status, request.batch_id, request.completed_at, request.audit) == ("pending", None, None, None)
+        assert queue.reason_matches(request, "asked by e-mail") and not queue.reason_matches(request, "asked")
+        assert not request.legacy
     assert queue.read() == accepted
     assert RequestQueue(tmp_path / "q").read() == accepted  # durable: a fresh object sees the same
-    lines = (tmp_path / "q/queue.jsonl").read_text().splitlines()
-    assert [json.loads(line)["event"] for line in lines] == ["received"] * 3
+    text = (tmp_path / "q/queue.jsonl").read_text()
+    assert [json.loads(line)["event"] for line in text.splitlines()] == ["received"] * 2
+    # the journal keeps neither the id nor the reason, only their HMACs (the reason's apart from an id's)
+    assert "rec-" not in text and "e-mail" not in text
+    assert accepted[0].reason_hash != queue.hash_record_id("asked by e-mail")
+    assert (tmp_path / "q/queue.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_record_with_a_request_is_not_queued_again(tmp_path: Path) -> None:
+    queue = RequestQueue(tmp_path)
+    pending, batched, done = queue.submit(["rec-p", "rec-b", "rec-d"], known=ANY)
+    queue.start_batch([batched.request_id])
+    queue.mark_done(queue.start_batch([done.request_id]), {done.request_id: {}})
+    # the done record is no longer in the data: it is reported as requested, not refused as unknown
+    known = {"rec-p", "rec-b", "rec-new"}.__contains__
+    (new,) = queue.submit(["rec-d", "rec-new", "rec-p", "rec-b", "rec-new"], known=known)
+    assert new.record_hash == queue.hash_record_id("rec-new")
+    assert queue.submit(["rec-p", "rec-d"], known=lambda _: False) == []  # nothing new: nothing checked or written
+    assert [r.request_id for r in queue.requests_for("rec-d")] == [done.request_id]
+    assert queue.requests_for("rec-never") == []
+    assert queue.withheld_record_hashes() == {queue.hash_record_id(i) for i in ("rec-p", "rec-b", "rec-d", "rec-new")}
+    assert queue.erased_record_hashes() == {queue.hash_record_id("rec-d")}
+    assert len(queue.read()) == 4
+
+
+#: a journal as privpipe wrote it before record ids were hashed: raw ids and reasons, a repeated
+#: record (two requests for rec-1), one request done, one in a batch, one pending
+LEGACY = [
+    {"event": "received", "request_id": "req-1", "record_id": "rec-1", "reason": "my e-mail of May 3",
+     "received_at": "2024-05-06T07:08:09.000001Z"},
+    {"event": "received", "request_id": "req-2", "record_id": "rec-1", "reason": None,
+     "received_at": "2024-05-06T07:08:09.000002Z"},
+    {"event": "received", "request_id": "req-3", "record_id": "rec-3", "reason": None,
+     "received_at": "2024-05-06T07:08:09.000003Z"},
+    {"event": "received", "request_id": "req-4", "record_id": "rec-4", "reason": None,
+     "received_at": "2024-05-06T07:08:09.000004Z"},
+    {"event": "batch", "batch_id": "batch-a", "request_ids": ["req-3"], "started_at": "2024-05-07T00:00:00.000000Z"},
+    {"event": "done", "request_id": "req-3", "batch_id": "batch-a", "completed_at": "2024-05-07T00:00:01.000000Z",
+     "audit": {"mechanism": "newton"}},
+    {"event": "batch", "batch_id": "batch-b", "request_ids": ["req-4"], "started_at": "2024-05-08T00:00:00.000000Z"},
+]
+
+
+def _write_legacy(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "queue.jsonl"
+    path.write_text("".join(json.dumps(event) + "\n" for event in LEGACY))
+    return path
+
+
+def test_an_old_journal_is_read_hashed_and_redacted_in_place(tmp_path: Path) -> None:
+    path = _write_legacy(tmp_path)
+    queue = RequestQueue(tmp_path)
+    h = queue.hash_record_id
+    requests = queue.read()
+    assert [(r.request_id, r.record_hash, r.status, r.legacy) for r in requests] == [
+        ("req-1", h("rec-1"), "pending", True), ("req-2", h("rec-1"), "pending", True),
+        ("req-3", h("rec-3"), "done", True), ("req-4", h("rec-4"), "in_batch", True)]
+    assert queue.reason_matches(requests[0], "my e-mail of May 3") and requests[1].reason_hash is None
+    assert queue.erased_record_hashes() == {h("rec-3")}
+    assert queue.withheld_record_hashes() == {h("rec-1"), h("rec-3"), h("rec-4")}
+    assert queue.open_batch()[0] == "batch-b"
+    assert queue.submit(["rec-1", "rec-3", "rec-4"], known=ANY) == []  # each already has a request
+    (new,) = queue.submit(["rec-5"], known=ANY)  # new lines in the new format, old ones untouched
+    assert "rec-1" in path.read_text() and "rec-5" not in path.read_text()
+
+    assert queue.redact() == 4
+    text = path.read_text()
+    assert "rec-" not in text and "e-mail" not in text and path.stat().st_mode & 0o777 == 0o600
+    after = RequestQueue(tmp_path).read()
+    assert after == [replace(r, legacy=False) for r in requests] + [new]  # the same state, nothing lost
+    assert queue.reason_matches(after[0], "my e-mail of May 3")
+    assert [json.loads(line)["event"] for line in text.splitlines()] == [e["event"] for e in LEGACY] + ["received"]
+    assert queue.redact() == 0 and path.read_text() == text  # once is enough
+
+
+def test_a_damaged_journal_is_not_redacted(tmp_path: Path) -> None:
+    path = _write_legacy(tmp_path)
+    with open(path, "a") as handle:
+        handle.write("this is not json\n")
+    before = path.read_bytes()
+    with pytest.raises(QueueError, match="line 8: not valid JSON"):
+        RequestQueue(tmp_path).redact()
+    assert path.read_bytes() == before
 
 
 def test_missing_journal_is_an_empty_queue(tmp_path: Path) -> None:
@@ -61,7 +149,7 @@ def test_unknown_record_is_refused_and_nothing_written(tmp_path: Path, bad, what
     with pytest.raises(UnknownRecord):
         queue.submit(["rec-2", bad], known=known)
     assert (tmp_path / "queue.jsonl").read_bytes() == before
-    assert [r.record_id for r in queue.read()] == ["rec-1"]
+    assert [r.record_hash for r in queue.read()] == [queue.hash_record_id("rec-1")]
 
 
 def test_torn_tail_is_ignored_then_repaired_by_the_next_submit(tmp_path: Path) -> None:
@@ -84,6 +172,10 @@ def test_torn_tail_is_ignored_then_repaired_by_the_next_submit(tmp_path: Path) -
     ('{"event": "received", "request_id": "req-x", "reason": null, "received_at": "t"}', "misses field 'record_id'"),
     ('{"event": "received", "request_id": "req-x", "record_id": 5, "reason": null, "received_at": "t"}',
      "field 'record_id' is int, not str"),
+    ('{"event": "received", "request_id": "req-x", "reason_hash": null, "received_at": "t"}',
+     "misses field 'record_hash'"),
+    ('{"event": "received", "request_id": "req-x", "record_hash": "rec-2", "reason_hash": null, "received_at": "t"}',
+     "field 'record_hash' is not a sha256:<64 hex digits> HMAC"),
 ])
 def test_an_invalid_line_in_the_middle_names_file_and_line(tmp_path: Path, line: str, what: str) -> None:
     queue = RequestQueue(tmp_path)
@@ -229,4 +321,26 @@ def test_concurrent_submits_lose_nothing(tmp_path: Path) -> None:
     requests: list[Request] = RequestQueue(tmp_path).read()
     assert len(requests) == 800
     assert len({r.request_id for r in requests}) == 800
-    assert {r.record_id for r in requests} == {f"rec-{w}-{i}" for w in range(8) for i in range(100)}
+    queue = RequestQueue(tmp_path)
+    assert {r.record_hash for r in requests} == {queue.hash_record_id(f"rec-{w}-{i}") for w in range(8)
+                                                 for i in range(100)}
+
+
+SUBMIT_SAME = """
+import sys
+from pathlib import Path
+from privpipe.requests import RequestQueue
+queue = RequestQueue(Path(sys.argv[1]))
+for i in range(50):
+    queue.submit([f"rec-{i}"], known=lambda _: True)
+"""
+
+
+def test_concurrent_submits_of_the_same_records_queue_each_once(tmp_path: Path) -> None:
+    workers = [subprocess.Popen([sys.executable, "-c", SUBMIT_SAME, str(tmp_path)], cwd=PROJECT,
+                                stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for worker in workers:
+        _, stderr = worker.communicate(timeout=60)
+        assert worker.returncode == 0, stderr
+    requests = RequestQueue(tmp_path).read()
+    assert len(requests) == 50 and len({r.record_hash for r in requests}) == 50

@@ -11,12 +11,23 @@
             batch_id, todo = batch
             ...                                                 # remove the records, retrain
             queue.mark_done(batch_id, {r.request_id: {"model": "..."} for r in todo})
-    queue.erased_record_hashes()                                # the prepare stage drops these
+    queue.withheld_record_hashes()                              # the prepare stages drop these
 
-The folder holds ``queue.jsonl`` (the journal: one JSON event per line, never rewritten),
-``queue.lock`` (held while appending), ``processing.lock`` (held by the removal run) and
-``salt`` (the HMAC key of :meth:`RequestQueue.hash_record_id`). The state is a fold over the
-journal's ``received``, ``batch`` and ``done`` events; audits and logs carry only hashed ids.
+The folder holds ``queue.jsonl`` (the journal: one JSON event per line, appended, never
+rewritten but by :meth:`RequestQueue.redact`), ``queue.lock`` (held while appending),
+``processing.lock`` (held by the removal run) and ``salt`` (the HMAC key of
+:meth:`RequestQueue.hash_record_id`, mode 0600). The state is a fold over the journal's
+``received``, ``batch`` and ``done`` events.
+
+The journal holds no record id and no reason: a ``received`` event carries the record id's
+HMAC (``record_hash``) and, if a reason was given, the reason's HMAC (``reason_hash``, so that
+whoever holds the reason can check it against the request). Everything that acts on a request
+works from the hash: the prepare stages hash each record's id and drop the matches. Journals
+written before (``record_id`` and ``reason`` in clear) are read as if hashed;
+:meth:`RequestQueue.redact` rewrites their lines in the hashed form.
+
+Each record id has at most one request: :meth:`RequestQueue.submit` queues one per distinct
+id and none for an id that already has one (pending, in a batch or done).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import tempfile
 from contextlib import contextmanager, suppress
@@ -40,12 +52,17 @@ __all__ = ["RequestQueue", "Request", "QueueError", "UnknownRecord", "QueueBusy"
 log = logging.getLogger("privpipe.requests")
 
 Status = Literal["pending", "in_batch", "done"]
-#: required fields of each event and their types (extra fields are allowed, for later formats)
+#: required fields of each event and their types (extra fields are allowed, for later formats); a
+#: ``received`` event names its record by ``record_hash`` (or, written by an older privpipe, ``record_id``)
 _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "received": {"request_id": (str,), "record_id": (str,), "reason": (str, type(None)), "received_at": (str,)},
+    "received": {"request_id": (str,), "received_at": (str,)},
     "batch": {"batch_id": (str,), "request_ids": (list,), "started_at": (str,)},
     "done": {"request_id": (str,), "batch_id": (str,), "completed_at": (str,), "audit": (dict,)},
 }
+_HASHED = {"record_hash": (str,), "reason_hash": (str, type(None))}
+_LEGACY = {"record_id": (str,), "reason": (str, type(None))}
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_REASON_DOMAIN = b"reason\x00"  # keeps a reason's HMAC apart from a record id's, should the two texts agree
 
 
 class QueueError(ValueError):
@@ -63,13 +80,14 @@ class QueueBusy(RuntimeError):
 @dataclass(frozen=True)
 class Request:
     request_id: str
-    record_id: str
-    reason: str | None
+    record_hash: str  # HMAC-SHA256 of the record id under the queue's salt: "sha256:<hex>"
+    reason_hash: str | None  # the reason's HMAC, if one was given; the reason itself is not kept
     received_at: str  # ISO-8601 UTC, "Z"
     status: Status = "pending"
     batch_id: str | None = None  # the batch it is in (or was done in)
     completed_at: str | None = None
     audit: dict[str, Any] | None = None
+    legacy: bool = False  # read from a line that still holds the raw id (older privpipe; see RequestQueue.redact)
 
 
 def _utcnow() -> datetime:
@@ -105,6 +123,10 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _encode(lines: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(line, allow_nan=False, separators=(",", ":")) + "\n" for line in lines).encode()
+
+
 class RequestQueue:
     """The deletion requests kept in ``folder`` (created on the first write)."""
 
@@ -115,23 +137,51 @@ class RequestQueue:
 
     def submit(self, record_ids: Sequence[str], *, reason: str | None = None,
                known: Callable[[str], bool]) -> list[Request]:
-        """Queue one request per record id; all or none (every id is checked before anything is written)."""
+        """Queue one request per distinct record id that has none yet (pending, in a batch or done);
+        return the new requests. All or none: every new id is checked with ``known`` before anything
+        is written, and an unknown one raises :class:`UnknownRecord`."""
         if isinstance(record_ids, str):
             raise TypeError("record_ids must be a sequence of ids, not one string")
         if reason is not None and not isinstance(reason, str):
             raise TypeError(f"reason must be a string or None, not {type(reason).__name__}")
-        record_ids = list(record_ids)  # read twice below: a generator would come back empty
-        for record_id in record_ids:
+        distinct = list(dict.fromkeys(record_ids))  # a repeated id is one request
+        for record_id in distinct:
             if not isinstance(record_id, str) or not record_id:
                 raise UnknownRecord(f"record id {record_id!r}: not a non-empty string (nothing was queued)")
+        # checked before the lock too, so that a refusal creates nothing (not even the lock or the salt)
+        if not self._new_ids(distinct, self.read(), known):
+            return []
+        with self._locked() as fd:
+            new = self._new_ids(distinct, list(self._fold(fd)[0].values()), known)  # what came in meanwhile
+            moment = _utcnow()
+            reason_hash = None if reason is None else self.hash_reason(reason)
+            requests = [Request(_new_id("req", moment, 4), self.hash_record_id(record_id), reason_hash, _iso(moment))
+                        for record_id in new]
+            if requests:
+                self._write(fd, _encode([{"event": "received", "request_id": r.request_id,
+                                          "record_hash": r.record_hash, "reason_hash": r.reason_hash,
+                                          "received_at": r.received_at} for r in requests]))
+        return requests
+
+    def _new_ids(self, distinct: list[str], accepted: list[Request], known: Callable[[str], bool]) -> list[str]:
+        """The ids of ``distinct`` without a request in ``accepted``; UnknownRecord for one not ``known``."""
+        taken = {r.record_hash for r in accepted}
+        new = [i for i in distinct if self.hash_record_id(i) not in taken] if taken else distinct
+        for record_id in new:
             if not known(record_id):
                 raise UnknownRecord(f"record id {record_id!r}: not in the current data (nothing was queued)")
-        moment = _utcnow()
-        requests = [Request(_new_id("req", moment, 4), record_id, reason, _iso(moment)) for record_id in record_ids]
-        if requests:
-            self._append([{"event": "received", "request_id": r.request_id, "record_id": r.record_id,
-                           "reason": r.reason, "received_at": r.received_at} for r in requests])
-        return requests
+        return new
+
+    def requests_for(self, record_id: str) -> list[Request]:
+        """The requests naming ``record_id`` (one, or more in a journal an older privpipe wrote)."""
+        if not self.path.exists():
+            return []
+        digest = self.hash_record_id(record_id)
+        return [r for r in self.read() if r.record_hash == digest]
+
+    def reason_matches(self, request: Request, reason: str) -> bool:
+        """Whether ``reason`` is the one given with ``request`` (the journal keeps only its HMAC)."""
+        return request.reason_hash is not None and hmac.compare_digest(request.reason_hash, self.hash_reason(reason))
 
     def start_batch(self, request_ids: Sequence[str]) -> str:
         """Announce the requests a removal run will process, before it does anything; returns the batch id."""
@@ -172,31 +222,75 @@ class RequestQueue:
             self._append(lines)
         return len(lines)
 
-    def _append(self, lines: list[dict[str, Any]]) -> None:
-        """Append whole lines durably: under queue.lock, after cutting a torn tail, in one O_APPEND write."""
-        # serialise first, so an audit that is not JSON fails before the journal is touched
-        data = "".join(json.dumps(line, allow_nan=False, separators=(",", ":")) + "\n" for line in lines).encode()
+    def redact(self) -> int:
+        """Rewrite the journal's old-format ``received`` lines (raw record id and reason) in the hashed
+        form; return how many. The same events in the same order, replaced in one rename under
+        queue.lock: a crash leaves the old journal or the new one, never a mix."""
+        if not self.path.exists():
+            return 0
+        with self._locked() as fd:
+            self._fold(fd)  # a damaged journal is refused (QueueError), not rewritten
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, size, 0) if size else b""
+            out, count = [], 0
+            for raw in data.split(b"\n")[:-1]:
+                event = json.loads(raw)
+                if event.get("event") == "received" and "record_id" in event:
+                    event = {"event": "received", "request_id": event["request_id"],
+                             "record_hash": self.hash_record_id(event["record_id"]),
+                             "reason_hash": None if event["reason"] is None else self.hash_reason(event["reason"]),
+                             "received_at": event["received_at"]}
+                    count += 1
+                out.append(event)
+            if not count:
+                return 0
+            staged, tmp = tempfile.mkstemp(dir=self.folder, prefix=".queue.")  # mkstemp: mode 0600
+            try:
+                with os.fdopen(staged, "wb") as handle:
+                    handle.write(_encode(out))
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, self.path)
+                _fsync_dir(self.folder)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        log.warning("%s: rewrote %d request(s) of the old format with hashed record ids and reasons", self.path, count)
+        return count
+
+    @contextmanager
+    def _locked(self) -> Iterator[int]:
+        """queue.lock held, and the journal open for appending (its torn tail cut); yields its fd."""
         lock = _lock(self.folder / "queue.lock")
         try:
             created = not self.path.exists()
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             try:
-                size = self._cut_torn_tail(fd)
-                try:
-                    written = os.write(fd, data)  # one write: a reader sees whole lines or a torn last one
-                except BaseException:
-                    os.ftruncate(fd, size)
-                    raise
-                if written != len(data):  # disk full or similar: take the partial line back
-                    os.ftruncate(fd, size)
-                    raise OSError(f"{self.path}: short write ({written} of {len(data)} bytes)")
-                os.fsync(fd)
+                self._cut_torn_tail(fd)
+                if created:
+                    _fsync_dir(self.folder)  # so the new file's name survives a crash too
+                yield fd
             finally:
                 os.close(fd)
-            if created:
-                _fsync_dir(self.folder)  # so the new file's name survives a crash too
         finally:
             os.close(lock)
+
+    def _append(self, lines: list[dict[str, Any]]) -> None:
+        """Append whole lines durably: under queue.lock, after cutting a torn tail, in one O_APPEND write."""
+        data = _encode(lines)  # first, so an audit that is not JSON fails before the journal is touched
+        with self._locked() as fd:
+            self._write(fd, data)
+
+    def _write(self, fd: int, data: bytes) -> None:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)  # one write: a reader sees whole lines or a torn last one
+        except BaseException:
+            os.ftruncate(fd, size)
+            raise
+        if written != len(data):  # disk full or similar: take the partial line back
+            os.ftruncate(fd, size)
+            raise OSError(f"{self.path}: short write ({written} of {len(data)} bytes)")
+        os.fsync(fd)
 
     def _cut_torn_tail(self, fd: int) -> int:
         """Truncate an unterminated last line (a write that was never acknowledged); returns the size."""
@@ -235,11 +329,20 @@ class RequestQueue:
 
     def erased_record_hashes(self) -> set[str]:
         """Hashed ids of the records whose requests are done."""
-        return {self.hash_record_id(r.record_id) for r in self.read() if r.status == "done"}
+        return {r.record_hash for r in self.read() if r.status == "done"}
+
+    def withheld_record_hashes(self) -> set[str]:
+        """Hashed ids of every record with an accepted request (pending, in a batch, or done): the
+        request is the owner's wish from the moment it is accepted, so no new model trains on them."""
+        return {r.record_hash for r in self.read()}
 
     def hash_record_id(self, record_id: str) -> str:
-        """The id as audits and logs carry it: HMAC-SHA256 under this queue's salt."""
+        """The id as the journal, audits and logs carry it: HMAC-SHA256 under this queue's salt."""
         return "sha256:" + hmac.new(self._salt_bytes(), record_id.encode(), hashlib.sha256).hexdigest()
+
+    def hash_reason(self, reason: str) -> str:
+        """A reason as the journal keeps it: its HMAC (in a domain of its own) under this queue's salt."""
+        return "sha256:" + hmac.new(self._salt_bytes(), _REASON_DOMAIN + reason.encode(), hashlib.sha256).hexdigest()
 
     @contextmanager
     def processing(self, *, wait: bool = False) -> Iterator[None]:
@@ -254,19 +357,23 @@ class RequestQueue:
         finally:
             os.close(fd)
 
-    def _fold(self) -> tuple[dict[str, Request], dict[str, list[str]]]:
-        """Requests by id and each batch's request ids, both in journal order."""
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return {}, {}
+    def _fold(self, fd: int | None = None) -> tuple[dict[str, Request], dict[str, list[str]]]:
+        """Requests by id and each batch's request ids, both in journal order (read through ``fd`` if given)."""
+        if fd is not None:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, size, 0) if size else b""
+        else:
+            try:
+                data = self.path.read_bytes()
+            except FileNotFoundError:
+                return {}, {}
         lines = data.split(b"\n")
         lines.pop()  # after the last newline: empty, or a torn write that was never acknowledged
         requests: dict[str, Request] = {}
         members: dict[str, list[str]] = {}
         for number, raw in enumerate(lines, start=1):
             try:
-                _apply(_parse(raw), requests, members)
+                _apply(_parse(raw), requests, members, self)
             except _Invalid as exc:
                 raise QueueError(f"{self.path}: line {number}: {exc}") from None
         return requests, members
@@ -303,6 +410,15 @@ class _Invalid(Exception):
     """What is wrong with one journal line (the caller adds the file and line number)."""
 
 
+def _check_fields(event: dict[str, Any], kind: str, fields: dict[str, tuple[type, ...]]) -> None:
+    for name, types in fields.items():
+        if name not in event:
+            raise _Invalid(f"{kind} event misses field {name!r}")
+        if not isinstance(event[name], types):
+            wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise _Invalid(f"field {name!r} is {type(event[name]).__name__}, not {wanted}")
+
+
 def _parse(raw: bytes) -> dict[str, Any]:
     """One journal line as an event dict with the fields its kind needs, of the right types."""
     try:
@@ -315,24 +431,31 @@ def _parse(raw: bytes) -> dict[str, Any]:
     fields = _FIELDS.get(kind) if isinstance(kind, str) else None
     if fields is None:
         raise _Invalid(f"unknown event {kind!r}")
-    for name, types in fields.items():
-        if name not in event:
-            raise _Invalid(f"{kind} event misses field {name!r}")
-        if not isinstance(event[name], types):
-            wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
-            raise _Invalid(f"field {name!r} is {type(event[name]).__name__}, not {wanted}")
+    _check_fields(event, kind, fields)
+    if kind == "received":
+        # the old format (raw id and reason) is recognised by its record_id field
+        _check_fields(event, kind, _LEGACY if "record_id" in event or "reason" in event else _HASHED)
+        for name in ("record_hash", "reason_hash"):
+            if isinstance(event.get(name), str) and not _DIGEST.fullmatch(event[name]):
+                raise _Invalid(f"field {name!r} is not a sha256:<64 hex digits> HMAC")
     if kind == "batch" and not all(isinstance(i, str) for i in event["request_ids"]):
         raise _Invalid("field 'request_ids' holds a non-string")
     return event
 
 
-def _apply(event: dict[str, Any], requests: dict[str, Request], members: dict[str, list[str]]) -> None:
-    """Fold one event into the state (in place)."""
+def _apply(event: dict[str, Any], requests: dict[str, Request], members: dict[str, list[str]],
+           queue: RequestQueue) -> None:
+    """Fold one event into the state (in place); an old-format request is hashed as it is read."""
     if event["event"] == "received":
         if event["request_id"] in requests:
             raise _Invalid(f"request {event['request_id']!r} received twice")
-        requests[event["request_id"]] = Request(event["request_id"], event["record_id"], event["reason"],
-                                                event["received_at"])
+        if "record_id" in event:
+            reason = event["reason"]
+            request = Request(event["request_id"], queue.hash_record_id(event["record_id"]),
+                              None if reason is None else queue.hash_reason(reason), event["received_at"], legacy=True)
+        else:
+            request = Request(event["request_id"], event["record_hash"], event["reason_hash"], event["received_at"])
+        requests[event["request_id"]] = request
     elif event["event"] == "batch":
         if event["batch_id"] in members:
             raise _Invalid(f"batch {event['batch_id']!r} started twice")

@@ -1,0 +1,94 @@
+"""Erasure of text records: `privpipe forget` takes the corpus's record ids, `privpipe removals`
+processes them without a head (the audit gives each registered text model version's record-level
+DP bound, or says it never trained on the record; the text file is not rewritten), and the text
+prepare leaves out every record with a request, pending ones included."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import write_params
+from privpipe.config import load_params
+from privpipe.requests import RequestQueue
+from privpipe.text import load_corpus
+from text_fixtures import write_corpus, write_tiny_encoder
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    """`privpipe ARGS` in this process: (exit code, stdout, stderr). Not through capsys/capfd: a flow run
+    under them can leave pytest's own capture with a closed stream."""
+    from flows.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+FEDERATED = {"clients": 10, "rounds": 2, "sample_rate": 0.5, "local_epochs": 1, "local_batch_size": 8,
+             "local_learning_rate": 0.5, "target_epsilon": 3.0, "noise_multiplier": None}
+
+
+def _corpus(params):
+    cfg = params.text
+    return load_corpus(cfg.path, format=cfg.format, text_column=cfg.text_column, label_column=cfg.label_column,
+                       client_column=cfg.client_column, split_column=cfg.split_column,
+                       test_fraction=cfg.test_fraction, seed=params.run.seed)
+
+
+def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_factory, prefect_harness, monkeypatch):
+    import tasks.notify
+    from flows.federated import federated_text
+    from tasks.erase import TEXT_NOT_REWRITTEN
+    from tasks.text_prepare import run_prepare_text
+
+    monkeypatch.setattr(tasks.notify, "server_answers", lambda *_a, **_k: False)
+    encoder = write_tiny_encoder(tmp_path_factory.mktemp("encoder") / "tiny-bert")
+    corpus_file = write_corpus(project / "texts.jsonl")
+    # head.enabled stays true: text records need no head, so its absence is no reason to refuse
+    write_params(project, text={"path": "texts.jsonl", "encoder": str(encoder), "max_length": 16},
+                 federated=FEDERATED)
+    params = load_params("params.yaml")
+    trained = federated_text(params_file="params.yaml")
+    corpus = _corpus(params)
+    in_train, in_test, later = str(corpus.train.ids[4]), str(corpus.test.ids[0]), str(corpus.train.ids[7])
+    text_before = corpus_file.read_bytes()
+
+    code, _, err = _cli("forget", "text-no-such-record")
+    assert code == 2 and "record id 'text-no-such-record': not in the current data" in err
+    code, out, _ = _cli("forget", in_train, in_test)
+    assert code == 0 and "2 deletion request(s) queued" in out
+    code, out, _ = _cli("removals")
+    assert code == 0
+    assert "2 request(s) done, 0 head row(s) removed; no head" in out and "ACTION" not in out
+
+    queue = RequestQueue(Path("data/requests"))
+    train_request, test_request = queue.read()
+    version = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}").get_model_version(
+        "privpipe-text", trained["model_version"])
+    (entry,) = train_request.audit["coverage"]
+    assert (entry["model"], entry["version"], entry["coverage"]) == ("privpipe-text", trained["model_version"], "dp")
+    # the record-level bound (one record: two steps of its client), not the client-level ε
+    assert entry["epsilon"] == float(version.tags["privacy.record_epsilon"]) > float(version.tags["privacy.epsilon"])
+    assert [e["coverage"] for e in test_request.audit["coverage"]] == ["not_trained_on"]
+    for request in (train_request, test_request):
+        assert request.audit["mechanism"] == "no_head" and request.audit["uncovered"] == []
+        assert request.audit["erasure"]["text_source"] == TEXT_NOT_REWRITTEN
+    assert corpus_file.read_bytes() == text_before  # not rewritten
+
+    # a request still pending withholds its record as well
+    assert _cli("forget", later)[0] == 0
+    prepared = run_prepare_text(params)
+    ids = set(np.load(project / "artifacts/text/train_ids.npy").tolist()) | set(
+        np.load(project / "artifacts/text/test_ids.npy").tolist())
+    assert not ids & {in_train, in_test, later}
+    assert len(ids) == len(corpus.train) + len(corpus.test) - 3 and prepared["n_withheld"] == 3
+    assert prepared["data_version"].endswith("+minus-withheld:3")
