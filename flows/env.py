@@ -18,6 +18,8 @@ DEFAULTS = {
     "PREFECT_TASK_RUNNER_THREAD_POOL_MAX_WORKERS": str(os.cpu_count() or 1),
     # MLflow and DVC: no telemetry, nothing leaves the machine
     "MLFLOW_DISABLE_TELEMETRY": "true",
+    # its "Downloading artifacts" bars (logging a model) would land between the stages' log lines
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "DO_NOT_TRACK": "true",
     "DVC_NO_ANALYTICS": "1",
     "HF_HUB_OFFLINE": "1",

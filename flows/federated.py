@@ -19,13 +19,14 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
 
 from flows.client_map import mapped_client_updates
 from flows.pipeline import INSECURE_RNG_WARNING
 from privpipe.config import load_params
 from privpipe.privacy import Event, Ledger, record_level_ledger
-from tasks import audit_tracking, budget, tracking
-from tasks.common import read_json
+from tasks import audit_tracking, budget, run_view, tracking
+from tasks.common import read_json, use_torch_threads
 from tasks.runner import describe_runner, mapping_runner
 from tasks.text_federated import run_federated_text
 from tasks.text_features import text_features_task
@@ -58,10 +59,11 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)
+    use_torch_threads(params, "federated")  # each stage sets it again; client updates set their own
     dataset = budget.dataset_name(params, flow="federated-text")
     budget.check_lifetime(params, dataset, what="federated text run", private=params.federated.private,
                           client_level=True)
-    with tracking.tracked_run(params, run_name="federated-text", params_file=params_file, flow="federated-text",
+    with tracking.tracked_run(params, params_file=params_file, flow="federated-text",
                               dataset=dataset) as run_id, mapping_runner(params) as runner:
         log.info("federated: client updates run on %s", describe_runner(params))
         prepared = prepare_text_task(params, run_id)
@@ -79,7 +81,11 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
                                   ledger=record_level_ledger(ledger), data_version=prepared["data_version"])
         out.update(text_tracking.register_text_model(params, run_id, out, features["encoder"]))
         audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger)
-        create_markdown_artifact(key="federated-summary", markdown=federated_markdown(out),
+        tracking.describe_run(params, run_id, run_view.headline(out, prefix=run_view.description(
+            params, flow="federated-text", dataset=dataset, params_file=params_file)))
+        url = tracking.run_url(params, run_id)
+        create_markdown_artifact(key="federated-summary",
+                                 markdown=f"{federated_markdown(out)}\n\nMLflow run: [{url}]({url})",
                                  description="federated text run: accuracy and client-level privacy")
         log.info("federated: done")
-    return {**out, "run_id": run_id}
+    return {**out, "run_id": run_id, "flow_run_id": str(flow_run.id)}

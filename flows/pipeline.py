@@ -11,7 +11,8 @@ tasks on the runner ``runner`` in params.yaml chooses (threads, processes, Dask,
 
 Before any work the dataset's lifetime budget must be able to pay for the run; at the end
 the run's spend is added to it (``privpipe budget``). The flow ends with a markdown
-artifact (in Prefect) that summarises the run's privacy spend, data version and model.
+artifact (in Prefect) that summarises the run's privacy spend, data version and model, and
+links to the MLflow run (which is tagged with the flow run: ``prefect.flow_run_id``).
 """
 
 from __future__ import annotations
@@ -22,19 +23,20 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from prefect import flow, get_run_logger, unmapped
+from prefect.runtime import flow_run
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 
 from flows.client_map import mapped_client_updates
 from privpipe.config import Params, check_pipeline_use, load_params
 from privpipe.privacy import Ledger
-from tasks import audit_tracking, budget, tracking
-from tasks.common import PipelineBusy, exclusive_lock, read_json
+from tasks import audit_tracking, budget, run_view, tracking
+from tasks.common import PipelineBusy, exclusive_lock, read_json, use_torch_threads
 from tasks.progress import progress
 from tasks.runner import describe_runner, mapping_runner
 from tasks.aggregate import aggregate_task, run_aggregate
 from tasks.dp_pca import dp_pca_task
-from tasks.evaluate import deployed_dir, evaluate_task
+from tasks.evaluate import deployed_dir, evaluate_task, release_task
 from tasks.finetune import finetune_task, log_finetune_outputs, run_finetune, start_dir
 from tasks.head import head_task, run_head
 from tasks.partition import partition_task, run_partition, shard_assignment
@@ -54,7 +56,7 @@ INSECURE_RNG_WARNING = (
 )
 
 
-def privacy_markdown(ledger: Ledger, result: dict[str, Any]) -> str:
+def privacy_markdown(ledger: Ledger, result: dict[str, Any], *, mlflow_url: str | None = None) -> str:
     summary = ledger.summary()
     lines = [
         "# privpipe run: privacy summary", "",
@@ -79,6 +81,8 @@ def privacy_markdown(ledger: Ledger, result: dict[str, Any]) -> str:
         lines.append(f"Lifetime budget of dataset `{life['dataset']}` after this run: spent ε = {life['spent']:.4g} "
                      f"(δ = {life['spent_delta']:.3g}) over {life['runs']} run(s), left ε = {life['left']:.4g} of "
                      f"{life['budget']:g} (basic composition).")
+    if mlflow_url:
+        lines += ["", f"MLflow run: [{mlflow_url}]({mlflow_url})"]
     return "\n".join(lines)
 
 
@@ -128,6 +132,8 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)
+    # the stages that run in this thread (prepare, partition, head) included; each stage sets it again
+    use_torch_threads(params, "pipeline")
     dataset = budget.dataset_name(params)
     with one_pipeline_at_a_time():
         budget.check_lifetime(params, dataset, what="pipeline run")
@@ -137,10 +143,12 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
             log.info("pipeline: mapped tasks run on %s", describe_runner(params))
             result, seconds = _stages(params, run_id, runner, dataset)
             ledger = Ledger.from_dict(read_json(result["ledger"]))
+            tracking.describe_run(params, run_id, run_view.headline(result, prefix=run_view.description(
+                params, flow="pipeline", dataset=dataset, params_file=params_file)))
             audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger, seconds=seconds)
-            create_markdown_artifact(key="privacy-summary", markdown=privacy_markdown(ledger, result),
-                                     description="privacy spend of this run")
-    return {**result, "run_id": run_id}
+            markdown = privacy_markdown(ledger, result, mlflow_url=tracking.run_url(params, run_id))
+            create_markdown_artifact(key="privacy-summary", markdown=markdown, description="privacy spend of this run")
+    return {**result, "run_id": run_id, "flow_run_id": str(flow_run.id)}
 
 
 def _stages(params, run_id: str, runner, dataset: str) -> tuple[dict[str, Any], dict[str, float]]:
@@ -173,12 +181,15 @@ def _stages(params, run_id: str, runner, dataset: str) -> tuple[dict[str, Any], 
     lifetime = audit_tracking.charge_run(params, run_id, flow="pipeline", dataset=dataset,
                                          ledger=Ledger.from_dict(read_json(deployed_dir(params) / "ledger.json")),
                                          data_version=prepared["data_version"])
-    # evaluate first: its privacy audit must pass before anything built on the model is registered
+    # evaluate first: its privacy audit must pass before any model, or anything built on it, is registered
     result = timed("evaluate", evaluate_task, params, run_id, sensitive, test, str(deployed_dir(params)))
     if params.head.enabled:
         head = timed("head", head_task, params, run_id, sensitive, test, str(deployed_dir(params)), pca["dir"])
     else:
         head = run_head(params)
+    # the DP model is logged last: MLflow lists an experiment's logged models newest first, so it comes
+    # before the head (not DP) there, as in a dvc repro run's record
+    result = timed("evaluate", release_task, params, run_id, result)
     result.update({k: v for k, v in head.items() if k.startswith("head_model")})
     result["data_version"] = prepared["data_version"]
     result["lifetime"] = lifetime.summary()

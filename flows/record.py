@@ -12,7 +12,7 @@ from typing import Any
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger
-from tasks import audit_tracking, budget, paths, tracking
+from tasks import audit_tracking, budget, paths, run_view, tracking
 from tasks.common import read_json
 from tasks.evaluate import track_evaluation
 from tasks.finetune import log_finetune_outputs
@@ -24,8 +24,7 @@ PATE_STAGES = ("partition", "teachers", "aggregate", "student")
 
 def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, params_file: str) -> dict[str, Any]:
     dataset = budget.dataset_name(params)
-    with tracking.tracked_run(params, run_name="dvc-repro", params_file=params_file, flow="dvc-repro",
-                              dataset=dataset) as run_id:
+    with tracking.tracked_run(params, params_file=params_file, flow="dvc-repro", dataset=dataset) as run_id:
         prepared = read_json(paths.metrics_file("prepare"))
         tracking.log_prepare(params, run_id, prepared)
         pca = read_json(paths.metrics_file("dp_pca"))
@@ -41,7 +40,8 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
                                                   "history": str(paths.FINETUNE / "history.json"),
                                                   "ledger": str(paths.FINETUNE / "ledger.json")})
         # the stages checked the lifetime budget before they spent (privpipe stage); charge it
-        # before a model is registered (the head's, then the evaluated one)
+        # before a model is registered (the head's, then the evaluated one: MLflow lists an
+        # experiment's logged models newest first, so the DP model comes first there)
         ledger = Ledger.from_dict(read_json(evaluation["ledger"]))
         audit_tracking.charge_run(params, run_id, flow="dvc-repro", dataset=dataset, ledger=ledger,
                                   data_version=prepared["data_version"])
@@ -52,5 +52,7 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
         else:
             result_head = {}
         result = {**track_evaluation(params, run_id, evaluation), **result_head}
+        tracking.describe_run(params, run_id, run_view.headline(result, prefix=run_view.description(
+            params, flow="dvc-repro", dataset=dataset, params_file=params_file)))
         audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger)
     return {**result, "run_id": run_id}

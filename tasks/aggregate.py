@@ -33,8 +33,8 @@ from privpipe.pate.analysis import (AggregatorSpec, data_dependent_rdp, data_ind
 from privpipe.pate.teachers import vote_histograms
 from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_epsilon
 from tasks import paths
-from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json,
-                          write_text)
+from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, use_torch_threads,
+                          warn_insecure_rng, write_json, write_text)
 from tasks.dp_pca import check_projection, load_ledger
 from tasks.teachers import query_records
 
@@ -64,6 +64,7 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     if not params.student.enabled:
         return skip_stage("aggregate", out, "student.enabled is false")
     log = stage_logger("aggregate")
+    use_torch_threads(params, "aggregate")
     cfg = params.aggregate
     ledger = load_ledger(dp_pca_dir / "ledger.json", params)
     check_projection(read_json(teachers_dir / "summary.json")["dp_pca_digest"], dp_pca_dir,

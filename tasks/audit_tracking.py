@@ -1,8 +1,9 @@
 """What an auditor sees in MLflow at the end of a run, without code.
 
 - one child run per stage under the run (tag ``mlflow.parentRunId``): the stage's parameters,
-  its figures and ``privacy.<stage>.*`` metrics (curves included), its wall time;
-- the dataset's lifetime spend: ``privacy.lifetime.*`` metrics and ``privacy/lifetime.json``;
+  its figures and ``privacy.<stage>.*`` metrics (curves included) and tags, its wall time;
+- the dataset's lifetime spend: ``privacy.lifetime.epsilon`` and ``…epsilon_remaining`` metrics, the
+  rest as ``privacy.lifetime.*`` tags, and ``privacy/lifetime.json``;
 - the plots of :mod:`tasks.audit_plots` as artifacts.
 
 :func:`charge_run` adds a training run's spend to the dataset's lifetime ledger
@@ -19,11 +20,11 @@ from mlflow.entities import Metric, Param
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger, LifetimeLedger
-from tasks import budget, tracking
+from tasks import budget, run_view, tracking
 from tasks.audit import audit_rows
 from tasks.audit_plots import epsilon_by_stage_figure, frontier_figure, lifetime_figure
 
-__all__ = ["log_stage_runs", "log_lifetime", "charge_run", "log_audit_view", "CURVES"]
+__all__ = ["log_stage_runs", "log_lifetime", "charge_run", "log_audit_view", "CURVES", "stage_seconds"]
 
 #: ε-over-progress curves the stages log (drawn in plots/epsilon_by_stage.png)
 CURVES = ("privacy.finetune.epsilon_by_step", "privacy.finetune.epsilon_by_round",
@@ -42,8 +43,9 @@ def log_stage_runs(params: Params, parent_id: str, seconds: dict[str, float]) ->
         prefixes = (f"{stage}.", f"privacy.{stage}.", *_EXTRA_PREFIXES.get(stage, ()))
         child = client.create_run(parent.info.experiment_id, run_name=stage, tags={
             "mlflow.parentRunId": parent_id, "privpipe.stage": stage,
-            **{k: v for k, v in parent.data.tags.items() if k.startswith((f"{stage}.", "privpipe.", "dvc."))
-               and k != "privpipe.flow"}})
+            "mlflow.note.content": f"stage {stage} of run {parent.info.run_name} ({stage_seconds(wall)})",
+            **{k: v for k, v in parent.data.tags.items()
+               if k.startswith((*prefixes, "privpipe.", "dvc.", "mlflow.source.")) and k != "privpipe.flow"}})
         run_id = child.info.run_id
         metrics = [Metric("stage.seconds", wall, tracking._now_ms(), 0)]
         for key in parent.data.metrics:
@@ -58,14 +60,20 @@ def log_stage_runs(params: Params, parent_id: str, seconds: dict[str, float]) ->
     return children
 
 
+def stage_seconds(wall: float) -> str:
+    return f"{wall:.1f} s" if wall < 120 else f"{wall / 60:.1f} min"
+
+
 def log_lifetime(params: Params, run_id: str, lifetime: LifetimeLedger) -> None:
+    """The spend and what is left as metrics (compared across runs), budgets and counts as tags."""
     client = tracking._client(params)
     life = lifetime.summary()
-    tracking._metrics(client, run_id, {
-        "privacy.lifetime.epsilon": life["spent"], "privacy.lifetime.delta": life["spent_delta"],
-        "privacy.lifetime.epsilon_budget": life["budget"], "privacy.lifetime.epsilon_remaining": life["left"],
+    tracking._metrics(client, run_id, {"privacy.lifetime.epsilon": life["spent"],
+                                       "privacy.lifetime.epsilon_remaining": life["left"]})
+    run_view.set_tags(client, run_id, {key: run_view.format_value(value) for key, value in {
+        "privacy.lifetime.delta": life["spent_delta"], "privacy.lifetime.epsilon_budget": life["budget"],
         "privacy.lifetime.delta_budget": life["delta_budget"], "privacy.lifetime.delta_remaining": life["left_delta"],
-        "privacy.lifetime.runs": life["runs"]})
+        "privacy.lifetime.runs": life["runs"]}.items()})
     client.set_tag(run_id, "privacy.lifetime.composition", "basic (runs' ε and δ add up)")
     client.log_text(run_id, json.dumps(lifetime.to_dict(), indent=2), "privacy/lifetime.json")
     _figure(client, run_id, lifetime_figure(lifetime), "plots/lifetime_budget.png")

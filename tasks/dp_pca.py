@@ -22,7 +22,8 @@ from privpipe.data import DataError, Records
 from privpipe.dp_pca import dp_pca, dp_pca_event
 from privpipe.privacy import Event, Ledger
 from tasks import paths
-from tasks.common import read_json, seed_for, stage_logger, staged_dir, warn_insecure_rng, write_json, write_text
+from tasks.common import (read_json, seed_for, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng,
+                          write_json, write_text)
 
 __all__ = ["run_dp_pca", "dp_pca_task", "new_ledger", "load_ledger", "calibrate_for", "load_projection",
            "projection_digest", "check_projection"]
@@ -48,6 +49,7 @@ def load_ledger(source: Path, params: Params) -> Ledger:
 def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.DP_PCA) -> dict[str, Any]:
     """Write the projection (or none, if disabled) and the ledger; return paths and figures."""
     log = stage_logger("dp_pca")
+    use_torch_threads(params, "dp_pca")
     cfg = params.dp_pca
     ledger = new_ledger(params)
     records = Records.load(sensitive)

@@ -23,10 +23,10 @@ from privpipe.data import Records
 from privpipe.models import load_released
 from privpipe.privacy import Ledger
 from tasks import paths
-from tasks.common import read_json, stage_logger, write_json
+from tasks.common import read_json, stage_logger, use_torch_threads, write_json
 from tasks.privacy_audit import audit_figures, audit_released_model
 
-__all__ = ["run_evaluate", "track_evaluation", "evaluate_task", "accuracy", "deployed_dir"]
+__all__ = ["run_evaluate", "track_evaluation", "evaluate_task", "release_task", "accuracy", "deployed_dir"]
 
 
 def accuracy(model: torch.nn.Module, records: Records) -> float:
@@ -43,6 +43,7 @@ def deployed_dir(params: Params) -> Path:
 def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
                  model_dir: Path | None = None) -> dict[str, Any]:
     log = stage_logger("evaluate")
+    use_torch_threads(params, "evaluate")
     model_dir = Path(model_dir if model_dir is not None else deployed_dir(params))
     model = load_released(model_dir)
     ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))
@@ -70,18 +71,39 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
 
 def track_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> dict[str, Any]:
     """Log the evaluation and the model to MLflow and register it."""
+    log_evaluation(params, run_id, out)
+    return release_model(params, run_id, out)
+
+
+def log_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> None:
+    """The evaluation's figures and the run's privacy summary in MLflow (no model yet)."""
+    from tasks import tracking
+
+    tracking.log_evaluation(params, run_id, out)
+    tracking.log_privacy(params, run_id, Ledger.from_dict(read_json(Path(out["ledger"]))))
+
+
+def release_model(params: Params, run_id: str, out: dict[str, Any]) -> dict[str, Any]:
+    """Log the evaluated model to the run and register it (``evaluate.register_model``)."""
     from tasks import tracking
 
     ledger = Ledger.from_dict(read_json(Path(out["ledger"])))
     # a synthetic input example: real records, even test ones, stay out of MLflow
     width = read_json(Path(out["model_dir"]) / "model.json")["input_dim"]
     example = np.zeros((2, width), dtype=np.float32)
-    registered = tracking.log_evaluate(params, run_id, out, ledger, load_released(Path(out["model_dir"])), example)
-    tracking.log_privacy(params, run_id, ledger)
+    registered = tracking.log_released_model(params, run_id, out, ledger, load_released(Path(out["model_dir"])),
+                                             example)
     return {**out, **registered}
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate_task(params: Params, run_id: str, sensitive: str, test: str, model_dir: str) -> dict[str, Any]:
+    """Evaluate and audit the model, and log the figures; :func:`release_task` logs and registers it."""
     out = run_evaluate(params, sensitive=Path(sensitive), test=Path(test), model_dir=Path(model_dir))
-    return track_evaluation(params, run_id, out)
+    log_evaluation(params, run_id, out)
+    return out
+
+
+@task(name="release-model", cache_policy=NO_CACHE)
+def release_task(params: Params, run_id: str, out: dict[str, Any]) -> dict[str, Any]:
+    return release_model(params, run_id, out)

@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.federated import ClientUpdates, LocalConfig, local_update
 from privpipe.models import make_network, seeded
-from tasks.common import seed_for
+from tasks.common import apply_torch_threads, seed_for
 
 __all__ = ["ModelSpec", "ClientData", "ClientJob", "build_model", "train_client", "sequential_updates",
            "client_update_task", "client_rows"]
@@ -56,6 +56,7 @@ class ClientJob:
     data: ClientData
     local: LocalConfig
     seed: int  # run.seed: local shuffling follows seed_for(seed, "client", round, client)
+    torch_threads: int = 1  # each update's torch threads, mapped or one after another (tasks.common.task_threads)
 
 
 def build_model(spec: ModelSpec) -> torch.nn.Module:
@@ -111,6 +112,7 @@ def client_rows(data: ClientData, client: int) -> np.ndarray:
 
 def train_client(job: ClientJob, client: int, round_: int, weights: np.ndarray) -> np.ndarray:
     """Client ``client``'s update in round ``round_``, starting from ``weights``."""
+    apply_torch_threads(job.torch_threads)  # in this worker thread or process (tasks.common)
     rows = client_rows(job.data, client)
     if not len(rows):  # a client with no records (federated.min_records: 0) has nothing to send
         return np.zeros_like(weights, dtype=np.float32)

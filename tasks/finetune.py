@@ -24,7 +24,8 @@ from privpipe.federated import ClientUpdates
 from privpipe.models import released_model, save_released
 from privpipe.privacy import Ledger, compute_epsilon
 from tasks import paths
-from tasks.common import read_json, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json, write_text
+from tasks.common import (read_json, skip_stage, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng,
+                          write_json, write_text)
 from tasks.dp_pca import calibrate_for
 from tasks.federated_clients import ClientJob, sequential_updates
 from tasks.finetune_federated import run_finetune_federated
@@ -47,6 +48,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     student's weights (``start`` holds model.pt) or from scratch (``start`` = dp_pca_dir)."""
     if not params.finetune.enabled:
         return skip_stage("finetune", out, "finetune.enabled is false: the student is deployed")
+    use_torch_threads(params, "finetune")
     start = Path(start if start is not None else start_dir(params))
     federated = params.finetune.mode == "federated"
     warn_insecure_rng(params, "finetune", "DP-FedAvg's noise and client sampling come" if federated else

@@ -23,7 +23,7 @@ from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainabl
 from privpipe.models import apply_front, released_model, save_released
 from privpipe.privacy import BudgetExceeded
 from tasks import paths
-from tasks.common import stage_logger, staged_dir, write_json, write_text
+from tasks.common import stage_logger, staged_dir, task_threads, write_json, write_text
 from tasks.federated_clients import ClientData, ClientJob, ModelSpec, forget_arrays, sequential_updates
 from tasks.federated_training import assign_clients, train_federated
 from tasks.finetune_start import finetune_start
@@ -54,7 +54,7 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
                                                 assignment=str(work / "assignment.npy"), clients=clients),
                     local=LocalConfig(epochs=fed.local_epochs, batch_size=fed.local_batch_size,
                                       learning_rate=fed.local_learning_rate, prox_mu=fed.prox_mu),
-                    seed=params.run.seed)
+                    seed=params.run.seed, torch_threads=task_threads(params))
     network = begin.network(params, start=start, dp_pca_dir=dp_pca_dir, log=log)
     test_records = Records.load(test)
     test_features = torch.as_tensor(apply_front(begin.front, test_records.features))

@@ -6,19 +6,26 @@ cluster (prefect-dask) or on Ray (prefect-ray).
 
 Tasks pass file paths, so a remote Dask or Ray worker must see the project folder at the
 same path (a shared filesystem) and have privpipe installed; a local cluster always does.
+
+Threads: each mapped task sets torch's intra-op threads itself, in the worker thread or process
+that runs it (``tasks.common.task_threads``: ``run.torch_threads``, capped at cores // workers on
+this machine). On the threads runner all tasks share one process, whose torch setting is one
+process-wide number: workers × threads ≤ cores holds because every task asks for the same count.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 from privpipe.config import ConfigError, Params, redact_url
+from tasks.common import task_threads
 
-__all__ = ["task_runner", "mapping_runner", "describe_runner"]
+__all__ = ["task_runner", "mapping_runner", "describe_runner", "wait_until_recorded"]
 
 
 def _cores() -> int:
@@ -26,7 +33,8 @@ def _cores() -> int:
 
 
 def _torch_threads(threads: int) -> None:
-    """Process-pool initialiser: share the cores out instead of every worker using all of them."""
+    """Process-pool initialiser: share the cores out instead of every worker using all of them
+    (each task sets the same count again, in the thread that computes)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -42,7 +50,7 @@ def task_runner(params: Params, *, api_url: str | None = None) -> TaskRunner:
         return ThreadPoolTaskRunner(max_workers=workers)
     if kind == "processes":
         return ProcessPoolTaskRunner(max_workers=workers, initializer=_torch_threads,
-                                     initargs=(max(1, _cores() // workers),))
+                                     initargs=(task_threads(params),))
     if kind == "dask":
         from prefect_dask import DaskTaskRunner
 
@@ -79,4 +87,37 @@ def mapping_runner(params: Params) -> Iterator[TaskRunner]:
 
 def describe_runner(params: Params) -> str:
     where = redact_url(params.runner.address) or f"local, {params.runner.workers or _cores()} workers"
-    return f"{params.runner.kind} ({where})"
+    return (f"{params.runner.kind} ({where}), torch threads {task_threads(params)} per task "
+            f"(run.torch_threads: {params.run.torch_threads})")
+
+
+_FINAL_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+def wait_until_recorded(flow_run_id: str, *, timeout: float = 120.0) -> bool:
+    """Before the temporary Prefect server of a command (no ``PREFECT_API_URL``) stops with the process:
+    send the events still queued here and wait until the server has recorded every task run of the
+    flow run in a final state; whether it has (False: ``timeout`` seconds passed).
+
+    The server records task runs from events, one at a time; after hundreds of mapped tasks it lags,
+    and stopping it mid-write printed tracebacks ("Error flushing 1 events") and lost the last states.
+    Done when every recorded task run is final and two polls half a second apart agree."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():  # a server that outlives this process records in its own time
+        return True
+    from prefect.client.orchestration import get_client
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all(timeout=timeout, at_exit=False)
+    runs = {"flow_runs": {"id": {"any_": [flow_run_id]}}}
+    final = {**runs, "task_runs": {"state": {"type": {"any_": list(_FINAL_STATES)}}}}
+    deadline, previous = time.monotonic() + timeout, None
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            counts = tuple(client.request("POST", "/task_runs/count", json=body).json() for body in (runs, final))
+            if counts[0] == counts[1] and counts == previous:
+                return True
+            previous = counts
+            time.sleep(0.5)
+    return False

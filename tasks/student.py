@@ -26,7 +26,8 @@ from privpipe.data import DATASET_CLASSES, DataError, Records
 from privpipe.models import make_network, released_model, save_released, seeded
 from privpipe.pate.student import StudentConfig, train_student
 from tasks import paths
-from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, write_json, write_text
+from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, use_torch_threads, write_json,
+                          write_text)
 from tasks.dp_pca import load_ledger, load_projection, projection_digest
 from tasks.teachers import model_front, query_records
 
@@ -57,6 +58,7 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
     if not params.student.enabled:
         return skip_stage("student", out, "student.enabled is false")
     log = stage_logger("student")
+    use_torch_threads(params, "student")
     cfg = params.student
     ledger = load_ledger(aggregate_dir / "ledger.json", params)
     labels = np.load(aggregate_dir / "labels.npy")

@@ -26,7 +26,8 @@ from privpipe.data import DATASET_CLASSES, DataError, Records
 from privpipe.models import apply_front, front_layers, make_network, seeded
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier
 from tasks import paths
-from tasks.common import seed_for, skip_stage, stage_logger, staged_dir, write_json
+from tasks.common import (apply_torch_threads, seed_for, skip_stage, stage_logger, staged_dir, task_threads,
+                          write_json)
 from tasks.dp_pca import load_projection, projection_digest
 from tasks.partition import load_shards
 
@@ -54,6 +55,8 @@ def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSI
                   partition_dir: Path = paths.PARTITION, dp_pca_dir: Path = paths.DP_PCA,
                   public: Path = paths.PUBLIC, partial: Path = PARTIAL) -> Path:
     """Train teacher ``teacher`` on its shard alone and save its votes on the queries."""
+    # in this worker thread or process, as many threads as each of the parallel teachers gets (tasks.common)
+    apply_torch_threads(task_threads(params))
     cfg = params.teachers
     ids = np.load(Path(sensitive) / "ids.npy")
     mine = Records.load(sensitive, rows=np.flatnonzero(load_shards(partition_dir, ids) == teacher))
@@ -112,6 +115,8 @@ def run_teachers(params: Params) -> dict[str, Any]:
     if not params.student.enabled:
         return skip_stage("teachers", paths.TEACHERS, "student.enabled is false")
     log = stage_logger("teachers")
+    log.info("teachers: torch uses %d thread(s) per teacher (run.torch_threads: %d, as when they run in parallel on "
+             "runner.workers)", task_threads(params), params.run.torch_threads)
     clear_partial_votes()
     for k in range(params.partition.shards):
         train_teacher(params, k)

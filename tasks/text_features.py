@@ -22,7 +22,8 @@ from prefect.cache_policies import NO_CACHE
 from privpipe.config import Params
 from privpipe.text import embed, embedding_key, encoder_digest, encoder_dir, load_encoder, tokenize
 from tasks import paths
-from tasks.common import stage_logger, staged_dir, write_json
+from tasks.common import stage_logger, staged_dir, use_torch_threads, write_json
+from tasks.progress import progress
 from tasks.text_prepare import load_split
 
 __all__ = ["run_text_features", "text_features_task", "input_names"]
@@ -41,14 +42,16 @@ def _save_atomic(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def _cached_embeddings(model, tokenizer, texts: list[str], *, digest: str, params: Params,
-                       cache: Path) -> tuple[np.ndarray, bool]:
+def _cached_embeddings(model, tokenizer, texts: list[str], *, digest: str, params: Params, cache: Path,
+                       split: str, log) -> tuple[np.ndarray, bool]:
     key = embedding_key(encoder=digest, max_length=params.text.max_length, texts=texts)
     file = cache / f"{key}.npy"
     if file.exists():
         return np.load(file), True
-    vectors = embed(model, tokenizer, texts, max_length=params.text.max_length,
-                    batch_size=params.text.embed_batch_size)
+    # minutes for thousands of texts on a CPU: a bar on a terminal, else a log line every 30 s
+    with progress(len(texts), f"encode: {split}", unit="texts", log=log) as bar:
+        vectors = embed(model, tokenizer, texts, max_length=params.text.max_length,
+                        batch_size=params.text.embed_batch_size, on_progress=bar.update)
     _save_atomic(file, vectors)
     return vectors, False
 
@@ -56,6 +59,7 @@ def _cached_embeddings(model, tokenizer, texts: list[str], *, digest: str, param
 def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path = paths.TEXT_FEATURES,
                       cache: Path = paths.EMBEDDING_CACHE) -> dict[str, Any]:
     log = stage_logger("encode")
+    use_torch_threads(params, "encode")
     folder = encoder_dir(params.text.encoder)
     digest = encoder_digest(folder)
     model, tokenizer = load_encoder(folder)
@@ -66,7 +70,8 @@ def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path 
         for split in ("train", "test"):
             texts, _ = load_split(text_dir, split)
             if params.text.mode == "frozen":
-                vectors, hit = _cached_embeddings(model, tokenizer, texts, digest=digest, params=params, cache=cache)
+                vectors, hit = _cached_embeddings(model, tokenizer, texts, digest=digest, params=params, cache=cache,
+                                                  split=split, log=log)
                 np.save(staging / f"{split}_embeddings.npy", vectors)
                 meta[f"{split}_cached"] = hit
                 log.info("encode: %s, %d texts %s", split, len(texts), "from the cache" if hit else "encoded")

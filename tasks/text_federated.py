@@ -25,7 +25,7 @@ from privpipe.config import Params
 from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainable_vector
 from privpipe.privacy import Event, Ledger, Spend, record_level_ledger
 from tasks import paths
-from tasks.common import read_json, stage_logger, staged_dir, write_json, write_text
+from tasks.common import read_json, stage_logger, staged_dir, task_threads, use_torch_threads, write_json, write_text
 from tasks.federated_clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays, sequential_updates
 from tasks.federated_training import train_federated
 from tasks.privacy_audit import audit_figures, audit_released_model
@@ -55,7 +55,7 @@ def client_job(params: Params, *, text_dir: Path, features_dir: Path) -> ClientJ
                       assignment=str(Path(text_dir) / "assignment.npy"), clients=int(meta["clients"]))
     local = LocalConfig(epochs=fed.local_epochs, batch_size=fed.local_batch_size,
                         learning_rate=fed.local_learning_rate, prox_mu=fed.prox_mu)
-    return ClientJob(model=spec, data=data, local=local, seed=params.run.seed)
+    return ClientJob(model=spec, data=data, local=local, seed=params.run.seed, torch_threads=task_threads(params))
 
 
 def predict_batches(model: torch.nn.Module, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -94,6 +94,7 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
     """``before_rounds(event)``: the most the rounds can cost (client-level), once σ is fixed;
     the flow's lifetime check, which may refuse the run."""
     log = stage_logger(STAGE)
+    use_torch_threads(params, STAGE)
     forget_arrays()  # files of an earlier run in this process may have been rewritten
     job = client_job(params, text_dir=text_dir, features_dir=features_dir)
     ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,

@@ -15,17 +15,22 @@ from privpipe.privacy import Ledger
 from tasks import privacy_audit
 from tasks.common import read_json
 from tasks.federated_tracking import log_rounds
-from tasks.tracking import _client, _metrics, log_stage_figures, register_logged_model
+from tasks.tracking import _client, log_data_input, log_figures, log_stage_figures, register_logged_model
 
 __all__ = ["log_text_prepare", "log_text_features", "log_federated", "register_text_model"]
 
 
 def log_text_prepare(params: Params, run_id: str, out: dict[str, Any]) -> None:
     client = _client(params)
-    client.set_tag(run_id, "dvc.data_version", out["data_version"])
     client.set_tag(run_id, "text.source", out["source"])
-    _metrics(client, run_id, {"data.n_train": out["n_train"], "data.n_test": out["n_test"],
-                              "data.classes": len(out["classes"]), "federated.clients": out["clients"]})
+    source = out["source"]
+    if not Path(source).exists():  # 20newsgroups: scikit-learn's local cache
+        from sklearn.datasets import get_data_home
+
+        source = get_data_home()
+    log_data_input(params, run_id, data_version=out["data_version"], source=source)
+    log_figures(client, run_id, {"data.n_train": out["n_train"], "data.n_test": out["n_test"],
+                                 "data.classes": len(out["classes"]), "federated.clients": out["clients"]})
 
 
 def log_text_features(params: Params, run_id: str, out: dict[str, Any]) -> None:
@@ -47,8 +52,8 @@ def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
     record = {"privacy.record_epsilon": out["record_epsilon"]} if params.federated.private else {}
     if params.federated.private:
         client.set_tag(run_id, "privacy.record_accountant", out["record_accountant"])
-    _metrics(client, run_id, {"accuracy.test": out["accuracy_test"], **record,
-                              **privacy_audit.metric_items(out.get("privacy_audit", {}))})
+    log_figures(client, run_id, {"accuracy.test": out["accuracy_test"], **record,
+                                 **privacy_audit.metric_items(out.get("privacy_audit", {}))})
     client.set_tag(run_id, "privacy.private", str(params.federated.private).lower())
     client.set_tag(run_id, "privacy.not_covered",
                    "federated.clients_dropped counts clients whose update failed, and the membership audit's "

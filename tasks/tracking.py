@@ -4,9 +4,12 @@ Everything goes through an explicit run id (MLflow's fluent API is thread-local,
 and Prefect may run tasks on other threads). Metric names an auditor looks for:
 
 - ``privacy.epsilon`` / ``privacy.delta``: the run's total, by the ledger's accountant
-- ``privacy.<stage>.epsilon`` / ``privacy.<stage>.delta``: each stage alone
+- ``privacy.<stage>.epsilon``: each stage alone (its δ is the tag ``privacy.<stage>.delta``)
 - ``privacy.finetune.epsilon_by_step``: the stage's ε as DP-SGD went on (a curve)
 - ``accuracy.train`` / ``accuracy.test``
+
+One-point figures that a chart would not explain (counts, noise multipliers, budgets) are tags,
+6 significant digits (:func:`tasks.run_view.chart_worthy`); curves and ε/accuracy figures are metrics.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from mlflow.tracking import MlflowClient
 import privpipe
 from privpipe.config import Params, redact_url
 from privpipe.privacy import Ledger
-from tasks import privacy_audit
+from tasks import privacy_audit, run_view
+from tasks.common import stage_threads, task_threads
 from tasks.versioning import git_commit
 
 __all__ = ["resolve_tracking_uri", "start_run", "finish_run", "tracked_run", "log_prepare", "log_privacy", "log_dp_pca",
-           "log_finetune", "log_evaluate", "run_url_hint", "register_logged_model"]
+           "log_finetune", "log_evaluate", "run_url_hint", "run_url", "register_logged_model", "log_figures",
+           "describe_run", "name_by_data_version", "log_evaluation", "log_released_model", "log_data_input"]
 
 _MAX_PARAM_BATCH = 100  # MLflow's per-call limit for params
 
@@ -55,8 +60,18 @@ def _now_ms() -> int:
 
 
 def _metrics(client: MlflowClient, run_id: str, values: dict[str, float], step: int = 0) -> None:
+    if not values:
+        return
     stamp = _now_ms()
     client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, step) for k, v in values.items()])
+
+
+def log_figures(client: MlflowClient, run_id: str, values: dict[str, float]) -> None:
+    """One-point figures: ε, accuracy and AUC figures as metrics (full precision), the rest as tags
+    (``run_view.format_value``), so the run's charts are the ones that say something."""
+    metrics = {k: v for k, v in values.items() if run_view.chart_worthy(k)}
+    _metrics(client, run_id, metrics)
+    run_view.set_tags(client, run_id, {k: run_view.format_value(v) for k, v in values.items() if k not in metrics})
 
 
 def experiment_id(params: Params) -> str:
@@ -73,11 +88,12 @@ def experiment_id(params: Params) -> str:
 
 def start_run(params: Params, *, run_name: str | None = None, params_file: str = "params.yaml",
               tags: dict[str, str] | None = None) -> str:
-    """Create the run (experiment on first use), log every parameter and the git commit."""
+    """Create the run (experiment on first use), log every parameter, the source and its git commit."""
     client = _client(params)
+    tags = tags or {}
     run = client.create_run(experiment_id(params), run_name=run_name, tags={
-        "git.commit": git_commit(), "privpipe.version": privpipe.__version__, "privpipe.params_file": params_file,
-        "privpipe.project": project_id(), **(tags or {}),
+        **run_view.source_tags(tags.get("privpipe.flow", ""), git_commit()), "privpipe.version": privpipe.__version__,
+        "privpipe.params_file": params_file, "privpipe.project": project_id(), **tags,
     })
     flat = [Param(k, str(v)) for k, v in sorted(params.flat().items())]
     for i in range(0, len(flat), _MAX_PARAM_BATCH):
@@ -117,13 +133,21 @@ def tracked_run(params: Params, *, params_file: str, flow: str, dataset: str, ru
                 exclusive: bool = False) -> Iterator[str]:
     """``with tracked_run(...) as run_id:`` — a started run, FINISHED when the block ends, FAILED if it raises.
 
-    Tagged ``privpipe.flow`` and ``privpipe.dataset``: what ``privpipe audit`` selects by.
+    Tagged ``privpipe.flow`` and ``privpipe.dataset``: what ``privpipe audit`` selects by. Named
+    ``<flow> · <dataset>`` unless ``run_name`` is given (:func:`name_by_data_version` adds the data
+    version once known), described in one line, tagged with torch's thread counts and, inside a
+    Prefect flow run, linked with it both ways.
     ``exclusive``: the caller holds the flow's project lock, so runs of the flow left RUNNING
     by a dead process are closed first (:func:`close_abandoned_runs`)."""
     if exclusive:
         close_abandoned_runs(params, flow=flow)
-    run_id = start_run(params, run_name=run_name, params_file=params_file,
-                       tags={"privpipe.flow": flow, "privpipe.dataset": dataset})
+    run_id = start_run(params, run_name=run_name or run_view.run_name(flow, dataset), params_file=params_file,
+                       tags={"privpipe.flow": flow, "privpipe.dataset": dataset,
+                             "mlflow.note.content": run_view.description(params, flow=flow, dataset=dataset,
+                                                                         params_file=params_file),
+                             "privpipe.torch_threads": f"{stage_threads(params)} per stage, "
+                                                       f"{task_threads(params)} per parallel task"})
+    run_view.link_prefect_flow_run(params, _client(params), run_id, experiment_id(params))
     try:
         yield run_id
     except BaseException:
@@ -132,26 +156,52 @@ def tracked_run(params: Params, *, params_file: str, flow: str, dataset: str, ru
     finish_run(params, run_id)
 
 
+def run_url(params: Params, run_id: str) -> str:
+    """The run's page in the MLflow UI, on the training-runs view."""
+    return run_view.run_url(params, _client(params).get_run(run_id).info.experiment_id, run_id)
+
+
 def run_url_hint(params: Params, run_id: str) -> str:
+    """How to open the run: the ``mlflow ui`` command for a local store, then the run's address."""
+    uri = resolve_tracking_uri(params.run.tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        return run_url(params, run_id)
+    return f"mlflow ui --backend-store-uri {redact_url(uri)}  →  {run_url(params, run_id)}"
+
+
+def describe_run(params: Params, run_id: str, text: str) -> None:
+    """Replace the run's one-line description (``mlflow.note.content``, shown under its name)."""
+    _client(params).set_tag(run_id, "mlflow.note.content", text)
+
+
+def name_by_data_version(params: Params, run_id: str, data_version: str) -> None:
+    """``<flow> · <dataset> · <short data version>``, once the data version is known."""
     client = _client(params)
-    run = client.get_run(run_id)
-    uri = redact_url(resolve_tracking_uri(params.run.tracking_uri))
-    return (f"mlflow ui --backend-store-uri {uri}  →  http://127.0.0.1:5000/#/experiments/"
-            f"{run.info.experiment_id}/runs/{run_id}")
+    tags = client.get_run(run_id).data.tags
+    client.update_run(run_id, name=run_view.run_name(tags.get("privpipe.flow", "run"),
+                                                     tags.get("privpipe.dataset", "data"), data_version))
+
+
+def log_data_input(params: Params, run_id: str, *, data_version: str, source: str) -> None:
+    """The data version as the run's tag (``dvc.data_version``), its dataset input and its name."""
+    client = _client(params)
+    client.set_tag(run_id, "dvc.data_version", data_version)
+    dataset = client.get_run(run_id).data.tags.get("privpipe.dataset", Path(source).stem)
+    run_view.log_dataset(client, run_id, name=dataset, data_version=data_version, source=source)
+    name_by_data_version(params, run_id, data_version)
 
 
 def log_prepare(params: Params, run_id: str, out: dict[str, str]) -> None:
-    client = _client(params)
-    client.set_tag(run_id, "dvc.data_version", out["data_version"])
-    _metrics(client, run_id, {f"data.{k}": float(v) for k, v in out.items() if k.startswith("n_")})
+    log_data_input(params, run_id, data_version=out["data_version"], source=params.prepare.path)
+    log_figures(_client(params), run_id, {f"data.{k}": float(v) for k, v in out.items() if k.startswith("n_")})
 
 
 def log_stage_figures(params: Params, run_id: str, stage: str, out: dict[str, Any]) -> None:
-    """Every numeric figure a stage returned, as ``<stage>.<name>`` metrics; strings as tags."""
+    """Every numeric figure a stage returned as ``<stage>.<name>`` (:func:`log_figures`); strings as tags."""
     client = _client(params)
     numbers = {f"{stage}.{k}": float(v) for k, v in out.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    _metrics(client, run_id, numbers)
+    log_figures(client, run_id, numbers)
     for key, value in out.items():
         if isinstance(value, bool):
             client.set_tag(run_id, f"{stage}.{key}", str(value).lower())
@@ -169,22 +219,22 @@ def log_curve(params: Params, run_id: str, key: str, points: list[tuple[int, flo
 
 
 def log_privacy(params: Params, run_id: str, ledger: Ledger) -> None:
-    """Total and per-stage (ε, δ) as metrics, the accountant as a tag, the ledger as an artifact."""
+    """Total (ε, δ) and each stage's ε as metrics, each stage's δ and the accountant as tags, the ledger
+    as an artifact (the budget is the parameter ``privacy.epsilon_budget``)."""
     client = _client(params)
     summary = ledger.summary()
-    values = {"privacy.epsilon": summary["total"]["epsilon"], "privacy.delta": summary["total"]["delta"],
-              "privacy.epsilon_budget": ledger.epsilon_budget}
+    values = {"privacy.epsilon": summary["total"]["epsilon"], "privacy.delta": summary["total"]["delta"]}
     for stage, spend in summary["stages"].items():
         values[f"privacy.{stage}.epsilon"] = spend["epsilon"]
         values[f"privacy.{stage}.delta"] = spend["delta"]
-    _metrics(client, run_id, values)
+    log_figures(client, run_id, values)
     client.set_tag(run_id, "privacy.accountant", summary["total"]["accountant"])
     client.log_text(run_id, ledger.to_json(), "privacy/ledger.json")
 
 
 def log_dp_pca(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger) -> None:
     if out.get("noise_multiplier") is not None:
-        _metrics(_client(params), run_id, {"dp_pca.noise_multiplier": out["noise_multiplier"]})
+        log_figures(_client(params), run_id, {"dp_pca.noise_multiplier": out["noise_multiplier"]})
     log_privacy(params, run_id, ledger)
 
 
@@ -195,11 +245,9 @@ def log_finetune(params: Params, run_id: str, out: dict[str, Any], ledger: Ledge
     metrics = [Metric("finetune.loss", h["loss"], stamp, int(h["step"])) for h in history]
     metrics += [Metric("finetune.learning_rate", h["lr"], stamp, int(h["step"])) for h in history]
     metrics += [Metric("privacy.finetune.epsilon_by_step", c["epsilon"], stamp, int(c["step"])) for c in curve]
-    metrics += [Metric("finetune.noise_multiplier", out["noise_multiplier"], stamp, 0),
-                Metric("finetune.sample_rate", out["sample_rate"], stamp, 0),
-                Metric("finetune.steps", out["steps"], stamp, 0)]
     for i in range(0, len(metrics), 500):
         client.log_batch(run_id, metrics=metrics[i:i + 500])
+    log_figures(client, run_id, {f"finetune.{k}": out[k] for k in ("noise_multiplier", "sample_rate", "steps")})
     log_privacy(params, run_id, ledger)
 
 
@@ -211,20 +259,31 @@ NOT_COVERED = ("accuracy.train, finetune.loss and the membership audit's privacy
 
 def log_evaluate(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger,
                  model: torch.nn.Module, example: np.ndarray) -> dict[str, Any]:
-    """Accuracy metrics; log the released model, register it, tag the version with its (ε, δ)."""
+    """:func:`log_evaluation` then :func:`log_released_model`."""
+    log_evaluation(params, run_id, out)
+    return log_released_model(params, run_id, out, ledger, model, example)
+
+
+def log_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> None:
+    """Accuracy metrics, the membership audit's figures, and what ε does not cover."""
     client = _client(params)
     _metrics(client, run_id, {f"accuracy.{k.removeprefix('accuracy_')}": v for k, v in out.items()
                               if k.startswith("accuracy_")})
     client.set_tag(run_id, "privacy.not_covered", NOT_COVERED)
+    audit = out.get("privacy_audit", {})
+    if privacy_audit.metric_items(audit):  # the empirical lower bound and the attacks' AUC, next to the claimed ε
+        log_figures(client, run_id, privacy_audit.metric_items(audit))
+        client.set_tag(run_id, "privacy.audit", "membership inference (loss, reference-calibrated): "
+                       "privacy.audit.epsilon_lower_bound is what the attacks prove, privacy.epsilon what is claimed")
+
+
+def log_released_model(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger,
+                       model: torch.nn.Module, example: np.ndarray) -> dict[str, Any]:
+    """Log the released model, register it, tag the version with its (ε, δ) and the audit's figures."""
     spend = ledger.epsilon()
     privacy_tags = {"privacy.epsilon": f"{spend.epsilon:.6g}", "privacy.delta": f"{spend.delta:g}",
                     "privacy.accountant": spend.accountant}
-    audit = out.get("privacy_audit", {})
-    if privacy_audit.metric_items(audit):  # the empirical lower bound and the attacks' AUC, next to the claimed ε
-        _metrics(client, run_id, privacy_audit.metric_items(audit))
-        privacy_tags.update(privacy_audit.version_tags(audit))
-        client.set_tag(run_id, "privacy.audit", "membership inference (loss, reference-calibrated): "
-                       "privacy.audit.epsilon_lower_bound is what the attacks prove, privacy.epsilon what is claimed")
+    privacy_tags.update(privacy_audit.version_tags(out.get("privacy_audit", {})))
     with mlflow.start_run(run_id=run_id):
         # pt2 (torch.export) is a graph, not pickled code: loading it runs nothing of ours
         info = mlflow.pytorch.log_model(
@@ -245,8 +304,10 @@ def register_logged_model(params: Params, run_id: str, model_uri: str, *, name: 
     registered: dict[str, Any] = {"model_uri": model_uri}
     if params.evaluate.register_model:
         run = client.get_run(run_id)
-        copied = {key: run.data.tags.get(key, "unknown") for key in ("dvc.data_version", "git.commit", *run_tags)}
+        copied = {key: run.data.tags.get(key, "unknown") for key in ("dvc.data_version", *run_tags)}
+        copied["git.commit"] = run.data.tags.get("mlflow.source.git.commit", "unknown")
         version = mlflow.register_model(model_uri, name, tags={**tags, **copied, "mlflow.run_id": run_id})
+        __import__("tasks.record_use").record_use.log_version_manifest(params, run_id, name, str(version.version))
         registered.update(model_name=version.name, model_version=str(version.version))
         client.set_tag(run_id, "registered_model", f"{version.name}/{version.version}")
     return registered

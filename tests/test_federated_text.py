@@ -67,10 +67,17 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     assert run.data.tags["federated.sampling"] == "poisson"
     # the membership audit of the global model, next to the claimed (client-level) ε
     # 40 test texts: 12 train the reference, 28 are audited; the claim compared is the record-level one
-    assert run.data.metrics["privacy.audit.members"] == 28 and "privacy.audit.calibrated.auc" in run.data.metrics
+    assert run.data.tags["privacy.audit.members"] == "28" and "privacy.audit.calibrated.auc" in run.data.metrics
     assert out["privacy_audit"]["claimed_epsilon"] == pytest.approx(record.epsilon)
     assert run.data.metrics["privacy.audit.epsilon_lower_bound"] <= record.epsilon
     assert run.data.metrics["privacy.record_epsilon"] == pytest.approx(record.epsilon)
+    # named by flow, dataset and data version; described in one line; the text file as its dataset input
+    version = json.loads((project / "artifacts/text/meta.json").read_text())["data_version"]
+    assert run.info.run_name == f"federated-text · texts · untracked:{version.removeprefix('untracked:')[:8]}"
+    assert f"client-level ε = {spend.epsilon:.4g}" in run.data.tags["mlflow.note.content"]
+    (data,) = run.inputs.dataset_inputs
+    assert (data.dataset.name, data.dataset.digest) == ("texts", version.removeprefix("untracked:"))
+    assert run.data.tags["prefect.flow_run_id"] == out["flow_run_id"]
 
     version = client.get_model_version("privpipe-text", out["model_version"])
     assert float(version.tags["privacy.epsilon"]) == pytest.approx(spend.epsilon, rel=1e-5)
@@ -237,3 +244,52 @@ def test_a_failed_client_task_is_dropped_from_its_round(prefect_harness, monkeyp
     updates = one_round()
     assert updates[1] is None
     assert np.array_equal(updates[0], [0, 0]) and np.array_equal(updates[2], [2, 2])
+
+
+def test_encoding_reports_its_progress(encoder, caplog):
+    """embed() calls back after each batch; away from a terminal the stage logs a line now and then."""
+    import logging
+
+    from privpipe.text import embed
+    from tasks.progress import progress
+
+    model, tokenizer = load_encoder(encoder)
+    batches: list[int] = []
+    vectors = embed(model, tokenizer, ["apple banana"] * 10, max_length=16, batch_size=4, on_progress=batches.append)
+    assert batches == [4, 4, 2] and vectors.shape == (10, 16)
+    log = logging.getLogger("privpipe.encode")
+    with caplog.at_level(logging.INFO, logger="privpipe.encode"), \
+            progress(10, "encode: train", unit="texts", log=log, every=0) as bar:
+        for n in batches:
+            bar.update(n)
+    assert [m.split(",")[0] for m in caplog.messages] == ["encode: train 4/10 texts (40%)",
+                                                          "encode: train 8/10 texts (80%)"]
+    assert caplog.messages[0].endswith("left")
+
+
+def test_on_a_terminal_log_lines_go_above_the_bar():
+    """While a bar is shown, a terminal's log handlers clear it to write (and drop Prefect's per-task
+    "Completed" lines, which the bar counts); afterwards they are as they were."""
+    import io
+    import logging
+
+    from tasks.progress import _logs_above_bars
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    handler = logging.StreamHandler(Terminal())
+    logger = logging.getLogger("prefect.task_runs.test-progress")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with _logs_above_bars(active=True):
+            assert "emit" in handler.__dict__  # wrapped
+            logger.warning("Finished in state Completed()")
+            logger.warning("round 1/3")
+        assert "emit" not in handler.__dict__ and not handler.filters
+        logger.warning("Finished in state Completed()")
+    finally:
+        logger.removeHandler(handler)
+    assert handler.stream.getvalue().splitlines() == ["round 1/3", "Finished in state Completed()"]

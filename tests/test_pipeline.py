@@ -8,7 +8,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import write_params
+from conftest import write_params, write_digits_pointer
 from privpipe.privacy import Ledger
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -20,10 +20,7 @@ def finished(prefect_harness, tmp_path_factory):
     import os
 
     folder = tmp_path_factory.mktemp("project")
-    (folder / "data/raw").mkdir(parents=True)
-    from conftest import PROJECT
-
-    (folder / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
+    write_digits_pointer(folder)
     write_params(folder, finetune={"epochs": 20}, run={"model_name": "test-model"},
                  teachers={"epochs": 20}, student={"steps": 300, "delay_steps": 50, "ramp_steps": 100})
     previous = os.getcwd()
@@ -73,7 +70,9 @@ def test_run_records_params_curves_and_versions(finished):
     # the exported digits match the DVC pointer, so the tag is DVC's own md5
     pointer = yaml.safe_load((folder / "data/raw/digits.csv.dvc").read_text())
     assert run.data.tags["dvc.data_version"] == pointer["outs"][0]["md5"]
-    assert "git.commit" in run.data.tags
+    assert run.data.tags["mlflow.source.git.commit"] and "git.commit" not in run.data.tags
+    assert run.data.params["run.torch_threads"] == "1"  # the default: one thread per stage and per teacher
+    assert run.data.tags["privpipe.torch_threads"] == "1 per stage, 1 per parallel task"
 
 
 def test_model_is_registered_with_its_privacy_tags(finished):
@@ -90,8 +89,10 @@ def test_the_membership_audit_is_logged_next_to_the_claimed_epsilon(finished):
     metrics = run.data.metrics
     for attack in ("loss", "calibrated"):
         assert 0.0 <= metrics[f"privacy.audit.{attack}.auc"] <= 1.0
-    # 360 test records: 108 train the reference, 250 of the rest are audited against 250 members
-    assert metrics["privacy.audit.members"] == metrics["privacy.audit.non_members"] == 250
+    # 30% of the test records train the reference; up to 250 of the rest are audited against as many members
+    n_test = int(json.loads((folder / "metrics/prepare.json").read_text())["n_test"])
+    audited = str(min(250, n_test - round(0.3 * n_test)))
+    assert run.data.tags["privacy.audit.members"] == run.data.tags["privacy.audit.non_members"] == audited
     assert 0.0 <= metrics["privacy.audit.epsilon_lower_bound"] <= metrics["privacy.epsilon"]
     # the default audit can contradict the default claim: a perfect attack would prove more than it
     assert metrics["privacy.audit.max_provable_epsilon"] > metrics["privacy.epsilon"]
@@ -126,7 +127,7 @@ def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
     run = client.get_run(result["run_id"])
     for stage in ("partition", "teachers", "aggregate", "student"):
         assert json.loads((folder / f"metrics/{stage}.json").read_text())
-    assert run.data.metrics["aggregate.answered"] == analysis["answered"] > 0
+    assert int(run.data.tags["aggregate.answered"]) == analysis["answered"] > 0
     assert run.data.metrics["aggregate.epsilon_data_independent"] > 0
     assert "accuracy.target" in run.data.metrics and "student.accuracy_test" in run.data.metrics
     # the raw data-dependent bound stays out of MLflow
@@ -211,3 +212,47 @@ def test_audit_lists_two_recorded_runs_and_the_budget_adds_them_up(finished, mon
     # the lifetime ledger composes both runs
     assert main(["budget"]) == 0
     assert f"spent ε = {first['epsilon'] + second['epsilon']:.4g}" in capsys.readouterr().out
+
+
+def test_the_run_reads_well_in_the_mlflow_ui(finished, monkeypatch):
+    """Name, one-line description, source commit, dataset input, figures as tags, Prefect links, and
+    the DP model as the experiment's newest logged model (the UI lists them newest first)."""
+    from privpipe.config import load_params
+    from tasks import tracking
+
+    folder, result, client = finished
+    run = client.get_run(result["run_id"])
+    tags = run.data.tags
+    assert run.info.run_name == f"pipeline · digits · {result['data_version'][:8]}"
+    note = tags["mlflow.note.content"]
+    assert "\n" not in note and note.startswith("training pipeline: DP-PCA → PATE teachers → student")
+    assert f"test accuracy {result['accuracy_test']:.4f}" in note and f"test-model/{result['model_version']}" in note
+    assert (tags["mlflow.source.type"], tags["mlflow.source.name"]) == ("LOCAL", "privpipe run")
+    version = client.get_model_version("test-model", result["model_version"])
+    assert version.tags["git.commit"] == tags["mlflow.source.git.commit"]
+    (data,) = run.inputs.dataset_inputs
+    assert (data.dataset.name, data.dataset.digest) == ("digits", result["data_version"])
+    assert json.loads(data.dataset.source)["uri"] == str((folder / "data/raw/digits.csv").resolve())
+    # one-point counts and settings are tags with a few digits, not charts; ε and accuracy stay metrics
+    prepared = json.loads((folder / "metrics/prepare.json").read_text())
+    assert tags["data.n_sensitive"] == str(prepared["n_sensitive"]) and "data.n_sensitive" not in run.data.metrics
+    assert len(tags["finetune.noise_multiplier"].replace(".", "")) <= 6 and "finetune.steps" in tags
+    assert "privacy.epsilon_budget" not in run.data.metrics and tags["privacy.dp_pca.delta"] == "1e-05"
+    # Prefect ↔ MLflow: the run names its flow run, the flow run links to the run
+    assert tags["prefect.flow_run_id"] == result["flow_run_id"]
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as prefect:
+        links = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["mlflow-run"])))
+    link = next(a.data for a in links if str(a.flow_run_id) == result["flow_run_id"])  # markdown: [text](url)
+    assert link.endswith(f"(http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{result['run_id']}"
+                         "?workflowType=machine_learning)")
+    # what `privpipe run` prints: the UI command, then the run's page on the training-runs view
+    monkeypatch.chdir(folder)
+    assert tracking.run_url_hint(load_params("params.yaml"), result["run_id"]) == (
+        f"mlflow ui --backend-store-uri sqlite:///{(folder / 'mlflow.db').resolve()}  →  http://127.0.0.1:5000/#/"
+        f"experiments/{run.info.experiment_id}/runs/{result['run_id']}?workflowType=machine_learning")
+    models = client.search_logged_models([run.info.experiment_id], order_by=[{"field_name": "creation_time",
+                                                                              "ascending": False}])
+    assert [m.name for m in models if m.source_run_id == result["run_id"]][:2] == ["model", "head"]

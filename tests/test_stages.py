@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -119,3 +120,49 @@ def test_a_local_usps_folder_as_the_mnist_target_domain(project):
     # the 16×16 digit sits in MNIST's central 20×20 box
     assert not target.features.reshape(-1, 28, 28)[:, :4].any()
     assert int(prepared["n_target"]) == len(target) and int(prepared["n_target_test"]) == len(test)
+
+
+TINY_DIGITS = dict(partition={"shards": 3}, teachers={"epochs": 2}, aggregate={"queries": 30},
+                   student={"steps": 40, "delay_steps": 10, "ramp_steps": 10}, run={"torch_threads": 1})
+
+
+def test_a_stage_sets_torch_threads_logs_it_and_repeats_byte_for_byte(tmp_path, caplog):
+    """run.torch_threads is applied at the stage's start (whatever torch had before), said in its log,
+    and the same params give byte-identical metrics and weights."""
+    import logging
+
+    import torch
+
+    from conftest import trained_dvc_project
+
+    trained_dvc_project(tmp_path, ("prepare", "partition", "dp_pca", "teachers", "aggregate"), **TINY_DIGITS)
+    outputs = []
+    previous = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        params = load_params("params.yaml")
+        for threads_before in (1, 2):  # a different count left behind by someone else
+            torch.set_num_threads(threads_before)
+            with caplog.at_level(logging.INFO, logger="privpipe.student"):
+                run_student(params)
+            assert torch.get_num_threads() == 1
+            assert "student: torch uses 1 thread(s) (run.torch_threads: 1)" in caplog.messages
+            caplog.clear()
+            outputs.append([(tmp_path / name).read_bytes()
+                            for name in ("metrics/student.json", "artifacts/student/history.json",
+                                         "artifacts/student/model.pt")])
+    finally:
+        os.chdir(previous)
+    assert outputs[0] == outputs[1]
+
+
+def test_parallel_tasks_share_the_cores(monkeypatch):
+    from privpipe.config import parse_params
+    from tasks.common import stage_threads, task_threads
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    wanted = lambda threads, **runner: parse_params({"run": {"torch_threads": threads}, "runner": runner})  # noqa: E731
+    assert (stage_threads(wanted(4)), task_threads(wanted(4, workers=4))) == (4, 2)  # 4 workers × 2 ≤ 8 cores
+    assert task_threads(wanted(1, workers=2)) == 1 and task_threads(wanted(4, workers=16)) == 1
+    assert (stage_threads(wanted(0)), task_threads(wanted(0))) == (8, 1)  # 0: torch's default; 8 workers of 1
+    assert task_threads(wanted(3, kind="dask", address="tcp://scheduler:8786")) == 3  # a remote cluster's own cores

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 from conftest import write_params
 
@@ -79,3 +80,7 @@ def test_a_run_recorded_through_a_tracking_server(project, tracking_server, caps
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[1] == run_id[:12] and "served-model/1" in lines[1]
     assert lines[-1].startswith("1 run(s)")
+    # the printed link: the server's own UI, on the training-runs view (MLflow 3 opens GenAI screens otherwise)
+    experiment = MlflowClient(tracking_uri=url).get_run(run_id).info.experiment_id
+    assert tracking.run_url_hint(params, run_id) == (f"{url}/#/experiments/{experiment}/runs/{run_id}"
+                                                     "?workflowType=machine_learning")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -78,8 +79,10 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def embed(model: torch.nn.Module, tokenizer: object, texts: list[str], *, max_length: int,
-          batch_size: int) -> np.ndarray:
-    """Sentence embeddings (float32, one row per text) with the encoder frozen."""
+          batch_size: int, on_progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """Sentence embeddings (float32, one row per text) with the encoder frozen.
+
+    ``on_progress(n)``: called after each batch with the number of texts it encoded (a progress bar)."""
     out = []
     # longest-first batches pad little (short texts are not padded to the longest of the set)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -89,6 +92,8 @@ def embed(model: torch.nn.Module, tokenizer: object, texts: list[str], *, max_le
             encoded = tokenizer(batch, padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
             hidden = model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]).last_hidden_state
             out.append(mean_pool(hidden, encoded["attention_mask"]))
+            if on_progress is not None:
+                on_progress(len(batch))
     if not out:
         return np.zeros((0, 0), dtype=np.float32)
     vectors = torch.cat(out).numpy().astype(np.float32)

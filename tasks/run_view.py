@@ -1,0 +1,156 @@
+"""How a run reads in the MLflow UI: its name and one-line description, its source (the git commit),
+its dataset input, links to and from its Prefect flow run, and figures shown as tags where a
+one-point chart would say nothing.
+
+MLflow 3 opens an experiment on its GenAI screens unless the address says otherwise: the UI is a
+hash router, so the query goes after the route, ``#/experiments/1/runs/<id>?workflowType=machine_learning``
+(read by the UI's workflow-type provider; the ``mlflow.experimentKind`` tag alone did not switch it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import DatasetInput, InputTag, RunTag
+from mlflow.tracking import MlflowClient
+
+from privpipe.config import Params, redact_url
+
+__all__ = ["LOCAL_UI", "format_value", "short_version", "run_name", "run_url", "source_tags",
+           "description", "log_dataset", "prefect_links", "link_prefect_flow_run", "set_tags", "chart_worthy",
+           "headline"]
+
+#: what ``make ui`` (``mlflow ui``) serves for a local store
+LOCAL_UI = "http://127.0.0.1:5000"
+#: the training-runs view (MLflow 3.17's UI otherwise opens the GenAI screens)
+WORKFLOW = "workflowType=machine_learning"
+#: the command each flow's run comes from (MLflow's Source column)
+SOURCES = {"pipeline": "privpipe run", "federated-text": "privpipe federated", "removals": "privpipe removals",
+           "dvc-repro": "privpipe stage evaluate --track"}
+_DIGEST_LENGTH = 36  # MLflow's limit on a dataset digest
+
+
+def format_value(value: float) -> str:
+    """A figure as a tag shows it: integers whole, others to 6 significant digits."""
+    number = float(value)
+    return str(int(number)) if number.is_integer() and abs(number) < 1e15 else f"{number:.6g}"
+
+
+def chart_worthy(key: str) -> bool:
+    """Whether a one-point figure stays a metric: ε and accuracy figures and the attacks' AUCs are what
+    ``privpipe audit``, the accuracy-vs-ε plot and MLflow's run comparison read; counts, budgets,
+    noise multipliers and other settings go to tags."""
+    last = key.rsplit(".", 1)[-1]
+    return ("accuracy" in key or last.startswith("epsilon") or last.endswith("epsilon") or last == "auc"
+            or key == "privacy.delta")
+
+
+def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
+    if tags:
+        client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def short_version(data_version: str) -> str:
+    """``48e0e995`` for DVC's md5, ``untracked:9f3c2a1b`` for files outside DVC."""
+    kind, _, digest = data_version.rpartition(":")
+    return f"{kind}:{digest[:8]}" if kind else digest[:8]
+
+
+def run_name(flow: str, dataset: str, data_version: str | None = None) -> str:
+    return " · ".join([flow, dataset] + ([short_version(data_version)] if data_version else []))
+
+
+def _ui_base(params: Params) -> str:
+    from tasks.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(params.run.tracking_uri)
+    return str(redact_url(uri)).rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
+
+
+def run_url(params: Params, experiment_id: str, run_id: str) -> str:
+    """The run's page in the UI (a tracking server's own address, else ``make ui``'s), on the training-runs view."""
+    return f"{_ui_base(params)}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW}"
+
+
+def source_tags(flow: str, commit: str) -> dict[str, str]:
+    """MLflow's Source column: the command and the git commit (``+dirty`` when tracked files differ)."""
+    return {"mlflow.source.type": "LOCAL", "mlflow.source.name": SOURCES.get(flow, f"privpipe {flow}"),
+            "mlflow.source.git.commit": commit}
+
+
+def description(params: Params, *, flow: str, dataset: str, params_file: str) -> str:
+    """The run's one line (``mlflow.note.content``) at its start; the flow may replace it with its result."""
+    if flow in ("pipeline", "dvc-repro"):
+        stages = ["DP-PCA" if params.dp_pca.enabled else None, "PATE teachers → student" if params.student.enabled
+                  else None, f"DP finetune ({params.finetune.mode})" if params.finetune.enabled else None,
+                  "removal head" if params.head.enabled else None]
+        what = "training pipeline: " + " → ".join(s for s in stages if s)
+        if flow == "dvc-repro":
+            what += ", recorded from dvc repro's outputs"
+    elif flow == "federated-text":
+        what = (f"federated text classification ({params.text.mode} encoder, DP-FedAvg over "
+                f"{params.federated.rounds} rounds)")
+    else:  # e.g. removals: their runs describe themselves
+        return f"privpipe {flow} on {dataset}, {params_file}"
+    return f"{what} on {dataset}, {params_file}, privacy budget ε ≤ {params.privacy.epsilon_budget:g}"
+
+
+def log_dataset(client: MlflowClient, run_id: str, *, name: str, data_version: str, source: str) -> None:
+    """The data the run trained on as an MLflow dataset input: its name, the data version as digest
+    (DVC's md5; the full label, ``untracked:…`` included, as the input's ``dvc.data_version`` tag) and
+    the file or folder it came from. Metadata only: no record goes to MLflow."""
+    from mlflow.data.dataset_source_registry import get_registered_sources
+    from mlflow.data.meta_dataset import MetaDataset
+
+    # MLflow builds its local-file source class at import time, under this name
+    local = next(s for s in get_registered_sources() if s.__name__ == "LocalArtifactDatasetSource")
+    digest = data_version.rpartition(":")[2][:_DIGEST_LENGTH]
+    dataset = MetaDataset(local(str(Path(source).resolve())), name=name, digest=digest)
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=[
+        InputTag("mlflow.data.context", "training"), InputTag("dvc.data_version", data_version)])])
+
+
+def prefect_links() -> dict[str, str]:
+    """Tags naming the Prefect flow run this code runs in (nothing outside a flow run)."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return {}
+    tags = {"prefect.flow_run_id": str(context.flow_run.id), "prefect.flow_run_name": context.flow_run.name}
+    from prefect.settings import PREFECT_UI_URL
+
+    if PREFECT_UI_URL.value():  # a Prefect server with a UI (`privpipe serve`; the temporary one has none)
+        tags["prefect.flow_run_url"] = f"{PREFECT_UI_URL.value().rstrip('/')}/flow-runs/flow-run/{context.flow_run.id}"
+    return tags
+
+
+def link_prefect_flow_run(params: Params, client: MlflowClient, run_id: str, experiment_id: str) -> None:
+    """Both ways: the MLflow run tagged with the Prefect flow run, the flow run given a link artifact
+    to the MLflow run (shown under the flow run's Artifacts in Prefect)."""
+    tags = prefect_links()
+    if not tags:
+        return
+    set_tags(client, run_id, tags)
+    from prefect.artifacts import create_link_artifact
+
+    create_link_artifact(link=run_url(params, experiment_id, run_id), link_text=f"MLflow run {run_id}",
+                         key="mlflow-run", description="this flow run's MLflow run (`make ui` serves a local store)")
+
+
+def headline(result: dict[str, Any], *, prefix: str) -> str:
+    """A finished run's one line: ``prefix`` (what it was), then test accuracy, ε and the registered models."""
+    parts = []
+    if "accuracy_test" in result:
+        parts.append(f"test accuracy {result['accuracy_test']:.4f}")
+    if result.get("record_epsilon") is not None:  # a federated text run: client-level, and for one record
+        parts.append(f"client-level ε = {result['epsilon']:.4g} (δ = {result['delta']:g}), one record's "
+                     f"ε = {result['record_epsilon']:.4g}")
+    elif result.get("epsilon") is not None:
+        parts.append(f"ε = {result['epsilon']:.4g} (δ = {result['delta']:g})")
+    if "model_version" in result:
+        parts.append(f"model {result['model_name']}/{result['model_version']}")
+    if "head_model_version" in result:
+        parts.append(f"removal head {result['head_model_name']}/{result['head_model_version']} (not DP)")
+    return f"{prefix}: {', '.join(parts)}" if parts else prefix
