@@ -7,8 +7,8 @@
     privpipe init-data                           write the embedded default data (digits) if missing
     privpipe forget ID... [--reason TEXT]        queue deletion requests (durable; unknown ids are refused)
     privpipe removals [--params ...]             process the queue as a Prefect flow (remove, register, new data version)
-    privpipe requests                            list deletion requests and their state
-    privpipe serve [--params ...]                the Prefect deployments: scheduled retraining, deletion processing
+    privpipe requests [--record ID] [--redact]   list deletion requests and their state (and coverage)
+    privpipe serve [--params ...] [--use-running-server]   the Prefect deployments: scheduled retraining, deletion processing
     privpipe budget [--params ...]               each dataset's lifetime privacy spend, run by run
     privpipe audit [--dataset D] [--since DAY] [--until DAY] [--csv FILE]   the recorded runs as a table
     privpipe privacy dpsgd --noise-multiplier 1.1 --sample-rate 0.01 --steps 10000 --delta 1e-5
@@ -72,18 +72,28 @@ def _parser() -> argparse.ArgumentParser:
 
     forget = commands.add_parser("forget", help="queue deletion requests for records (by record id)")
     forget.add_argument("record_ids", nargs="+", metavar="RECORD_ID")
-    forget.add_argument("--reason", default=None, help="why (kept in the local queue, not in MLflow)")
+    forget.add_argument("--reason", default=None, help="why; the queue keeps only its HMAC (so whoever holds the "
+                                                       "reason can check it), MLflow nothing")
     forget.add_argument("--params", default="params.yaml")
 
     removals = commands.add_parser("removals", help="process the pending deletion requests (Prefect flow)")
     removals.add_argument("--params", default="params.yaml")
 
-    commands.add_parser("requests", help="list deletion requests and their state")
+    requests = commands.add_parser("requests", help="list deletion requests and their state")
+    requests.add_argument("--record", default=None, metavar="RECORD_ID",
+                          help="only the requests for this record id (matched by its hash)")
+    requests.add_argument("--redact", action="store_true",
+                          help="rewrite requests an older privpipe journaled with the raw record id and reason, "
+                               "keeping only their hashes")
 
     serve = commands.add_parser("serve", help="serve the scheduled-retrain and deletion-processing deployments "
-                                              "(starts a local Prefect server if none answers)")
+                                              "(starts a local Prefect server if none answers; its log: "
+                                              "PREFECT_HOME/server.log)")
     serve.add_argument("--params", default="params.yaml")
     serve.add_argument("--list", action="store_true", help="only print the deployments and their schedules")
+    serve.add_argument("--use-running-server", action="store_true",
+                       help="serve on the Prefect server answering at schedule.prefect_api_url even when it is not "
+                            "this project's (its PREFECT_HOME differs or is unknown); refused without this flag")
 
     budget = commands.add_parser("budget", help="each dataset's lifetime privacy spend and what is left")
     budget.add_argument("--params", default="params.yaml")
@@ -134,6 +144,13 @@ class _StderrHandler(logging.StreamHandler):
     def stream(self, _value) -> None:
         """Ignored: the stream is always the current sys.stderr."""
 
+    def filter(self, record: logging.LogRecord) -> bool:
+        # importing prefect (every stage does) puts a console handler on the root logger, which the
+        # stage's records reach too: write only where there is none, else each line comes twice
+        if any(isinstance(h, logging.StreamHandler) for h in logging.getLogger().handlers):
+            return False
+        return bool(super().filter(record))
+
 
 def _log_stages_to_stderr() -> None:
     logger = logging.getLogger("privpipe")
@@ -157,15 +174,20 @@ def _stage(args: argparse.Namespace) -> int:
         from tasks import budget
 
         budget.check_lifetime(params, budget.dataset_name(params), what=f"stage {args.name}")
+    from tasks.common import use_torch_threads
+
+    use_torch_threads(params, args.name, quiet=True)  # run.torch_threads; the torch-heavy stages say so themselves
     run = getattr(importlib.import_module(f"tasks.{args.name}"), f"run_{args.name}")
     out = run(params)
     if args.track:
         if args.name != "evaluate":
             raise ValueError("--track: only the evaluate stage can record a run")
         from flows.record import record_finished_pipeline
+        from tasks import tracking
 
         out = record_finished_pipeline(params, out, params_file=args.params)
         print(f"recorded MLflow run {out['run_id']}")
+        print(f"MLflow          {tracking.run_url_hint(params, out['run_id'])}")
     return 0
 
 
@@ -191,7 +213,18 @@ def _forget(args: argparse.Namespace) -> int:
     accepted = queue.submit(args.record_ids, reason=args.reason, known=known.__contains__)
     for request in accepted:
         print(f"queued {request.request_id} (received {request.received_at})")
+    # the others, by their place on the command line: record ids are not echoed
+    new, first = {r.record_hash for r in accepted}, {}
+    for place, record_id in enumerate(args.record_ids, start=1):
+        if record_id in first:
+            print(f"record id #{place} repeats #{first[record_id]}: one request")
+            continue
+        first[record_id] = place
+        if queue.hash_record_id(record_id) not in new:
+            earlier = queue.requests_for(record_id)[0]
+            print(f"record id #{place} already has request {earlier.request_id} ({earlier.status}): not queued again")
     print(f"{len(accepted)} deletion request(s) queued in {queue.path}; `privpipe removals` processes them")
+    _legacy_note(queue.read(), queue)
     if accepted:
         from tasks.notify import announce_deletion_requests
 
@@ -199,20 +232,32 @@ def _forget(args: argparse.Namespace) -> int:
     return 0
 
 
-def _requests(_args: argparse.Namespace) -> int:
+def _legacy_note(requests, queue) -> None:
+    legacy = sum(r.legacy for r in requests)
+    if legacy:
+        print(f"{legacy} request(s) in {queue.path} still hold the raw record id and reason (journaled by an older "
+              "privpipe): `privpipe requests --redact` rewrites them as hashes")
+
+
+def _requests(args: argparse.Namespace) -> int:
     from privpipe.requests import RequestQueue
     from tasks import paths
 
     queue = RequestQueue(paths.REQUESTS)
-    requests = queue.read()
-    print(f"{'request':<44} {'status':<9} {'received':<28} {'completed':<28} mechanism / head version")
+    if args.redact:
+        print(f"{queue.redact()} request(s) rewritten with hashed record ids and reasons in {queue.path}")
+    requests = queue.requests_for(args.record) if args.record is not None else queue.read()
+    print(f"{'request':<44} {'status':<9} {'received':<28} {'completed':<28} mechanism / head version / uncovered")
     for r in requests:
         audit = r.audit or {}
         what = f"{audit.get('mechanism', '')} {audit.get('version_before', '')}→{audit.get('version_after', '')}" \
             if audit else ""
+        if audit.get("uncovered"):
+            what += " / not covered: " + ", ".join(audit["uncovered"])
         print(f"{r.request_id:<44} {r.status:<9} {r.received_at:<28} {r.completed_at or '':<28} {what}")
     counts = {s: sum(r.status == s for r in requests) for s in ("pending", "in_batch", "done")}
     print(f"{len(requests)} requests: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    _legacy_note(requests, queue)
     return 0
 
 
@@ -222,18 +267,24 @@ def _removals(args: argparse.Namespace) -> int:
     from tasks import paths
     from tasks.removals import ensure_head_for
 
-    load_params(args.params)
+    params = load_params(args.params)
     # before Prefect starts: a damaged journal, or requests with no head, fail here (the flow checks again)
-    ensure_head_for(RequestQueue(paths.REQUESTS))
+    ensure_head_for(params, RequestQueue(paths.REQUESTS))
     from flows.removals import removals
 
     results = removals(params_file=args.params)
     if not results:
         print("no pending deletion requests")
     for out in results:
-        print(f"{out['batch_id']}: {out['requests']} request(s) done; head version {out['head_version']}; "
-              f"data version {out['data_version']}; budget used {out['budget_used']:.4g} of {out['budget']:.4g}"
+        head = (f"head version {out['head_version']}; budget used {out['budget_used']:.4g} of {out['budget']:.4g}"
+                if out["budget"] is not None else "no head")
+        print(f"{out['batch_id']}: {out['requests']} request(s) done, {out['rows_removed']} head row(s) removed; "
+              f"{head}; data version {out['data_version']}"
               + ("; the head was retrained (budget spent)" if out["retrained"] else ""))
+        for flagged in out["uncovered"]:
+            print(f"ACTION: {flagged['model']} version {flagged['version']} does not cover {len(flagged['requests'])} "
+                  f"deletion request(s), {len(flagged['in_batch'])} of this batch (tagged privacy.erasure.*): "
+                  f"{flagged['action']}")
     return 0
 
 
@@ -243,7 +294,8 @@ def _serve(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.deploy import build_deployments, describe_deployment, prefect_server, serve_deployments
+    from flows.deploy import (ForeignPrefectServer, PrefectServerError, build_deployments, cancel_missed_runs,
+                              crash_orphaned_runs, describe_deployment, prefect_server, serve_deployments)
 
     if args.list:
         for deployment in build_deployments(params, params_file=args.params):
@@ -251,9 +303,23 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
 
     url = params.schedule.prefect_api_url
-    with prefect_server(url), temporary_settings(updates={PREFECT_API_URL: url}):
-        print(f"Prefect server {url} (UI: {url.removesuffix('/api').removesuffix('/api/')}); Ctrl-C stops serving")
-        serve_deployments(params, params_file=args.params)
+    try:
+        with prefect_server(url, use_running=args.use_running_server) as server, \
+                temporary_settings(updates={PREFECT_API_URL: url}):
+            print(f"{server.describe()}; Ctrl-C stops serving", flush=True)
+            deployments = build_deployments(params, params_file=args.params)
+            # runs interrupted when the server last stopped would block their deployment for good; runs that
+            # came due while nothing served them would all run back to back
+            orphans = crash_orphaned_runs(deployments) if server.started else []
+            for line in orphans + cancel_missed_runs(deployments):
+                print(line, flush=True)
+            serve_deployments(params, params_file=args.params)
+    except ForeignPrefectServer as exc:
+        print(f"privpipe: refused: {exc}", file=sys.stderr)
+        return 1
+    except PrefectServerError as exc:
+        print(f"privpipe: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -346,7 +412,8 @@ def _run(args: argparse.Namespace) -> int:
         if "head_model_version" in result:
             print(f"                {result['head_model_name']} version {result['head_model_version']} "
                   "(not DP: serve it for erasure, the model above for DP)")
-    print(f"MLflow          {tracking.run_url_hint(params, result['run_id'])}")
+    print(f"MLflow          {tracking.run_url_hint(params, result['run_id'])}", flush=True)
+    _let_prefect_record(result["flow_run_id"])
     return 0
 
 
@@ -396,8 +463,18 @@ def _federated(args: argparse.Namespace) -> int:
         print(f"note            {out['stopped']}")
     if "model_version" in out:
         print(f"model           {out['model_name']} version {out['model_version']} (MLflow registry)")
-    print(f"MLflow          {tracking.run_url_hint(params, out['run_id'])}")
+    print(f"MLflow          {tracking.run_url_hint(params, out['run_id'])}", flush=True)
+    _let_prefect_record(out["flow_run_id"])
     return 0
+
+
+def _let_prefect_record(flow_run_id: str) -> None:
+    """The temporary Prefect server stops when this process ends: first let it record every task run."""
+    from tasks.runner import wait_until_recorded
+
+    if not wait_until_recorded(flow_run_id):
+        print("note            the temporary Prefect server had not recorded every task run's final state after "
+              "120 s; the run itself is complete (MLflow and the files above)", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -74,6 +74,7 @@ class RunConfig:
     experiment: str = "privpipe"
     model_name: str = "privpipe-digits"
     tracking_uri: str = "sqlite:///mlflow.db"
+    torch_threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -443,6 +444,7 @@ def _noise_or_epsilon(section: str, noise: float | None, epsilon_key: str, epsil
 
 
 def _validate(p: Params) -> None:
+    _require(p.run.torch_threads >= 0, "run.torch_threads", "must be >= 0 (0 = torch's default, one per core)")
     _require(p.privacy.epsilon_budget > 0, "privacy.epsilon_budget", "must be > 0")
     _require(0 < p.privacy.delta < 1, "privacy.delta", "must be in (0, 1)")
     _one_of(p.privacy.accountant, ACCOUNTANTS, "privacy.accountant")
@@ -668,6 +670,9 @@ def _validate_operations(p: Params) -> None:
              f"unknown time zone {p.schedule.timezone!r} (an IANA name such as UTC or Europe/Berlin)")
     _require(p.schedule.prefect_api_url.startswith(("http://", "https://")), "schedule.prefect_api_url",
              "must be an http(s) URL")
+    _require(urlsplit(p.schedule.prefect_api_url).path.rstrip("/").endswith("/api"), "schedule.prefect_api_url",
+             f"must be a Prefect server's API address, ending in /api (e.g. http://127.0.0.1:4200/api): "
+             f"{redact_url(p.schedule.prefect_api_url)!r}")
 
 
 def _is_timezone(name: str) -> bool:

@@ -32,6 +32,16 @@ import privpipe.privacy  # noqa: E402,F401
 PROJECT = Path(__file__).resolve().parents[1]
 
 
+def write_digits_pointer(folder: Path) -> None:
+    """data/raw/digits.csv.dvc naming the embedded default's bytes. Tests write their own pointer:
+    the repository's moves to a later data version whenever a user commits one after an erasure."""
+    from privpipe.data.digits import EMBEDDED_DIGITS_MD5, EMBEDDED_DIGITS_SIZE
+
+    (folder / "data/raw").mkdir(parents=True, exist_ok=True)
+    (folder / "data/raw/digits.csv.dvc").write_text(
+        f"outs:\n- md5: {EMBEDDED_DIGITS_MD5}\n  size: {EMBEDDED_DIGITS_SIZE}\n  hash: md5\n  path: digits.csv\n")
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One temporary Prefect API for the whole session (its start-up takes ~20 s)."""
@@ -44,8 +54,7 @@ def prefect_harness():
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty project folder as the working directory, with the digits DVC pointer."""
-    (tmp_path / "data/raw").mkdir(parents=True)
-    (tmp_path / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
+    write_digits_pointer(tmp_path)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -71,8 +80,7 @@ def trained_dvc_project(folder: Path, stages: tuple[str, ...], **sections: dict)
 
     from privpipe.config import load_params
 
-    (folder / "data/raw").mkdir(parents=True)
-    (folder / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
+    write_digits_pointer(folder)
     write_params(folder, **sections)
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
     previous = os.getcwd()

@@ -191,16 +191,16 @@ CASES = [
          setup=params(privacy={"accountant": "pld"})),
     # δ < 1/n needs n, the sensitive records: the prepare stage refuses it before it writes
     Case("delta-not-below-1-over-n", ("stage", "prepare"),
-         "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.00101 (n = 987 sensitive records); "
+         "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.000977 (n = 1024 sensitive records); "
          "a δ that large permits leaking a whole record",
          setup=params(privacy={"delta": 0.01})),
     # `privpipe run` checks the data and the partition before Prefect, MLflow or the pipeline lock exist
     Case("run-delta-not-below-1-over-n", ("run",),
-         "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.00101 (n = 987 sensitive records); "
+         "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.000977 (n = 1024 sensitive records); "
          "a δ that large permits leaking a whole record",
          setup=params(privacy={"delta": 0.01})),
     Case("run-more-shards-than-records", ("run",),
-         "privpipe: error: partition.shards: 100000 shards for 987 records leaves shard 0 with 0 records "
+         "privpipe: error: partition.shards: 100000 shards for 1024 records leaves shard 0 with 0 records "
          "(need ≥ 5); use fewer shards",
          setup=params(partition={"shards": 100_000})),
     Case("run-csv-negative-label", ("run",),
@@ -216,7 +216,7 @@ CASES = [
          setup=params(federated={"clip_norm": 0})),
     # the shard count is checked against the sensitive set, so after prepare
     Case("more-shards-than-records", ("stage", "partition"),
-         "privpipe: error: partition.shards: 100000 shards for 987 records leaves shard 0 with 0 records "
+         "privpipe: error: partition.shards: 100000 shards for 1024 records leaves shard 0 with 0 records "
          "(need ≥ 5); use fewer shards",
          setup=params(partition={"shards": 100_000}), base="prepared"),
     Case("params-not-yaml", ("run",), "privpipe: error: params.yaml: not valid YAML (line 3)",

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PROJECT, write_params
+from conftest import PROJECT, write_digits_pointer, write_params
 
-SOURCES = ["dvc.yaml", "privpipe", "tasks", "flows", "data/raw/digits.csv.dvc", "data/raw/.gitignore", ".dvcignore"]
+SOURCES = ["dvc.yaml", "privpipe", "tasks", "flows", "data/raw/.gitignore", ".dvcignore"]
 
 
 def sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -36,6 +36,7 @@ def repo(tmp_path: Path) -> Path:
             shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(source, target)
+    write_digits_pointer(tmp_path)
     write_params(tmp_path, finetune={"epochs": 3}, dp_pca={"components": 16}, teachers={"epochs": 10},
                  head={"features": "dp_pca"},
                  student={"steps": 100, "delay_steps": 20, "ramp_steps": 20})

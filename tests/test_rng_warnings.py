@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PROJECT, write_params
+from conftest import write_params, write_digits_pointer
 from flows.cli import main
 from privpipe.config import load_params
 
@@ -44,7 +44,7 @@ def stage_warnings(request, tmp_path_factory) -> tuple[bool, dict[str, list[str]
     secure = request.param
     folder = tmp_path_factory.mktemp("stages-secure" if secure else "stages-seeded")
     (folder / "data/raw").mkdir(parents=True)
-    (folder / "data/raw/digits.csv.dvc").write_text((PROJECT / "data/raw/digits.csv.dvc").read_text())
+    write_digits_pointer(folder)
     write_params(folder, **QUICK, privacy={"secure_rng": secure, "accountant": "rdp"})
     handler, logger = _Records(), logging.getLogger("privpipe")
     logger.addHandler(handler)
