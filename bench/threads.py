@@ -1,6 +1,6 @@
 """Torch threads per stage: `privpipe stage student` with torch's default thread count vs run.torch_threads: 1.
 
-    .venv/bin/python bench/threads.py [--repeats 3]
+    .venv/bin/python bench/threads.py [--repeats 3] [--busy 2]
 
 One throwaway project (the embedded digits, the default params.yaml) is taken up to the
 aggregate stage once; then `privpipe stage student` runs as a subprocess, alternating
@@ -8,13 +8,16 @@ aggregate stage once; then `privpipe stage student` runs as a subprocess, altern
 key existed) and `1` (the default now), `--repeats` times each, interleaved. Each run's wall
 time (interpreter start to exit) and the md5 of `metrics/student.json` are recorded: the
 same setting must give the same bytes every time. The machine's load average at each run is
-printed, since the gap between the two settings grows with other work on the cores.
-Prints a table and writes bench/out/operations/threads.json.
+printed, since the gap between the two settings grows with other work on the cores:
+``--busy N`` keeps N other processes spinning on the CPU throughout (a host shared with other
+work, as CI and scheduled runs often are). Prints a table and writes
+bench/out/operations/threads.json (threads-busy.json with --busy).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import hashlib
 import json
 import os
@@ -57,11 +60,20 @@ def _student(folder: Path, threads: int) -> tuple[float, str]:
     return seconds, hashlib.md5((folder / "metrics/student.json").read_bytes()).hexdigest()
 
 
+def _spin() -> None:
+    while True:
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--busy", type=int, default=0, help="other processes spinning on the CPU meanwhile")
     args = parser.parse_args()
     folder = _project()
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
+    for spinner in spinners:
+        spinner.start()
     runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     try:
         for repeat in range(args.repeats):
@@ -72,6 +84,8 @@ def main() -> None:
                 print(f"round {repeat + 1}  {name:<22} {seconds:7.1f} s  load {load:4.2f}  metrics {digest[:8]}",
                       flush=True)
     finally:
+        for spinner in spinners:
+            spinner.terminate()
         shutil.rmtree(folder, ignore_errors=True)
     summary = {}
     print(f"\n{'setting':<22} {'min':>7} {'median':>7} {'max':>7}  reproducible")
@@ -83,9 +97,10 @@ def main() -> None:
         print(f"{name:<22} {min(times):7.1f} {statistics.median(times):7.1f} {max(times):7.1f}  {same}")
     ratio = summary["torch default (0)"]["median"] / summary["run.torch_threads: 1"]["median"]
     print(f"median ratio (torch default / 1 thread): {ratio:.2f}; cores {os.cpu_count()}")
-    out = ROOT / "bench/out/operations/threads.json"
+    out = ROOT / f"bench/out/operations/threads{'-busy' if args.busy else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"stage": "student", "cores": os.cpu_count(), "repeats": args.repeats,
+                               "busy_processes": args.busy,
                                "median_ratio": round(ratio, 2), "settings": summary}, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
 
