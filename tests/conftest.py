@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,17 @@ import prefect  # noqa: E402,F401
 import privpipe.privacy  # noqa: E402,F401
 
 PROJECT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """`privpipe ARGS` in this process: (exit code, stdout, stderr). Not through capsys/capfd: a flow run
+    under them can leave pytest's own capture with a closed stream."""
+    from flows.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
 
 
 def write_digits_pointer(folder: Path) -> None:

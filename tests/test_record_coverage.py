@@ -12,32 +12,19 @@ and `privpipe removals` says what to do.
 
 from __future__ import annotations
 
-import io
 import json
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import trained_dvc_project
+from conftest import cli, trained_dvc_project
 from privpipe.config import load_params
 from privpipe.data import Records
 from privpipe.requests import RequestQueue
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    """`privpipe ARGS` in this process: (exit code, stdout, stderr). Not through capsys/capfd: a flow run
-    under them can leave pytest's own capture with a closed stream."""
-    from flows.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 
 MODEL, HEAD = "cov-test", "cov-test-head"
@@ -102,8 +89,8 @@ def test_the_audit_lists_every_version_and_how_it_covers_the_record(registered, 
     sensitive = str(Records.load(Path("data/prepared/sensitive")).ids[0])
     public = str(Records.load(Path("data/prepared/public")).ids[0])  # the first public record is a PATE query
     test = str(Records.load(Path("data/prepared/test")).ids[0])
-    assert _cli("forget", sensitive, public, test)[0] == 0
-    code, out, _ = _cli("removals")
+    assert cli("forget", sensitive, public, test)[0] == 0
+    code, out, _ = cli("removals")
     assert code == 0
     client = _client(registered)
     head_after = max(int(v.version) for v in client.search_model_versions(f"name = '{HEAD}'"))

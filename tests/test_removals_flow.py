@@ -3,11 +3,9 @@ a crash between its steps, and the next data version without the records."""
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,23 +13,13 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import trained_dvc_project
+from conftest import cli, trained_dvc_project
 from privpipe.config import load_params
 from privpipe.data import Records
 from privpipe.requests import RequestQueue, UnknownRecord
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    """`privpipe ARGS` in this process: (exit code, stdout, stderr). Not through capsys/capfd: a flow run
-    under them can leave pytest's own capture with a closed stream."""
-    from flows.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 QUICK = dict(student={"enabled": False}, finetune={"epochs": 3, "hidden_units": [64]}, run={"model_name": "removal-test"},
              head={"features": "model"})
@@ -183,11 +171,11 @@ def test_one_request_per_record_and_each_row_counted_once(prefect_harness, insid
     queue = RequestQueue(Path("data/requests"))
     fresh = [i for i in _sensitive_ids(inside) if i in current_record_ids(params, queue)]
     once, twice = fresh[20], fresh[21]
-    code, out, _ = _cli("forget", once, once)
+    code, out, _ = cli("forget", once, once)
     assert code == 0
     assert "1 deletion request(s) queued" in out and "record id #2 repeats #1: one request" in out
     (first,) = queue.requests_for(once)
-    code, out, _ = _cli("forget", once)
+    code, out, _ = cli("forget", once)
     assert code == 0
     assert f"record id #1 already has request {first.request_id} (pending): not queued again" in out
     assert "0 deletion request(s) queued" in out and once not in out  # ids are not echoed
@@ -212,10 +200,10 @@ def test_one_request_per_record_and_each_row_counted_once(prefect_harness, insid
     assert {f["version"]: (len(f["requests"]), len(f["in_batch"]), f["action"]) for f in result["uncovered"]} == {
         "1": (4, 3, ACTIONS["head"]), "2": (3, 3, ACTIONS["head"])}
     assert client.get_model_version("removal-test-head", "1").tags["privacy.erasure.retrain_needed"] == "false"
-    code, out, _ = _cli("requests", "--record", twice)  # found by the hash of the id, which is not shown
+    code, out, _ = cli("requests", "--record", twice)  # found by the hash of the id, which is not shown
     assert code == 0 and [line.split()[0] for line in out.splitlines()[1:-2]] == [r.request_id for r in legacy]
     assert twice not in out and out.splitlines()[-1].startswith("2 request(s) in data/requests/queue.jsonl still hold")
-    code, out, _ = _cli("requests", "--redact")
+    code, out, _ = cli("requests", "--redact")
     assert code == 0 and out.startswith(f"2 request(s) rewritten with hashed record ids and reasons in {queue.path}")
     assert twice not in queue.path.read_text() and queue.requests_for(twice) == [replace(r, legacy=False) for r in legacy]
 

@@ -5,32 +5,19 @@ prepare leaves out every record with a request, pending ones included."""
 
 from __future__ import annotations
 
-import io
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import write_params
+from conftest import cli, write_params
 from privpipe.config import load_params
 from privpipe.requests import RequestQueue
 from privpipe.text import load_corpus
 from text_fixtures import write_corpus, write_tiny_encoder
 
 pytestmark = pytest.mark.filterwarnings("ignore")
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    """`privpipe ARGS` in this process: (exit code, stdout, stderr). Not through capsys/capfd: a flow run
-    under them can leave pytest's own capture with a closed stream."""
-    from flows.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 
 FEDERATED = {"clients": 10, "rounds": 2, "sample_rate": 0.5, "local_epochs": 1, "local_batch_size": 8,
@@ -62,11 +49,11 @@ def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_facto
     in_train, in_test, later = str(corpus.train.ids[4]), str(corpus.test.ids[0]), str(corpus.train.ids[7])
     text_before = corpus_file.read_bytes()
 
-    code, _, err = _cli("forget", "text-no-such-record")
+    code, _, err = cli("forget", "text-no-such-record")
     assert code == 2 and "record id 'text-no-such-record': not in the current data" in err
-    code, out, _ = _cli("forget", in_train, in_test)
+    code, out, _ = cli("forget", in_train, in_test)
     assert code == 0 and "2 deletion request(s) queued" in out
-    code, out, _ = _cli("removals")
+    code, out, _ = cli("removals")
     assert code == 0
     assert "2 request(s) done, 0 head row(s) removed; no head" in out and "ACTION" not in out
 
@@ -85,7 +72,7 @@ def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_facto
     assert corpus_file.read_bytes() == text_before  # not rewritten
 
     # a request still pending withholds its record as well
-    assert _cli("forget", later)[0] == 0
+    assert cli("forget", later)[0] == 0
     prepared = run_prepare_text(params)
     ids = set(np.load(project / "artifacts/text/train_ids.npy").tolist()) | set(
         np.load(project / "artifacts/text/test_ids.npy").tolist())
