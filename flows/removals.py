@@ -59,7 +59,7 @@ def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo)
         earlier = [r for r in queue.read() if r.status == "done" and r.request_id not in batch]
         coverage = coverage_task(params, [*todo, *earlier])
         audits = audit_records(params, batch_id, todo, applied, version, erased, coverage)
-        uncovered = flag_uncovered(params, coverage, audits)
+        uncovered = flag_uncovered(params, coverage, batch)
         client = tracking._client(params)
         client.log_text(run_id, json.dumps(list(audits.values()), indent=2), "removals/audit.json")
         figures = {"removal.requests": len(todo), "removal.rows_removed": applied["rows_removed"],

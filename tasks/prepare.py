@@ -25,6 +25,7 @@ owner's wish from the moment it is accepted, so no new model trains on the recor
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,6 +155,10 @@ def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], Withh
     return sets, sources, Withheld(erased, withheld - erased, dropped_erased, dropped_pending)
 
 
+def _digest(hashes: set[str]) -> str:
+    return hashlib.md5("\n".join(sorted(hashes)).encode()).hexdigest()[:8]
+
+
 def run_prepare(params: Params) -> dict[str, str]:
     """Write data/prepared/*; return their paths and the data version."""
     log = stage_logger("prepare")
@@ -164,10 +169,11 @@ def run_prepare(params: Params) -> dict[str, str]:
             records.save(out / name)
     # the version names the data trained on: the file's, less what the queue took out of it
     version = data_version(sources)
+    # the count says how many; the digest of the hashed ids which (two withheld sets of one size differ)
     if withheld.dropped_erased:  # the file still holds records whose erasure is done (IDX files, or an old version)
-        version = f"{version}+minus-erased:{len(withheld.erased)}"
+        version = f"{version}+minus-erased:{len(withheld.erased)}-{_digest(withheld.erased)}"
     if withheld.dropped_pending:  # requests accepted, the file not yet rewritten
-        version = f"{version}+minus-pending:{len(withheld.pending)}"
+        version = f"{version}+minus-pending:{len(withheld.pending)}-{_digest(withheld.pending)}"
     summary = {f"n_{name}": len(records) for name, records in sets.items()}
     summary["n_erased"] = len(withheld.erased)  # completed requests
     summary["n_withheld_pending"] = len(withheld.pending)  # requests not yet done, already left out

@@ -32,7 +32,7 @@ import numpy as np
 from privpipe.config import Params
 from privpipe.requests import Request, RequestQueue
 from tasks import paths
-from tasks.erase import base_id
+from tasks.erase import base_id, hashes_in
 
 __all__ = ["MANIFEST_TAG", "pipeline_uses", "text_uses", "head_uses", "extractor_uses", "log_manifest",
            "log_version_manifest", "coverage_audit", "flag_uncovered", "ACTIONS", "UNCOVERED"]
@@ -61,10 +61,6 @@ def _use(name: str, coverage: str, hashes: Iterable[str] | None, detail: str, *,
             "hashes": None if hashes is None else sorted(set(hashes))}
 
 
-def _hashed(queue: RequestQueue, ids: Iterable[Any]) -> list[str]:
-    return [queue.hash_record_id(base_id(str(i))) for i in ids]
-
-
 def _ids(folder: Path) -> np.ndarray:
     return np.load(Path(folder) / "ids.npy", allow_pickle=False)
 
@@ -74,26 +70,30 @@ def pipeline_uses(params: Params, queue: RequestQueue, *, prepared: Path = paths
     """The sets the pipeline's deployed model trained on: the sensitive set under DP and, when PATE
     ran, the student's public queries and unlabeled pool without DP."""
     prepared = Path(prepared)
-    uses = [_use("sensitive", "dp", _hashed(queue, _ids(prepared / paths.SENSITIVE.name)),
+    uses = [_use("sensitive", "dp", hashes_in(queue, _ids(prepared / paths.SENSITIVE.name)),
                  "in the DP-protected sensitive set", epsilon_tag=epsilon_tag, delta_tag=delta_tag)]
     if params.student.enabled:
         from tasks.teachers import query_records
 
         public = prepared / paths.PUBLIC.name
-        uses.append(_use("public_queries", "none", _hashed(queue, query_records(params, public).ids),
+        uses.append(_use("public_queries", "none", hashes_in(queue, query_records(params, public).ids),
                          "in the public pool: a PATE query the student trained on without DP"))
         target = prepared / paths.TARGET.name
         pool, what = (target, "the target-domain pool") if target.is_dir() else (public, "the public pool")
-        uses.append(_use(f"{pool.name}_unlabeled", "none", _hashed(queue, _ids(pool)),
+        uses.append(_use(f"{pool.name}_unlabeled", "none", hashes_in(queue, _ids(pool)),
                          f"in {what}: unlabeled data the student trained on without DP"))
     return uses
 
 
-def text_uses(queue: RequestQueue, *, text_dir: Path = paths.TEXT) -> list[dict[str, Any]]:
-    """The federated text model's training texts, under its record-level DP."""
+def text_uses(queue: RequestQueue, *, private: bool, text_dir: Path = paths.TEXT) -> list[dict[str, Any]]:
+    """The federated text model's training texts: under its record-level DP, or with no guarantee
+    at all when the run was not private (``federated.private: false``)."""
     ids = np.load(Path(text_dir) / "train_ids.npy", allow_pickle=False)
     # a text id is used whole (an ``id`` column may hold a colon; only the image sets' copies add suffixes)
-    return [_use("text_train", "dp", [queue.hash_record_id(str(i)) for i in ids],
+    hashes = [queue.hash_record_id(str(i)) for i in ids]
+    if not private:
+        return [_use("text_train", "none", hashes, "in the federated training texts, trained on without DP")]
+    return [_use("text_train", "dp", hashes,
                  "in the federated training texts (record-level DP: two add-or-remove steps of its client)",
                  epsilon_tag="privacy.record_epsilon", delta_tag="privacy.delta")]
 
@@ -104,7 +104,7 @@ def extractor_uses(params: Params, queue: RequestQueue, *, prepared: Path = path
     if params.head.features == "model":
         uses = pipeline_uses(params, queue, prepared=prepared, **tags)
     elif params.head.features == "dp_pca":
-        uses = [_use("sensitive", "dp", _hashed(queue, _ids(Path(prepared) / paths.SENSITIVE.name)),
+        uses = [_use("sensitive", "dp", hashes_in(queue, _ids(Path(prepared) / paths.SENSITIVE.name)),
                      "in the DP-protected sensitive set", **tags)]
     else:
         uses = []
@@ -118,7 +118,7 @@ def head_uses(queue: RequestQueue, *, folder: Path = paths.HEAD) -> list[dict[st
     from tasks.head import load_head
 
     head, ids, meta = load_head(folder)
-    hashed = _hashed(queue, ids)
+    hashed = [queue.hash_record_id(base_id(str(i))) for i in ids]  # row by row, beside head.active
     removed_by = meta.get("removed_by", {})
     # a row removed before the head recorded how: a Newton update at least (a later retrain is stronger still)
     how = ["active" if active else removed_by.get(str(row), "newton") for row, active in enumerate(head.active)]
@@ -169,7 +169,7 @@ def log_version_manifest(params: Params, run_id: str, name: str, version: str) -
         return
     queue = RequestQueue(paths.REQUESTS)
     if text:
-        log_manifest(params, run_id, name, version, kind="text", uses=text_uses(queue))
+        log_manifest(params, run_id, name, version, kind="text", uses=text_uses(queue, private=params.federated.private))
     else:
         log_manifest(params, run_id, name, version, kind="model", uses=pipeline_uses(params, queue))
 

@@ -9,6 +9,8 @@ hash router, so the query goes after the route, ``#/experiments/1/runs/<id>?work
 
 from __future__ import annotations
 
+import hashlib
+
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +53,17 @@ def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
         client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+def _file_version(data_version: str) -> tuple[str, str]:
+    """(the file's version, what prepare took out of it: ``+minus-…`` or "")."""
+    base, plus, withheld = data_version.partition("+")
+    return base, plus + withheld
+
+
 def short_version(data_version: str) -> str:
-    """``48e0e995`` for DVC's md5, ``untracked:9f3c2a1b`` for files outside DVC."""
-    kind, _, digest = data_version.rpartition(":")
-    return f"{kind}:{digest[:8]}" if kind else digest[:8]
+    """``48e0e995`` for DVC's md5, ``untracked:9f3c2a1b`` for files outside DVC; a ``+minus-…`` suffix kept."""
+    base, withheld = _file_version(data_version)
+    kind, _, digest = base.rpartition(":")
+    return (f"{kind}:{digest[:8]}" if kind else digest[:8]) + withheld
 
 
 def run_name(flow: str, dataset: str, data_version: str | None = None) -> str:
@@ -89,6 +98,9 @@ def description(params: Params, *, flow: str, dataset: str, params_file: str) ->
         if flow == "dvc-repro":
             what += ", recorded from dvc repro's outputs"
     elif flow == "federated-text":
+        if not params.federated.private:
+            return (f"federated text classification ({params.text.mode} encoder, FedAvg over "
+                    f"{params.federated.rounds} rounds, NOT differentially private) on {dataset}, {params_file}")
         what = (f"federated text classification ({params.text.mode} encoder, DP-FedAvg over "
                 f"{params.federated.rounds} rounds)")
     else:  # e.g. removals: their runs describe themselves
@@ -105,7 +117,10 @@ def log_dataset(client: MlflowClient, run_id: str, *, name: str, data_version: s
 
     # MLflow builds its local-file source class at import time, under this name
     local = next(s for s in get_registered_sources() if s.__name__ == "LocalArtifactDatasetSource")
-    digest = data_version.rpartition(":")[2][:_DIGEST_LENGTH]
+    base, withheld = _file_version(data_version)
+    digest = base.rpartition(":")[2][:_DIGEST_LENGTH - 9 if withheld else _DIGEST_LENGTH]
+    if withheld:  # the same file less other records is other data: the digest must differ
+        digest += "-" + hashlib.md5(withheld.encode()).hexdigest()[:8]
     dataset = MetaDataset(local(str(Path(source).resolve())), name=name, digest=digest)
     client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=[
         InputTag("mlflow.data.context", "training"), InputTag("dvc.data_version", data_version)])])

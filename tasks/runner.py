@@ -23,21 +23,13 @@ from typing import Iterator
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 from privpipe.config import ConfigError, Params, redact_url
-from tasks.common import task_threads
+from tasks.common import apply_torch_threads, task_threads
 
 __all__ = ["task_runner", "mapping_runner", "describe_runner", "wait_until_recorded"]
 
 
 def _cores() -> int:
     return os.cpu_count() or 1
-
-
-def _torch_threads(threads: int) -> None:
-    """Process-pool initialiser: share the cores out instead of every worker using all of them
-    (each task sets the same count again, in the thread that computes)."""
-    import torch
-
-    torch.set_num_threads(threads)
 
 
 def task_runner(params: Params, *, api_url: str | None = None) -> TaskRunner:
@@ -49,7 +41,7 @@ def task_runner(params: Params, *, api_url: str | None = None) -> TaskRunner:
     if kind == "threads":
         return ThreadPoolTaskRunner(max_workers=workers)
     if kind == "processes":
-        return ProcessPoolTaskRunner(max_workers=workers, initializer=_torch_threads,
+        return ProcessPoolTaskRunner(max_workers=workers, initializer=apply_torch_threads,
                                      initargs=(task_threads(params),))
     if kind == "dask":
         from prefect_dask import DaskTaskRunner

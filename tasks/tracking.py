@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 import privpipe
 from privpipe.config import Params, redact_url
 from privpipe.privacy import Ledger
-from tasks import privacy_audit, run_view
+from tasks import privacy_audit, record_use, run_view
 from tasks.common import stage_threads, task_threads
 from tasks.versioning import git_commit
 
@@ -307,7 +307,7 @@ def register_logged_model(params: Params, run_id: str, model_uri: str, *, name: 
         copied = {key: run.data.tags.get(key, "unknown") for key in ("dvc.data_version", *run_tags)}
         copied["git.commit"] = run.data.tags.get("mlflow.source.git.commit", "unknown")
         version = mlflow.register_model(model_uri, name, tags={**tags, **copied, "mlflow.run_id": run_id})
-        __import__("tasks.record_use").record_use.log_version_manifest(params, run_id, name, str(version.version))
+        record_use.log_version_manifest(params, run_id, name, str(version.version))
         registered.update(model_name=version.name, model_version=str(version.version))
         client.set_tag(run_id, "registered_model", f"{version.name}/{version.version}")
     return registered
