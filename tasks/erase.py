@@ -15,8 +15,9 @@ A record id is what ``privpipe forget`` takes and what the request journal keeps
   record the new version with ``dvc add`` when the file is DVC-tracked. Idempotent: rows
   already gone are not looked for again, and a pointer that lags the file is brought up
   to date.
-- :func:`drop_erased`: what the prepare stages apply to every set on every run, so that
-  no later run sees an erased (or withheld) record even if an old data version is checked out again.
+- :func:`hashes_in`: the hashed ids of records (of their raw records, for prepared copies); the
+  prepare stages leave out every record whose hash has a request, on every run, so that no
+  later run sees an erased (or withheld) record even if an old data version is checked out again.
 
 MNIST's IDX files are not rewritten: their record ids are positions, which a rewrite would
 shift onto other records. Nor is the text corpus, which is the operator's own file (JSONL,
@@ -31,16 +32,14 @@ import io
 from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
-
 from privpipe.config import Params
-from privpipe.data import DataError, Records, load_labeled_csv
+from privpipe.data import DataError, load_labeled_csv
 from privpipe.data.mnist import mnist_files, read_idx
 from privpipe.requests import RequestQueue
 from tasks.common import write_text
 from tasks.versioning import data_version, dvc
 
-__all__ = ["current_record_ids", "erase_from_source", "drop_erased", "source_version", "base_id", "pipeline_ids",
+__all__ = ["current_record_ids", "erase_from_source", "source_version", "base_id", "pipeline_ids",
            "text_ids", "hashes_in", "TEXT_NOT_REWRITTEN"]
 
 TEXT_NOT_REWRITTEN = ("the text file is not rewritten (the operator's own file; identical rows are told apart by "
@@ -103,14 +102,6 @@ def current_record_ids(params: Params, queue: RequestQueue) -> set[str]:
 def hashes_in(queue: RequestQueue, ids: Iterable[str]) -> set[str]:
     """The hashed ids of ``ids`` (of their raw records, for prepared copies)."""
     return {queue.hash_record_id(base_id(str(i))) for i in ids}
-
-
-def drop_erased(records: Records, queue: RequestQueue, erased: set[str]) -> Records:
-    """``records`` less every record (or copy of one) whose hashed id is in ``erased``."""
-    if not erased:
-        return records
-    keep = np.array([queue.hash_record_id(base_id(str(i))) not in erased for i in records.ids], dtype=bool)
-    return records if keep.all() else records.subset(np.flatnonzero(keep))
 
 
 def source_version(params: Params) -> str:

@@ -41,7 +41,7 @@ from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
 from privpipe.data.mnist import mnist_files
 from privpipe.requests import RequestQueue
 from tasks import paths
-from tasks.erase import drop_erased
+from tasks.erase import base_id
 from tasks.common import stage_logger, staged_dir, write_json
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version
@@ -122,10 +122,24 @@ class Withheld:
     dropped_pending: int
 
 
-def _drop(sets: dict[str, Records], queue: RequestQueue, hashes: set[str]) -> tuple[dict[str, Records], int]:
-    before = sum(len(records) for records in sets.values())
-    sets = {name: drop_erased(records, queue, hashes) for name, records in sets.items()}
-    return sets, before - sum(len(records) for records in sets.values())
+def _withhold(sets: dict[str, Records], queue: RequestQueue) -> tuple[dict[str, Records], Withheld]:
+    """``sets`` less every record (or copy of one) with an accepted request: one journal read, and
+    each record's id hashed once."""
+    requests = queue.read()
+    erased = {r.record_hash for r in requests if r.status == "done"}
+    pending = {r.record_hash for r in requests} - erased
+    if not requests:
+        return sets, Withheld(erased, pending, 0, 0)
+    kept, dropped = {}, {"erased": 0, "pending": 0}
+    for name, records in sets.items():
+        hashes = [queue.hash_record_id(base_id(str(i))) for i in records.ids]
+        is_erased = np.array([h in erased for h in hashes], dtype=bool)
+        is_pending = np.array([h in pending for h in hashes], dtype=bool)
+        dropped["erased"] += int(is_erased.sum())
+        dropped["pending"] += int(is_pending.sum())
+        keep = ~(is_erased | is_pending)
+        kept[name] = records if keep.all() else records.subset(np.flatnonzero(keep))
+    return kept, Withheld(erased, pending, dropped["erased"], dropped["pending"])
 
 
 def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], Withheld]:
@@ -133,12 +147,8 @@ def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], Withh
     default data on first use): (sets, source files, what was withheld for deletion requests).
     ``privpipe run`` calls it before Prefect starts, so bad data is refused before any run state exists."""
     sets, sources = (_load_digits if params.prepare.dataset == "digits" else _load_mnist)(params)
-    queue = RequestQueue(paths.REQUESTS)
     # every accepted request, whatever its state: gone from every set, whatever the file says
-    withheld = queue.withheld_record_hashes()
-    erased = queue.erased_record_hashes()  # read second: a request done in between is counted as erased
-    sets, dropped_erased = _drop(sets, queue, erased)
-    sets, dropped_pending = _drop(sets, queue, withheld - erased)
+    sets, withheld = _withhold(sets, RequestQueue(paths.REQUESTS))
     # after the drop, so erasing a record never moves another in or out (see subsample)
     sets["sensitive"] = subsample(sets["sensitive"], size=params.prepare.max_train_records, seed=params.run.seed)
     sensitive = sets["sensitive"]
@@ -152,7 +162,7 @@ def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], Withh
         check_labels(records, classes=DATASET_CLASSES[params.prepare.dataset], source=f"{sources[0]} ({name} set)")
     if len(set(sensitive.labels.tolist())) < 2:
         raise DataError(f"{sources[0]}: the sensitive set needs at least two classes")
-    return sets, sources, Withheld(erased, withheld - erased, dropped_erased, dropped_pending)
+    return sets, sources, withheld
 
 
 def _digest(hashes: set[str]) -> str:

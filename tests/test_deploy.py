@@ -270,7 +270,7 @@ def test_serve_refuses_a_server_that_is_not_this_projects(prefect_api, project, 
             self.end_headers()
 
         def log_message(self, *_args):
-            pass
+            """Quiet: the test's output stays clean."""
 
     stranger = http.server.HTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=stranger.serve_forever, daemon=True).start()
@@ -295,7 +295,7 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
         taken.listen()  # the port is in use, and what listens there never answers HTTP
         url = f"http://127.0.0.1:{taken.getsockname()[1]}/api"
         with pytest.raises(PrefectServerError) as failed, prefect_server(url):
-            pass
+            raise AssertionError("the server did not start, so the block must not run")
     message = str(failed.value)
     log = tmp_path / "server.log"
     assert message.startswith(f"the Prefect server for {url} exited with code 1; its log {log} ends:")
