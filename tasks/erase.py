@@ -28,6 +28,7 @@ them the erasure is the prepare-time filter alone.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 from pathlib import Path
 from typing import Any, Iterable
@@ -39,7 +40,7 @@ from privpipe.requests import RequestQueue
 from tasks.common import write_text
 from tasks.versioning import data_version, dvc
 
-__all__ = ["current_record_ids", "erase_from_source", "source_version", "base_id", "pipeline_ids",
+__all__ = ["current_record_ids", "erase_from_source", "version_suffix", "source_version", "base_id", "pipeline_ids",
            "text_ids", "hashes_in", "TEXT_NOT_REWRITTEN"]
 
 TEXT_NOT_REWRITTEN = ("the text file is not rewritten (the operator's own file; identical rows are told apart by "
@@ -97,6 +98,13 @@ def current_record_ids(params: Params, queue: RequestQueue) -> set[str]:
     if erased:
         ids = {i for i in ids if queue.hash_record_id(i) not in erased}
     return ids
+
+
+def version_suffix(kind: str, hashes: set[str]) -> str:
+    """``+minus-<kind>:<count>-<digest>``: what a prepare stage left out of the file's data version.
+    The digest of the hashed ids says which records, so two withheld sets of one size differ."""
+    digest = hashlib.md5("\n".join(sorted(hashes)).encode()).hexdigest()[:8]
+    return f"+minus-{kind}:{len(hashes)}-{digest}"
 
 
 def hashes_in(queue: RequestQueue, ids: Iterable[str]) -> set[str]:

@@ -25,7 +25,6 @@ owner's wish from the moment it is accepted, so no new model trains on the recor
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
 from privpipe.data.mnist import mnist_files
 from privpipe.requests import RequestQueue
 from tasks import paths
-from tasks.erase import base_id
+from tasks.erase import base_id, version_suffix
 from tasks.common import stage_logger, staged_dir, write_json
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version
@@ -114,12 +113,13 @@ def _mnist_target(params: Params) -> tuple[Records, Records]:
 
 @dataclass(frozen=True)
 class Withheld:
-    """The records prepare left out for deletion requests: hashed ids, and how many set entries went."""
+    """The deletion requests prepare honoured: every request's hashed id, and those of the records
+    the data actually held and prepare left out."""
 
     erased: set[str]  # requests done: erased from the data (the file may still hold them: IDX, an old version)
     pending: set[str]  # requests accepted but not done (pending, or in a removal batch)
-    dropped_erased: int
-    dropped_pending: int
+    dropped_erased: set[str]  # of ``erased``, the records the file still held
+    dropped_pending: set[str]  # of ``pending``, the records the file held
 
 
 def _withhold(sets: dict[str, Records], queue: RequestQueue) -> tuple[dict[str, Records], Withheld]:
@@ -129,17 +129,14 @@ def _withhold(sets: dict[str, Records], queue: RequestQueue) -> tuple[dict[str, 
     erased = {r.record_hash for r in requests if r.status == "done"}
     pending = {r.record_hash for r in requests} - erased
     if not requests:
-        return sets, Withheld(erased, pending, 0, 0)
-    kept, dropped = {}, {"erased": 0, "pending": 0}
+        return sets, Withheld(set(), set(), set(), set())
+    kept, held = {}, set()
     for name, records in sets.items():
         hashes = [queue.hash_record_id(base_id(str(i))) for i in records.ids]
-        is_erased = np.array([h in erased for h in hashes], dtype=bool)
-        is_pending = np.array([h in pending for h in hashes], dtype=bool)
-        dropped["erased"] += int(is_erased.sum())
-        dropped["pending"] += int(is_pending.sum())
-        keep = ~(is_erased | is_pending)
-        kept[name] = records if keep.all() else records.subset(np.flatnonzero(keep))
-    return kept, Withheld(erased, pending, dropped["erased"], dropped["pending"])
+        drop = np.array([h in erased or h in pending for h in hashes], dtype=bool)
+        held.update(h for h, d in zip(hashes, drop) if d)
+        kept[name] = records if not drop.any() else records.subset(np.flatnonzero(~drop))
+    return kept, Withheld(erased, pending, held & erased, held & pending)
 
 
 def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], Withheld]:
@@ -165,10 +162,6 @@ def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], Withh
     return sets, sources, withheld
 
 
-def _digest(hashes: set[str]) -> str:
-    return hashlib.md5("\n".join(sorted(hashes)).encode()).hexdigest()[:8]
-
-
 def run_prepare(params: Params) -> dict[str, str]:
     """Write data/prepared/*; return their paths and the data version."""
     log = stage_logger("prepare")
@@ -179,11 +172,10 @@ def run_prepare(params: Params) -> dict[str, str]:
             records.save(out / name)
     # the version names the data trained on: the file's, less what the queue took out of it
     version = data_version(sources)
-    # the count says how many; the digest of the hashed ids which (two withheld sets of one size differ)
     if withheld.dropped_erased:  # the file still holds records whose erasure is done (IDX files, or an old version)
-        version = f"{version}+minus-erased:{len(withheld.erased)}-{_digest(withheld.erased)}"
+        version += version_suffix("erased", withheld.dropped_erased)
     if withheld.dropped_pending:  # requests accepted, the file not yet rewritten
-        version = f"{version}+minus-pending:{len(withheld.pending)}-{_digest(withheld.pending)}"
+        version += version_suffix("pending", withheld.dropped_pending)
     summary = {f"n_{name}": len(records) for name, records in sets.items()}
     summary["n_erased"] = len(withheld.erased)  # completed requests
     summary["n_withheld_pending"] = len(withheld.pending)  # requests not yet done, already left out
@@ -192,7 +184,7 @@ def run_prepare(params: Params) -> dict[str, str]:
     write_json(paths.metrics_file("prepare"), summary)
     log.info("prepare: %s from %s (data version %s; %d records withheld for pending deletion requests)",
              ", ".join(f"{len(r)} {name}" for name, r in sets.items()), params.prepare.path, version,
-             withheld.dropped_pending)
+             len(withheld.dropped_pending))
     out = {name: str(paths.PREPARED / name) for name in sets}
     return {**out, **{k: str(v) for k, v in summary.items()}}
 

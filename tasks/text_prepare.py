@@ -26,6 +26,7 @@ from privpipe.requests import RequestQueue
 from privpipe.text import Corpus, TextSet, load_corpus
 from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, write_json
+from tasks.erase import version_suffix
 from tasks.federated_training import assign_clients
 from tasks.versioning import data_version
 
@@ -45,19 +46,20 @@ def _subset(part: TextSet, keep: np.ndarray) -> TextSet:
                    None if part.clients is None else part.clients[picked])
 
 
-def drop_withheld(corpus: Corpus, queue: RequestQueue) -> tuple[Corpus, int]:
-    """The corpus less every record with a deletion request, and how many went."""
+def drop_withheld(corpus: Corpus, queue: RequestQueue) -> tuple[Corpus, set[str]]:
+    """The corpus less every record with a deletion request, and the hashed ids of those that went."""
     withheld = queue.withheld_record_hashes()
     if not withheld:
-        return corpus, 0
-    parts = {}
+        return corpus, set()
+    parts, dropped = {}, set()
     for name in ("train", "test"):
         part = getattr(corpus, name)
-        keep = np.array([queue.hash_record_id(str(i)) not in withheld for i in part.ids], dtype=bool)
+        hashes = [queue.hash_record_id(str(i)) for i in part.ids]
+        keep = np.array([h not in withheld for h in hashes], dtype=bool)
+        dropped.update(h for h, k in zip(hashes, keep) if not k)
         parts[name] = part if keep.all() else _subset(part, keep)
         if not len(parts[name]):
             raise DataError(f"{corpus.source}: every {name} record has a deletion request; nothing is left to use")
-    dropped = len(corpus.train) + len(corpus.test) - len(parts["train"]) - len(parts["test"])
     return replace(corpus, **parts), dropped
 
 
@@ -74,8 +76,8 @@ def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> dict[str, Any
     meta = {"classes": list(corpus.classes), "clients": int(clients), "source": corpus.source,
             "natural_clients": corpus.train.clients is not None,
             "data_version": _version(params, corpus.train.texts + corpus.test.texts)
-                            + (f"+minus-withheld:{withheld}" if withheld else ""),
-            "n_train": len(corpus.train), "n_test": len(corpus.test), "n_withheld": withheld,
+                            + (version_suffix("withheld", withheld) if withheld else ""),
+            "n_train": len(corpus.train), "n_test": len(corpus.test), "n_withheld": len(withheld),
             "records_per_client_min": int(sizes.min()), "records_per_client_median": float(np.median(sizes))}
     with staged_dir(out) as staging:
         for name, part in (("train", corpus.train), ("test", corpus.test)):
@@ -87,7 +89,7 @@ def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> dict[str, Any
     log.info("prepare_text: %d train / %d test texts, %d classes, %d clients (%s; median %.0f records each)%s",
              meta["n_train"], meta["n_test"], len(corpus.classes), clients,
              "natural" if meta["natural_clients"] else params.federated.strategy, meta["records_per_client_median"],
-             f"; {withheld} left out (deletion requests)" if withheld else "")
+             f"; {len(withheld)} left out (deletion requests)" if withheld else "")
     return {"dir": str(out), **meta}
 
 
