@@ -215,16 +215,21 @@ def _forget(args: argparse.Namespace) -> int:
         print(f"queued {request.request_id} (received {request.received_at})")
     # the others, by their place on the command line: record ids are not echoed
     new, first = {r.record_hash for r in accepted}, {}
+    requests = queue.read()
+    earliest = {}  # each record's first request (an older privpipe may have journaled more than one)
+    for request in requests:
+        earliest.setdefault(request.record_hash, request)
     for place, record_id in enumerate(args.record_ids, start=1):
         if record_id in first:
             print(f"record id #{place} repeats #{first[record_id]}: one request")
             continue
         first[record_id] = place
-        if queue.hash_record_id(record_id) not in new:
-            earlier = queue.requests_for(record_id)[0]
+        digest = queue.hash_record_id(record_id)
+        if digest not in new:
+            earlier = earliest[digest]
             print(f"record id #{place} already has request {earlier.request_id} ({earlier.status}): not queued again")
     print(f"{len(accepted)} deletion request(s) queued in {queue.path}; `privpipe removals` processes them")
-    _legacy_note(queue.read(), queue)
+    _legacy_note(requests, queue)
     if accepted:
         from tasks.notify import announce_deletion_requests
 

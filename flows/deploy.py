@@ -31,8 +31,18 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
+from prefect import serve
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterExpectedStartTime,
+                                            FlowRunFilterState, FlowRunFilterStateType)
+from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.sorting import FlowRunSort
 from prefect.events import DeploymentEventTrigger
+from prefect.exceptions import ObjectNotFound
 from prefect.schedules import Cron
+from prefect.settings import PREFECT_HOME
+from prefect.states import Cancelled, Crashed
+from prefect.types._datetime import now
 
 from flows.pipeline import pipeline
 from flows.removals import removals
@@ -97,8 +107,6 @@ class PrefectServer:
 
 def server_log_path() -> Path:
     """Where the server privpipe starts writes its output: PREFECT_HOME/server.log (the project's .prefect/)."""
-    from prefect.settings import PREFECT_HOME
-
     return Path(PREFECT_HOME.value()).resolve() / "server.log"
 
 
@@ -194,9 +202,6 @@ def crash_orphaned_runs(deployments: list[Any]) -> list[str]:
     started, where no runner can be executing them: each such run holds its deployment's one concurrency
     slot, and as Prefect keeps the slot's lease in the server's memory, nothing would ever free it, so no
     scheduled run of that deployment would start again. Leaving Running releases the slot."""
-    from prefect.client.schemas.objects import StateType
-    from prefect.states import Crashed
-
     lines = []
     with _runs_of(deployments, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING) as (client, names, runs):
         for run in runs:
@@ -211,10 +216,6 @@ def cancel_missed_runs(deployments: list[Any]) -> list[str]:
     """Of the scheduled runs of each deployment that came due while nobody served them, keep the latest (it
     runs at once) and cancel the older ones; one line per deployment with any. Prefect would run every one,
     back to back: after three missed weeks, three retrains, each charged to the lifetime privacy budget."""
-    from prefect.client.schemas.objects import StateType
-    from prefect.states import Cancelled
-    from prefect.types._datetime import now
-
     due = now("UTC")
     lines = []
     with _runs_of(deployments, StateType.SCHEDULED, due_before=due) as (client, names, runs):
@@ -235,13 +236,6 @@ def _runs_of(deployments: list[Any], *states: Any, due_before: Any = None
              ) -> Iterator[tuple[Any, dict[Any, str], list[Any]]]:
     """A client, the registered ``deployments``' ids with their names, and all their runs in ``states`` (due
     before ``due_before`` if given), earliest first."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterDeploymentId,
-                                                FlowRunFilterExpectedStartTime, FlowRunFilterState,
-                                                FlowRunFilterStateType)
-    from prefect.client.schemas.sorting import FlowRunSort
-    from prefect.exceptions import ObjectNotFound
-
     with get_client(sync_client=True) as client:
         names = {}
         for deployment in deployments:
@@ -265,6 +259,4 @@ def _runs_of(deployments: list[Any], *states: Any, due_before: Any = None
 
 def serve_deployments(params: Params, *, params_file: str) -> None:
     """Register both deployments with the server and run their flow runs until interrupted."""
-    from prefect import serve
-
     serve(*build_deployments(params, params_file=params_file), limit=2)

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from privpipe.config import Params
-from tasks import tracking
+from privpipe.requests import RequestQueue
+from tasks import paths, record_use, tracking
 from tasks.common import read_json
 
 __all__ = ["head_model_name", "log_head", "register_head", "find_version", "latest_version", "guarantee_tags",
@@ -68,17 +69,12 @@ def register_head(params: Params, run_id: str, folder: Path, *, tags: dict[str, 
 
 def log_manifest(params: Params, run_id: str, version: str, folder: Path) -> None:
     """The version's record manifest (tasks.record_use): the head's rows as they stand, and its extractor's sets."""
-    from privpipe.requests import RequestQueue
-    from tasks import paths, record_use
-
     record_use.log_manifest(params, run_id, head_model_name(params), version, kind="head",
                             uses=record_use.head_uses(RequestQueue(paths.REQUESTS), folder=folder))
 
 
 def has_manifest(params: Params, version: str) -> bool:
-    from tasks.record_use import MANIFEST_TAG
-
-    return MANIFEST_TAG in tracking._client(params).get_model_version(head_model_name(params), version).tags
+    return record_use.MANIFEST_TAG in tracking._client(params).get_model_version(head_model_name(params), version).tags
 
 
 def find_version(params: Params, *, tag: str, value: str) -> str | None:
