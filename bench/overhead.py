@@ -49,15 +49,15 @@ def code_only() -> dict[str, float]:
 
     configure()
     from privpipe.config import load_params
-    from tasks.aggregate import run_aggregate
+    from tasks.pate.aggregate import run_aggregate
     from tasks.dp_pca import run_dp_pca
     from tasks.evaluate import run_evaluate
-    from tasks.finetune import run_finetune
-    from tasks.head import run_head
-    from tasks.partition import run_partition
+    from tasks.finetune.stage import run_finetune
+    from tasks.removal.head import run_head
+    from tasks.pate.partition import run_partition
     from tasks.prepare import run_prepare
-    from tasks.student import run_student
-    from tasks.teachers import clear_partial_votes, collect_votes, train_teacher
+    from tasks.pate.student import run_student
+    from tasks.pate.teachers import clear_partial_votes, collect_votes, train_teacher
 
     params = load_params("params.yaml")
 

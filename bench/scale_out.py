@@ -58,9 +58,9 @@ def main() -> None:
     from privpipe.config import load_params
     from tasks import paths
     from tasks.dp_pca import run_dp_pca
-    from tasks.partition import run_partition
+    from tasks.pate.partition import run_partition
     from tasks.prepare import run_prepare
-    from tasks.runner import mapping_runner
+    from flows.runner import mapping_runner
 
     rows = []
     for kind, workers in (("threads", 2), ("dask", 1), ("dask", 2)):

@@ -26,8 +26,9 @@ import sys
 import warnings
 from typing import Sequence
 
+from tasks import STAGE_MODULES
+
 SPENDING_STAGES = ("dp_pca", "aggregate", "finetune")  # the stages that add events to the ledger
-STAGES = ("prepare", "partition", "dp_pca", "teachers", "aggregate", "student", "finetune", "head", "evaluate")
 
 
 def _positive_float(text: str) -> float:
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
 
     stage = commands.add_parser("stage", help="run one stage without Prefect (dvc repro uses this)")
-    stage.add_argument("name", choices=STAGES)
+    stage.add_argument("name", choices=tuple(STAGE_MODULES))
     stage.add_argument("--params", default="params.yaml")
     stage.add_argument("--track", action="store_true",
                        help="evaluate only: record the finished pipeline's outputs as an MLflow run")
@@ -171,13 +172,13 @@ def _stage(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     check_pipeline_use(params)
     if args.name in SPENDING_STAGES:  # dvc repro: the run is charged at evaluate --track; refuse before spending
-        from tasks import budget
+        from tasks.privacy import budget
 
         budget.check_lifetime(params, budget.dataset_name(params), what=f"stage {args.name}")
     from tasks.common import use_torch_threads
 
     use_torch_threads(params, args.name, quiet=True)  # run.torch_threads; the torch-heavy stages say so themselves
-    run = getattr(importlib.import_module(f"tasks.{args.name}"), f"run_{args.name}")
+    run = getattr(importlib.import_module(STAGE_MODULES[args.name]), f"run_{args.name}")
     out = run(params)
     if args.track:
         if args.name != "evaluate":
@@ -205,7 +206,7 @@ def _forget(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
     from privpipe.requests import RequestQueue
     from tasks import paths
-    from tasks.erase import current_record_ids
+    from tasks.removal.erase import current_record_ids
 
     params = load_params(args.params)
     queue = RequestQueue(paths.REQUESTS)
@@ -231,7 +232,7 @@ def _forget(args: argparse.Namespace) -> int:
     print(f"{len(accepted)} deletion request(s) queued in {queue.path}; `privpipe removals` processes them")
     _legacy_note(requests, queue)
     if accepted:
-        from tasks.notify import announce_deletion_requests
+        from flows.notify import announce_deletion_requests
 
         print(announce_deletion_requests(params, [r.request_id for r in accepted]))
     return 0
@@ -270,7 +271,7 @@ def _removals(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
     from privpipe.requests import RequestQueue
     from tasks import paths
-    from tasks.removals import ensure_head_for
+    from tasks.removal.steps import ensure_head_for
 
     params = load_params(args.params)
     # before Prefect starts: a damaged journal, or requests with no head, fail here (the flow checks again)
@@ -330,7 +331,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _budget(args: argparse.Namespace) -> int:
     from privpipe.config import load_params
-    from tasks import budget
+    from tasks.privacy import budget
 
     params = load_params(args.params)
     ledgers = budget.all_lifetimes(params)
@@ -356,7 +357,7 @@ def _audit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from privpipe.config import load_params
-    from tasks.audit import audit_rows, format_table, parse_day, write_csv
+    from tasks.privacy.audit import audit_rows, format_table, parse_day, write_csv
 
     params = load_params(args.params)
     since = parse_day(args.since, key="--since") if args.since else None
@@ -372,7 +373,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _print_audit(audit: dict) -> None:
-    """The membership audit's line (see tasks.privacy_audit); nothing when it was off."""
+    """The membership audit's line (see tasks.privacy.membership_audit); nothing when it was off."""
     if "privacy.audit.epsilon_lower_bound" in audit:
         aucs = ", ".join(f"{audit[f'privacy.audit.{name}.auc']:.3f} ({name})" for name in ("loss", "calibrated")
                          if f"privacy.audit.{name}.auc" in audit)
@@ -389,7 +390,8 @@ def _run(args: argparse.Namespace) -> int:
 
     params = load_params(args.params)  # validate before Prefect starts anything
     from flows.pipeline import pipeline, preflight
-    from tasks import budget, tracking
+    from tasks import tracking
+    from tasks.privacy import budget
 
     preflight(params)  # bad data, δ ≥ 1/n, an impossible partition: refused before any run state exists
     budget.check_lifetime(params, budget.dataset_name(params), what="pipeline run")  # the flow checks again
@@ -444,7 +446,7 @@ def _federated(args: argparse.Namespace) -> int:
     from privpipe.config import check_federated_use
 
     check_federated_use(params, clients=None if params.text.client_column else params.federated.clients)
-    from tasks import budget
+    from tasks.privacy import budget
 
     budget.check_lifetime(params, budget.dataset_name(params, flow="federated-text"), what="federated text run",
                           private=params.federated.private, client_level=True)
@@ -475,7 +477,7 @@ def _federated(args: argparse.Namespace) -> int:
 
 def _let_prefect_record(flow_run_id: str) -> None:
     """The temporary Prefect server stops when this process ends: first let it record every task run."""
-    from tasks.runner import wait_until_recorded
+    from flows.runner import wait_until_recorded
 
     if not wait_until_recorded(flow_run_id):
         print("note            the temporary Prefect server had not recorded every task run's final state after "

@@ -13,7 +13,7 @@ from prefect import get_run_logger, unmapped
 from prefect.task_runners import TaskRunner
 
 from privpipe.federated import ClientUpdates
-from tasks.federated_clients import ClientJob, client_update_task
+from tasks.federated.clients import ClientJob, client_update_task
 
 __all__ = ["mapped_client_updates"]
 

@@ -47,7 +47,7 @@ from prefect.types._datetime import now
 from flows.pipeline import pipeline
 from flows.removals import removals
 from privpipe.config import Params, redact_url
-from tasks.notify import DELETION_EVENT, server_answers, whose_server
+from flows.notify import DELETION_EVENT, server_answers, whose_server
 
 __all__ = ["build_deployments", "describe_deployment", "serve_deployments", "prefect_server", "PrefectServer",
            "PrefectServerError", "ForeignPrefectServer", "server_log_path", "crash_orphaned_runs",

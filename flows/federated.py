@@ -25,13 +25,15 @@ from flows.client_map import mapped_client_updates
 from flows.pipeline import INSECURE_RNG_WARNING
 from privpipe.config import load_params
 from privpipe.privacy import Event, Ledger, record_level_ledger
-from tasks import audit_tracking, budget, run_view, tracking
+from tasks import run_view, tracking
+from tasks.privacy import tracking as audit_tracking
+from tasks.privacy import budget
 from tasks.common import read_json, use_torch_threads
-from tasks.runner import describe_runner, mapping_runner
-from tasks.text_federated import run_federated_text
-from tasks.text_features import text_features_task
-from tasks.text_prepare import prepare_text_task
-from tasks import text_tracking
+from flows.runner import describe_runner, mapping_runner
+from tasks.text.train import run_federated_text
+from tasks.text.features import text_features_task
+from tasks.text.prepare import prepare_text_task
+from tasks.text import tracking as text_tracking
 
 __all__ = ["federated_text", "federated_markdown"]
 

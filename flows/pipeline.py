@@ -30,19 +30,21 @@ from prefect.futures import as_completed
 from flows.client_map import mapped_client_updates
 from privpipe.config import Params, check_pipeline_use, load_params
 from privpipe.privacy import Ledger
-from tasks import audit_tracking, budget, run_view, tracking
+from tasks import run_view, tracking
+from tasks.privacy import tracking as audit_tracking
+from tasks.privacy import budget
 from tasks.common import PipelineBusy, exclusive_lock, read_json, use_torch_threads
 from tasks.progress import progress
-from tasks.runner import describe_runner, mapping_runner
-from tasks.aggregate import aggregate_task, run_aggregate
+from flows.runner import describe_runner, mapping_runner
+from tasks.pate.aggregate import aggregate_task, run_aggregate
 from tasks.dp_pca import dp_pca_task
 from tasks.evaluate import deployed_dir, evaluate_task, release_task
-from tasks.finetune import finetune_task, log_finetune_outputs, run_finetune, start_dir
-from tasks.head import head_task, run_head
-from tasks.partition import partition_task, run_partition, shard_assignment
+from tasks.finetune.stage import finetune_task, log_finetune_outputs, run_finetune, start_dir
+from tasks.removal.head import head_task, run_head
+from tasks.pate.partition import partition_task, run_partition, shard_assignment
 from tasks.prepare import prepare_task, prepared_sets
-from tasks.student import run_student, student_task
-from tasks.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
+from tasks.pate.student import run_student, student_task
+from tasks.pate.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
 
 __all__ = ["pipeline", "privacy_markdown", "one_pipeline_at_a_time"]
 

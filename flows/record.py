@@ -12,10 +12,12 @@ from typing import Any
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger
-from tasks import audit_tracking, budget, paths, run_view, tracking
+from tasks import paths, run_view, tracking
+from tasks.privacy import tracking as audit_tracking
+from tasks.privacy import budget
 from tasks.common import read_json
 from tasks.evaluate import track_evaluation
-from tasks.finetune import log_finetune_outputs
+from tasks.finetune.stage import log_finetune_outputs
 
 __all__ = ["record_finished_pipeline"]
 
@@ -46,7 +48,7 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
         audit_tracking.charge_run(params, run_id, flow="dvc-repro", dataset=dataset, ledger=ledger,
                                   data_version=prepared["data_version"])
         if params.head.enabled:
-            from tasks.head_tracking import log_head
+            from tasks.removal.registry import log_head
 
             result_head = log_head(params, run_id, paths.HEAD, read_json(paths.metrics_file("head")))
         else:

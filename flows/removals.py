@@ -9,7 +9,7 @@ One run at a time: the flow holds an exclusive file lock (``data/requests/proces
 fcntl) for its whole body; the operating system releases it if the run dies, so a crash
 never leaves a stale lock. The batch is announced in the journal before any work, so a
 re-run finishes a crashed batch first; every step checks whether it already happened
-(see ``tasks.removals``), so no request is lost or applied twice. Each run is an MLflow run
+(see ``tasks.removal.steps``), so no request is lost or applied twice. Each run is an MLflow run
 with the audit records as an artifact (``removals/audit.json``; record ids only hashed).
 A version that does not cover a record (trained on it without DP, or of unknown training
 data) is tagged ``privacy.erasure.*`` and returned under ``uncovered``: it is flagged, not
@@ -25,9 +25,11 @@ from prefect import flow, get_run_logger
 
 from privpipe.config import load_params
 from privpipe.requests import RequestQueue
-from tasks import budget, head_tracking, paths, tracking
-from tasks.record_use import flag_uncovered
-from tasks.removals import (apply_task, audit_records, coverage_task, ensure_head_for, erase_task, head_present,
+from tasks import paths, tracking
+from tasks.privacy import budget
+from tasks.removal import registry
+from tasks.removal.record_use import flag_uncovered
+from tasks.removal.steps import (apply_task, audit_records, coverage_task, ensure_head_for, erase_task, head_present,
                             register_task, skip_head)
 
 __all__ = ["removals"]
@@ -51,7 +53,7 @@ def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo)
         if version is not None:
             # registered before the erasure, perhaps by a run that then died: only now can the version
             # say which data version it matches and which run holds its audit
-            head_tracking.tag_version(params, version, {"dvc.data_version": erased["data_version"],
+            registry.tag_version(params, version, {"dvc.data_version": erased["data_version"],
                                                         "removal.audit_run_id": run_id})
         # after the registration, so the new head version is listed; the requests done before too, against
         # every version registered now (a later head version still rests on the same extractor)

@@ -3,7 +3,7 @@
     privpipe stage evaluate [--track]       # what dvc repro runs
 
 Writes metrics/evaluate.json and metrics/privacy.json (the ledger's summary). With
-``privacy_audit.enabled`` it first attacks the released model (``tasks.privacy_audit``): an
+``privacy_audit.enabled`` it first attacks the released model (``tasks.privacy.membership_audit``): an
 empirical ε lower bound above the claimed ε stops the run before anything is written or
 registered. In a flow run (or with ``--track``) it also logs and registers the model in MLflow.
 """
@@ -24,7 +24,7 @@ from privpipe.models import load_released
 from privpipe.privacy import Ledger
 from tasks import paths
 from tasks.common import read_json, stage_logger, use_torch_threads, write_json
-from tasks.privacy_audit import audit_figures, audit_released_model
+from tasks.privacy.membership_audit import audit_figures, audit_released_model
 
 __all__ = ["run_evaluate", "track_evaluation", "evaluate_task", "release_task", "accuracy", "deployed_dir"]
 

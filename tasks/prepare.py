@@ -40,7 +40,7 @@ from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
 from privpipe.data.mnist import mnist_files
 from privpipe.requests import RequestQueue
 from tasks import paths
-from tasks.erase import base_id, version_suffix
+from tasks.removal.erase import base_id, version_suffix
 from tasks.common import stage_logger, staged_dir, write_json
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version

@@ -30,7 +30,9 @@ from mlflow.tracking import MlflowClient
 import privpipe
 from privpipe.config import Params, redact_url
 from privpipe.privacy import Ledger
-from tasks import privacy_audit, record_use, run_view
+from tasks import run_view
+from tasks.privacy import membership_audit
+from tasks.removal import record_use
 from tasks.common import stage_threads, task_threads
 from tasks.versioning import git_commit
 
@@ -271,8 +273,8 @@ def log_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> None:
                               if k.startswith("accuracy_")})
     client.set_tag(run_id, "privacy.not_covered", NOT_COVERED)
     audit = out.get("privacy_audit", {})
-    if privacy_audit.metric_items(audit):  # the empirical lower bound and the attacks' AUC, next to the claimed ε
-        log_figures(client, run_id, privacy_audit.metric_items(audit))
+    if membership_audit.metric_items(audit):  # the empirical lower bound and the attacks' AUC, next to the claimed ε
+        log_figures(client, run_id, membership_audit.metric_items(audit))
         client.set_tag(run_id, "privacy.audit", "membership inference (loss, reference-calibrated): "
                        "privacy.audit.epsilon_lower_bound is what the attacks prove, privacy.epsilon what is claimed")
 
@@ -283,7 +285,7 @@ def log_released_model(params: Params, run_id: str, out: dict[str, Any], ledger:
     spend = ledger.epsilon()
     privacy_tags = {"privacy.epsilon": f"{spend.epsilon:.6g}", "privacy.delta": f"{spend.delta:g}",
                     "privacy.accountant": spend.accountant}
-    privacy_tags.update(privacy_audit.version_tags(out.get("privacy_audit", {})))
+    privacy_tags.update(membership_audit.version_tags(out.get("privacy_audit", {})))
     with mlflow.start_run(run_id=run_id):
         # pt2 (torch.export) is a graph, not pickled code: loading it runs nothing of ours
         info = mlflow.pytorch.log_model(

@@ -92,6 +92,7 @@ def trained_dvc_project(folder: Path, stages: tuple[str, ...], **sections: dict)
     import sys
 
     from privpipe.config import load_params
+    from tasks import STAGE_MODULES
 
     write_digits_pointer(folder)
     write_params(folder, **sections)
@@ -100,6 +101,6 @@ def trained_dvc_project(folder: Path, stages: tuple[str, ...], **sections: dict)
     os.chdir(folder)
     try:
         params = load_params("params.yaml")
-        return {name: getattr(importlib.import_module(f"tasks.{name}"), f"run_{name}")(params) for name in stages}
+        return {name: getattr(importlib.import_module(STAGE_MODULES[name]), f"run_{name}")(params) for name in stages}
     finally:
         os.chdir(previous)

@@ -9,7 +9,7 @@ from privpipe.config import parse_params
 
 def test_deployments_carry_their_schedules_trigger_and_concurrency_limit():
     from flows.deploy import build_deployments
-    from tasks.notify import DELETION_EVENT
+    from flows.notify import DELETION_EVENT
 
     params = parse_params({"schedule": {"retrain_cron": "15 2 * * 1", "removals_cron": "0 * * * *",
                                         "timezone": "Europe/Berlin"}})
@@ -98,7 +98,7 @@ def test_the_server_privpipe_starts_logs_under_its_home_and_its_ui_calls_its_own
 
     from prefect.settings import PREFECT_HOME, temporary_settings
 
-    from tasks.notify import whose_server
+    from flows.notify import whose_server
 
     assert prefect_api.started and prefect_api.log.name == "server.log"
     assert f"127.0.0.1:{prefect_api.api_url.split(':')[2].split('/')[0]}" in prefect_api.log.read_text()

@@ -18,9 +18,9 @@ from privpipe.data import DataError
 from privpipe.federated import trainable_vector
 from privpipe.privacy import Ledger, record_level_ledger
 from privpipe.text import load_corpus, load_encoder
-from tasks.text_features import run_text_features
-from tasks.text_federated import load_text_model, run_federated_text
-from tasks.text_prepare import run_prepare_text
+from tasks.text.features import run_text_features
+from tasks.text.train import load_text_model, run_federated_text
+from tasks.text.prepare import run_prepare_text
 from text_fixtures import write_corpus, write_tiny_encoder
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -90,7 +90,7 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     assert (entry["run"], entry["flow"]) == (out["run_id"], "federated-text")
     assert (entry["epsilon"], entry["delta"]) == (pytest.approx(record.epsilon), spend.delta)
     # `privpipe audit` lists what the lifetime ledger adds up: the record-level ε and its accountant
-    from tasks.audit import audit_rows
+    from tasks.privacy.audit import audit_rows
 
     (row,) = audit_rows(load_params("params.yaml"), dataset="texts")
     assert (row["epsilon"], row["accountant"]) == (pytest.approx(record.epsilon), record.accountant)
@@ -226,7 +226,7 @@ def test_a_failed_client_task_is_dropped_from_its_round(prefect_harness, monkeyp
     from prefect import flow
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    import tasks.federated_clients as clients
+    import tasks.federated.clients as clients
     from flows.client_map import mapped_client_updates
 
     def flaky(job, client, round_, weights):

@@ -11,7 +11,7 @@ from privpipe.config import ConfigError, load_params
 from privpipe.privacy import Ledger, PoissonGaussianEvent, compute_epsilon, record_level_event
 from tasks.dp_pca import run_dp_pca
 from tasks.evaluate import run_evaluate
-from tasks.finetune import run_finetune
+from tasks.finetune.stage import run_finetune
 from tasks.prepare import run_prepare
 from test_data import write_mnist
 

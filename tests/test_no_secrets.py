@@ -108,7 +108,7 @@ def _params(project: Path, kind: str):
 
 
 def test_a_local_dask_cluster_listens_on_localhost_only(project):
-    from tasks.runner import task_runner
+    from flows.runner import task_runner
 
     with task_runner(_params(project, "dask")) as runner:
         client = runner.client  # starts the local cluster
@@ -120,7 +120,7 @@ def test_a_local_dask_cluster_listens_on_localhost_only(project):
 
 def test_a_local_ray_cluster_is_started_on_localhost(project):
     pytest.importorskip("prefect_ray")
-    from tasks.runner import task_runner
+    from flows.runner import task_runner
 
     runner = task_runner(_params(project, "ray"))
     kwargs = runner.init_kwargs
@@ -227,7 +227,7 @@ def _bytes_of(paths: Iterable[Path]) -> Iterable[tuple[Path, bytes]]:
 def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
         trained, prefect_harness, monkeypatch, tmp_path, capfd):
     import prefect.events
-    import tasks.notify
+    import flows.notify
     from flows.cli import main
     from flows.removals import removals
     from prefect.events.worker import EventsWorker
@@ -241,7 +241,7 @@ def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
         logger.addHandler(collect)
     events: list[dict[str, Any]] = []
     # `privpipe forget` tells a serving Prefect: here a stand-in that keeps what would be sent
-    monkeypatch.setattr(tasks.notify, "server_answers", lambda *_a, **_k: True)
+    monkeypatch.setattr(flows.notify, "server_answers", lambda *_a, **_k: True)
     monkeypatch.setattr(prefect.events, "emit_event", lambda **event: events.append(event))
     monkeypatch.setattr(EventsWorker, "drain_all", classmethod(lambda cls: None))
     try:

@@ -1,4 +1,4 @@
-"""How every registered model version covers an erased record (tasks.record_use): the record
+"""How every registered model version covers an erased record (tasks.removal.record_use): the record
 manifests logged at registration, and the coverage audit of a removal run on a digits project
 where PATE ran, so the public pool was trained on without DP.
 
@@ -40,7 +40,8 @@ QUICK = dict(run={"model_name": MODEL}, partition={"shards": 5}, teachers={"epoc
 def registered(tmp_path_factory):
     """The project with DP model version 1 and head version 1 registered as the pipeline does, plus DP
     model version 2 registered without a manifest (as before manifests existed)."""
-    from tasks import head_tracking, tracking
+    from tasks import tracking
+    from tasks.removal import registry
     from tasks.evaluate import run_evaluate, track_evaluation
 
     folder = tmp_path_factory.mktemp("coverage-project")
@@ -50,7 +51,7 @@ def registered(tmp_path_factory):
         params = load_params("params.yaml")
         with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
             evaluated = track_evaluation(params, run_id, run_evaluate(params))
-            head_tracking.log_head(params, run_id, Path("artifacts/head"), outputs["head"])
+            registry.log_head(params, run_id, Path("artifacts/head"), outputs["head"])
             mlflow.register_model(evaluated["model_uri"], MODEL)
     return folder
 
@@ -81,11 +82,11 @@ def test_a_version_is_registered_with_the_hashed_ids_of_what_it_trained_on(regis
 
 
 def test_the_audit_lists_every_version_and_how_it_covers_the_record(registered, prefect_harness, monkeypatch):
-    import tasks.notify
-    from tasks.record_use import ACTIONS, coverage_audit, flag_uncovered
+    import flows.notify
+    from tasks.removal.record_use import ACTIONS, coverage_audit, flag_uncovered
 
     monkeypatch.chdir(registered)
-    monkeypatch.setattr(tasks.notify, "server_answers", lambda *_a, **_k: False)
+    monkeypatch.setattr(flows.notify, "server_answers", lambda *_a, **_k: False)
     sensitive = str(Records.load(Path("data/prepared/sensitive")).ids[0])
     public = str(Records.load(Path("data/prepared/public")).ids[0])  # the first public record is a PATE query
     test = str(Records.load(Path("data/prepared/test")).ids[0])
@@ -146,8 +147,8 @@ def test_versions_registered_after_a_request_are_checked_against_it(registered, 
     Version 3 is built on the same extractor, which trained on the public record of the first batch
     without DP: it is flagged for that earlier request too."""
     from flows.removals import removals
-    from tasks.erase import current_record_ids
-    from tasks.record_use import ACTIONS
+    from tasks.removal.erase import current_record_ids
+    from tasks.removal.record_use import ACTIONS
 
     monkeypatch.chdir(registered)
     params = load_params("params.yaml")

@@ -12,14 +12,14 @@ from conftest import write_params
 from privpipe.config import load_params
 from privpipe.data import DataError, Records
 from privpipe.privacy import Ledger
-from tasks.aggregate import run_aggregate
+from tasks.pate.aggregate import run_aggregate
 from tasks.dp_pca import run_dp_pca
 from tasks.evaluate import run_evaluate
-from tasks.finetune import run_finetune
-from tasks.partition import load_shards, run_partition
+from tasks.finetune.stage import run_finetune
+from tasks.pate.partition import load_shards, run_partition
 from tasks.prepare import run_prepare
-from tasks.student import run_student
-from tasks.teachers import run_teachers
+from tasks.pate.student import run_student
+from tasks.pate.teachers import run_teachers
 from test_data import write_mnist
 
 pytestmark = pytest.mark.filterwarnings("ignore")

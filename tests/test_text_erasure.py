@@ -33,12 +33,12 @@ def _corpus(params):
 
 
 def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_factory, prefect_harness, monkeypatch):
-    import tasks.notify
+    import flows.notify
     from flows.federated import federated_text
-    from tasks.erase import TEXT_NOT_REWRITTEN
-    from tasks.text_prepare import run_prepare_text
+    from tasks.removal.erase import TEXT_NOT_REWRITTEN
+    from tasks.text.prepare import run_prepare_text
 
-    monkeypatch.setattr(tasks.notify, "server_answers", lambda *_a, **_k: False)
+    monkeypatch.setattr(flows.notify, "server_answers", lambda *_a, **_k: False)
     encoder = write_tiny_encoder(tmp_path_factory.mktemp("encoder") / "tiny-bert")
     corpus_file = write_corpus(project / "texts.jsonl")
     # head.enabled stays true: text records need no head, so its absence is no reason to refuse

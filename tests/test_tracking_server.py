@@ -56,7 +56,8 @@ def test_a_run_recorded_through_a_tracking_server(project, tracking_server, caps
     from flows.cli import main
     from privpipe.config import load_params
     from privpipe.privacy import GaussianEvent, Ledger
-    from tasks import audit_tracking, tracking
+    from tasks import tracking
+    from tasks.privacy import tracking as audit_tracking
 
     url, artifact_store = tracking_server
     write_params(project, run={"tracking_uri": url, "model_name": "served-model"})

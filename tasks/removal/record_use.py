@@ -32,7 +32,7 @@ import numpy as np
 from privpipe.config import Params
 from privpipe.requests import Request, RequestQueue
 from tasks import paths
-from tasks.erase import base_id, hashes_in
+from tasks.removal.erase import base_id, hashes_in
 
 __all__ = ["MANIFEST_TAG", "pipeline_uses", "text_uses", "head_uses", "extractor_uses", "log_manifest",
            "log_version_manifest", "coverage_audit", "flag_uncovered", "ACTIONS", "UNCOVERED"]
@@ -73,7 +73,7 @@ def pipeline_uses(params: Params, queue: RequestQueue, *, prepared: Path = paths
     uses = [_use("sensitive", "dp", hashes_in(queue, _ids(prepared / paths.SENSITIVE.name)),
                  "in the DP-protected sensitive set", epsilon_tag=epsilon_tag, delta_tag=delta_tag)]
     if params.student.enabled:
-        from tasks.teachers import query_records
+        from tasks.pate.teachers import query_records
 
         public = prepared / paths.PUBLIC.name
         uses.append(_use("public_queries", "none", hashes_in(queue, query_records(params, public).ids),
@@ -115,7 +115,7 @@ def extractor_uses(params: Params, queue: RequestQueue, *, prepared: Path = path
 def head_uses(queue: RequestQueue, *, folder: Path = paths.HEAD) -> list[dict[str, Any]]:
     """The head's rows as they stand (trained on, removed by Newton update, removed by retrain) and
     its extractor's sets (unknown for a head trained before extractors recorded them)."""
-    from tasks.head import load_head
+    from tasks.removal.head import load_head
 
     head, ids, meta = load_head(folder)
     hashed = [queue.hash_record_id(base_id(str(i))) for i in ids]  # row by row, beside head.active
@@ -178,7 +178,7 @@ def log_version_manifest(params: Params, run_id: str, name: str, version: str) -
 
 
 def _model_names(params: Params) -> dict[str, str]:
-    from tasks.head_tracking import head_model_name
+    from tasks.removal.registry import head_model_name
 
     return {params.run.model_name: "model", head_model_name(params): "head", params.text.model_name: "text"}
 

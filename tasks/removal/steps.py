@@ -9,9 +9,9 @@
   head (``head.enabled: false``, or only text records waiting) the step is skipped.
 - **register**: a new head version in MLflow, tagged ``removal.batch_id``, with its record
   manifest; a re-run that finds a version with that tag reuses it.
-- **erase**: a new data version without the records (see ``tasks.erase``); idempotent.
+- **erase**: a new data version without the records (see ``tasks.removal.erase``); idempotent.
 - **coverage**: every registered version of the DP model, the head and the text model, and
-  how each covers each record (``tasks.record_use``); versions that do not are tagged.
+  how each covers each record (``tasks.removal.record_use``); versions that do not are tagged.
 
 The journal names records by hashed id only, so every step matches hashes: the head's row
 ids, the CSV's ids and the manifests' sets are hashed under the same salt.
@@ -30,10 +30,12 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
 from privpipe.requests import Request, RequestQueue
-from tasks import head_tracking, paths, record_use
+from tasks import paths
+from tasks.removal import registry
+from tasks.removal import record_use
 from tasks.common import stage_logger, staged_dir
-from tasks.erase import TEXT_NOT_REWRITTEN, base_id, erase_from_source, hashes_in, pipeline_ids, source_version
-from tasks.head import load_head, noise_for, save_head
+from tasks.removal.erase import TEXT_NOT_REWRITTEN, base_id, erase_from_source, hashes_in, pipeline_ids, source_version
+from tasks.removal.head import load_head, noise_for, save_head
 
 __all__ = ["ensure_head_for", "head_present", "apply_batch", "skip_head", "register_batch", "erase_batch",
            "audit_records", "apply_task", "register_task", "erase_task", "coverage_task"]
@@ -131,12 +133,12 @@ def register_batch(params: Params, run_id: str, batch_id: str, applied: dict[str
                    folder: Path = paths.HEAD) -> str | None:
     if not params.evaluate.register_model or applied["budget"] is None:
         return None
-    found = head_tracking.find_version(params, tag="removal.batch_id", value=batch_id)
+    found = registry.find_version(params, tag="removal.batch_id", value=batch_id)
     if found is not None:
-        if not head_tracking.has_manifest(params, found):  # registered by a run that died before its manifest
-            head_tracking.log_manifest(params, run_id, found, folder)
+        if not registry.has_manifest(params, found):  # registered by a run that died before its manifest
+            registry.log_manifest(params, run_id, found, folder)
         return found
-    return head_tracking.register_head(params, run_id, folder, tags={
+    return registry.register_head(params, run_id, folder, tags={
         "removal.batch_id": batch_id, "removal.requests_applied": str(len(applied["mechanisms"])),
         "removal.retrained": str(applied["retrained"]).lower(),
         "removal.budget_used": f"{applied['budget_used']:.6g}",
@@ -171,7 +173,7 @@ def audit_records(params: Params, batch_id: str, requests: Sequence[Request], ap
         audits[r.request_id] = {
             "request_id": r.request_id, "record_id_hash": r.record_hash, "batch_id": batch_id,
             "received_at": r.received_at, "completed_at": _now(),
-            "model": head_tracking.head_model_name(params), "version_before": applied["version_before"],
+            "model": registry.head_model_name(params), "version_before": applied["version_before"],
             "version_after": version_after, "data_version_before": applied["data_version_before"],
             "data_version_after": erased["data_version"], "mechanism": mechanism,
             "mechanism_detail": MECHANISMS[mechanism], "guarantee": _guarantee(params, mechanism),
@@ -185,7 +187,7 @@ def audit_records(params: Params, batch_id: str, requests: Sequence[Request], ap
 
 @task(name="apply-removals", cache_policy=NO_CACHE)
 def apply_task(params: Params, batch_id: str, requests: list[Request]) -> dict[str, Any]:
-    return apply_batch(params, batch_id, requests, version_before=head_tracking.latest_version(params))
+    return apply_batch(params, batch_id, requests, version_before=registry.latest_version(params))
 
 
 @task(name="register-head", cache_policy=NO_CACHE)

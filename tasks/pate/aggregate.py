@@ -36,7 +36,7 @@ from tasks import paths
 from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, use_torch_threads,
                           warn_insecure_rng, write_json, write_text)
 from tasks.dp_pca import check_projection, load_ledger
-from tasks.teachers import query_records
+from tasks.pate.teachers import query_records
 
 __all__ = ["run_aggregate", "aggregate_task", "aggregator_spec"]
 

@@ -4,10 +4,10 @@
   its figures and ``privacy.<stage>.*`` metrics (curves included) and tags, its wall time;
 - the dataset's lifetime spend: ``privacy.lifetime.epsilon`` and ``…epsilon_remaining`` metrics, the
   rest as ``privacy.lifetime.*`` tags, and ``privacy/lifetime.json``;
-- the plots of :mod:`tasks.audit_plots` as artifacts.
+- the plots of :mod:`tasks.privacy.plots` as artifacts.
 
 :func:`charge_run` adds a training run's spend to the dataset's lifetime ledger
-(:mod:`tasks.budget`) just before the model is registered, and mirrors it here;
+(:mod:`tasks.privacy.budget`) just before the model is registered, and mirrors it here;
 :func:`log_audit_view` is the last step of the flow.
 """
 
@@ -20,9 +20,10 @@ from mlflow.entities import Metric, Param
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger, LifetimeLedger
-from tasks import budget, run_view, tracking
-from tasks.audit import audit_rows
-from tasks.audit_plots import epsilon_by_stage_figure, frontier_figure, lifetime_figure
+from tasks import run_view, tracking
+from tasks.privacy import budget
+from tasks.privacy.audit import audit_rows
+from tasks.privacy.plots import epsilon_by_stage_figure, frontier_figure, lifetime_figure
 
 __all__ = ["log_stage_runs", "log_lifetime", "charge_run", "log_audit_view", "CURVES", "stage_seconds"]
 

@@ -6,7 +6,7 @@ sensitive one; its clients are natural (``text.client_column``) or a partition o
 (``federated.clients``, ``federated.strategy``).
 
 Every record with a deletion request (pending, in a batch or done) is left out of both sets,
-whatever the file holds: the removal run does not rewrite the text file (see ``tasks.erase``).
+whatever the file holds: the removal run does not rewrite the text file (see ``tasks.removal.erase``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from privpipe.requests import RequestQueue
 from privpipe.text import Corpus, TextSet, load_corpus
 from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, write_json
-from tasks.erase import version_suffix
-from tasks.federated_training import assign_clients
+from tasks.removal.erase import version_suffix
+from tasks.federated.training import assign_clients
 from tasks.versioning import data_version
 
 __all__ = ["run_prepare_text", "prepare_text_task", "load_split"]
@@ -99,7 +99,7 @@ def load_split(folder: Path, split: str) -> tuple[list[str], np.ndarray]:
 
 @task(name="prepare-text", cache_policy=NO_CACHE)
 def prepare_text_task(params: Params, run_id: str) -> dict[str, Any]:
-    from tasks import text_tracking
+    from tasks.text import tracking as text_tracking
 
     out = run_prepare_text(params)
     text_tracking.log_text_prepare(params, run_id, out)

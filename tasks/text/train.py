@@ -26,10 +26,10 @@ from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainabl
 from privpipe.privacy import Event, Ledger, Spend, record_level_ledger
 from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, task_threads, use_torch_threads, write_json, write_text
-from tasks.federated_clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays, sequential_updates
-from tasks.federated_training import train_federated
-from tasks.privacy_audit import audit_figures, audit_released_model
-from tasks.text_features import input_names
+from tasks.federated.clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays, sequential_updates
+from tasks.federated.training import train_federated
+from tasks.privacy.membership_audit import audit_figures, audit_released_model
+from tasks.text.features import input_names
 
 __all__ = ["run_federated_text", "client_job", "load_text_model", "predict_batches"]
 

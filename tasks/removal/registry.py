@@ -7,7 +7,7 @@ guarantee (``removal.*`` tags) and the extractor's DP (``privacy.features_*``), 
 batch id so that a re-run after a crash finds it instead of registering twice; once the
 erasure has written the new data version, the version is tagged with it (``dvc.data_version``)
 and with the run that holds the batch's audit (``removal.audit_run_id``: after a crash, not
-the run that registered it). Every version gets a record manifest (``tasks.record_use``): the
+the run that registered it). Every version gets a record manifest (``tasks.removal.record_use``): the
 hashed ids of its rows, those removed and how, and its extractor's training sets.
 """
 
@@ -22,7 +22,8 @@ import torch
 
 from privpipe.config import Params
 from privpipe.requests import RequestQueue
-from tasks import paths, record_use, tracking
+from tasks import paths, tracking
+from tasks.removal import record_use
 from tasks.common import read_json
 
 __all__ = ["head_model_name", "log_head", "register_head", "find_version", "latest_version", "guarantee_tags",
@@ -50,7 +51,7 @@ def guarantee_tags(folder: Path) -> dict[str, str]:
 
 def register_head(params: Params, run_id: str, folder: Path, *, tags: dict[str, str]) -> str:
     """Log the servable head model to ``run_id`` and register it; return the version."""
-    from tasks.head import load_head, served_model
+    from tasks.removal.head import load_head, served_model
 
     head, _, _ = load_head(folder)
     model = served_model(folder, head)
@@ -68,7 +69,7 @@ def register_head(params: Params, run_id: str, folder: Path, *, tags: dict[str, 
 
 
 def log_manifest(params: Params, run_id: str, version: str, folder: Path) -> None:
-    """The version's record manifest (tasks.record_use): the head's rows as they stand, and its extractor's sets."""
+    """The version's record manifest (tasks.removal.record_use): the head's rows as they stand, and its extractor's sets."""
     record_use.log_manifest(params, run_id, head_model_name(params), version, kind="head",
                             uses=record_use.head_uses(RequestQueue(paths.REQUESTS), folder=folder))
 

@@ -18,7 +18,7 @@ __all__ = ["FederatedTextClassifier"]
 class FederatedTextClassifier(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         from privpipe.text import load_encoder
-        from tasks.text_federated import load_text_model
+        from tasks.text.train import load_text_model
 
         encoder = Path(context.artifacts["encoder"])
         self.model, self.spec = load_text_model(Path(context.artifacts["model"]), encoder=encoder)
@@ -26,7 +26,7 @@ class FederatedTextClassifier(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input, params=None) -> list[str]:
         from privpipe.text import embed, tokenize
-        from tasks.text_federated import predict_batches
+        from tasks.text.train import predict_batches
 
         texts = list(model_input.iloc[:, 0]) if hasattr(model_input, "iloc") else list(model_input)
         if self.spec["mode"] == "frozen":

@@ -19,7 +19,7 @@ from privpipe.federated import ClientUpdates, FedAvgConfig, FedAvgResult, check_
 from privpipe.privacy import Event, Ledger, NoiseSource
 from tasks.common import seed_for
 from tasks.dp_pca import calibrate_for
-from tasks.federated_clients import ClientJob, sequential_updates
+from tasks.federated.clients import ClientJob, sequential_updates
 from tasks.progress import progress
 
 __all__ = ["assign_clients", "fedavg_config", "train_federated", "FederatedRun"]

@@ -24,9 +24,9 @@ from privpipe.models import apply_front, released_model, save_released
 from privpipe.privacy import BudgetExceeded
 from tasks import paths
 from tasks.common import stage_logger, staged_dir, task_threads, write_json, write_text
-from tasks.federated_clients import ClientData, ClientJob, ModelSpec, forget_arrays, sequential_updates
-from tasks.federated_training import assign_clients, train_federated
-from tasks.finetune_start import finetune_start
+from tasks.federated.clients import ClientData, ClientJob, ModelSpec, forget_arrays, sequential_updates
+from tasks.federated.training import assign_clients, train_federated
+from tasks.finetune.start import finetune_start
 
 __all__ = ["run_finetune_federated"]
 

@@ -1,4 +1,4 @@
-"""MLflow recording for the federated text flow: data, per-round curves (tasks.federated_tracking),
+"""MLflow recording for the federated text flow: data, per-round curves (tasks.federated.tracking),
 privacy, and the registered text-in, label-out model."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger
-from tasks import privacy_audit
+from tasks.privacy import membership_audit
 from tasks.common import read_json
-from tasks.federated_tracking import log_rounds
+from tasks.federated.tracking import log_rounds
 from tasks.tracking import _client, log_data_input, log_figures, log_stage_figures, register_logged_model
 
 __all__ = ["log_text_prepare", "log_text_features", "log_federated", "register_text_model"]
@@ -53,7 +53,7 @@ def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
     if params.federated.private:
         client.set_tag(run_id, "privacy.record_accountant", out["record_accountant"])
     log_figures(client, run_id, {"accuracy.test": out["accuracy_test"], **record,
-                                 **privacy_audit.metric_items(out.get("privacy_audit", {}))})
+                                 **membership_audit.metric_items(out.get("privacy_audit", {}))})
     client.set_tag(run_id, "privacy.private", str(params.federated.private).lower())
     client.set_tag(run_id, "privacy.not_covered",
                    "federated.clients_dropped counts clients whose update failed, and the membership audit's "
@@ -62,7 +62,7 @@ def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
 
 def register_text_model(params: Params, run_id: str, out: dict[str, Any], encoder: str) -> dict[str, Any]:
     """Log the text-in, label-out model (encoder bundled) and register it with its privacy tags."""
-    from tasks.text_serving import FederatedTextClassifier
+    from tasks.text.serving import FederatedTextClassifier
 
     if params.federated.private:
         tags = {"privacy.epsilon": f"{out['epsilon']:.6g}", "privacy.delta": f"{out['delta']:g}",
@@ -71,7 +71,7 @@ def register_text_model(params: Params, run_id: str, out: dict[str, Any], encode
                 "privacy.record_accountant": out["record_accountant"]}
     else:
         tags = {"privacy.epsilon": "inf", "privacy.private": "false"}
-    tags.update(privacy_audit.version_tags(out.get("privacy_audit", {})))
+    tags.update(membership_audit.version_tags(out.get("privacy_audit", {})))
     import transformers
 
     with mlflow.start_run(run_id=run_id):

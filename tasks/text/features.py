@@ -24,7 +24,7 @@ from privpipe.text import embed, embedding_key, encoder_digest, encoder_dir, loa
 from tasks import paths
 from tasks.common import stage_logger, staged_dir, use_torch_threads, write_json
 from tasks.progress import progress
-from tasks.text_prepare import load_split
+from tasks.text.prepare import load_split
 
 __all__ = ["run_text_features", "text_features_task", "input_names"]
 
@@ -86,7 +86,7 @@ def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path 
 
 @task(name="encode", cache_policy=NO_CACHE)
 def text_features_task(params: Params, run_id: str, text_dir: str) -> dict[str, Any]:
-    from tasks import text_tracking
+    from tasks.text import tracking as text_tracking
 
     out = run_text_features(params, text_dir=Path(text_dir))
     text_tracking.log_text_features(params, run_id, out)

@@ -34,7 +34,7 @@ from tasks import paths
 from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json
 from tasks.dp_pca import load_projection
 from tasks.evaluate import deployed_dir
-from tasks.record_use import extractor_uses
+from tasks.removal.record_use import extractor_uses
 
 __all__ = ["run_head", "head_task", "load_head", "save_head", "extractor_from", "served_model", "noise_for"]
 
@@ -159,10 +159,10 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
 
 @task(name="head", cache_policy=NO_CACHE)
 def head_task(params: Params, run_id: str, sensitive: str, test: str, model_dir: str, dp_pca_dir: str) -> dict[str, Any]:
-    from tasks import head_tracking
+    from tasks.removal import registry
 
     out = run_head(params, sensitive=Path(sensitive), test=Path(test), model_dir=Path(model_dir),
                    dp_pca_dir=Path(dp_pca_dir))
     if out.get("skipped"):
         return out
-    return {**out, **head_tracking.log_head(params, run_id, Path(out["dir"]), out)}
+    return {**out, **registry.log_head(params, run_id, Path(out["dir"]), out)}

@@ -29,7 +29,7 @@ from tasks import paths
 from tasks.common import (apply_torch_threads, seed_for, skip_stage, stage_logger, staged_dir, task_threads,
                           write_json)
 from tasks.dp_pca import load_projection, projection_digest
-from tasks.partition import load_shards
+from tasks.pate.partition import load_shards
 
 __all__ = ["train_teacher", "collect_votes", "run_teachers", "clear_partial_votes", "teacher_task", "collect_votes_task",
            "query_records", "model_front"]

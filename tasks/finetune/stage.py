@@ -27,9 +27,9 @@ from tasks import paths
 from tasks.common import (read_json, skip_stage, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng,
                           write_json, write_text)
 from tasks.dp_pca import calibrate_for
-from tasks.federated_clients import ClientJob, sequential_updates
-from tasks.finetune_federated import run_finetune_federated
-from tasks.finetune_start import finetune_start
+from tasks.federated.clients import ClientJob, sequential_updates
+from tasks.finetune.federated import run_finetune_federated
+from tasks.finetune.start import finetune_start
 from tasks.progress import progress
 
 __all__ = ["run_finetune", "finetune_task", "start_dir", "log_finetune_outputs"]
@@ -44,7 +44,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
                  dp_pca_dir: Path = paths.DP_PCA, start: Path | None = None,
                  out: Path = paths.FINETUNE,
                  updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates) -> dict[str, Any]:
-    """DP-SGD (or, with ``finetune.mode: federated``, DP-FedAvg: see tasks.finetune_federated) from the
+    """DP-SGD (or, with ``finetune.mode: federated``, DP-FedAvg: see tasks.finetune.federated) from the
     student's weights (``start`` holds model.pt) or from scratch (``start`` = dp_pca_dir)."""
     if not params.finetune.enabled:
         return skip_stage("finetune", out, "finetune.enabled is false: the student is deployed")
@@ -122,7 +122,7 @@ def finetune_task(params: Params, run_id: str, sensitive: str, test: str, dp_pca
 def log_finetune_outputs(params: Params, run_id: str, out: dict[str, Any]) -> None:
     """MLflow: DP-SGD's per-epoch curves, or federated rounds' per-round ones."""
     from tasks import tracking
-    from tasks.federated_tracking import log_rounds
+    from tasks.federated.tracking import log_rounds
 
     history = read_json(Path(out["history"]))
     ledger = Ledger.from_json(Path(out["ledger"]).read_text())
