@@ -20,6 +20,7 @@ deployment's one slot for good), and of the runs missed while nothing served, on
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -163,8 +164,6 @@ def prefect_server(api_url: str, *, use_running: bool = False) -> Iterator[Prefe
 def _stop_with_parent() -> None:
     """In the server's process before it runs: SIGTERM when its parent dies (Linux; elsewhere nothing)."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 

@@ -13,6 +13,10 @@ import os
 import urllib.error
 import urllib.request
 
+from prefect.events import emit_event
+from prefect.events.worker import EventsWorker
+from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
 from privpipe.config import Params
 
 __all__ = ["announce_deletion_requests", "server_answers", "whose_server", "DELETION_EVENT"]
@@ -32,8 +36,6 @@ def server_answers(api_url: str, *, timeout: float = 2.0) -> bool:
 def whose_server(api_url: str, *, timeout: float = 5.0) -> str | None:
     """None when the Prefect server answering at ``api_url`` is this project's, i.e. its PREFECT_HOME (read
     from its settings, ``GET <api>/admin/settings``) is ours; else whose it is, in words."""
-    from prefect.settings import PREFECT_HOME
-
     try:
         with urllib.request.urlopen(api_url.rstrip("/") + "/admin/settings", timeout=timeout) as reply:
             home = json.load(reply).get("home")
@@ -53,9 +55,6 @@ def announce_deletion_requests(params: Params, request_ids: list[str]) -> str:
     if not server_answers(url, timeout=1.0):
         return (f"no Prefect server at {url}: the requests wait for the next deletion-processing run "
                 "(`privpipe serve`) or `privpipe removals`")
-    from prefect.events import emit_event
-    from prefect.events.worker import EventsWorker
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: url}):
         emit_event(event=DELETION_EVENT, resource={"prefect.resource.id": "privpipe.requests",

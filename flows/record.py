@@ -18,6 +18,7 @@ from tasks.privacy import budget
 from tasks.common import read_json
 from tasks.evaluate import track_evaluation
 from tasks.finetune.stage import log_finetune_outputs
+from tasks.removal.registry import log_head
 
 __all__ = ["record_finished_pipeline"]
 
@@ -48,8 +49,6 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
         audit_tracking.charge_run(params, run_id, flow="dvc-repro", dataset=dataset, ledger=ledger,
                                   data_version=prepared["data_version"])
         if params.head.enabled:
-            from tasks.removal.registry import log_head
-
             result_head = log_head(params, run_id, paths.HEAD, read_json(paths.metrics_file("head")))
         else:
             result_head = {}

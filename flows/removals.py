@@ -28,7 +28,7 @@ from privpipe.requests import RequestQueue
 from tasks import paths, tracking
 from tasks.privacy import budget
 from tasks.removal import registry
-from tasks.removal.record_use import flag_uncovered
+from tasks.removal.coverage import flag_uncovered
 from tasks.removal.steps import (apply_task, audit_records, coverage_task, ensure_head_for, erase_task, head_present,
                             register_task, skip_head)
 
@@ -62,14 +62,14 @@ def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo)
         coverage = coverage_task(params, [*todo, *earlier])
         audits = audit_records(params, batch_id, todo, applied, version, erased, coverage)
         uncovered = flag_uncovered(params, coverage, batch)
-        client = tracking._client(params)
+        client = tracking.mlflow_client(params)
         client.log_text(run_id, json.dumps(list(audits.values()), indent=2), "removals/audit.json")
         figures = {"removal.requests": len(todo), "removal.rows_removed": applied["rows_removed"],
                    "removal.retrained": float(applied["retrained"]),
                    "removal.uncovered_versions": len(uncovered)}
         if applied["budget"] is not None:
             figures.update({"removal.budget_used": applied["budget_used"], "removal.gradient_budget": applied["budget"]})
-        tracking._metrics(client, run_id, figures)
+        tracking.log_batch(client, run_id, metrics=figures)
         for key, value in {"removal.batch_id": batch_id, "dvc.data_version": erased["data_version"],
                            "registered_head": version or "not registered"}.items():
             client.set_tag(run_id, key, value)

@@ -20,6 +20,9 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from prefect.client.orchestration import get_client
+from prefect.events.worker import EventsWorker
+from prefect.settings import PREFECT_API_URL
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 from privpipe.config import ConfigError, Params, redact_url
@@ -44,7 +47,7 @@ def task_runner(params: Params, *, api_url: str | None = None) -> TaskRunner:
         return ProcessPoolTaskRunner(max_workers=workers, initializer=apply_torch_threads,
                                      initargs=(task_threads(params),))
     if kind == "dask":
-        from prefect_dask import DaskTaskRunner
+        from prefect_dask import DaskTaskRunner  # deferred: Dask takes ~0.5 s to import, for runner.kind dask alone
 
         if address:  # its workers must be configured with PREFECT_API_URL themselves
             return DaskTaskRunner(address=address)
@@ -53,7 +56,7 @@ def task_runner(params: Params, *, api_url: str | None = None) -> TaskRunner:
         return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
                                               "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0", "env": env})
     try:
-        from prefect_ray import RayTaskRunner
+        from prefect_ray import RayTaskRunner  # deferred: an optional extra (pip install .[ray])
     except ImportError:
         raise ConfigError("runner.kind: ray needs prefect-ray and ray (pip install -e '.[ray]')") from None
     if address:
@@ -70,7 +73,6 @@ def mapping_runner(params: Params) -> Iterator[TaskRunner]:
     runner, so the choice in params.yaml holds however the flow was started: the command
     line, a deployment, a test. A local Dask cluster starts once per flow run, not per map.
     """
-    from prefect.client.orchestration import get_client
 
     api_url = str(get_client().api_url) if params.runner.kind in ("dask", "ray") else None
     with task_runner(params, api_url=api_url) as runner:
@@ -94,12 +96,9 @@ def wait_until_recorded(flow_run_id: str, *, timeout: float = 120.0) -> bool:
     The server records task runs from events, one at a time; after hundreds of mapped tasks it lags,
     and stopping it mid-write printed tracebacks ("Error flushing 1 events") and lost the last states.
     Done when every recorded task run is final and two polls half a second apart agree."""
-    from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():  # a server that outlives this process records in its own time
         return True
-    from prefect.client.orchestration import get_client
-    from prefect.events.worker import EventsWorker
 
     EventsWorker.drain_all(timeout=timeout, at_exit=False)
     runs = {"flow_runs": {"id": {"any_": [flow_run_id]}}}

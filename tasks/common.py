@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
+from tasks import paths
+
 if TYPE_CHECKING:  # a type only: privpipe.config stays off this module's import path
     from privpipe.config import Params
 
@@ -99,6 +101,7 @@ def read_json(path: Path) -> Any:
 
 def stage_logger(stage: str) -> logging.Logger | logging.LoggerAdapter:
     """Prefect's run logger inside a flow or task run, else a plain logger (dvc repro)."""
+    # deferred: Prefect takes ~1 s to import, and the locks and writers here serve the CLI's quick commands too
     from prefect import get_run_logger
     from prefect.exceptions import MissingContextError
 
@@ -115,7 +118,7 @@ INSECURE_STAGE_WARNING = ("%s: privacy.secure_rng is false: %s from a pseudo-ran
 
 
 def _in_prefect_run() -> bool:
-    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.context import FlowRunContext, TaskRunContext  # deferred: see stage_logger
 
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 
@@ -163,7 +166,7 @@ def task_threads(params: Params) -> int:
 def apply_torch_threads(threads: int) -> None:
     """Set torch's intra-op threads. The count is process-wide, but OpenMP applies it per OS thread
     (a thread keeps the count it first ran with): so call it in the thread that computes, every time."""
-    import torch
+    import torch  # deferred: torch takes ~1 s to import; the CLI's quick commands use this module
 
     torch.set_num_threads(threads)
 
@@ -185,8 +188,6 @@ def use_torch_threads(params: Params, stage: str, *, quiet: bool = False) -> int
 
 def skip_stage(stage: str, out: Path, reason: str) -> dict[str, Any]:
     """A switched-off stage still leaves its output folder and metrics (saying so), as ``dvc repro`` expects."""
-    from tasks import paths
-
     with staged_dir(out) as staging:
         write_json(staging / "skipped.json", {"stage": stage, "reason": reason})
     write_json(paths.metrics_file(stage), {"skipped": True})

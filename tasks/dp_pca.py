@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from prefect import task
@@ -20,30 +20,13 @@ from prefect.cache_policies import NO_CACHE
 from privpipe.config import ConfigError, Params
 from privpipe.data import DataError, Records
 from privpipe.dp_pca import dp_pca, dp_pca_event
-from privpipe.privacy import Event, Ledger
+from privpipe.privacy import Ledger
 from tasks import paths
-from tasks.common import (read_json, seed_for, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng,
-                          write_json, write_text)
+from tasks.privacy.ledger import calibrate_for, new_ledger
+from tasks.common import (seed_for, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng, write_json,
+                          write_text)
 
-__all__ = ["run_dp_pca", "dp_pca_task", "new_ledger", "load_ledger", "calibrate_for", "load_projection",
-           "projection_digest", "check_projection"]
-
-
-def new_ledger(params: Params) -> Ledger:
-    return Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                  accountant=params.privacy.accountant)
-
-
-def load_ledger(source: Path, params: Params) -> Ledger:
-    """An earlier stage's ledger; it carries the run's δ and budget from dp_pca, and params edited
-    since must not be silently ignored."""
-    ledger = Ledger.from_dict(read_json(source))
-    for key, recorded, current in (("privacy.delta", ledger.delta, params.privacy.delta),
-                                   ("privacy.epsilon_budget", ledger.epsilon_budget, params.privacy.epsilon_budget),
-                                   ("privacy.accountant", ledger.accountant, params.privacy.accountant)):
-        if recorded != current:
-            raise ConfigError(f"{key}: is {current} but {source} was written with {recorded}; re-run dp_pca first")
-    return ledger
+__all__ = ["run_dp_pca", "dp_pca_task", "load_projection", "projection_digest", "check_projection"]
 
 
 def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.DP_PCA) -> dict[str, Any]:
@@ -99,17 +82,9 @@ def check_projection(recorded: str, dp_pca_dir: Path, *, source: Path, rerun: st
         raise DataError(f"{source}: built on another DP-PCA projection than {dp_pca_dir}; re-run the {rerun} stage")
 
 
-def calibrate_for(ledger: Ledger, make_event: Callable[..., Event], *, target_epsilon: float, key: str) -> float:
-    """σ for ``target_epsilon`` (see Ledger.calibrate), with an unreachable target reported against ``key``."""
-    try:
-        return ledger.calibrate(lambda s: make_event(noise_multiplier=s), target_epsilon=target_epsilon)
-    except ValueError as exc:
-        raise ConfigError(f"{key}: {exc} (already spent: ε = {ledger.epsilon().epsilon:.4g})") from None
-
-
 @task(name="dp_pca", cache_policy=NO_CACHE)
 def dp_pca_task(params: Params, run_id: str, sensitive: str) -> dict[str, Any]:
-    from tasks import tracking
+    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
 
     out = run_dp_pca(params, sensitive=Path(sensitive))
     tracking.log_dp_pca(params, run_id, out, Ledger.from_json(Path(out["ledger"]).read_text()))

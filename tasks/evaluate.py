@@ -77,7 +77,7 @@ def track_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> dict[s
 
 def log_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> None:
     """The evaluation's figures and the run's privacy summary in MLflow (no model yet)."""
-    from tasks import tracking
+    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
 
     tracking.log_evaluation(params, run_id, out)
     tracking.log_privacy(params, run_id, Ledger.from_dict(read_json(Path(out["ledger"]))))
@@ -85,13 +85,13 @@ def log_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> None:
 
 def release_model(params: Params, run_id: str, out: dict[str, Any]) -> dict[str, Any]:
     """Log the evaluated model to the run and register it (``evaluate.register_model``)."""
-    from tasks import tracking
+    from tasks import release  # deferred: MLflow is slow to import, untracked runs skip it
 
     ledger = Ledger.from_dict(read_json(Path(out["ledger"])))
     # a synthetic input example: real records, even test ones, stay out of MLflow
     width = read_json(Path(out["model_dir"]) / "model.json")["input_dim"]
     example = np.zeros((2, width), dtype=np.float32)
-    registered = tracking.log_released_model(params, run_id, out, ledger, load_released(Path(out["model_dir"])),
+    registered = release.log_released_model(params, run_id, out, ledger, load_released(Path(out["model_dir"])),
                                              example)
     return {**out, **registered}
 

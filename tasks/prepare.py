@@ -38,9 +38,8 @@ from privpipe.data import (DATASET_CLASSES, DataError, Records, check_labels, lo
 from privpipe.data.domains import MNIST_BOX, MNIST_SIDE, as_mnist_canvas, digits_target_transform, uci_digits_as_mnist
 from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
 from privpipe.data.mnist import mnist_files
-from privpipe.requests import RequestQueue
+from privpipe.requests import RequestQueue, base_id, version_suffix
 from tasks import paths
-from tasks.removal.erase import base_id, version_suffix
 from tasks.common import stage_logger, staged_dir, write_json
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version
@@ -98,7 +97,7 @@ def _mnist_target(params: Params) -> tuple[Records, Records]:
     """(unlabeled target pool, labeled target test) for MNIST, in MNIST's 28×28 format."""
     cfg = params.prepare
     if cfg.target_source == "default":
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # deferred: sklearn.datasets takes ~2 s
 
         uci = load_digits()  # ships with scikit-learn: no download
         ids = np.array([f"uci-digits-{i:04d}" for i in range(len(uci.target))])
@@ -191,7 +190,7 @@ def run_prepare(params: Params) -> dict[str, str]:
 
 @task(name="prepare", cache_policy=NO_CACHE)
 def prepare_task(params: Params, run_id: str) -> dict[str, str]:
-    from tasks import tracking
+    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
 
     out = run_prepare(params)
     tracking.log_prepare(params, run_id, out)

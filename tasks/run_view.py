@@ -1,6 +1,6 @@
 """How a run reads in the MLflow UI: its name and one-line description, its source (the git commit),
-its dataset input, links to and from its Prefect flow run, and figures shown as tags where a
-one-point chart would say nothing.
+its address, the tags that link it to its Prefect flow run, and which figures are shown as tags
+where a one-point chart would say nothing. Pure text: :mod:`tasks.tracking` writes it.
 
 MLflow 3 opens an experiment on its GenAI screens unless the address says otherwise: the UI is a
 hash router, so the query goes after the route, ``#/experiments/1/runs/<id>?workflowType=machine_learning``
@@ -9,18 +9,17 @@ hash router, so the query goes after the route, ``#/experiments/1/runs/<id>?work
 
 from __future__ import annotations
 
-import hashlib
 
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import DatasetInput, InputTag, RunTag
-from mlflow.tracking import MlflowClient
+from prefect.context import FlowRunContext
+from prefect.settings import PREFECT_UI_URL
 
 from privpipe.config import Params, redact_url
 
 __all__ = ["LOCAL_UI", "format_value", "short_version", "run_name", "run_url", "source_tags",
-           "description", "log_dataset", "prefect_links", "link_prefect_flow_run", "set_tags", "chart_worthy",
+           "description", "prefect_links", "chart_worthy", "resolve_tracking_uri",
            "headline"]
 
 #: what ``make ui`` (``mlflow ui``) serves for a local store
@@ -30,7 +29,7 @@ WORKFLOW = "workflowType=machine_learning"
 #: the command each flow's run comes from (MLflow's Source column)
 SOURCES = {"pipeline": "privpipe run", "federated-text": "privpipe federated", "removals": "privpipe removals",
            "dvc-repro": "privpipe stage evaluate --track"}
-_DIGEST_LENGTH = 36  # MLflow's limit on a dataset digest
+DIGEST_LENGTH = 36  # MLflow's limit on a dataset digest
 
 
 def format_value(value: float) -> str:
@@ -48,12 +47,7 @@ def chart_worthy(key: str) -> bool:
             or key == "privacy.delta")
 
 
-def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
-    if tags:
-        client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
-
-
-def _file_version(data_version: str) -> tuple[str, str]:
+def file_version(data_version: str) -> tuple[str, str]:
     """(the file's version, what prepare took out of it: ``+minus-…`` or "")."""
     base, plus, withheld = data_version.partition("+")
     return base, plus + withheld
@@ -61,7 +55,7 @@ def _file_version(data_version: str) -> tuple[str, str]:
 
 def short_version(data_version: str) -> str:
     """``48e0e995`` for DVC's md5, ``untracked:9f3c2a1b`` for files outside DVC; a ``+minus-…`` suffix kept."""
-    base, withheld = _file_version(data_version)
+    base, withheld = file_version(data_version)
     kind, _, digest = base.rpartition(":")
     return (f"{kind}:{digest[:8]}" if kind else digest[:8]) + withheld
 
@@ -70,9 +64,15 @@ def run_name(flow: str, dataset: str, data_version: str | None = None) -> str:
     return " · ".join([flow, dataset] + ([short_version(data_version)] if data_version else []))
 
 
-def _ui_base(params: Params) -> str:
-    from tasks.tracking import resolve_tracking_uri
+def resolve_tracking_uri(uri: str, root: Path = Path(".")) -> str:
+    """Make a relative ``sqlite:///file.db`` absolute (``sqlite:////abs/file.db``) against ``root``."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str((root / uri[len(prefix):]).resolve())
+    return uri
 
+
+def _ui_base(params: Params) -> str:
     uri = resolve_tracking_uri(params.run.tracking_uri)
     return str(redact_url(uri)).rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
 
@@ -108,50 +108,15 @@ def description(params: Params, *, flow: str, dataset: str, params_file: str) ->
     return f"{what} on {dataset}, {params_file}, privacy budget ε ≤ {params.privacy.epsilon_budget:g}"
 
 
-def log_dataset(client: MlflowClient, run_id: str, *, name: str, data_version: str, source: str) -> None:
-    """The data the run trained on as an MLflow dataset input: its name, the data version as digest
-    (DVC's md5; the full label, ``untracked:…`` included, as the input's ``dvc.data_version`` tag) and
-    the file or folder it came from. Metadata only: no record goes to MLflow."""
-    from mlflow.data.dataset_source_registry import get_registered_sources
-    from mlflow.data.meta_dataset import MetaDataset
-
-    # MLflow builds its local-file source class at import time, under this name
-    local = next(s for s in get_registered_sources() if s.__name__ == "LocalArtifactDatasetSource")
-    base, withheld = _file_version(data_version)
-    digest = base.rpartition(":")[2][:_DIGEST_LENGTH - 9 if withheld else _DIGEST_LENGTH]
-    if withheld:  # the same file less other records is other data: the digest must differ
-        digest += "-" + hashlib.md5(withheld.encode()).hexdigest()[:8]
-    dataset = MetaDataset(local(str(Path(source).resolve())), name=name, digest=digest)
-    client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=[
-        InputTag("mlflow.data.context", "training"), InputTag("dvc.data_version", data_version)])])
-
-
 def prefect_links() -> dict[str, str]:
     """Tags naming the Prefect flow run this code runs in (nothing outside a flow run)."""
-    from prefect.context import FlowRunContext
-
     context = FlowRunContext.get()
     if context is None or context.flow_run is None:
         return {}
     tags = {"prefect.flow_run_id": str(context.flow_run.id), "prefect.flow_run_name": context.flow_run.name}
-    from prefect.settings import PREFECT_UI_URL
-
     if PREFECT_UI_URL.value():  # a Prefect server with a UI (`privpipe serve`; the temporary one has none)
         tags["prefect.flow_run_url"] = f"{PREFECT_UI_URL.value().rstrip('/')}/flow-runs/flow-run/{context.flow_run.id}"
     return tags
-
-
-def link_prefect_flow_run(params: Params, client: MlflowClient, run_id: str, experiment_id: str) -> None:
-    """Both ways: the MLflow run tagged with the Prefect flow run, the flow run given a link artifact
-    to the MLflow run (shown under the flow run's Artifacts in Prefect)."""
-    tags = prefect_links()
-    if not tags:
-        return
-    set_tags(client, run_id, tags)
-    from prefect.artifacts import create_link_artifact
-
-    create_link_artifact(link=run_url(params, experiment_id, run_id), link_text=f"MLflow run {run_id}",
-                         key="mlflow-run", description="this flow run's MLflow run (`make ui` serves a local store)")
 
 
 def headline(result: dict[str, Any], *, prefix: str) -> str:

@@ -19,67 +19,96 @@ import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import mlflow
-import numpy as np
-import torch
-from mlflow.entities import Metric, Param
+from mlflow.data.dataset_source_registry import get_registered_sources
+from mlflow.data.meta_dataset import MetaDataset
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from prefect.artifacts import create_link_artifact
 
 import privpipe
 from privpipe.config import Params, redact_url
 from privpipe.privacy import Ledger
 from tasks import run_view
-from tasks.privacy import membership_audit
-from tasks.removal import record_use
 from tasks.common import stage_threads, task_threads
+from tasks.privacy import membership_audit
+from tasks.run_view import resolve_tracking_uri
 from tasks.versioning import git_commit
 
-__all__ = ["resolve_tracking_uri", "start_run", "finish_run", "tracked_run", "log_prepare", "log_privacy", "log_dp_pca",
-           "log_finetune", "log_evaluate", "run_url_hint", "run_url", "register_logged_model", "log_figures",
-           "describe_run", "name_by_data_version", "log_evaluation", "log_released_model", "log_data_input"]
+__all__ = ["mlflow_client", "log_batch", "resolve_tracking_uri", "start_run", "finish_run", "tracked_run", "log_prepare",
+           "log_privacy", "log_dp_pca", "log_finetune", "run_url_hint", "run_url", "log_figures", "log_curve",
+           "describe_run", "name_by_data_version", "log_evaluation", "log_data_input", "log_stage_figures"]
 
-_MAX_PARAM_BATCH = 100  # MLflow's per-call limit for params
-
-
-def resolve_tracking_uri(uri: str, root: Path = Path(".")) -> str:
-    """Make a relative ``sqlite:///file.db`` absolute (``sqlite:////abs/file.db``) against ``root``."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str((root / uri[len(prefix):]).resolve())
-    return uri
+# MLflow's limits per log_batch call
+_MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
 
 
-def _client(params: Params) -> MlflowClient:
+def mlflow_client(params: Params) -> MlflowClient:
+    """A client of the run.tracking_uri store (a relative SQLite path made absolute); also the fluent API's
+    store, for ``mlflow.start_run`` around ``log_model``."""
     uri = resolve_tracking_uri(params.run.tracking_uri)
     mlflow.set_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri)
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+def log_batch(client: MlflowClient, run_id: str, *,
+              metrics: Mapping[str, float] | Iterable[Metric | tuple[str, float, int]] = (),
+              params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None) -> None:
+    """Log ``metrics`` (one point each from a mapping, else ``(key, value, step)`` or MLflow Metrics),
+    ``params`` and ``tags`` in as few calls as MLflow's per-call limits allow; one timestamp for all."""
+    stamp = int(time.time() * 1000)
+    points = [(k, v, 0) for k, v in metrics.items()] if isinstance(metrics, Mapping) else metrics
+    rows = [m if isinstance(m, Metric) else Metric(m[0], float(m[1]), stamp, int(m[2])) for m in points]
+    params_ = [Param(k, str(v)) for k, v in (params or {}).items()]
+    tags_ = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+    for i in range(0, len(rows), _MAX_METRICS):
+        client.log_batch(run_id, metrics=rows[i:i + _MAX_METRICS])
+    for i in range(0, len(params_), _MAX_PARAMS):
+        client.log_batch(run_id, params=params_[i:i + _MAX_PARAMS])
+    for i in range(0, len(tags_), _MAX_TAGS):
+        client.log_batch(run_id, tags=tags_[i:i + _MAX_TAGS])
 
 
-def _metrics(client: MlflowClient, run_id: str, values: dict[str, float], step: int = 0) -> None:
-    if not values:
+def log_dataset(client: MlflowClient, run_id: str, *, name: str, data_version: str, source: str) -> None:
+    """The data the run trained on as an MLflow dataset input: its name, the data version as digest
+    (DVC's md5; the full label, ``untracked:…`` included, as the input's ``dvc.data_version`` tag) and
+    the file or folder it came from. Metadata only: no record goes to MLflow."""
+    # MLflow builds its local-file source class at import time, under this name
+    local = next(s for s in get_registered_sources() if s.__name__ == "LocalArtifactDatasetSource")
+    base, withheld = run_view.file_version(data_version)
+    digest = base.rpartition(":")[2][:run_view.DIGEST_LENGTH - 9 if withheld else run_view.DIGEST_LENGTH]
+    if withheld:  # the same file less other records is other data: the digest must differ
+        digest += "-" + hashlib.md5(withheld.encode()).hexdigest()[:8]
+    dataset = MetaDataset(local(str(Path(source).resolve())), name=name, digest=digest)
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=[
+        InputTag("mlflow.data.context", "training"), InputTag("dvc.data_version", data_version)])])
+
+
+def link_prefect_flow_run(params: Params, client: MlflowClient, run_id: str, experiment_id: str) -> None:
+    """Both ways: the MLflow run tagged with the Prefect flow run, the flow run given a link artifact
+    to the MLflow run (shown under the flow run's Artifacts in Prefect)."""
+    tags = run_view.prefect_links()
+    if not tags:
         return
-    stamp = _now_ms()
-    client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, step) for k, v in values.items()])
+    log_batch(client, run_id, tags=tags)
+    create_link_artifact(link=run_view.run_url(params, experiment_id, run_id), link_text=f"MLflow run {run_id}",
+                         key="mlflow-run", description="this flow run's MLflow run (`make ui` serves a local store)")
 
 
 def log_figures(client: MlflowClient, run_id: str, values: dict[str, float]) -> None:
     """One-point figures: ε, accuracy and AUC figures as metrics (full precision), the rest as tags
     (``run_view.format_value``), so the run's charts are the ones that say something."""
     metrics = {k: v for k, v in values.items() if run_view.chart_worthy(k)}
-    _metrics(client, run_id, metrics)
-    run_view.set_tags(client, run_id, {k: run_view.format_value(v) for k, v in values.items() if k not in metrics})
+    tags = {k: run_view.format_value(v) for k, v in values.items() if k not in metrics}
+    log_batch(client, run_id, metrics=metrics, tags=tags)
 
 
 def experiment_id(params: Params) -> str:
     """The run.experiment's id, created on first use (artifacts beside mlflow.db for a local store;
     a tracking server keeps them where it was told to)."""
-    client = _client(params)
+    client = mlflow_client(params)
     experiment = client.get_experiment_by_name(params.run.experiment)
     if experiment is not None:
         return experiment.experiment_id
@@ -91,20 +120,18 @@ def experiment_id(params: Params) -> str:
 def start_run(params: Params, *, run_name: str | None = None, params_file: str = "params.yaml",
               tags: dict[str, str] | None = None) -> str:
     """Create the run (experiment on first use), log every parameter, the source and its git commit."""
-    client = _client(params)
+    client = mlflow_client(params)
     tags = tags or {}
     run = client.create_run(experiment_id(params), run_name=run_name, tags={
         **run_view.source_tags(tags.get("privpipe.flow", ""), git_commit()), "privpipe.version": privpipe.__version__,
         "privpipe.params_file": params_file, "privpipe.project": project_id(), **tags,
     })
-    flat = [Param(k, str(v)) for k, v in sorted(params.flat().items())]
-    for i in range(0, len(flat), _MAX_PARAM_BATCH):
-        client.log_batch(run.info.run_id, params=flat[i:i + _MAX_PARAM_BATCH])
+    log_batch(client, run.info.run_id, params=dict(sorted(params.flat().items())))
     return run.info.run_id
 
 
 def finish_run(params: Params, run_id: str, *, status: str = "FINISHED") -> None:
-    _client(params).set_terminated(run_id, status)
+    mlflow_client(params).set_terminated(run_id, status)
 
 
 def project_id() -> str:
@@ -119,7 +146,7 @@ def close_abandoned_runs(params: Params, *, flow: str) -> list[str]:
 
     Only for a caller holding the flow's project lock: then no other run of the flow is alive,
     and a RUNNING one is a process that died (SIGKILL, power loss) before it could say so."""
-    client = _client(params)
+    client = mlflow_client(params)
     abandoned = client.search_runs(
         [experiment_id(params)], filter_string=f"attributes.status = 'RUNNING' and tags.`privpipe.flow` = '{flow}' "
                                                f"and tags.`privpipe.project` = '{project_id()}'")
@@ -149,7 +176,7 @@ def tracked_run(params: Params, *, params_file: str, flow: str, dataset: str, ru
                                                                          params_file=params_file),
                              "privpipe.torch_threads": f"{stage_threads(params)} per stage, "
                                                        f"{task_threads(params)} per parallel task"})
-    run_view.link_prefect_flow_run(params, _client(params), run_id, experiment_id(params))
+    link_prefect_flow_run(params, mlflow_client(params), run_id, experiment_id(params))
     try:
         yield run_id
     except BaseException:
@@ -160,7 +187,7 @@ def tracked_run(params: Params, *, params_file: str, flow: str, dataset: str, ru
 
 def run_url(params: Params, run_id: str) -> str:
     """The run's page in the MLflow UI, on the training-runs view."""
-    return run_view.run_url(params, _client(params).get_run(run_id).info.experiment_id, run_id)
+    return run_view.run_url(params, mlflow_client(params).get_run(run_id).info.experiment_id, run_id)
 
 
 def run_url_hint(params: Params, run_id: str) -> str:
@@ -173,12 +200,12 @@ def run_url_hint(params: Params, run_id: str) -> str:
 
 def describe_run(params: Params, run_id: str, text: str) -> None:
     """Replace the run's one-line description (``mlflow.note.content``, shown under its name)."""
-    _client(params).set_tag(run_id, "mlflow.note.content", text)
+    mlflow_client(params).set_tag(run_id, "mlflow.note.content", text)
 
 
 def name_by_data_version(params: Params, run_id: str, data_version: str) -> None:
     """``<flow> · <dataset> · <short data version>``, once the data version is known."""
-    client = _client(params)
+    client = mlflow_client(params)
     tags = client.get_run(run_id).data.tags
     client.update_run(run_id, name=run_view.run_name(tags.get("privpipe.flow", "run"),
                                                      tags.get("privpipe.dataset", "data"), data_version))
@@ -186,21 +213,21 @@ def name_by_data_version(params: Params, run_id: str, data_version: str) -> None
 
 def log_data_input(params: Params, run_id: str, *, data_version: str, source: str) -> None:
     """The data version as the run's tag (``dvc.data_version``), its dataset input and its name."""
-    client = _client(params)
+    client = mlflow_client(params)
     client.set_tag(run_id, "dvc.data_version", data_version)
     dataset = client.get_run(run_id).data.tags.get("privpipe.dataset", Path(source).stem)
-    run_view.log_dataset(client, run_id, name=dataset, data_version=data_version, source=source)
+    log_dataset(client, run_id, name=dataset, data_version=data_version, source=source)
     name_by_data_version(params, run_id, data_version)
 
 
 def log_prepare(params: Params, run_id: str, out: dict[str, str]) -> None:
     log_data_input(params, run_id, data_version=out["data_version"], source=params.prepare.path)
-    log_figures(_client(params), run_id, {f"data.{k}": float(v) for k, v in out.items() if k.startswith("n_")})
+    log_figures(mlflow_client(params), run_id, {f"data.{k}": float(v) for k, v in out.items() if k.startswith("n_")})
 
 
 def log_stage_figures(params: Params, run_id: str, stage: str, out: dict[str, Any]) -> None:
     """Every numeric figure a stage returned as ``<stage>.<name>`` (:func:`log_figures`); strings as tags."""
-    client = _client(params)
+    client = mlflow_client(params)
     numbers = {f"{stage}.{k}": float(v) for k, v in out.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     log_figures(client, run_id, numbers)
@@ -213,17 +240,13 @@ def log_stage_figures(params: Params, run_id: str, stage: str, out: dict[str, An
 
 def log_curve(params: Params, run_id: str, key: str, points: list[tuple[int, float]]) -> None:
     """A metric over steps (MLflow draws it as a curve)."""
-    client = _client(params)
-    stamp = _now_ms()
-    metrics = [Metric(key, float(value), stamp, int(step)) for step, value in points]
-    for i in range(0, len(metrics), 500):
-        client.log_batch(run_id, metrics=metrics[i:i + 500])
+    log_batch(mlflow_client(params), run_id, metrics=[(key, value, step) for step, value in points])
 
 
 def log_privacy(params: Params, run_id: str, ledger: Ledger) -> None:
     """Total (ε, δ) and each stage's ε as metrics, each stage's δ and the accountant as tags, the ledger
     as an artifact (the budget is the parameter ``privacy.epsilon_budget``)."""
-    client = _client(params)
+    client = mlflow_client(params)
     summary = ledger.summary()
     values = {"privacy.epsilon": summary["total"]["epsilon"], "privacy.delta": summary["total"]["delta"]}
     for stage, spend in summary["stages"].items():
@@ -236,19 +259,17 @@ def log_privacy(params: Params, run_id: str, ledger: Ledger) -> None:
 
 def log_dp_pca(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger) -> None:
     if out.get("noise_multiplier") is not None:
-        log_figures(_client(params), run_id, {"dp_pca.noise_multiplier": out["noise_multiplier"]})
+        log_figures(mlflow_client(params), run_id, {"dp_pca.noise_multiplier": out["noise_multiplier"]})
     log_privacy(params, run_id, ledger)
 
 
 def log_finetune(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger,
                  history: list[dict[str, float]], curve: list[dict[str, float]]) -> None:
-    client = _client(params)
-    stamp = _now_ms()
-    metrics = [Metric("finetune.loss", h["loss"], stamp, int(h["step"])) for h in history]
-    metrics += [Metric("finetune.learning_rate", h["lr"], stamp, int(h["step"])) for h in history]
-    metrics += [Metric("privacy.finetune.epsilon_by_step", c["epsilon"], stamp, int(c["step"])) for c in curve]
-    for i in range(0, len(metrics), 500):
-        client.log_batch(run_id, metrics=metrics[i:i + 500])
+    client = mlflow_client(params)
+    metrics = [("finetune.loss", h["loss"], h["step"]) for h in history]
+    metrics += [("finetune.learning_rate", h["lr"], h["step"]) for h in history]
+    metrics += [("privacy.finetune.epsilon_by_step", c["epsilon"], c["step"]) for c in curve]
+    log_batch(client, run_id, metrics=metrics)
     log_figures(client, run_id, {f"finetune.{k}": out[k] for k in ("noise_multiplier", "sample_rate", "steps")})
     log_privacy(params, run_id, ledger)
 
@@ -259,57 +280,14 @@ NOT_COVERED = ("accuracy.train, finetune.loss and the membership audit's privacy
                "other privacy.* metrics are")
 
 
-def log_evaluate(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger,
-                 model: torch.nn.Module, example: np.ndarray) -> dict[str, Any]:
-    """:func:`log_evaluation` then :func:`log_released_model`."""
-    log_evaluation(params, run_id, out)
-    return log_released_model(params, run_id, out, ledger, model, example)
-
-
 def log_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> None:
     """Accuracy metrics, the membership audit's figures, and what ε does not cover."""
-    client = _client(params)
-    _metrics(client, run_id, {f"accuracy.{k.removeprefix('accuracy_')}": v for k, v in out.items()
-                              if k.startswith("accuracy_")})
+    client = mlflow_client(params)
+    log_batch(client, run_id, metrics={f"accuracy.{k.removeprefix('accuracy_')}": v for k, v in out.items()
+                                       if k.startswith("accuracy_")})
     client.set_tag(run_id, "privacy.not_covered", NOT_COVERED)
     audit = out.get("privacy_audit", {})
     if membership_audit.metric_items(audit):  # the empirical lower bound and the attacks' AUC, next to the claimed ε
         log_figures(client, run_id, membership_audit.metric_items(audit))
         client.set_tag(run_id, "privacy.audit", "membership inference (loss, reference-calibrated): "
                        "privacy.audit.epsilon_lower_bound is what the attacks prove, privacy.epsilon what is claimed")
-
-
-def log_released_model(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger,
-                       model: torch.nn.Module, example: np.ndarray) -> dict[str, Any]:
-    """Log the released model, register it, tag the version with its (ε, δ) and the audit's figures."""
-    spend = ledger.epsilon()
-    privacy_tags = {"privacy.epsilon": f"{spend.epsilon:.6g}", "privacy.delta": f"{spend.delta:g}",
-                    "privacy.accountant": spend.accountant}
-    privacy_tags.update(membership_audit.version_tags(out.get("privacy_audit", {})))
-    with mlflow.start_run(run_id=run_id):
-        # pt2 (torch.export) is a graph, not pickled code: loading it runs nothing of ours
-        info = mlflow.pytorch.log_model(
-            model, name="model", serialization_format="pt2", input_example=example.astype(np.float32),
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"],
-            tags=privacy_tags,
-        )
-    return register_logged_model(params, run_id, info.model_uri, name=params.run.model_name, tags=privacy_tags)
-
-
-def register_logged_model(params: Params, run_id: str, model_uri: str, *, name: str, tags: dict[str, str],
-                          run_tags: tuple[str, ...] = ()) -> dict[str, Any]:
-    """After ``log_model`` inside ``mlflow.start_run``: put the run back to RUNNING (leaving the block
-    finished it; the flow decides) and, if ``evaluate.register_model``, register the model under
-    ``name`` with ``tags`` plus the run's data version, commit and the listed ``run_tags``."""
-    client = _client(params)
-    client.update_run(run_id, status="RUNNING")
-    registered: dict[str, Any] = {"model_uri": model_uri}
-    if params.evaluate.register_model:
-        run = client.get_run(run_id)
-        copied = {key: run.data.tags.get(key, "unknown") for key in ("dvc.data_version", *run_tags)}
-        copied["git.commit"] = run.data.tags.get("mlflow.source.git.commit", "unknown")
-        version = mlflow.register_model(model_uri, name, tags={**tags, **copied, "mlflow.run_id": run_id})
-        record_use.log_version_manifest(params, run_id, name, str(version.version))
-        registered.update(model_name=version.name, model_version=str(version.version))
-        client.set_tag(run_id, "registered_model", f"{version.name}/{version.version}")
-    return registered

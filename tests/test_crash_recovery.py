@@ -171,7 +171,7 @@ def reference(template: Template, killed, prefect_harness, tmp_path_factory) -> 
     """The same batch, uninterrupted, from the same starting state (the Newton update is deterministic).
 
     Computed while the killed runs are under way (``killed`` starts them first)."""
-    from tasks.removal.head import load_head
+    from tasks.removal.store import load_head
 
     folder = _copy(template, tmp_path_factory.mktemp("crash-reference") / "project")
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -183,7 +183,7 @@ def reference(template: Template, killed, prefect_harness, tmp_path_factory) -> 
 
 def _assert_left_by_the_kill(step: str, folder: Path, template: Template, batch_id: str) -> None:
     """What each kill point leaves: the steps before it happened, the ones after did not."""
-    from tasks.removal.head import load_head
+    from tasks.removal.store import load_head
 
     reached = list(STEPS).index(step)
     _, _, meta = load_head(folder / "artifacts/head")
@@ -201,7 +201,7 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
         step: str, template: Template, killed: dict[str, Killed], reference: Reference,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from tasks.removal.erase import source_version
-    from tasks.removal.head import load_head
+    from tasks.removal.store import load_head
 
     run = killed[step]
     folder = run.folder

@@ -19,7 +19,8 @@ from privpipe.federated import trainable_vector
 from privpipe.privacy import Ledger, record_level_ledger
 from privpipe.text import load_corpus, load_encoder
 from tasks.text.features import run_text_features
-from tasks.text.train import load_text_model, run_federated_text
+from tasks.text.model import load_text_model
+from tasks.text.train import run_federated_text
 from tasks.text.prepare import run_prepare_text
 from text_fixtures import write_corpus, write_tiny_encoder
 

@@ -83,7 +83,7 @@ def test_a_version_is_registered_with_the_hashed_ids_of_what_it_trained_on(regis
 
 def test_the_audit_lists_every_version_and_how_it_covers_the_record(registered, prefect_harness, monkeypatch):
     import flows.notify
-    from tasks.removal.record_use import ACTIONS, coverage_audit, flag_uncovered
+    from tasks.removal.coverage import ACTIONS, coverage_audit, flag_uncovered
 
     monkeypatch.chdir(registered)
     monkeypatch.setattr(flows.notify, "server_answers", lambda *_a, **_k: False)
@@ -148,7 +148,7 @@ def test_versions_registered_after_a_request_are_checked_against_it(registered, 
     without DP: it is flagged for that earlier request too."""
     from flows.removals import removals
     from tasks.removal.erase import current_record_ids
-    from tasks.removal.record_use import ACTIONS
+    from tasks.removal.coverage import ACTIONS
 
     monkeypatch.chdir(registered)
     params = load_params("params.yaml")

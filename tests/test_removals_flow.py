@@ -72,7 +72,7 @@ def test_forget_refuses_unknown_ids_and_queues_nothing(inside):
 
 def test_removal_flow_end_to_end(prefect_harness, inside):
     from tasks.removal.erase import current_record_ids
-    from tasks.removal.head import load_head
+    from tasks.removal.store import load_head
     from tasks.prepare import run_prepare
 
     params = load_params("params.yaml")
@@ -128,7 +128,7 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
 def test_crash_between_steps_loses_nothing_and_applies_once(prefect_harness, inside, monkeypatch):
     import tasks.removal.steps
     from tasks.removal.erase import current_record_ids
-    from tasks.removal.head import load_head
+    from tasks.removal.store import load_head
 
     params = load_params("params.yaml")
     queue = RequestQueue(Path("data/requests"))
@@ -164,7 +164,7 @@ def test_crash_between_steps_loses_nothing_and_applies_once(prefect_harness, ins
 def test_one_request_per_record_and_each_row_counted_once(prefect_harness, inside, monkeypatch):
     import flows.notify
     from tasks.removal.erase import current_record_ids
-    from tasks.removal.head import load_head
+    from tasks.removal.store import load_head
 
     monkeypatch.setattr(flows.notify, "server_answers", lambda *_a, **_k: False)
     params = load_params("params.yaml")
@@ -195,7 +195,7 @@ def test_one_request_per_record_and_each_row_counted_once(prefect_harness, insid
     assert [(r.status, r.audit["mechanism"]) for r in legacy] == [("done", "newton")] * 2
     # the older head versions still hold the rows of this batch (and version 1 the earlier batch's): the head
     # here is on the DP model's features, which trained on nothing without DP, so deleting them is enough
-    from tasks.removal.record_use import ACTIONS
+    from tasks.removal.coverage import ACTIONS
 
     assert {f["version"]: (len(f["requests"]), len(f["in_batch"]), f["action"]) for f in result["uncovered"]} == {
         "1": (4, 3, ACTIONS["head"]), "2": (3, 3, ACTIONS["head"])}

@@ -26,7 +26,7 @@ EMBEDDED_DIGITS_SIZE = 286531
 
 def export_digits_csv(path: Path) -> None:
     """Write scikit-learn's digits to ``path`` as ``id,label,p0..p63`` (deterministic bytes)."""
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # deferred: sklearn.datasets takes ~2 s, needed once per fresh clone
 
     digits = load_digits()
     buffer = io.StringIO()

@@ -57,7 +57,7 @@ def _pixels(rgb: np.ndarray, grayscale: bool) -> np.ndarray:
 
 def _read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """The ``X`` (32, 32, 3, n) uint8 and ``y`` (n, 1) arrays of one SVHN ``.mat`` file."""
-    from scipy.io import loadmat
+    from scipy.io import loadmat  # deferred: scipy.io, for SVHN alone
 
     if not path.is_file():
         raise DataError(f"{path}: SVHN file not found")
@@ -198,7 +198,7 @@ def _read_labels_file(path: Path) -> list[tuple[str, int]]:
 
 def _read_png(path: Path) -> np.ndarray:
     """One 28×28 PNG as a (3, 28, 28) uint8 array."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # deferred: Pillow, for MNIST-M alone
 
     try:
         with Image.open(path) as image:

@@ -61,7 +61,7 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 def _download(folder: Path) -> None:
-    from torchvision.datasets import MNIST
+    from torchvision.datasets import MNIST  # deferred: torchvision (and torch), for --download alone
 
     for train in (True, False):
         MNIST(root=str(folder), train=train, download=True)

@@ -40,6 +40,8 @@ from scipy.stats import beta as beta_distribution
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
+from privpipe.pate.teachers import TeacherConfig, train_classifier
+
 __all__ = ["AttackScores", "AttackResult", "AuditResult", "PrivacyAuditFailed", "per_example_loss",
            "reference_model", "attack_scores", "roc_auc", "attack_result", "max_provable_epsilon", "audit_membership",
            "check_claim"]
@@ -115,8 +117,6 @@ def reference_model(model: nn.Module, features: np.ndarray | tuple[np.ndarray, .
                     batch_size: int, learning_rate: float, seed: int) -> nn.Module:
     """``model``'s architecture (its frozen front included) with fresh weights, trained without noise
     on (``features``, ``labels``): how hard each record is for a model that never saw it."""
-    from privpipe.pate.teachers import TeacherConfig, train_classifier
-
     arrays = _as_tuple(features)
     if len(arrays) != 1:
         raise ValueError(f"a reference model trains on one input array, got {len(arrays)}")

@@ -49,7 +49,7 @@ class LoraClassifier(nn.Module):
 def make_lora_classifier(encoder: nn.Module, *, classes: int, rank: int, alpha: float, targets: Sequence[str],
                          input_scale: float = 1.0) -> LoraClassifier:
     """Wrap ``encoder`` with LoRA adapters (its own weights frozen) and add a linear head."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # deferred: peft takes seconds, for encoder_mode lora alone
 
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, bias="none")
     try:

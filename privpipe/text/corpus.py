@@ -139,7 +139,7 @@ def _table(path: Path, fmt: str, *, text_column: str, label_column: str, client_
 
 
 def _newsgroups(*, download: bool) -> Corpus:
-    from sklearn.datasets import fetch_20newsgroups
+    from sklearn.datasets import fetch_20newsgroups  # deferred: sklearn.datasets takes ~2 s
 
     parts = {}
     for subset in SPLITS:

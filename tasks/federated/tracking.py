@@ -9,25 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlflow.entities import Metric
-
 from privpipe.config import Params
 from privpipe.privacy import Ledger
-from tasks.tracking import _client, _now_ms, log_privacy
+from tasks.tracking import log_batch, log_privacy, mlflow_client
 
 __all__ = ["log_rounds"]
 
 
 def log_rounds(params: Params, run_id: str, stage: str, history: dict[str, Any], ledger: Ledger | None,
                *, sampling: str, record_level: bool) -> None:
-    client = _client(params)
-    stamp = _now_ms()
-    metrics = [Metric(f"{stage}.{k}", float(v), stamp, int(record["round"]))
-               for record in history["rounds"] for k, v in record.items() if k != "round"]
-    metrics += [Metric(f"privacy.{stage}.epsilon_by_round", c["epsilon"], stamp, int(c["round"]))
-                for c in history["epsilon_by_round"]]
-    for i in range(0, len(metrics), 500):
-        client.log_batch(run_id, metrics=metrics[i:i + 500])
+    client = mlflow_client(params)
+    metrics = [(f"{stage}.{k}", v, record["round"]) for record in history["rounds"] for k, v in record.items()
+               if k != "round"]
+    metrics += [(f"privacy.{stage}.epsilon_by_round", c["epsilon"], c["round"]) for c in history["epsilon_by_round"]]
+    log_batch(client, run_id, metrics=metrics)
     client.set_tag(run_id, f"{stage}.sampling", sampling)
     client.set_tag(run_id, f"privacy.{stage}.adjacency",
                    "record (one record changes one client's update: each round charged for two add-or-remove "

@@ -18,7 +18,7 @@ from privpipe.data.partition import assign_shards
 from privpipe.federated import ClientUpdates, FedAvgConfig, FedAvgResult, check_client_delta, epsilon_curve, run_fedavg
 from privpipe.privacy import Event, Ledger, NoiseSource
 from tasks.common import seed_for
-from tasks.dp_pca import calibrate_for
+from tasks.privacy.ledger import calibrate_for
 from tasks.federated.clients import ClientJob, sequential_updates
 from tasks.progress import progress
 

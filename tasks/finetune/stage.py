@@ -26,7 +26,7 @@ from privpipe.privacy import Ledger, compute_epsilon
 from tasks import paths
 from tasks.common import (read_json, skip_stage, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng,
                           write_json, write_text)
-from tasks.dp_pca import calibrate_for
+from tasks.privacy.ledger import calibrate_for
 from tasks.federated.clients import ClientJob, sequential_updates
 from tasks.finetune.federated import run_finetune_federated
 from tasks.finetune.start import finetune_start
@@ -121,8 +121,8 @@ def finetune_task(params: Params, run_id: str, sensitive: str, test: str, dp_pca
 
 def log_finetune_outputs(params: Params, run_id: str, out: dict[str, Any]) -> None:
     """MLflow: DP-SGD's per-epoch curves, or federated rounds' per-round ones."""
-    from tasks import tracking
-    from tasks.federated.tracking import log_rounds
+    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
+    from tasks.federated.tracking import log_rounds  # deferred with tracking
 
     history = read_json(Path(out["history"]))
     ledger = Ledger.from_json(Path(out["ledger"]).read_text())

@@ -17,7 +17,8 @@ from privpipe.data import DATASET_CLASSES, Records
 from privpipe.models import apply_front, front_layers, load_released, make_network
 from privpipe.privacy import Ledger
 from tasks.common import read_json
-from tasks.dp_pca import check_projection, load_ledger, load_projection
+from tasks.dp_pca import check_projection, load_projection
+from tasks.privacy.ledger import load_ledger
 
 __all__ = ["FinetuneStart", "finetune_start"]
 

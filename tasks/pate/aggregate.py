@@ -35,7 +35,8 @@ from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_eps
 from tasks import paths
 from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, use_torch_threads,
                           warn_insecure_rng, write_json, write_text)
-from tasks.dp_pca import check_projection, load_ledger
+from tasks.dp_pca import check_projection
+from tasks.privacy.ledger import load_ledger
 from tasks.pate.teachers import query_records
 
 __all__ = ["run_aggregate", "aggregate_task", "aggregator_spec"]
@@ -129,7 +130,7 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
 
 @task(name="aggregate", cache_policy=NO_CACHE)
 def aggregate_task(params: Params, run_id: str, teachers_dir: str, public: str, dp_pca_dir: str) -> dict[str, Any]:
-    from tasks import tracking
+    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
 
     out = run_aggregate(params, teachers_dir=Path(teachers_dir), public=Path(public), dp_pca_dir=Path(dp_pca_dir))
     tracking.log_stage_figures(params, run_id, "aggregate", out)

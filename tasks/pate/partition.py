@@ -78,7 +78,7 @@ def load_shards(partition_dir: Path, ids: np.ndarray) -> np.ndarray:
 
 @task(name="partition", cache_policy=NO_CACHE)
 def partition_task(params: Params, run_id: str, sensitive: str) -> dict[str, Any]:
-    from tasks import tracking
+    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
 
     out = run_partition(params, sensitive=Path(sensitive))
     tracking.log_stage_figures(params, run_id, "partition", out)

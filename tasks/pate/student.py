@@ -28,7 +28,8 @@ from privpipe.pate.student import StudentConfig, train_student
 from tasks import paths
 from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, use_torch_threads, write_json,
                           write_text)
-from tasks.dp_pca import load_ledger, load_projection, projection_digest
+from tasks.dp_pca import load_projection, projection_digest
+from tasks.privacy.ledger import load_ledger
 from tasks.pate.teachers import model_front, query_records
 
 __all__ = ["run_student", "student_task", "model_spec", "target_sets"]
@@ -114,7 +115,7 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
 @task(name="student", cache_policy=NO_CACHE)
 def student_task(params: Params, run_id: str, aggregate_dir: str, public: str, test: str,
                  dp_pca_dir: str) -> dict[str, Any]:
-    from tasks import tracking
+    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
 
     out = run_student(params, aggregate_dir=Path(aggregate_dir), public=Path(public), test=Path(test),
                       dp_pca_dir=Path(dp_pca_dir))

@@ -135,7 +135,7 @@ def teacher_task(params: Params, teacher: int, sensitive: str, partition_dir: st
 def collect_votes_task(params: Params, run_id: str, public: str, vote_files: list[str]) -> dict[str, Any]:
     """``vote_files`` (the mapped teachers' results) makes Prefect wait for every teacher; the
     files are then found by teacher index, so a missing one is named."""
-    from tasks import tracking
+    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
 
     out = collect_votes(params, public=Path(public))
     tracking.log_stage_figures(params, run_id, "teachers", {**out, "released": False})

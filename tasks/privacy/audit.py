@@ -50,7 +50,7 @@ def _stage_epsilons(metrics: dict[str, float]) -> dict[str, float]:
 def audit_rows(params: Params, *, dataset: str | None = None, since: datetime | None = None,
                until: datetime | None = None) -> list[dict[str, Any]]:
     """The runs of ``run.experiment`` that privpipe recorded, oldest first, filtered."""
-    client = tracking._client(params)
+    client = tracking.mlflow_client(params)
     experiment = client.get_experiment_by_name(params.run.experiment)
     if experiment is None:
         return []

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 
 import matplotlib.pyplot as plt
-from mlflow.entities import Metric, Param
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger, LifetimeLedger
@@ -36,7 +35,7 @@ _EXTRA_PREFIXES = {"prepare": ("data.",), "evaluate": ("accuracy.", "privacy.aud
 
 def log_stage_runs(params: Params, parent_id: str, seconds: dict[str, float]) -> dict[str, str]:
     """A child run per stage (in the order run), holding what the parent logged about it."""
-    client = tracking._client(params)
+    client = tracking.mlflow_client(params)
     parent = client.get_run(parent_id)
     flat = params.flat()
     children = {}
@@ -48,14 +47,13 @@ def log_stage_runs(params: Params, parent_id: str, seconds: dict[str, float]) ->
             **{k: v for k, v in parent.data.tags.items()
                if k.startswith((*prefixes, "privpipe.", "dvc.", "mlflow.source.")) and k != "privpipe.flow"}})
         run_id = child.info.run_id
-        metrics = [Metric("stage.seconds", wall, tracking._now_ms(), 0)]
+        metrics = [("stage.seconds", wall, 0)]
         for key in parent.data.metrics:
             if key.startswith(prefixes):
                 metrics += client.get_metric_history(parent_id, key)
         own = (f"{stage}.", "privacy_audit.") if stage == "evaluate" else (f"{stage}.",)
-        stage_params = [Param(k, str(v)) for k, v in sorted(flat.items()) if k.startswith(own)]
-        for i in range(0, max(len(metrics), len(stage_params)), 100):
-            client.log_batch(run_id, metrics=metrics[i:i + 100], params=stage_params[i:i + 100])
+        tracking.log_batch(client, run_id, metrics=metrics,
+                           params={k: v for k, v in sorted(flat.items()) if k.startswith(own)})
         client.set_terminated(run_id, "FINISHED")
         children[stage] = run_id
     return children
@@ -67,11 +65,11 @@ def stage_seconds(wall: float) -> str:
 
 def log_lifetime(params: Params, run_id: str, lifetime: LifetimeLedger) -> None:
     """The spend and what is left as metrics (compared across runs), budgets and counts as tags."""
-    client = tracking._client(params)
+    client = tracking.mlflow_client(params)
     life = lifetime.summary()
-    tracking._metrics(client, run_id, {"privacy.lifetime.epsilon": life["spent"],
+    tracking.log_batch(client, run_id, metrics={"privacy.lifetime.epsilon": life["spent"],
                                        "privacy.lifetime.epsilon_remaining": life["left"]})
-    run_view.set_tags(client, run_id, {key: run_view.format_value(value) for key, value in {
+    tracking.log_batch(client, run_id, tags={key: run_view.format_value(value) for key, value in {
         "privacy.lifetime.delta": life["spent_delta"], "privacy.lifetime.epsilon_budget": life["budget"],
         "privacy.lifetime.delta_budget": life["delta_budget"], "privacy.lifetime.delta_remaining": life["left_delta"],
         "privacy.lifetime.runs": life["runs"]}.items()})
@@ -101,7 +99,7 @@ def charge_run(params: Params, run_id: str, *, flow: str, dataset: str, ledger: 
 def log_audit_view(params: Params, run_id: str, *, dataset: str, ledger: Ledger,
                    seconds: dict[str, float] | None = None) -> None:
     """The plots (ε by stage, accuracy vs ε over the dataset's runs) and the per-stage child runs."""
-    client = tracking._client(params)
+    client = tracking.mlflow_client(params)
     curves = {key.split(".", 1)[1]: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
               for key in CURVES}
     _figure(client, run_id, epsilon_by_stage_figure(ledger, {k: v for k, v in curves.items() if v}),

@@ -15,9 +15,10 @@ A record id is what ``privpipe forget`` takes and what the request journal keeps
   record the new version with ``dvc add`` when the file is DVC-tracked. Idempotent: rows
   already gone are not looked for again, and a pointer that lags the file is brought up
   to date.
-- :func:`hashes_in`: the hashed ids of records (of their raw records, for prepared copies); the
-  prepare stages leave out every record whose hash has a request, on every run, so that no
-  later run sees an erased (or withheld) record even if an old data version is checked out again.
+
+The prepare stages leave out every record whose hashed id has a request, on every run
+(``privpipe.requests.withheld``), so that no later run sees an erased (or withheld) record
+even if an old data version is checked out again.
 
 MNIST's IDX files are not rewritten: their record ids are positions, which a rewrite would
 shift onto other records. Nor is the text corpus, which is the operator's own file (JSONL,
@@ -28,7 +29,6 @@ them the erasure is the prepare-time filter alone.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 from pathlib import Path
 from typing import Any, Iterable
@@ -37,19 +37,16 @@ from privpipe.config import Params
 from privpipe.data import DataError, load_labeled_csv
 from privpipe.data.mnist import mnist_files, read_idx
 from privpipe.requests import RequestQueue
+from privpipe.text.corpus import load_corpus
 from tasks.common import write_text
+from tasks.source import ensure_default_data
 from tasks.versioning import data_version, dvc
 
-__all__ = ["current_record_ids", "erase_from_source", "version_suffix", "source_version", "base_id", "pipeline_ids",
-           "text_ids", "hashes_in", "TEXT_NOT_REWRITTEN"]
+__all__ = ["current_record_ids", "erase_from_source", "source_version", "pipeline_ids", "text_ids",
+           "TEXT_NOT_REWRITTEN"]
 
 TEXT_NOT_REWRITTEN = ("the text file is not rewritten (the operator's own file; identical rows are told apart by "
                       "their order, which a rewrite would shift): every later text prepare leaves the record out")
-
-
-def base_id(record_id: str) -> str:
-    """The raw record an id derives from (prepared copies add a suffix such as ``:target``)."""
-    return record_id.split(":", 1)[0]
 
 
 def _source(params: Params) -> Path:
@@ -59,8 +56,6 @@ def _source(params: Params) -> Path:
 def pipeline_ids(params: Params) -> list[str]:
     """Every record id of the pipeline's raw data (``prepare``), erased or not."""
     if params.prepare.dataset == "digits":
-        from tasks.prepare import ensure_default_data
-
         ensure_default_data(params)
         return load_labeled_csv(_source(params)).ids.tolist()
     ids = []
@@ -77,8 +72,6 @@ def text_ids(params: Params) -> list[str]:
     cfg = params.text
     if cfg.format != "20newsgroups" and not Path(cfg.path).is_file():
         return []
-    from privpipe.text.corpus import load_corpus
-
     try:
         corpus = load_corpus(cfg.path, format=cfg.format, text_column=cfg.text_column,
                              label_column=cfg.label_column, client_column=cfg.client_column,
@@ -98,18 +91,6 @@ def current_record_ids(params: Params, queue: RequestQueue) -> set[str]:
     if erased:
         ids = {i for i in ids if queue.hash_record_id(i) not in erased}
     return ids
-
-
-def version_suffix(kind: str, hashes: set[str]) -> str:
-    """``+minus-<kind>:<count>-<digest>``: what a prepare stage left out of the file's data version.
-    The digest of the hashed ids says which records, so two withheld sets of one size differ."""
-    digest = hashlib.md5("\n".join(sorted(hashes)).encode()).hexdigest()[:8]
-    return f"+minus-{kind}:{len(hashes)}-{digest}"
-
-
-def hashes_in(queue: RequestQueue, ids: Iterable[str]) -> set[str]:
-    """The hashed ids of ``ids`` (of their raw records, for prepared copies)."""
-    return {queue.hash_record_id(base_id(str(i))) for i in ids}
 
 
 def source_version(params: Params) -> str:

@@ -28,15 +28,16 @@ from privpipe.data import DATASET_CLASSES, Records
 from privpipe.models import load_released
 from privpipe.privacy import Ledger, NoiseSource
 from privpipe.removal import RemovableHead, RemovalGuarantee, combined_guarantee
-from privpipe.removal.features import feature_extractor, head_features, head_model
+from privpipe.removal.features import feature_extractor, head_features
 from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json
 from tasks.dp_pca import load_projection
 from tasks.evaluate import deployed_dir
 from tasks.removal.record_use import extractor_uses
+from tasks.removal.store import save_head
 
-__all__ = ["run_head", "head_task", "load_head", "save_head", "extractor_from", "served_model", "noise_for"]
+__all__ = ["run_head", "head_task", "noise_for"]
 
 _SHRINK = 1.0 - 1e-6  # features are stored as float32; shrinking first keeps every rounded row inside the unit ball
 
@@ -54,42 +55,6 @@ def noise_for(params: Params, *, retrain: int) -> NoiseSource:
             "certificate rests on the b drawn the same way)")
     warn_insecure_rng(params, "head" if retrain == 0 else "removals", what, flow_warns=retrain == 0)
     return NoiseSource(seed=seed_for(params.run.seed, "head", retrain), secure=params.privacy.secure_rng)
-
-
-def extractor_from(folder: Path) -> nn.Sequential:
-    """Rebuild the frozen extractor stored in ``folder/extractor``."""
-    spec = read_json(folder / "extractor" / "source.json")
-    source = spec["source"]
-    if source == "model":
-        return feature_extractor("model", released=load_released(folder / "extractor"))
-    if source == "dp_pca":
-        return feature_extractor("dp_pca", projection=np.load(folder / "extractor" / "projection.npy"))
-    return feature_extractor("raw")
-
-
-def served_model(folder: Path, head: RemovableHead) -> nn.Sequential:
-    return head_model(extractor_from(folder), head.W, classes=head.classes)
-
-
-def save_head(folder: Path, head: RemovableHead, *, ids: np.ndarray, meta: dict[str, Any]) -> None:
-    """Write a head's state into ``folder`` (a staging folder: the caller puts it in place)."""
-    arrays, head_meta = head.state()
-    arrays = {**arrays, "X": arrays["X"].astype(np.float32)}  # exact: X was rounded to float32 before training
-    np.savez(folder / "state.npz", **arrays)
-    np.save(folder / "ids.npy", ids.astype(str))
-    write_json(folder / "meta.json", {**meta, "head": head_meta})
-
-
-def load_head(folder: Path) -> tuple[RemovableHead, np.ndarray, dict[str, Any]]:
-    """(head, record id of each row, metadata) from a folder :func:`save_head` wrote."""
-    if not folder.exists():  # a crash between staged_dir's two renames: the previous state is complete
-        previous = sorted(folder.parent.glob(f".{folder.name}.previous-*"), key=lambda p: p.stat().st_mtime)
-        if previous:
-            previous[-1].rename(folder)
-    meta = read_json(folder / "meta.json")
-    with np.load(folder / "state.npz") as state:
-        arrays = {key: state[key] for key in state.files}
-    return RemovableHead.from_state(arrays, meta["head"]), np.load(folder / "ids.npy"), meta
 
 
 def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir: Path) -> tuple[nn.Sequential, dict]:
@@ -159,7 +124,7 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
 
 @task(name="head", cache_policy=NO_CACHE)
 def head_task(params: Params, run_id: str, sensitive: str, test: str, model_dir: str, dp_pca_dir: str) -> dict[str, Any]:
-    from tasks.removal import registry
+    from tasks.removal import registry  # deferred: MLflow is slow to import, untracked runs skip it
 
     out = run_head(params, sensitive=Path(sensitive), test=Path(test), model_dir=Path(model_dir),
                    dp_pca_dir=Path(dp_pca_dir))

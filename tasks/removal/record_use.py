@@ -1,58 +1,27 @@
-"""Which records each registered model version trained on, and how each is covered for a deletion.
+"""Which records each stage's output trained on, as sets of hashed ids (the deletion queue's HMAC).
 
-Every version registered from now on carries a *manifest*: the artifact
-``record_use/<name>-v<version>.json`` of its run (named by the version's tag
-``privacy.record_manifest``), listing the hashed ids (the deletion queue's HMAC) of every set
-of records the version trained on and how it used them:
-
-- ``dp``: under the version's differential privacy (the DP model's sensitive set; the text
-  model's training texts, at their record-level ε; the head's feature extractor);
-- ``none``: without any guarantee (the public pool's PATE queries and the unlabeled pool the
-  student trained on; the head's own training rows, until a removal takes them out);
-- ``certified_removal`` / ``retrained``: head rows a removal took out, by a Newton update since
-  the head's last training, or by a retrain without them.
-
-For a request the coverage of a version is ``not_covered`` if any ``none`` set holds the
-record, else the strongest of ``retrained``, ``certified_removal``, ``dp`` that does, else
-``unknown`` where part of the version's data is not known (no manifest: registered before
-manifests existed), else ``not_trained_on``. Each covered entry carries its (ε, δ), read from
-the version's tags that the manifest names.
+Each set says how it was used: ``dp`` (under the model's differential privacy), ``none``
+(without any guarantee: PATE's public queries, the student's unlabeled pool, the head's own
+rows), ``certified_removal`` / ``retrained`` (head rows a removal took out). The manifests that
+carry these sets into the model registry, and the audit that reads them back, are in
+:mod:`tasks.removal.coverage`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 
 from privpipe.config import Params
-from privpipe.requests import Request, RequestQueue
+from privpipe.requests import RequestQueue, base_id, hashes_in
 from tasks import paths
-from tasks.removal.erase import base_id, hashes_in
+from tasks.pate.teachers import query_records
+from tasks.removal.store import load_head
 
-__all__ = ["MANIFEST_TAG", "pipeline_uses", "text_uses", "head_uses", "extractor_uses", "log_manifest",
-           "log_version_manifest", "coverage_audit", "flag_uncovered", "ACTIONS", "UNCOVERED"]
-
-MANIFEST_TAG = "privacy.record_manifest"
-FORMAT = "privpipe.record_use/1"
-UNCOVERED = ("not_covered", "unknown")
-#: what the operator should do with a version that does not cover a request, by model kind
-ACTIONS = {
-    "model": "retrain without the record(s) (`privpipe run`: prepare leaves every requested record out), "
-             "then delete this version",
-    "text": "retrain without the record(s) (`privpipe federated`: prepare leaves every requested record out), "
-            "then delete this version",
-    "head": "delete this version: it still holds the record(s), and a later head version has them removed",
-    "unknown": "registered before record manifests, so whether it trained on the record(s) is unknown: "
-               "retrain, then delete this version",
-}
-_STRENGTH = ("retrained", "certified_removal", "dp")  # strongest first
-
-log = logging.getLogger("privpipe.record_use")
+__all__ = ["pipeline_uses", "text_uses", "head_uses", "extractor_uses"]
 
 
 def _use(name: str, coverage: str, hashes: Iterable[str] | None, detail: str, *,
@@ -73,8 +42,6 @@ def pipeline_uses(params: Params, queue: RequestQueue, *, prepared: Path = paths
     uses = [_use("sensitive", "dp", hashes_in(queue, _ids(prepared / paths.SENSITIVE.name)),
                  "in the DP-protected sensitive set", epsilon_tag=epsilon_tag, delta_tag=delta_tag)]
     if params.student.enabled:
-        from tasks.pate.teachers import query_records
-
         public = prepared / paths.PUBLIC.name
         uses.append(_use("public_queries", "none", hashes_in(queue, query_records(params, public).ids),
                          "in the public pool: a PATE query the student trained on without DP"))
@@ -115,8 +82,6 @@ def extractor_uses(params: Params, queue: RequestQueue, *, prepared: Path = path
 def head_uses(queue: RequestQueue, *, folder: Path = paths.HEAD) -> list[dict[str, Any]]:
     """The head's rows as they stand (trained on, removed by Newton update, removed by retrain) and
     its extractor's sets (unknown for a head trained before extractors recorded them)."""
-    from tasks.removal.head import load_head
-
     head, ids, meta = load_head(folder)
     hashed = [queue.hash_record_id(base_id(str(i))) for i in ids]  # row by row, beside head.active
     removed_by = meta.get("removed_by", {})
@@ -139,142 +104,3 @@ def head_uses(queue: RequestQueue, *, folder: Path = paths.HEAD) -> list[dict[st
         uses.append(_use("extractor", "unknown", None, "feature extractor trained before extractors recorded their "
                                                        "training data"))
     return uses
-
-
-def _client(params: Params):
-    from tasks import tracking
-
-    return tracking._client(params)
-
-
-def log_manifest(params: Params, run_id: str, name: str, version: str, *, kind: str,
-                 uses: Sequence[dict[str, Any]]) -> str:
-    """Log a version's manifest to its run and tag the version with the artifact's path; safe to repeat."""
-    client = _client(params)
-    path = f"record_use/{name}-v{version}.json"
-    manifest = {"format": FORMAT, "model": name, "version": str(version), "kind": kind, "uses": list(uses)}
-    client.log_text(run_id, json.dumps(manifest, separators=(",", ":")), path)
-    client.set_model_version_tag(name, str(version), MANIFEST_TAG, path)
-    return path
-
-
-def log_version_manifest(params: Params, run_id: str, name: str, version: str) -> None:
-    """The manifest of a version ``tracking.register_logged_model`` just registered: the federated
-    text flow's model or the pipeline's deployed model, told apart by the run's flow tag."""
-    text = _client(params).get_run(run_id).data.tags.get("privpipe.flow") == "federated-text"
-    needed = paths.TEXT / "train_ids.npy" if text else paths.SENSITIVE / "ids.npy"
-    if not needed.is_file():  # a model registered outside a run of the stages: its coverage will read "unknown"
-        log.warning("record manifest of %s version %s: %s is missing; erasure audits will report the version as "
-                    "of unknown training data", name, version, needed)
-        return
-    queue = RequestQueue(paths.REQUESTS)
-    if text:
-        log_manifest(params, run_id, name, version, kind="text", uses=text_uses(queue, private=params.federated.private))
-    else:
-        log_manifest(params, run_id, name, version, kind="model", uses=pipeline_uses(params, queue))
-
-
-# -- the audit of a batch ---------------------------------------------------------------------------
-
-
-def _model_names(params: Params) -> dict[str, str]:
-    from tasks.removal.registry import head_model_name
-
-    return {params.run.model_name: "model", head_model_name(params): "head", params.text.model_name: "text"}
-
-
-def _manifest(client: Any, version: Any, folder: Path) -> dict[str, Any] | None:
-    path = version.tags.get(MANIFEST_TAG)
-    if not path or not version.run_id:
-        return None
-    local = client.download_artifacts(version.run_id, path, str(folder))
-    manifest = json.loads(Path(local).read_text())
-    for use in manifest["uses"]:
-        use["hashes"] = None if use["hashes"] is None else set(use["hashes"])
-    return manifest
-
-
-def _number(text: str | None) -> float | None:
-    try:
-        return float(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def _coverage(record_hash: str, manifest: dict[str, Any] | None, tags: Mapping[str, str]) -> dict[str, Any]:
-    if manifest is None:
-        return {"coverage": "unknown", "detail": "registered before record manifests: its training data is unknown"}
-    held = [u for u in manifest["uses"] if u["hashes"] is not None and record_hash in u["hashes"]]
-    plain = [u for u in held if u["coverage"] == "none"]
-    if plain:
-        return {"coverage": "not_covered", "use": plain[0]["name"], "detail": plain[0]["detail"]}
-    for strength in _STRENGTH:
-        match = next((u for u in held if u["coverage"] == strength), None)
-        if match is not None:
-            return {"coverage": strength, "use": match["name"], "detail": match["detail"],
-                    "epsilon": _number(tags.get(match["epsilon_tag"])), "delta": _number(tags.get(match["delta_tag"]))}
-    unknown = next((u for u in manifest["uses"] if u["coverage"] == "unknown"), None)
-    if unknown is not None:
-        return {"coverage": "unknown", "use": unknown["name"], "detail": unknown["detail"]}
-    return {"coverage": "not_trained_on", "detail": "not in this version's training data"}
-
-
-def _action(entry: Mapping[str, Any]) -> str:
-    """The ACTIONS key for an uncovered entry: an old head version that still holds the row is
-    superseded by the removal's; anything else trained on the record needs a retrain."""
-    if entry["coverage"] == "unknown":
-        return "unknown"
-    if entry.get("use") == "head_rows":
-        return "head"
-    return "model" if entry["kind"] == "head" else entry["kind"]
-
-
-def coverage_audit(params: Params, requests: Sequence[Request]) -> dict[str, list[dict[str, Any]]]:
-    """Per request: every registered version of the run's models (DP model, head, text model), each
-    with how it covers the record."""
-    client = _client(params)  # versions registered earlier count even where this params file registers none
-    out: dict[str, list[dict[str, Any]]] = {r.request_id: [] for r in requests}
-    with tempfile.TemporaryDirectory(prefix="privpipe-manifests-") as folder:
-        for name, kind in _model_names(params).items():
-            versions = sorted(client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
-            for version in versions:
-                manifest = _manifest(client, version, Path(folder) / f"{name}-{version.version}")
-                for request in requests:
-                    entry = {"model": name, "version": str(version.version),
-                             "kind": manifest["kind"] if manifest else kind,
-                             **_coverage(request.record_hash, manifest, version.tags)}
-                    out[request.request_id].append(entry)
-    return out
-
-
-def flag_uncovered(params: Params, coverage: Mapping[str, Sequence[Mapping[str, Any]]],
-                   batch: Iterable[str]) -> list[dict[str, Any]]:
-    """Tag every registered version that does not cover some request (``privacy.erasure.*``); return
-    them, each with its requests (``requests``: all, ``in_batch``: those of ``batch``) and what to do.
-
-    ``coverage`` is :func:`coverage_audit` of every request done so far and the batch's, computed
-    afresh against the versions registered now (manifests do not change): a version registered
-    after a request was done (a later head version on the same extractor) is caught, a version
-    deleted since is not listed, and a re-run after a crash tags the same.
-    """
-    batch = set(batch)
-    requests: dict[tuple[str, str], set[str]] = {}
-    kinds: dict[tuple[str, str], str] = {}
-    rank = ("head", "text", "model", "unknown")  # the later one's action also settles the earlier ones'
-    for request_id, entries in coverage.items():
-        for entry in entries:
-            if entry["coverage"] in UNCOVERED:
-                key = (entry["model"], entry["version"])
-                requests.setdefault(key, set()).add(request_id)
-                kinds[key] = max(kinds.get(key, "head"), _action(entry), key=rank.index)
-    client = _client(params) if requests else None
-    flagged = []
-    for key in sorted(requests, key=lambda k: (k[0], int(k[1]))):
-        action = ACTIONS[kinds[key]]
-        tags = {"privacy.erasure.uncovered_requests": str(len(requests[key])), "privacy.erasure.action": action,
-                "privacy.erasure.retrain_needed": str(kinds[key] != "head").lower()}
-        for tag, value in tags.items():
-            client.set_model_version_tag(key[0], key[1], tag, value)
-        flagged.append({"model": key[0], "version": key[1], "requests": sorted(requests[key]),
-                        "in_batch": sorted(requests[key] & batch), "action": action})
-    return flagged

@@ -7,7 +7,7 @@ guarantee (``removal.*`` tags) and the extractor's DP (``privacy.features_*``), 
 batch id so that a re-run after a crash finds it instead of registering twice; once the
 erasure has written the new data version, the version is tagged with it (``dvc.data_version``)
 and with the run that holds the batch's audit (``removal.audit_run_id``: after a crash, not
-the run that registered it). Every version gets a record manifest (``tasks.removal.record_use``): the
+the run that registered it). Every version gets a record manifest (``tasks.removal.coverage``): the
 hashed ids of its rows, those removed and how, and its extractor's training sets.
 """
 
@@ -23,15 +23,13 @@ import torch
 from privpipe.config import Params
 from privpipe.requests import RequestQueue
 from tasks import paths, tracking
-from tasks.removal import record_use
+from tasks.removal import coverage
+from tasks.removal.record_use import head_uses
+from tasks.removal.store import head_model_name, load_head, served_model
 from tasks.common import read_json
 
-__all__ = ["head_model_name", "log_head", "register_head", "find_version", "latest_version", "guarantee_tags",
+__all__ = ["log_head", "register_head", "find_version", "latest_version", "guarantee_tags",
            "tag_version", "log_manifest", "has_manifest"]
-
-
-def head_model_name(params: Params) -> str:
-    return f"{params.run.model_name}-head"
 
 
 def guarantee_tags(folder: Path) -> dict[str, str]:
@@ -51,12 +49,10 @@ def guarantee_tags(folder: Path) -> dict[str, str]:
 
 def register_head(params: Params, run_id: str, folder: Path, *, tags: dict[str, str]) -> str:
     """Log the servable head model to ``run_id`` and register it; return the version."""
-    from tasks.removal.head import load_head, served_model
-
     head, _, _ = load_head(folder)
     model = served_model(folder, head)
     width = int(read_json(folder / "meta.json")["input_dim"])  # the example is synthetic: no record goes to MLflow
-    client = tracking._client(params)
+    client = tracking.mlflow_client(params)
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pytorch.log_model(
             model, name="head", serialization_format="pt2", input_example=np.zeros((2, width), dtype=np.float32),
@@ -69,18 +65,18 @@ def register_head(params: Params, run_id: str, folder: Path, *, tags: dict[str, 
 
 
 def log_manifest(params: Params, run_id: str, version: str, folder: Path) -> None:
-    """The version's record manifest (tasks.removal.record_use): the head's rows as they stand, and its extractor's sets."""
-    record_use.log_manifest(params, run_id, head_model_name(params), version, kind="head",
-                            uses=record_use.head_uses(RequestQueue(paths.REQUESTS), folder=folder))
+    """The version's record manifest (tasks.removal.coverage): the head's rows as they stand, and its extractor's sets."""
+    coverage.log_manifest(params, run_id, head_model_name(params), version, kind="head",
+                          uses=head_uses(RequestQueue(paths.REQUESTS), folder=folder))
 
 
 def has_manifest(params: Params, version: str) -> bool:
-    return record_use.MANIFEST_TAG in tracking._client(params).get_model_version(head_model_name(params), version).tags
+    return coverage.MANIFEST_TAG in tracking.mlflow_client(params).get_model_version(head_model_name(params), version).tags
 
 
 def find_version(params: Params, *, tag: str, value: str) -> str | None:
     """The head version whose ``tag`` is ``value`` (a batch already registered), if any."""
-    client = tracking._client(params)
+    client = tracking.mlflow_client(params)
     for version in client.search_model_versions(f"name = '{head_model_name(params)}'"):
         if version.tags.get(tag) == value:
             return str(version.version)
@@ -89,21 +85,21 @@ def find_version(params: Params, *, tag: str, value: str) -> str | None:
 
 def tag_version(params: Params, version: str, tags: dict[str, str]) -> None:
     """Add (or overwrite) tags of a registered head version; safe to repeat."""
-    client = tracking._client(params)
+    client = tracking.mlflow_client(params)
     for key, value in tags.items():
         client.set_model_version_tag(head_model_name(params), version, key, value)
 
 
 def latest_version(params: Params) -> str | None:
-    client = tracking._client(params)
+    client = tracking.mlflow_client(params)
     versions = [int(v.version) for v in client.search_model_versions(f"name = '{head_model_name(params)}'")]
     return str(max(versions)) if versions else None
 
 
 def log_head(params: Params, run_id: str, folder: Path, out: dict[str, Any]) -> dict[str, Any]:
     """The head stage's figures and guarantee in the pipeline run; register version one of this training."""
-    client = tracking._client(params)
-    tracking._metrics(client, run_id, {
+    client = tracking.mlflow_client(params)
+    tracking.log_batch(client, run_id, metrics={
         "head.accuracy_test": out["accuracy_test"], "removal.epsilon": out["removal_epsilon"],
         "removal.delta": out["removal_delta"], "removal.gradient_budget": out["gradient_budget"],
         "removal.budget_used": out["budget_used"],

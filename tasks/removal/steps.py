@@ -11,7 +11,7 @@
   manifest; a re-run that finds a version with that tag reuses it.
 - **erase**: a new data version without the records (see ``tasks.removal.erase``); idempotent.
 - **coverage**: every registered version of the DP model, the head and the text model, and
-  how each covers each record (``tasks.removal.record_use``); versions that do not are tagged.
+  how each covers each record (``tasks.removal.coverage``); versions that do not are tagged.
 
 The journal names records by hashed id only, so every step matches hashes: the head's row
 ids, the CSV's ids and the manifests' sets are hashed under the same salt.
@@ -29,13 +29,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
-from privpipe.requests import Request, RequestQueue
+from privpipe.requests import Request, RequestQueue, base_id, hashes_in
 from tasks import paths
 from tasks.removal import registry
-from tasks.removal import record_use
+from tasks.removal.coverage import UNCOVERED, coverage_audit
 from tasks.common import stage_logger, staged_dir
-from tasks.removal.erase import TEXT_NOT_REWRITTEN, base_id, erase_from_source, hashes_in, pipeline_ids, source_version
-from tasks.removal.head import load_head, noise_for, save_head
+from tasks.removal.erase import TEXT_NOT_REWRITTEN, erase_from_source, pipeline_ids, source_version
+from tasks.removal.head import noise_for
+from tasks.removal.store import load_head, save_head
 
 __all__ = ["ensure_head_for", "head_present", "apply_batch", "skip_head", "register_batch", "erase_batch",
            "audit_records", "apply_task", "register_task", "erase_task", "coverage_task"]
@@ -180,7 +181,7 @@ def audit_records(params: Params, batch_id: str, requests: Sequence[Request], ap
             "budget_used": applied["budget_used"], "budget": applied["budget"],
             "erasure": {"pipeline_source": erased, "text_source": text_source},
             "coverage": entries,
-            "uncovered": [f"{e['model']}/{e['version']}" for e in entries if e["coverage"] in record_use.UNCOVERED],
+            "uncovered": [f"{e['model']}/{e['version']}" for e in entries if e["coverage"] in UNCOVERED],
         }
     return audits
 
@@ -202,4 +203,4 @@ def erase_task(params: Params, requests: list[Request]) -> dict[str, Any]:
 
 @task(name="coverage", cache_policy=NO_CACHE)
 def coverage_task(params: Params, requests: list[Request]) -> dict[str, list[dict[str, Any]]]:
-    return record_use.coverage_audit(params, requests)
+    return coverage_audit(params, requests)

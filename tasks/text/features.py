@@ -86,7 +86,7 @@ def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path 
 
 @task(name="encode", cache_policy=NO_CACHE)
 def text_features_task(params: Params, run_id: str, text_dir: str) -> dict[str, Any]:
-    from tasks.text import tracking as text_tracking
+    from tasks.text import tracking as text_tracking  # deferred: MLflow is slow to import, untracked runs skip it
 
     out = run_text_features(params, text_dir=Path(text_dir))
     text_tracking.log_text_features(params, run_id, out)

@@ -22,11 +22,10 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
 from privpipe.data import DataError
-from privpipe.requests import RequestQueue
+from privpipe.requests import RequestQueue, version_suffix
 from privpipe.text import Corpus, TextSet, load_corpus
 from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, write_json
-from tasks.removal.erase import version_suffix
 from tasks.federated.training import assign_clients
 from tasks.versioning import data_version
 
@@ -99,7 +98,7 @@ def load_split(folder: Path, split: str) -> tuple[list[str], np.ndarray]:
 
 @task(name="prepare-text", cache_policy=NO_CACHE)
 def prepare_text_task(params: Params, run_id: str) -> dict[str, Any]:
-    from tasks.text import tracking as text_tracking
+    from tasks.text import tracking as text_tracking  # deferred: MLflow is slow to import, untracked runs skip it
 
     out = run_prepare_text(params)
     text_tracking.log_text_prepare(params, run_id, out)

@@ -12,22 +12,19 @@ import mlflow.pyfunc
 import numpy as np
 import torch
 
+from privpipe.text import embed, load_encoder, tokenize
+from tasks.text.model import load_text_model, predict_batches
+
 __all__ = ["FederatedTextClassifier"]
 
 
 class FederatedTextClassifier(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
-        from privpipe.text import load_encoder
-        from tasks.text.train import load_text_model
-
         encoder = Path(context.artifacts["encoder"])
         self.model, self.spec = load_text_model(Path(context.artifacts["model"]), encoder=encoder)
         self.encoder, self.tokenizer = load_encoder(encoder)
 
     def predict(self, context, model_input, params=None) -> list[str]:
-        from privpipe.text import embed, tokenize
-        from tasks.text.train import predict_batches
-
         texts = list(model_input.iloc[:, 0]) if hasattr(model_input, "iloc") else list(model_input)
         if self.spec["mode"] == "frozen":
             inputs = (embed(self.encoder, self.tokenizer, texts, max_length=self.spec["max_length"],

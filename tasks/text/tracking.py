@@ -3,30 +3,32 @@ privacy, and the registered text-in, label-out model."""
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import numpy as np
 import torch
+from sklearn.datasets import get_data_home
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger
-from tasks.privacy import membership_audit
 from tasks.common import read_json
 from tasks.federated.tracking import log_rounds
-from tasks.tracking import _client, log_data_input, log_figures, log_stage_figures, register_logged_model
+from tasks.privacy import membership_audit
+from tasks.release import register_logged_model
+from tasks.text.serving import FederatedTextClassifier
+from tasks.tracking import log_data_input, log_figures, log_stage_figures, mlflow_client
 
 __all__ = ["log_text_prepare", "log_text_features", "log_federated", "register_text_model"]
 
 
 def log_text_prepare(params: Params, run_id: str, out: dict[str, Any]) -> None:
-    client = _client(params)
+    client = mlflow_client(params)
     client.set_tag(run_id, "text.source", out["source"])
     source = out["source"]
     if not Path(source).exists():  # 20newsgroups: scikit-learn's local cache
-        from sklearn.datasets import get_data_home
-
         source = get_data_home()
     log_data_input(params, run_id, data_version=out["data_version"], source=source)
     log_figures(client, run_id, {"data.n_train": out["n_train"], "data.n_test": out["n_test"],
@@ -34,13 +36,13 @@ def log_text_prepare(params: Params, run_id: str, out: dict[str, Any]) -> None:
 
 
 def log_text_features(params: Params, run_id: str, out: dict[str, Any]) -> None:
-    client = _client(params)
+    client = mlflow_client(params)
     client.set_tag(run_id, "text.encoder_digest", out["encoder_digest"])
     client.set_tag(run_id, "text.encoder", out["encoder"])
 
 
 def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
-    client = _client(params)
+    client = mlflow_client(params)
     ledger = Ledger.from_json(Path(out["ledger"]).read_text()) if params.federated.private else None
     log_rounds(params, run_id, "federated", read_json(Path(out["history"])), ledger, sampling=out["sampling"],
                record_level=False)
@@ -62,8 +64,6 @@ def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
 
 def register_text_model(params: Params, run_id: str, out: dict[str, Any], encoder: str) -> dict[str, Any]:
     """Log the text-in, label-out model (encoder bundled) and register it with its privacy tags."""
-    from tasks.text.serving import FederatedTextClassifier
-
     if params.federated.private:
         tags = {"privacy.epsilon": f"{out['epsilon']:.6g}", "privacy.delta": f"{out['delta']:g}",
                 "privacy.accountant": out["accountant"], "privacy.adjacency": "client",
@@ -72,14 +72,12 @@ def register_text_model(params: Params, run_id: str, out: dict[str, Any], encode
     else:
         tags = {"privacy.epsilon": "inf", "privacy.private": "false"}
     tags.update(membership_audit.version_tags(out.get("privacy_audit", {})))
-    import transformers
-
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
             name="model", python_model=FederatedTextClassifier(),
             artifacts={"model": str(Path(out["dir"]).resolve()), "encoder": str(Path(encoder).resolve())},
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}",
-                              f"transformers=={transformers.__version__}", "privpipe"],
+                              f"transformers=={version('transformers')}", "privpipe"],
             tags=tags,
         )
     return register_logged_model(params, run_id, info.model_uri, name=params.text.model_name, tags=tags,

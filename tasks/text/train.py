@@ -30,11 +30,11 @@ from tasks.federated.clients import ClientData, ClientJob, ModelSpec, build_mode
 from tasks.federated.training import train_federated
 from tasks.privacy.membership_audit import audit_figures, audit_released_model
 from tasks.text.features import input_names
+from tasks.text.model import predict_batches
 
-__all__ = ["run_federated_text", "client_job", "load_text_model", "predict_batches"]
+__all__ = ["run_federated_text", "client_job"]
 
 STAGE = "federated"
-EVAL_BATCH = 256
 
 
 def client_job(params: Params, *, text_dir: Path, features_dir: Path) -> ClientJob:
@@ -56,15 +56,6 @@ def client_job(params: Params, *, text_dir: Path, features_dir: Path) -> ClientJ
     local = LocalConfig(epochs=fed.local_epochs, batch_size=fed.local_batch_size,
                         learning_rate=fed.local_learning_rate, prox_mu=fed.prox_mu)
     return ClientJob(model=spec, data=data, local=local, seed=params.run.seed, torch_threads=task_threads(params))
-
-
-def predict_batches(model: torch.nn.Module, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
-    model.eval()
-    out = []
-    with torch.no_grad():
-        for begin in range(0, len(inputs[0]), EVAL_BATCH):
-            out.append(model(*(torch.as_tensor(a[begin:begin + EVAL_BATCH]) for a in inputs)).argmax(1).numpy())
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
 def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, record: Spend | None, *,
@@ -136,15 +127,3 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
         log.info("federated: test accuracy %.4f after %d rounds (not private)", final["accuracy_test"],
                  run.result.rounds_run)
     return {"dir": str(out), "ledger": str(out / "ledger.json"), "history": str(out / "history.json"), **figures}
-
-
-def load_text_model(model_dir: Path, encoder: Path | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Rebuild a saved federated text model (``encoder`` overrides the folder the spec names)."""
-    spec = read_json(Path(model_dir) / "spec.json")
-    fields = dict(spec["model"], hidden_units=tuple(spec["model"]["hidden_units"]),
-                  lora_targets=tuple(spec["model"]["lora_targets"]))
-    if encoder is not None:
-        fields["encoder"] = str(encoder)
-    model = build_model(ModelSpec(**fields))
-    load_vector(model, np.load(Path(model_dir) / "weights.npy"))
-    return model.eval(), spec

@@ -1,0 +1,38 @@
+"""The run's privacy ledger on disk: started by dp_pca, read and extended by every later stage
+that spends (aggregate, finetune, the federated text flow), and checked against params.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from privpipe.config import ConfigError, Params
+from privpipe.privacy import Event, Ledger
+from tasks.common import read_json
+
+__all__ = ["new_ledger", "load_ledger", "calibrate_for"]
+
+
+def new_ledger(params: Params) -> Ledger:
+    return Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
+                  accountant=params.privacy.accountant)
+
+
+def load_ledger(source: Path, params: Params) -> Ledger:
+    """An earlier stage's ledger; it carries the run's δ and budget from dp_pca, and params edited
+    since must not be silently ignored."""
+    ledger = Ledger.from_dict(read_json(source))
+    for key, recorded, current in (("privacy.delta", ledger.delta, params.privacy.delta),
+                                   ("privacy.epsilon_budget", ledger.epsilon_budget, params.privacy.epsilon_budget),
+                                   ("privacy.accountant", ledger.accountant, params.privacy.accountant)):
+        if recorded != current:
+            raise ConfigError(f"{key}: is {current} but {source} was written with {recorded}; re-run dp_pca first")
+    return ledger
+
+
+def calibrate_for(ledger: Ledger, make_event: Callable[..., Event], *, target_epsilon: float, key: str) -> float:
+    """σ for ``target_epsilon`` (see Ledger.calibrate), with an unreachable target reported against ``key``."""
+    try:
+        return ledger.calibrate(lambda s: make_event(noise_multiplier=s), target_epsilon=target_epsilon)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc} (already spent: ε = {ledger.epsilon().epsilon:.4g})") from None

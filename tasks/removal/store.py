@@ -1,0 +1,62 @@
+"""The head's files in artifacts/head: its state, the id of each row, and the frozen extractor.
+
+What the head stage writes, the removal steps update, and the deletion audit reads; nothing
+here trains or records anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from privpipe.config import Params
+from privpipe.models import load_released
+from privpipe.removal import RemovableHead
+from privpipe.removal.features import feature_extractor, head_model
+from tasks.common import read_json, write_json
+
+__all__ = ["head_model_name", "extractor_from", "served_model", "save_head", "load_head"]
+
+
+def head_model_name(params: Params) -> str:
+    """The registered model that serves the head: one version per removal batch."""
+    return f"{params.run.model_name}-head"
+
+
+def extractor_from(folder: Path) -> nn.Sequential:
+    """Rebuild the frozen extractor stored in ``folder/extractor``."""
+    spec = read_json(folder / "extractor" / "source.json")
+    source = spec["source"]
+    if source == "model":
+        return feature_extractor("model", released=load_released(folder / "extractor"))
+    if source == "dp_pca":
+        return feature_extractor("dp_pca", projection=np.load(folder / "extractor" / "projection.npy"))
+    return feature_extractor("raw")
+
+
+def served_model(folder: Path, head: RemovableHead) -> nn.Sequential:
+    return head_model(extractor_from(folder), head.W, classes=head.classes)
+
+
+def save_head(folder: Path, head: RemovableHead, *, ids: np.ndarray, meta: dict[str, Any]) -> None:
+    """Write a head's state into ``folder`` (a staging folder: the caller puts it in place)."""
+    arrays, head_meta = head.state()
+    arrays = {**arrays, "X": arrays["X"].astype(np.float32)}  # exact: X was rounded to float32 before training
+    np.savez(folder / "state.npz", **arrays)
+    np.save(folder / "ids.npy", ids.astype(str))
+    write_json(folder / "meta.json", {**meta, "head": head_meta})
+
+
+def load_head(folder: Path) -> tuple[RemovableHead, np.ndarray, dict[str, Any]]:
+    """(head, record id of each row, metadata) from a folder :func:`save_head` wrote."""
+    if not folder.exists():  # a crash between staged_dir's two renames: the previous state is complete
+        previous = sorted(folder.parent.glob(f".{folder.name}.previous-*"), key=lambda p: p.stat().st_mtime)
+        if previous:
+            previous[-1].rename(folder)
+    meta = read_json(folder / "meta.json")
+    with np.load(folder / "state.npz") as state:
+        arrays = {key: state[key] for key in state.files}
+    return RemovableHead.from_state(arrays, meta["head"]), np.load(folder / "ids.npy"), meta
