@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import PROJECT
-from privpipe.config import ConfigError, load_params, parse_params
+from privpipe.config import ConfigError, Params, load_params, parse_params
+from privpipe.config.aggregate import LEDGER_RDP_ORDERS
+from privpipe.config.cron import is_cron
+from privpipe.privacy import RDP_ORDERS
 
 DEFAULTS = yaml.safe_load((PROJECT / "params.yaml").read_text())
 
@@ -118,3 +125,92 @@ def test_nothing_to_deploy_is_refused():
     raw["finetune"] = {**raw.get("finetune", {}), "enabled": False}
     with pytest.raises(ConfigError, match="finetune.enabled: with student.enabled also false"):
         parse_params(raw)
+
+
+def with_values(edits: dict[str, dict]) -> dict:
+    raw = copy.deepcopy(DEFAULTS)
+    for section, values in edits.items():
+        raw[section].update(values)
+    return raw
+
+
+@pytest.mark.parametrize("module, edits, message", [
+    ("run", {"run": {"torch_threads": -1}}, "run.torch_threads: must be >= 0 (0 = torch's default, one per core)"),
+    ("privacy", {"privacy": {"accountant": "moments"}},
+     "privacy.accountant: unknown value 'moments' (choose one of best, pld, rdp)"),
+    ("prepare", {"prepare": {"public_queries": 0}}, "prepare.public_queries: must be >= 1"),
+    ("dp_pca", {"dp_pca": {"components": 0}}, "dp_pca.components: must be >= 1"),
+    ("partition", {"partition": {"min_records": 0}}, "partition.min_records: must be >= 1"),
+    ("teachers", {"teachers": {"epochs": 0}}, "teachers.epochs: must be >= 1"),
+    ("aggregate", {"aggregate": {"ss_noise": 0.0}}, "aggregate.ss_noise: must be > 0"),
+    ("student", {"student": {"ramp_steps": -1}}, "student.ramp_steps: must be >= 0"),
+    ("finetune", {"student": {"enabled": False}, "finetune": {"enabled": False}},
+     "finetune.enabled: with student.enabled also false there is no model to deploy"),
+    ("finetune", {"finetune": {"lr_end": 0.0}}, "finetune.lr_end: must be > 0"),
+    ("finetune", {"finetune": {"mode": "gossip"}}, "finetune.mode: unknown value 'gossip' (choose one of dpsgd, federated)"),
+    ("finetune", {"finetune": {"clipping": "per_layer"}},
+     "finetune.clipping: per_layer clipping is not supported with ghost clipping"),
+    ("head", {"head": {"lam": 0.0}}, "head.lam: must be > 0 (the removal bound needs a strongly convex loss)"),
+    ("privacy_audit", {"privacy_audit": {"records": 19}},
+     "privacy_audit.records: must be >= 20 (members and non-members each)"),
+    ("federated", {"federated": {"server_epsilon": 0.0}}, "federated.server_epsilon: must be > 0"),
+    ("text", {"text": {"lora_targets": "query,,value"}},
+     "text.lora_targets: must be a comma-separated list of module names (e.g. query,value)"),
+    ("lifetime", {"lifetime": {"delta_budget": 1.0}}, "lifetime.delta_budget: must be in (0, 1)"),
+    ("runner", {"runner": {"address": "tcp://127.0.0.1:8786"}},
+     "runner.address: only a dask or ray runner connects to an address (runner.kind is threads)"),
+    ("schedule", {"schedule": {"timezone": "Mars/Base"}},
+     "schedule.timezone: unknown time zone 'Mars/Base' (an IANA name such as UTC or Europe/Berlin)"),
+])
+def test_each_sections_checks_live_in_its_module_and_keep_their_message(module, edits, message):
+    with pytest.raises(ConfigError) as error:
+        parse_params(with_values(edits))
+    assert str(error.value) == message
+    raised_in = [Path(str(entry.path)) for entry in error.traceback if Path(str(entry.path)).name != "errors.py"]
+    assert raised_in[-1] == PROJECT / "privpipe" / "config" / f"{module}.py"
+
+
+def test_every_section_has_a_module_of_its_name_with_its_fields():
+    defaults = Params()
+    for section in fields(Params):
+        assert type(getattr(defaults, section.name)).__module__ == f"privpipe.config.{section.name}"
+    assert parse_params({}) == parse_params(DEFAULTS)  # the defaults are the values params.yaml ships with
+
+
+@pytest.mark.parametrize("edits, message", [
+    # finetune's checks run at four points of the order; each pair fails twice and the earlier check wins
+    ({"finetune": {"mode": "gossip"}, "head": {"lam": 0.0}},
+     "head.lam: must be > 0 (the removal bound needs a strongly convex loss)"),
+    ({"finetune": {"clipping": "per_layer"}, "privacy_audit": {"records": 19}},
+     "privacy_audit.records: must be >= 20 (members and non-members each)"),
+    ({"finetune": {"lr_end": 0.0}, "dp_pca": {"components": 0}}, "dp_pca.components: must be >= 1"),
+    ({"finetune": {"hidden_units": [], "lr_end": 0.0}},
+     "finetune.hidden_units: the student needs at least one hidden layer: its output is the embedding the "
+     "association losses work on"),
+])
+def test_the_first_error_reported_follows_the_order_of_the_checks(edits, message):
+    with pytest.raises(ConfigError) as error:
+        parse_params(with_values(edits))
+    assert str(error.value) == message
+
+
+def test_the_rdp_orders_config_accepts_are_the_ledgers():
+    assert LEDGER_RDP_ORDERS == RDP_ORDERS
+
+
+def test_reading_params_imports_neither_torch_nor_the_orchestration_stack():
+    code = ("import sys\n"
+            "from privpipe.config import check_pipeline_use, load_params\n"
+            "check_pipeline_use(load_params('params.yaml'))\n"
+            "print(sorted(m for m in ('torch', 'prefect', 'mlflow', 'dvc') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("0 3 * * 0", True), ("*/30 * * * *", True), ("0 0 1 jan mon-fri", True), ("0-59/15 0,12 1-31 * 7", True),
+    ("* * * *", False), ("60 * * * *", False), ("5-1 * * * *", False), ("*/0 * * * *", False),
+    ("0 0 * * funday", False), ("every sunday", False),
+])
+def test_cron_expressions(text, ok):
+    assert is_cron(text) is ok

@@ -226,7 +226,6 @@ def _bytes_of(paths: Iterable[Path]) -> Iterable[tuple[Path, bytes]]:
 
 def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
         trained, prefect_harness, monkeypatch, tmp_path, capfd):
-    import prefect.events
     import flows.notify
     from flows.cli import main
     from flows.removals import removals
@@ -242,7 +241,7 @@ def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
     events: list[dict[str, Any]] = []
     # `privpipe forget` tells a serving Prefect: here a stand-in that keeps what would be sent
     monkeypatch.setattr(flows.notify, "server_answers", lambda *_a, **_k: True)
-    monkeypatch.setattr(prefect.events, "emit_event", lambda **event: events.append(event))
+    monkeypatch.setattr(flows.notify, "emit_event", lambda **event: events.append(event))
     monkeypatch.setattr(EventsWorker, "drain_all", classmethod(lambda cls: None))
     try:
         assert main(["forget", *targets, "--reason", REASON]) == 0

@@ -1,0 +1,35 @@
+"""Typed, validated view of params.yaml.
+
+    params = load_params("params.yaml")
+
+Every knob of the pipeline lives in params.yaml; this package turns it into frozen dataclasses
+and checks every value before any work starts. A bad value raises :class:`ConfigError` whose
+message names the key (``finetune.lot_size``) and what is wrong with it, so the command line can
+print one line and exit non-zero.
+
+Section ``X`` of params.yaml lives in ``privpipe/config/X.py``: its fields, their defaults (the
+values params.yaml ships with) and its checks, side by side. Then:
+
+    errors.py    ConfigError and the one-line checks (require, one_of, noise_or_epsilon)
+    params.py    Params (all sections) and check_all: the order the checks run in (first error wins)
+    load.py      load_params / parse_params: YAML → typed sections → check_all
+    use.py       checks only some commands make: check_pipeline_use, check_federated_use
+    cron.py      the cron-expression check of schedule.*_cron
+    urls.py      redact_url: secrets in URLs masked before they are logged or printed
+"""
+
+from privpipe.config.errors import ConfigError
+from privpipe.config.load import load_params, parse_params
+from privpipe.config.params import Params
+from privpipe.config.urls import redact_url
+from privpipe.config.use import check_federated_use, check_pipeline_use
+
+__all__ = [
+    "ConfigError",
+    "Params",
+    "load_params",
+    "parse_params",
+    "check_pipeline_use",
+    "check_federated_use",
+    "redact_url",
+]

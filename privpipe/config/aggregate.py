@@ -1,0 +1,54 @@
+"""aggregate: public queries labelled by the teachers' noisy vote (Papernot et al. 2017, 2018),
+and how the data-dependent cost of those answers is released (smooth sensitivity)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.errors import one_of, require
+from privpipe.config.privacy import PrivacyConfig
+
+AGGREGATORS = ("lnmax", "gnmax", "confident_gnmax")
+ANALYSES = ("data_dependent", "data_independent")
+#: the noise parameters each mechanism needs (the others are ignored)
+NOISE_KEYS = {"lnmax": ("gamma",), "gnmax": ("sigma",), "confident_gnmax": ("threshold", "sigma1", "sigma2")}
+
+#: The RDP orders the privacy ledger composes at: dp_accounting's DEFAULT_RDP_ORDERS, as floats, exactly as
+#: privpipe.privacy.RDP_ORDERS builds them. Written out so that checking params does not import torch
+#: (privpipe.privacy does); tests/test_config.py fails if the two ever differ.
+LEDGER_RDP_ORDERS: tuple[float, ...] = tuple(
+    float(a) for a in [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024])
+
+
+@dataclass(frozen=True)
+class AggregateConfig:
+    mechanism: str = "gnmax"
+    queries: int = 20  # every answer costs privacy, and digits' 50 small teachers answer few of them well
+    gamma: float | None = None
+    sigma: float | None = 40.0  # PATE 2018's answer noise on MNIST (their σ₂)
+    threshold: float | None = None
+    sigma1: float | None = None
+    sigma2: float | None = None
+    analysis: str = "data_dependent"
+    rdp_order: float = 20.0
+    ss_beta: float = 0.01  # below 1/(2·rdp_order) = 0.025, as the smooth-sensitivity release needs
+    ss_noise: float = 20.0
+    ss_failure_probability: float = 1e-7  # spent out of privacy.delta: 1 % of the default δ
+
+
+def check(aggregate: AggregateConfig, *, privacy: PrivacyConfig) -> None:
+    one_of(aggregate.mechanism, AGGREGATORS, "aggregate.mechanism")
+    for key in NOISE_KEYS[aggregate.mechanism]:
+        value = getattr(aggregate, key)
+        require(value is not None, f"aggregate.{key}", f"must be set for {aggregate.mechanism}")
+        require(key == "threshold" or value > 0, f"aggregate.{key}", "must be > 0")
+    require(aggregate.queries >= 0, "aggregate.queries", "must be >= 0 (0 = the whole public pool)")
+    one_of(aggregate.analysis, ANALYSES, "aggregate.analysis")
+    require(aggregate.rdp_order in LEDGER_RDP_ORDERS, "aggregate.rdp_order",
+            f"must be one of the ledger's RDP orders ({', '.join(f'{a:g}' for a in LEDGER_RDP_ORDERS)})")
+    beta_bound = 1 / (2 * aggregate.rdp_order)
+    require(0 < aggregate.ss_beta < beta_bound, "aggregate.ss_beta",
+            f"must be in (0, 1/(2·rdp_order)) = (0, {beta_bound:.4g}) for the smooth-sensitivity release")
+    require(aggregate.ss_noise > 0, "aggregate.ss_noise", "must be > 0")
+    require(0 < aggregate.ss_failure_probability < privacy.delta, "aggregate.ss_failure_probability",
+            f"must be in (0, privacy.delta = {privacy.delta:g}): it is spent out of the run's δ")

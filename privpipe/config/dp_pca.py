@@ -1,0 +1,21 @@
+"""dp_pca: the differentially private projection the MLP models and the head may work on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.errors import noise_or_epsilon, require
+
+
+@dataclass(frozen=True)
+class DpPcaConfig:
+    enabled: bool = True
+    components: int = 30
+    noise_multiplier: float | None = 8.0
+    epsilon: float | None = None
+
+
+def check(dp_pca: DpPcaConfig) -> None:
+    if dp_pca.enabled:
+        require(dp_pca.components >= 1, "dp_pca.components", "must be >= 1")
+        noise_or_epsilon("dp_pca", dp_pca.noise_multiplier, "epsilon", dp_pca.epsilon)

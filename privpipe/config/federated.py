@@ -1,0 +1,89 @@
+"""federated: DP-FedAvg with client-level DP (Geyer et al. 2017; McMahan et al. 2018), used by
+finetune.mode federated and by the text flow (``privpipe federated``).
+
+Its check_use runs only where the section is used (use.py: check_federated_use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.errors import noise_or_epsilon, one_of, require
+from privpipe.config.finetune import FinetuneConfig
+from privpipe.config.partition import PARTITION_STRATEGIES
+from privpipe.config.privacy import PrivacyConfig
+
+SAMPLINGS = ("poisson", "fixed")
+SERVER_OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class FederatedConfig:
+    clients: int = 100
+    strategy: str = "iid"
+    alpha: float = 0.5
+    labels_per_shard: int = 2
+    min_records: int = 1  # an empty client only sends a zero update; refuse that unless asked (0)
+    sampling: str = "poisson"  # amplified by subsampling, which fixed-size rounds are not
+    sample_rate: float = 0.5
+    rounds: int = 20
+    local_epochs: int = 5
+    local_batch_size: int = 16
+    local_learning_rate: float = 0.5
+    prox_mu: float = 0.0
+    private: bool = True  # the pipeline only releases private models; false is for baselines
+    clip_norm: float = 1.0
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = 3.0  # z is calibrated so that every planned round fits, instead of guessed
+    server_optimizer: str = "sgd"  # plain FedAvg, with server_learning_rate 1
+    server_learning_rate: float = 1.0
+    server_momentum: float = 0.0
+    server_beta1: float = 0.9
+    server_beta2: float = 0.99
+    server_epsilon: float = 0.001
+    epsilon_curve_points: int = 20
+
+
+def check(federated: FederatedConfig, *, finetune: FinetuneConfig, privacy: PrivacyConfig) -> None:
+    require(federated.clients >= 1, "federated.clients", "must be >= 1")
+    one_of(federated.strategy, PARTITION_STRATEGIES, "federated.strategy")
+    require(federated.alpha > 0, "federated.alpha", "must be > 0")
+    require(federated.labels_per_shard >= 1, "federated.labels_per_shard", "must be >= 1")
+    require(federated.min_records >= 0, "federated.min_records", "must be >= 0 (0: clients may hold no records; "
+            "they send a zero update)")
+    one_of(federated.sampling, SAMPLINGS, "federated.sampling")
+    require(0 < federated.sample_rate <= 1, "federated.sample_rate", "must be in (0, 1]")
+    for key in ("rounds", "local_epochs", "local_batch_size"):
+        require(getattr(federated, key) >= 1, f"federated.{key}", "must be >= 1")
+    require(federated.local_learning_rate > 0, "federated.local_learning_rate", "must be > 0")
+    require(federated.prox_mu >= 0, "federated.prox_mu", "must be >= 0 (0 = FedAvg, > 0 = FedProx)")
+    one_of(federated.server_optimizer, SERVER_OPTIMIZERS, "federated.server_optimizer")
+    require(federated.server_learning_rate > 0, "federated.server_learning_rate", "must be > 0")
+    require(0 <= federated.server_momentum < 1, "federated.server_momentum", "must be in [0, 1)")
+    for key in ("server_beta1", "server_beta2"):
+        require(0 <= getattr(federated, key) < 1, f"federated.{key}", "must be in [0, 1)")
+    require(federated.server_epsilon > 0, "federated.server_epsilon", "must be > 0")
+    require(federated.epsilon_curve_points >= 2, "federated.epsilon_curve_points", "must be >= 2")
+    if federated.private:
+        require(federated.clip_norm > 0, "federated.clip_norm", "must be > 0 (it bounds each client's influence)")
+        noise_or_epsilon("federated", federated.noise_multiplier, "target_epsilon", federated.target_epsilon)
+    if finetune.mode == "federated":
+        require(federated.private or not finetune.enabled, "federated.private",
+                "false would deploy a model with no privacy guarantee; the pipeline only releases private models "
+                "(non-private baselines: privpipe federated, or bench/federated_text.py)")
+        check_use(federated, privacy=privacy, clients=federated.clients)
+
+
+def check_use(federated: FederatedConfig, *, privacy: PrivacyConfig, clients: int | None) -> None:
+    """What only matters where the federated section is used (finetune.mode federated, the text flow):
+    a target within the budget, and δ below 1/K where K is known (``clients``; None for natural
+    clients, counted when the data is read)."""
+    if not federated.private:
+        return
+    if federated.target_epsilon is not None:
+        require(federated.target_epsilon <= privacy.epsilon_budget, "federated.target_epsilon",
+                f"exceeds privacy.epsilon_budget ({privacy.epsilon_budget})")
+    if clients is not None:
+        require(privacy.delta * clients < 1, "privacy.delta",
+                f"{privacy.delta:g} is not below 1/K = {1 / clients:.3g} for K = {clients} clients: at that δ "
+                "publishing one whole client's data would meet the guarantee (use δ ≪ 1/K)")

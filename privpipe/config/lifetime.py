@@ -1,0 +1,21 @@
+"""lifetime: the privacy budget of each dataset across runs (every retrain on the same data spends again)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.errors import require
+
+
+@dataclass(frozen=True)
+class LifetimeConfig:
+    # ten runs at the default privacy.epsilon_budget and privacy.delta (3, 1e-5)
+    epsilon_budget: float = 30.0
+    delta_budget: float = 1e-4
+    ledger_dir: str = "data/budget"  # with the data, so DVC versions the spend with what it was spent on
+
+
+def check(lifetime: LifetimeConfig) -> None:
+    # (a budget below one run's is not an error here: the run is refused before it starts, saying so)
+    require(lifetime.epsilon_budget > 0, "lifetime.epsilon_budget", "must be > 0")
+    require(0 < lifetime.delta_budget < 1, "lifetime.delta_budget", "must be in (0, 1)")

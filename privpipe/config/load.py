@@ -1,0 +1,98 @@
+"""Reading params.yaml: YAML → typed section dataclasses (each value checked against its field's
+type) → every section's checks (:func:`~privpipe.config.params.check_all`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from privpipe.config.errors import ConfigError
+from privpipe.config.params import Params, check_all
+
+__all__ = ["load_params", "parse_params"]
+
+
+def load_params(path: str | Path) -> Params:
+    """Read and validate a params file; raise :class:`ConfigError` on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    return parse_params(raw if raw is not None else {}, source=str(path))
+
+
+def parse_params(raw: Any, *, source: str = "params") -> Params:
+    """Build :class:`Params` from a parsed YAML mapping, validating every value."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: expected a mapping of sections at the top level")
+    sections = [f.name for f in fields(Params)]
+    unknown = sorted(set(raw) - set(sections))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section (known: {', '.join(sections)})")
+    built = {}
+    for f in fields(Params):
+        cls = f.default_factory().__class__  # type: ignore[misc]
+        built[f.name] = _build_section(f.name, cls, raw.get(f.name) or {})
+    params = Params(**built)
+    check_all(params)
+    return params
+
+
+def _build_section(name: str, cls: type, raw: Any) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{name}: expected a mapping, got {type(raw).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"{name}.{unknown[0]}: unknown key")
+    defaults = cls()
+    values = {}
+    for key, f in known.items():
+        value = raw.get(key, getattr(defaults, key))
+        values[key] = _coerce(f"{name}.{key}", value, f.type)
+    return cls(**values)
+
+
+def _coerce(key: str, value: Any, annotation: str) -> Any:
+    """Check a value against its field's annotation. The annotations are strings ("float | None"):
+    every section module has ``from __future__ import annotations``."""
+    optional = "None" in annotation
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{key}: must be set (got null)")
+    if annotation.startswith("tuple"):
+        if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise ConfigError(f"{key}: expected a list of integers, got {value!r}")
+        return tuple(value)
+    base = annotation.replace("| None", "").strip()
+    if base == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if base == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if base == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: must be finite, got {value!r}")
+        return float(value)
+    if base == "str":
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
+        return value
+    raise AssertionError(f"unhandled annotation {annotation} for {key}")

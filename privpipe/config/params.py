@@ -1,0 +1,96 @@
+"""Params: every section of params.yaml in one frozen object, and check_all: the order its checks run in."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from privpipe.config import (
+    aggregate,
+    dp_pca,
+    evaluate,
+    federated,
+    finetune,
+    head,
+    lifetime,
+    partition,
+    prepare,
+    privacy,
+    privacy_audit,
+    run,
+    runner,
+    schedule,
+    student,
+    teachers,
+    text,
+)
+from privpipe.config.urls import redact_url
+
+__all__ = ["Params", "check_all", "flatten"]
+
+
+@dataclass(frozen=True)
+class Params:
+    run: run.RunConfig = field(default_factory=run.RunConfig)
+    privacy: privacy.PrivacyConfig = field(default_factory=privacy.PrivacyConfig)
+    prepare: prepare.PrepareConfig = field(default_factory=prepare.PrepareConfig)
+    dp_pca: dp_pca.DpPcaConfig = field(default_factory=dp_pca.DpPcaConfig)
+    partition: partition.PartitionConfig = field(default_factory=partition.PartitionConfig)
+    teachers: teachers.TeachersConfig = field(default_factory=teachers.TeachersConfig)
+    aggregate: aggregate.AggregateConfig = field(default_factory=aggregate.AggregateConfig)
+    student: student.StudentConfig = field(default_factory=student.StudentConfig)
+    finetune: finetune.FinetuneConfig = field(default_factory=finetune.FinetuneConfig)
+    head: head.HeadConfig = field(default_factory=head.HeadConfig)
+    evaluate: evaluate.EvaluateConfig = field(default_factory=evaluate.EvaluateConfig)
+    privacy_audit: privacy_audit.PrivacyAuditConfig = field(default_factory=privacy_audit.PrivacyAuditConfig)
+    federated: federated.FederatedConfig = field(default_factory=federated.FederatedConfig)
+    text: text.TextConfig = field(default_factory=text.TextConfig)
+    lifetime: lifetime.LifetimeConfig = field(default_factory=lifetime.LifetimeConfig)
+    runner: runner.RunnerConfig = field(default_factory=runner.RunnerConfig)
+    schedule: schedule.ScheduleConfig = field(default_factory=schedule.ScheduleConfig)
+
+    def flat(self) -> dict[str, Any]:
+        """All parameters as ``section.key`` → value (what MLflow records), with secrets in URLs
+        masked (:func:`redact_url`)."""
+        return {key: redact_url(value) for key, value in flatten(dataclasses.asdict(self)).items()}
+
+
+def check_all(p: Params) -> None:
+    """Raise :class:`~privpipe.config.errors.ConfigError` for the first wrong value.
+
+    The order is behaviour: the first failing check is the one reported. It is the order the checks had
+    when they were one function, which is why finetune comes up four times. Keyword arguments are the
+    other sections a check reads.
+    """
+    run.check(p.run)
+    privacy.check(p.privacy)
+    prepare.check(p.prepare)
+    partition.check(p.partition)
+    teachers.check(p.teachers, dp_pca=p.dp_pca)
+    aggregate.check(p.aggregate, privacy=p.privacy)
+    student.check(p.student, finetune=p.finetune)
+    finetune.check_something_to_deploy(p.finetune, student_enabled=p.student.enabled)
+    dp_pca.check(p.dp_pca)
+    finetune.check(p.finetune, dp_pca=p.dp_pca, privacy=p.privacy)
+    head.check(p.head, dp_pca=p.dp_pca)
+    finetune.check_mode(p.finetune)
+    federated.check(p.federated, finetune=p.finetune, privacy=p.privacy)
+    text.check(p.text)
+    lifetime.check(p.lifetime)
+    runner.check(p.runner)
+    schedule.check(p.schedule)
+    privacy_audit.check(p.privacy_audit)
+    finetune.check_clipping_engine(p.finetune)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as ``a.b`` → value; tuples become lists (as MLflow and JSON hold them)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, prefix=f"{name}."))
+        else:
+            out[name] = list(value) if isinstance(value, tuple) else value
+    return out

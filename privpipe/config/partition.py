@@ -1,0 +1,27 @@
+"""partition: the sensitive set → disjoint shards, one per PATE teacher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.errors import one_of, require
+
+#: how records are dealt out; the federated section splits into clients the same ways
+PARTITION_STRATEGIES = ("iid", "dirichlet", "label_shards")
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    shards: int = 50  # PATE's votes are only informative with many teachers; digits gives each about 14 records
+    strategy: str = "iid"
+    alpha: float = 0.5
+    labels_per_shard: int = 2
+    min_records: int = 5
+
+
+def check(partition: PartitionConfig) -> None:
+    require(partition.shards >= 1, "partition.shards", "must be >= 1")
+    one_of(partition.strategy, PARTITION_STRATEGIES, "partition.strategy")
+    require(partition.alpha > 0, "partition.alpha", "must be > 0")
+    require(partition.labels_per_shard >= 1, "partition.labels_per_shard", "must be >= 1")
+    require(partition.min_records >= 1, "partition.min_records", "must be >= 1")

@@ -1,0 +1,27 @@
+"""privacy: the run's (ε, δ) budget and the accountant that adds up its stages.
+
+Whether that accountant can account for every stage the pipeline runs is checked only where
+the stages run: check_pipeline_use, in use.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.errors import one_of, require
+
+ACCOUNTANTS = ("best", "pld", "rdp")
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    epsilon_budget: float = 3.0  # the ε the project's accuracy and audit goals are stated at
+    delta: float = 1e-5  # far below 1/n for digits (718 sensitive records) and MNIST, as in Abadi et al.
+    accountant: str = "best"  # PLD and RDP are both sound upper bounds, so the smaller of the two is one too
+    secure_rng: bool = False  # the OS CSPRNG is slower; without it every run warns (docs/security.md)
+
+
+def check(privacy: PrivacyConfig) -> None:
+    require(privacy.epsilon_budget > 0, "privacy.epsilon_budget", "must be > 0")
+    require(0 < privacy.delta < 1, "privacy.delta", "must be in (0, 1)")
+    one_of(privacy.accountant, ACCOUNTANTS, "privacy.accountant")

@@ -1,0 +1,29 @@
+"""privacy_audit: membership-inference attacks on the released model, in the evaluate stage
+(loss threshold, Yeom et al. 2018; reference-calibrated, Watson et al. 2022). An empirical check, not a proof."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.errors import require
+
+
+@dataclass(frozen=True)
+class PrivacyAuditConfig:
+    enabled: bool = True
+    # more records prove a larger ε; digits' 337 test records leave 236 a side, enough for ε ≈ 3.27 > the default 3
+    records: int = 250
+    reference_fraction: float = 0.3
+    confidence: float = 0.95
+    reference_epochs: int = 60
+    reference_batch_size: int = 32
+    reference_learning_rate: float = 0.003
+
+
+def check(privacy_audit: PrivacyAuditConfig) -> None:
+    require(privacy_audit.records >= 20, "privacy_audit.records", "must be >= 20 (members and non-members each)")
+    require(0 < privacy_audit.reference_fraction < 1, "privacy_audit.reference_fraction", "must be in (0, 1)")
+    require(0.5 <= privacy_audit.confidence < 1, "privacy_audit.confidence", "must be in [0.5, 1)")
+    for key in ("reference_epochs", "reference_batch_size"):
+        require(getattr(privacy_audit, key) >= 1, f"privacy_audit.{key}", "must be >= 1")
+    require(privacy_audit.reference_learning_rate > 0, "privacy_audit.reference_learning_rate", "must be > 0")

@@ -1,0 +1,23 @@
+"""runner: where mapped tasks (teachers, federated clients) run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.errors import one_of, require
+
+RUNNERS = ("threads", "processes", "dask", "ray")
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    kind: str = "threads"  # needs no extra process or package
+    workers: int = 0  # one per core
+    address: str | None = None  # start a local cluster rather than assume one exists
+
+
+def check(runner: RunnerConfig) -> None:
+    one_of(runner.kind, RUNNERS, "runner.kind")
+    require(runner.workers >= 0, "runner.workers", "must be >= 0 (0 = one per core)")
+    require(runner.address is None or runner.kind in ("dask", "ray"), "runner.address",
+            f"only a dask or ray runner connects to an address (runner.kind is {runner.kind})")

@@ -1,0 +1,31 @@
+"""teachers: one model per shard, trained without noise and never released (only their noisy votes are)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.dp_pca import DpPcaConfig
+from privpipe.config.errors import one_of, require
+
+MODELS = ("mlp", "cnn")  # also the choices of finetune.model
+
+
+@dataclass(frozen=True)
+class TeachersConfig:
+    model: str = "mlp"
+    hidden_units: tuple[int, ...] = (100,)
+    epochs: int = 100
+    batch_size: int = 32
+    learning_rate: float = 0.003  # Adam
+    weight_decay: float = 0.0001
+
+
+def check(teachers: TeachersConfig, *, dp_pca: DpPcaConfig) -> None:
+    one_of(teachers.model, MODELS, "teachers.model")
+    require(teachers.model != "cnn" or not dp_pca.enabled, "teachers.model",
+            "cnn trains on raw pixels; set dp_pca.enabled: false")
+    require(all(h >= 1 for h in teachers.hidden_units), "teachers.hidden_units", "every layer needs >= 1 unit")
+    for key in ("epochs", "batch_size"):
+        require(getattr(teachers, key) >= 1, f"teachers.{key}", "must be >= 1")
+    require(teachers.learning_rate > 0, "teachers.learning_rate", "must be > 0")
+    require(teachers.weight_decay >= 0, "teachers.weight_decay", "must be >= 0")

@@ -1,0 +1,43 @@
+"""text: the federated text classification of ``privpipe federated`` (its training is the federated section)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.errors import one_of, require
+
+TEXT_FORMATS = ("auto", "jsonl", "csv", "20newsgroups")
+ENCODER_MODES = ("frozen", "lora")
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    format: str = "auto"
+    path: str = "data/raw/texts.jsonl"
+    text_column: str = "text"
+    label_column: str = "label"
+    client_column: str | None = None
+    split_column: str | None = "split"
+    test_fraction: float = 0.2
+    download: bool = False  # offline unless asked
+    encoder: str | None = None  # the embedded all-MiniLM-L6-v2 ships with the package: no model folder needed
+    mode: str = "frozen"  # cached embeddings: 0.05 s a round against lora's 22.5 s, and more accurate (README)
+    input_scale: float = 8.0  # lets the head's weights move under clipping; a fixed factor costs no privacy
+    max_length: int = 128
+    embed_batch_size: int = 64
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: str = "query,value"
+    model_name: str = "privpipe-text"
+
+
+def check(text: TextConfig) -> None:
+    one_of(text.format, TEXT_FORMATS, "text.format")
+    require(0 < text.test_fraction < 1, "text.test_fraction", "must be in (0, 1)")
+    one_of(text.mode, ENCODER_MODES, "text.mode")
+    for key in ("max_length", "embed_batch_size", "lora_rank"):
+        require(getattr(text, key) >= 1, f"text.{key}", "must be >= 1")
+    require(text.lora_alpha > 0, "text.lora_alpha", "must be > 0")
+    require(text.input_scale > 0, "text.input_scale", "must be > 0")
+    require(all(t.strip() for t in text.lora_targets.split(",")), "text.lora_targets",
+            "must be a comma-separated list of module names (e.g. query,value)")

@@ -1,0 +1,40 @@
+"""Checks that only some commands make, on params that passed every section's checks.
+
+- check_pipeline_use: where the pipeline's stages run (``privpipe run``, ``privpipe stage``, the
+  pipeline flow), the accountant must be able to account for every stage's event.
+- check_federated_use: where the federated section is used (finetune.mode federated, the text flow).
+"""
+
+from __future__ import annotations
+
+from privpipe.config import federated
+from privpipe.config.errors import require
+from privpipe.config.params import Params
+
+__all__ = ["check_pipeline_use", "check_federated_use"]
+
+
+def check_pipeline_use(p: Params) -> None:
+    """An accountant that can account for every stage's event. Other commands (the text flow,
+    budget, audit) may use ``pld`` with these params."""
+    curves = _rdp_curve_stages(p)
+    require(p.privacy.accountant != "pld" or not curves, "privacy.accountant",
+            f"pld cannot account for {'; '.join(curves)}: an RDP curve has no PLD (use best or rdp)")
+
+
+def _rdp_curve_stages(p: Params) -> list[str]:
+    """The enabled stages whose cost is an RDP curve, which has no privacy-loss distribution."""
+    stages = []
+    if p.student.enabled and p.aggregate.analysis == "data_dependent":
+        stages.append("aggregate.analysis: data_dependent")
+    if (p.finetune.enabled and p.finetune.mode == "federated" and p.federated.private
+            and p.federated.sampling == "poisson"):
+        stages.append("finetune.mode: federated with poisson sampling (its record-level cost, two add-or-remove "
+                      "steps of one client)")
+    return stages
+
+
+def check_federated_use(p: Params, *, clients: int | None) -> None:
+    """A target within the budget, and δ below 1/K where K is known (``clients``; None for natural
+    clients, counted when the data is read). finetune.mode federated runs it with every check."""
+    federated.check_use(p.federated, privacy=p.privacy, clients=clients)
