@@ -47,7 +47,7 @@ from prefect.types._datetime import now
 
 from flows.pipeline import pipeline
 from flows.removals import removals
-from privpipe.config import Params, redact_url
+from privpipe.config import ConfigError, Params, redact_url
 from flows.notify import DELETION_EVENT, server_answers, whose_server
 
 __all__ = ["build_deployments", "describe_deployment", "serve_deployments", "prefect_server", "PrefectServer",
@@ -126,7 +126,7 @@ def prefect_server(api_url: str, *, use_running: bool = False) -> Iterator[Prefe
         return
     where = urlparse(api_url)
     if where.hostname not in ("127.0.0.1", "localhost"):
-        raise ValueError(f"schedule.prefect_api_url: no Prefect server answers at {redact_url(api_url)}, and "
+        raise ConfigError(f"schedule.prefect_api_url: no Prefect server answers at {redact_url(api_url)}, and "
                          "privpipe only starts one on 127.0.0.1")
     port = where.port or 4200
     log = server_log_path()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
+from privpipe.data import DataError
 from tasks import paths
 
 if TYPE_CHECKING:  # a type only: privpipe.config stays off this module's import path
@@ -94,9 +95,9 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: missing (run the earlier stages first)") from None
+        raise DataError(f"{path}: missing (run the earlier stages first)") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        raise DataError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
 
 
 def stage_logger(stage: str) -> logging.Logger | logging.LoggerAdapter:

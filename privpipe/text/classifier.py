@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from privpipe.config import ConfigError
 from privpipe.models import Scale
 from privpipe.text.encoder import mean_pool
 
@@ -55,5 +56,5 @@ def make_lora_classifier(encoder: nn.Module, *, classes: int, rank: int, alpha: 
     try:
         wrapped = get_peft_model(encoder, config)
     except ValueError as exc:
-        raise ValueError(f"text.lora_targets: {exc}") from None
+        raise ConfigError(f"text.lora_targets: {exc}") from None
     return LoraClassifier(wrapped, make_linear_head(encoder.config.hidden_size, classes, input_scale=input_scale))

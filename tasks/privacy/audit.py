@@ -22,19 +22,10 @@ from privpipe.config import Params
 from tasks import tracking
 from tasks.common import write_text
 
-__all__ = ["audit_rows", "format_table", "write_csv", "COLUMNS", "parse_day"]
+__all__ = ["audit_rows", "format_table", "write_csv", "COLUMNS"]
 
 COLUMNS = ("date", "run", "flow", "dataset", "data_version", "stages", "epsilon", "delta", "accountant",
            "empirical_epsilon", "accuracy", "model", "status")
-
-
-def parse_day(text: str, *, key: str) -> datetime:
-    """``YYYY-MM-DD`` (or a full ISO time) as UTC; ValueError naming the option otherwise."""
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"{key}: expected a date like 2026-11-23, got {text!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def _stage_epsilons(metrics: dict[str, float]) -> dict[str, float]:

@@ -29,6 +29,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
+from privpipe.data import DataError
 from privpipe.requests import Request, RequestQueue, base_id, hashes_in
 from tasks import paths
 from tasks.removal import registry
@@ -61,7 +62,7 @@ def head_present(folder: Path = paths.HEAD) -> bool:
 
 
 def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path = paths.HEAD) -> None:
-    """FileNotFoundError when requests wait (pending or in an open batch) for records of the pipeline's
+    """DataError when requests wait (pending or in an open batch) for records of the pipeline's
     data, ``head.enabled`` is true and no head was trained: checked before a batch is announced, so the
     requests stay pending rather than stuck in a batch. Text records need no head."""
     batch = queue.open_batch()
@@ -70,7 +71,7 @@ def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path = paths
         return
     pipeline = hashes_in(queue, pipeline_ids(params))
     if any(r.record_hash in pipeline for r in waiting):
-        raise FileNotFoundError(f"{folder}: no removal-enabled head (run the pipeline with head.enabled)")
+        raise DataError(f"{folder}: no removal-enabled head (run the pipeline with head.enabled)")
 
 
 def _removed_by(meta: dict[str, Any], before: np.ndarray, steps: Sequence[Any]) -> None:

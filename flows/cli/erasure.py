@@ -1,0 +1,96 @@
+"""Deletion requests: ``privpipe forget`` queues them, ``privpipe requests`` lists them and
+``privpipe removals`` processes the queue as a Prefect flow."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from privpipe.config import load_params
+from privpipe.requests import Request, RequestQueue
+from tasks import paths
+
+__all__ = ["forget", "requests", "removals"]
+
+
+def forget(args: argparse.Namespace) -> int:
+    params = load_params(args.params)
+    queue = RequestQueue(paths.REQUESTS)
+    from tasks.removal.erase import current_record_ids  # deferred: it reads text data, whose module imports torch
+
+    known = current_record_ids(params, queue)
+    accepted = queue.submit(args.record_ids, reason=args.reason, known=known.__contains__)
+    for request in accepted:
+        print(f"queued {request.request_id} (received {request.received_at})")
+    # the others, by their place on the command line: record ids are not echoed
+    new, first = {r.record_hash for r in accepted}, {}
+    requests = queue.read()
+    earliest = {}  # each record's first request (an older privpipe may have journaled more than one)
+    for request in requests:
+        earliest.setdefault(request.record_hash, request)
+    for place, record_id in enumerate(args.record_ids, start=1):
+        if record_id in first:
+            print(f"record id #{place} repeats #{first[record_id]}: one request")
+            continue
+        first[record_id] = place
+        digest = queue.hash_record_id(record_id)
+        if digest not in new:
+            earlier = earliest[digest]
+            print(f"record id #{place} already has request {earlier.request_id} ({earlier.status}): not queued again")
+    print(f"{len(accepted)} deletion request(s) queued in {queue.path}; `privpipe removals` processes them")
+    _legacy_note(requests, queue)
+    if accepted:
+        from flows.notify import announce_deletion_requests  # deferred: Prefect (seconds), only when one was queued
+
+        print(announce_deletion_requests(params, [r.request_id for r in accepted]))
+    return 0
+
+
+def requests(args: argparse.Namespace) -> int:
+    queue = RequestQueue(paths.REQUESTS)
+    if args.redact:
+        print(f"{queue.redact()} request(s) rewritten with hashed record ids and reasons in {queue.path}")
+    requests = queue.requests_for(args.record) if args.record is not None else queue.read()
+    print(f"{'request':<44} {'status':<9} {'received':<28} {'completed':<28} mechanism / head version / uncovered")
+    for r in requests:
+        audit = r.audit or {}
+        what = f"{audit.get('mechanism', '')} {audit.get('version_before', '')}→{audit.get('version_after', '')}" \
+            if audit else ""
+        if audit.get("uncovered"):
+            what += " / not covered: " + ", ".join(audit["uncovered"])
+        print(f"{r.request_id:<44} {r.status:<9} {r.received_at:<28} {r.completed_at or '':<28} {what}")
+    counts = {s: sum(r.status == s for r in requests) for s in ("pending", "in_batch", "done")}
+    print(f"{len(requests)} requests: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    _legacy_note(requests, queue)
+    return 0
+
+
+def removals(args: argparse.Namespace) -> int:
+    params = load_params(args.params)
+    # deferred until the params are known good: the removal steps and their flow import Prefect, MLflow and torch
+    from flows.removals import removals as removals_flow
+    from tasks.removal.steps import ensure_head_for
+
+    # before the flow starts: a damaged journal, or requests with no head, fail here (the flow checks again)
+    ensure_head_for(params, RequestQueue(paths.REQUESTS))
+    results = removals_flow(params_file=args.params)
+    if not results:
+        print("no pending deletion requests")
+    for out in results:
+        head = (f"head version {out['head_version']}; budget used {out['budget_used']:.4g} of {out['budget']:.4g}"
+                if out["budget"] is not None else "no head")
+        print(f"{out['batch_id']}: {out['requests']} request(s) done, {out['rows_removed']} head row(s) removed; "
+              f"{head}; data version {out['data_version']}"
+              + ("; the head was retrained (budget spent)" if out["retrained"] else ""))
+        for flagged in out["uncovered"]:
+            print(f"ACTION: {flagged['model']} version {flagged['version']} does not cover {len(flagged['requests'])} "
+                  f"deletion request(s), {len(flagged['in_batch'])} of this batch (tagged privacy.erasure.*): "
+                  f"{flagged['action']}")
+    return 0
+
+
+def _legacy_note(requests: Sequence[Request], queue: RequestQueue) -> None:
+    legacy = sum(r.legacy for r in requests)
+    if legacy:
+        print(f"{legacy} request(s) in {queue.path} still hold the raw record id and reason (journaled by an older "
+              "privpipe): `privpipe requests --redact` rewrites them as hashes")

@@ -1,0 +1,57 @@
+"""The exit-code policy: which exceptions end a command with one line on stderr, and with which code.
+
+Anything not in the table is a bug and propagates with its traceback: a plain ValueError, KeyError or
+FileNotFoundError is never taken for bad input. Each type is named by its module and looked up in
+sys.modules, not imported: where its module was never imported nothing can have raised it (a typo in
+the params file never loads privpipe.privacy, which imports torch, seconds), and ``privpipe --help``
+imports none of them.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+__all__ = ["Exit", "EXITS", "exit_for"]
+
+BUSY, ERROR, REFUSED = "privpipe: busy: ", "privpipe: error: ", "privpipe: refused: "
+
+
+@dataclass(frozen=True)
+class Exit:
+    """One row: an exception of type ``module.name`` ends the command with ``prefix`` + its message and ``code``."""
+
+    module: str  # where the exception type is defined or re-exported
+    name: str
+    code: int
+    prefix: str  # what stderr's one line starts with, before the exception's message
+
+    def matches(self, exc: BaseException) -> bool:
+        loaded = sys.modules.get(self.module)
+        return loaded is not None and isinstance(exc, getattr(loaded, self.name))
+
+
+#: checked in order; the first match decides
+EXITS: tuple[Exit, ...] = (
+    # another run holds the lock: try again later
+    Exit("privpipe.requests", "QueueBusy", 1, BUSY),
+    Exit("tasks.common", "PipelineBusy", 1, BUSY),
+    # bad input, refused before any work: the message names the key or file
+    Exit("privpipe.config", "ConfigError", 2, ERROR),
+    Exit("privpipe.data", "DataError", 2, ERROR),
+    Exit("privpipe.requests", "QueueError", 2, ERROR),
+    Exit("privpipe.requests", "UnknownRecord", 2, ERROR),
+    Exit("argparse", "ArgumentError", 2, ERROR),  # an option's value found wrong after parsing
+    # the privacy budget would be exceeded: refused before spending
+    Exit("privpipe.privacy", "BudgetExceeded", 1, REFUSED),
+    # `privpipe serve`: not this project's Prefect server (a subclass of the next), or none could start
+    Exit("flows.deploy", "ForeignPrefectServer", 1, REFUSED),
+    Exit("flows.deploy", "PrefectServerError", 1, ERROR),
+    # the empirical ε contradicts the claimed one: a bug, and the model was not released
+    Exit("privpipe.privacy.membership", "PrivacyAuditFailed", 3, "privpipe: PRIVACY AUDIT FAILED: "),
+)
+
+
+def exit_for(exc: BaseException) -> Exit | None:
+    """The table's first row that ``exc`` matches; None: not an expected outcome, let it propagate."""
+    return next((row for row in EXITS if row.matches(exc)), None)

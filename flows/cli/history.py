@@ -1,0 +1,63 @@
+"""What was spent and recorded: ``privpipe budget`` (each dataset's lifetime privacy spend) and
+``privpipe audit`` (the recorded runs as a table)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+from pathlib import Path
+
+from privpipe.config import load_params
+
+__all__ = ["budget", "audit"]
+
+
+def budget(args: argparse.Namespace) -> int:
+    params = load_params(args.params)
+    from tasks.privacy import budget as lifetime  # deferred: privpipe.privacy imports torch (seconds)
+
+    ledgers = lifetime.all_lifetimes(params)
+    if not ledgers:
+        print(f"no runs recorded yet ({params.lifetime.ledger_dir} is empty); lifetime budget per dataset: "
+              f"ε = {params.lifetime.epsilon_budget:g}, δ = {params.lifetime.delta_budget:g}")
+    for ledger in ledgers:
+        life = ledger.summary()
+        print(f"dataset {life['dataset']}: spent ε = {life['spent']:.4g}, δ = {life['spent_delta']:.3g} over "
+              f"{life['runs']} run(s); left ε = {life['left']:.4g}, δ = {life['left_delta']:.3g} of "
+              f"ε = {life['budget']:g}, δ = {life['delta_budget']:g} (basic composition; "
+              f"{lifetime.ledger_path(params, ledger.dataset)})")
+        print(f"  {'recorded (UTC)':<26} {'flow':<15} {'run':<33} {'data version':<34} {'ε':>8} {'δ':>9}")
+        for e in ledger.entries:
+            print(f"  {e.recorded_at:<26} {e.flow:<15} {e.run:<33} {e.data_version[:34]:<34} {e.epsilon:>8.4g} "
+                  f"{e.delta:>9.3g}")
+        runs_left = int(life["left"] // params.privacy.epsilon_budget)
+        print(f"  room for {runs_left} more run(s) at privacy.epsilon_budget = {params.privacy.epsilon_budget:g}")
+    return 0
+
+
+def audit(args: argparse.Namespace) -> int:
+    params = load_params(args.params)
+    since = _day(args.since, "--since")
+    until = _day(args.until, "--until")
+    # deferred until the params and days are known good: reading MLflow imports it (seconds)
+    from tasks.privacy.audit import audit_rows, format_table, write_csv
+
+    rows = audit_rows(params, dataset=args.dataset, since=since, until=until)
+    print(format_table(rows))
+    print(f"{len(rows)} run(s) in MLflow experiment {params.run.experiment!r}"
+          + (f", dataset {args.dataset}" if args.dataset else ""))
+    if args.csv:
+        write_csv(rows, Path(args.csv))
+        print(f"written {args.csv}")
+    return 0
+
+
+def _day(text: str | None, option: str) -> datetime | None:
+    """``YYYY-MM-DD`` (or a full ISO time) as UTC; None where the option was not given."""
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentError(None, f"{option}: expected a date like 2026-11-23, got {text!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
