@@ -45,10 +45,10 @@ from prefect.settings import PREFECT_HOME
 from prefect.states import Cancelled, Crashed
 from prefect.types._datetime import now
 
+from flows.notify import DELETION_EVENT, server_answers, whose_server
 from flows.pipeline import pipeline
 from flows.removals import removals
 from privpipe.config import ConfigError, Params, redact_url
-from flows.notify import DELETION_EVENT, server_answers, whose_server
 
 __all__ = ["build_deployments", "describe_deployment", "serve_deployments", "prefect_server", "PrefectServer",
            "PrefectServerError", "ForeignPrefectServer", "server_log_path", "crash_orphaned_runs",

@@ -23,17 +23,17 @@ from prefect.runtime import flow_run
 
 from flows.client_map import mapped_client_updates
 from flows.pipeline import INSECURE_RNG_WARNING
+from flows.runner import describe_runner, mapping_runner
 from privpipe.config import load_params
 from privpipe.privacy import Event, Ledger, record_level_ledger
 from tasks import run_view, tracking
-from tasks.privacy import tracking as audit_tracking
-from tasks.privacy import budget
 from tasks.common import read_json, use_torch_threads
-from flows.runner import describe_runner, mapping_runner
-from tasks.text.train import run_federated_text
+from tasks.privacy import budget
+from tasks.privacy import tracking as audit_tracking
+from tasks.text import tracking as text_tracking
 from tasks.text.features import text_features_task
 from tasks.text.prepare import prepare_text_task
-from tasks.text import tracking as text_tracking
+from tasks.text.train import run_federated_text
 
 __all__ = ["federated_text", "federated_markdown"]
 

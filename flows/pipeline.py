@@ -23,28 +23,29 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from prefect import flow, get_run_logger, unmapped
-from prefect.runtime import flow_run
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
+from prefect.runtime import flow_run
 
 from flows.client_map import mapped_client_updates
+from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, check_pipeline_use, load_params
 from privpipe.privacy import Ledger
-from tasks import run_view, tracking
-from tasks.privacy import tracking as audit_tracking
-from tasks.privacy import budget
+from tasks import paths, run_view, tracking
 from tasks.common import PipelineBusy, exclusive_lock, read_json, use_torch_threads
-from tasks.progress import progress
-from flows.runner import describe_runner, mapping_runner
-from tasks.pate.aggregate import aggregate_task, run_aggregate
 from tasks.dp_pca import dp_pca_task
-from tasks.evaluate import deployed_dir, evaluate_task, release_task
-from tasks.finetune.stage import finetune_task, log_finetune_outputs, run_finetune, start_dir
-from tasks.removal.head import head_task, run_head
+from tasks.evaluate import evaluate_task, release_task
+from tasks.finetune.stage import finetune_task, run_finetune, start_dir
+from tasks.finetune.tracking import log_finetune_outputs
+from tasks.pate.aggregate import aggregate_task, run_aggregate
 from tasks.pate.partition import partition_task, run_partition, shard_assignment
-from tasks.prepare import prepare_task, prepared_sets
 from tasks.pate.student import run_student, student_task
 from tasks.pate.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
+from tasks.prepare import prepare_task, prepared_sets
+from tasks.privacy import budget
+from tasks.privacy import tracking as audit_tracking
+from tasks.progress import progress
+from tasks.removal.head import head_task, run_head
 
 __all__ = ["pipeline", "privacy_markdown", "one_pipeline_at_a_time"]
 
@@ -181,12 +182,12 @@ def _stages(params, run_id: str, runner, dataset: str) -> tuple[dict[str, Any], 
     # the ledger is final: charge the dataset's lifetime budget before anything is released
     # (the evaluated model, then the head built on it)
     lifetime = audit_tracking.charge_run(params, run_id, flow="pipeline", dataset=dataset,
-                                         ledger=Ledger.from_dict(read_json(deployed_dir(params) / "ledger.json")),
+                                         ledger=Ledger.from_dict(read_json(paths.deployed_dir(params) / "ledger.json")),
                                          data_version=prepared["data_version"])
     # evaluate first: its privacy audit must pass before any model, or anything built on it, is registered
-    result = timed("evaluate", evaluate_task, params, run_id, sensitive, test, str(deployed_dir(params)))
+    result = timed("evaluate", evaluate_task, params, run_id, sensitive, test, str(paths.deployed_dir(params)))
     if params.head.enabled:
-        head = timed("head", head_task, params, run_id, sensitive, test, str(deployed_dir(params)), pca["dir"])
+        head = timed("head", head_task, params, run_id, sensitive, test, str(paths.deployed_dir(params)), pca["dir"])
     else:
         head = run_head(params)
     # the DP model is logged last: MLflow lists an experiment's logged models newest first, so it comes

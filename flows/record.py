@@ -13,11 +13,11 @@ from typing import Any
 from privpipe.config import Params
 from privpipe.privacy import Ledger
 from tasks import paths, run_view, tracking
-from tasks.privacy import tracking as audit_tracking
-from tasks.privacy import budget
 from tasks.common import read_json
-from tasks.evaluate import track_evaluation
-from tasks.finetune.stage import log_finetune_outputs
+from tasks.finetune.tracking import log_finetune_outputs
+from tasks.privacy import budget
+from tasks.privacy import tracking as audit_tracking
+from tasks.release import track_evaluation
 from tasks.removal.registry import log_head
 
 __all__ = ["record_finished_pipeline"]

@@ -30,7 +30,7 @@ from tasks.privacy import budget
 from tasks.removal import registry
 from tasks.removal.coverage import flag_uncovered
 from tasks.removal.steps import (apply_task, audit_records, coverage_task, ensure_head_for, erase_task, head_present,
-                            register_task, skip_head)
+                                 register_task, skip_head)
 
 __all__ = ["removals"]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -26,7 +25,7 @@ from tasks import paths
 from tasks.common import read_json, stage_logger, use_torch_threads, write_json
 from tasks.privacy.membership_audit import audit_figures, audit_released_model
 
-__all__ = ["run_evaluate", "track_evaluation", "evaluate_task", "release_task", "accuracy", "deployed_dir"]
+__all__ = ["run_evaluate", "evaluate_task", "release_task", "accuracy"]
 
 
 def accuracy(model: torch.nn.Module, records: Records) -> float:
@@ -35,16 +34,11 @@ def accuracy(model: torch.nn.Module, records: Records) -> float:
     return float((predicted == records.labels).mean())
 
 
-def deployed_dir(params: Params) -> Path:
-    """The model this run deploys: the fine-tuned one, or the student when finetune is off."""
-    return paths.FINETUNE if params.finetune.enabled else paths.STUDENT
-
-
 def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
                  model_dir: Path | None = None) -> dict[str, Any]:
     log = stage_logger("evaluate")
     use_torch_threads(params, "evaluate")
-    model_dir = Path(model_dir if model_dir is not None else deployed_dir(params))
+    model_dir = Path(model_dir if model_dir is not None else paths.deployed_dir(params))
     model = load_released(model_dir)
     ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))
     sensitive_records, test_records = Records.load(sensitive), Records.load(test)
@@ -69,41 +63,18 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
             "model_dir": str(model_dir), "ledger": str(model_dir / "ledger.json")}
 
 
-def track_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> dict[str, Any]:
-    """Log the evaluation and the model to MLflow and register it."""
-    log_evaluation(params, run_id, out)
-    return release_model(params, run_id, out)
-
-
-def log_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> None:
-    """The evaluation's figures and the run's privacy summary in MLflow (no model yet)."""
-    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
-
-    tracking.log_evaluation(params, run_id, out)
-    tracking.log_privacy(params, run_id, Ledger.from_dict(read_json(Path(out["ledger"]))))
-
-
-def release_model(params: Params, run_id: str, out: dict[str, Any]) -> dict[str, Any]:
-    """Log the evaluated model to the run and register it (``evaluate.register_model``)."""
-    from tasks import release  # deferred: MLflow is slow to import, untracked runs skip it
-
-    ledger = Ledger.from_dict(read_json(Path(out["ledger"])))
-    # a synthetic input example: real records, even test ones, stay out of MLflow
-    width = read_json(Path(out["model_dir"]) / "model.json")["input_dim"]
-    example = np.zeros((2, width), dtype=np.float32)
-    registered = release.log_released_model(params, run_id, out, ledger, load_released(Path(out["model_dir"])),
-                                             example)
-    return {**out, **registered}
-
-
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate_task(params: Params, run_id: str, sensitive: str, test: str, model_dir: str) -> dict[str, Any]:
     """Evaluate and audit the model, and log the figures; :func:`release_task` logs and registers it."""
+    from tasks import release  # deferred: MLflow is slow to import, untracked runs skip it
+
     out = run_evaluate(params, sensitive=Path(sensitive), test=Path(test), model_dir=Path(model_dir))
-    log_evaluation(params, run_id, out)
+    release.log_evaluation(params, run_id, out)
     return out
 
 
 @task(name="release-model", cache_policy=NO_CACHE)
 def release_task(params: Params, run_id: str, out: dict[str, Any]) -> dict[str, Any]:
-    return release_model(params, run_id, out)
+    from tasks import release  # deferred: MLflow is slow to import, untracked runs skip it
+
+    return release.release_model(params, run_id, out)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a type only: the paths stay importable without privpipe.config
+    from privpipe.config import Params
 
 PREPARED = Path("data/prepared")
 SENSITIVE = PREPARED / "sensitive"
@@ -29,3 +33,8 @@ DEFAULT_DIGITS_CSV = Path("data/raw/digits.csv")
 
 def metrics_file(stage: str) -> Path:
     return METRICS / f"{stage}.json"
+
+
+def deployed_dir(params: Params) -> Path:
+    """The model this run deploys: the fine-tuned one, or the student when finetune is off."""
+    return FINETUNE if params.finetune.enabled else STUDENT

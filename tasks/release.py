@@ -1,8 +1,10 @@
 """Releasing a model: log it to the run, register it with its privacy tags, and attach the record
-manifest that deletion requests are audited against (:mod:`tasks.removal.coverage`)."""
+manifest that deletion requests are audited against (:mod:`tasks.removal.coverage`). The evaluate
+stage's MLflow side: its figures first, then the model (the flow audits in between)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -10,12 +12,36 @@ import numpy as np
 import torch
 
 from privpipe.config import Params
+from privpipe.models import load_released
 from privpipe.privacy import Ledger
 from tasks import tracking
+from tasks.common import read_json
 from tasks.privacy import membership_audit
 from tasks.removal.coverage import log_version_manifest
 
-__all__ = ["log_released_model", "register_logged_model"]
+__all__ = ["track_evaluation", "log_evaluation", "release_model", "log_released_model", "register_logged_model"]
+
+
+def track_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> dict[str, Any]:
+    """Log the evaluation and the model to MLflow and register it."""
+    log_evaluation(params, run_id, out)
+    return release_model(params, run_id, out)
+
+
+def log_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> None:
+    """The evaluation's figures and the run's privacy summary in MLflow (no model yet)."""
+    tracking.log_evaluation(params, run_id, out)
+    tracking.log_privacy(params, run_id, Ledger.from_dict(read_json(Path(out["ledger"]))))
+
+
+def release_model(params: Params, run_id: str, out: dict[str, Any]) -> dict[str, Any]:
+    """Log the evaluated model to the run and register it (``evaluate.register_model``)."""
+    ledger = Ledger.from_dict(read_json(Path(out["ledger"])))
+    # a synthetic input example: real records, even test ones, stay out of MLflow
+    width = read_json(Path(out["model_dir"]) / "model.json")["input_dim"]
+    example = np.zeros((2, width), dtype=np.float32)
+    registered = log_released_model(params, run_id, out, ledger, load_released(Path(out["model_dir"])), example)
+    return {**out, **registered}
 
 
 def log_released_model(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger,

@@ -9,7 +9,6 @@ hash router, so the query goes after the route, ``#/experiments/1/runs/<id>?work
 
 from __future__ import annotations
 
-
 from pathlib import Path
 from typing import Any
 

@@ -1,4 +1,5 @@
-"""MLflow recording: parameters, privacy spend, curves, the ledger, the model.
+"""MLflow recording: the client, one batched logger, runs, parameters, privacy spend, curves, the ledger.
+(Releasing a model is :mod:`tasks.release`; each mechanism's own figures are in its ``tracking`` module.)
 
 Everything goes through an explicit run id (MLflow's fluent API is thread-local,
 and Prefect may run tasks on other threads). Metric names an auditor looks for:

@@ -25,9 +25,11 @@ os.environ.update({
 
 # Prefect, MLflow and absl (under dp_accounting) bind log handlers to sys.stderr on import:
 # import them now, while that is the session's stream, not one test's capsys stream that is
-# closed when that test ends.
+# closed when that test ends. (`import prefect` alone is lazy: prefect.main, which the first
+# flow or task loads, sets up Prefect's logging.)
 import mlflow  # noqa: E402,F401
 import prefect  # noqa: E402,F401
+import prefect.main  # noqa: E402,F401
 
 import privpipe.privacy  # noqa: E402,F401
 

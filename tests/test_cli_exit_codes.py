@@ -11,8 +11,8 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
-from conftest import PROJECT, cli
 
+from conftest import PROJECT, cli
 from flows.cli import main
 from flows.cli.app import build_parser
 from flows.cli.exits import EXITS, exit_for

@@ -27,10 +27,10 @@ from typing import Any
 
 import pytest
 import yaml
+from crash_removals import STEPS
 from mlflow.tracking import MlflowClient
 
-from conftest import trained_dvc_project, write_params, write_digits_pointer
-from crash_removals import STEPS
+from conftest import trained_dvc_project, write_digits_pointer, write_params
 from privpipe.config import load_params
 from privpipe.data import Records
 from privpipe.requests import RequestQueue

@@ -11,6 +11,7 @@ import mlflow
 import numpy as np
 import pytest
 import torch
+from text_fixtures import write_corpus, write_tiny_encoder
 
 from conftest import write_params
 from privpipe.config import ConfigError, load_params
@@ -20,9 +21,8 @@ from privpipe.privacy import Ledger, record_level_ledger
 from privpipe.text import load_corpus, load_encoder
 from tasks.text.features import run_text_features
 from tasks.text.model import load_text_model
-from tasks.text.train import run_federated_text
 from tasks.text.prepare import run_prepare_text
-from text_fixtures import write_corpus, write_tiny_encoder
+from tasks.text.train import run_federated_text
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -226,10 +226,11 @@ def _bytes_of(paths: Iterable[Path]) -> Iterable[tuple[Path, bytes]]:
 
 def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
         trained, prefect_harness, monkeypatch, tmp_path, capfd):
+    from prefect.events.worker import EventsWorker
+
     import flows.notify
     from flows.cli import main
     from flows.removals import removals
-    from prefect.events.worker import EventsWorker
 
     monkeypatch.chdir(trained)
     sensitive = Records.load(trained / "data/prepared/sensitive").ids.tolist()

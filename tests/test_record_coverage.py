@@ -41,8 +41,9 @@ def registered(tmp_path_factory):
     """The project with DP model version 1 and head version 1 registered as the pipeline does, plus DP
     model version 2 registered without a manifest (as before manifests existed)."""
     from tasks import tracking
+    from tasks.evaluate import run_evaluate
+    from tasks.release import track_evaluation
     from tasks.removal import registry
-    from tasks.evaluate import run_evaluate, track_evaluation
 
     folder = tmp_path_factory.mktemp("coverage-project")
     outputs = trained_dvc_project(folder, STAGES, **QUICK)
@@ -147,8 +148,8 @@ def test_versions_registered_after_a_request_are_checked_against_it(registered, 
     Version 3 is built on the same extractor, which trained on the public record of the first batch
     without DP: it is flagged for that earlier request too."""
     from flows.removals import removals
-    from tasks.removal.erase import current_record_ids
     from tasks.removal.coverage import ACTIONS
+    from tasks.removal.erase import current_record_ids
 
     monkeypatch.chdir(registered)
     params = load_params("params.yaml")

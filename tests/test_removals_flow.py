@@ -71,9 +71,9 @@ def test_forget_refuses_unknown_ids_and_queues_nothing(inside):
 
 
 def test_removal_flow_end_to_end(prefect_harness, inside):
+    from tasks.prepare import run_prepare
     from tasks.removal.erase import current_record_ids
     from tasks.removal.store import load_head
-    from tasks.prepare import run_prepare
 
     params = load_params("params.yaml")
     queue = RequestQueue(Path("data/requests"))

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import pytest
 
-from conftest import write_params, write_digits_pointer
+from conftest import write_digits_pointer, write_params
 from flows.cli import main
 from privpipe.config import load_params
 

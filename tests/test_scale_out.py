@@ -14,13 +14,13 @@ def test_teacher_stage_on_a_local_dask_cluster_with_two_workers(project, prefect
     from prefect import flow
 
     from flows.pipeline import _teachers
+    from flows.runner import mapping_runner
     from privpipe.config import load_params
     from tasks import paths
     from tasks.dp_pca import run_dp_pca
     from tasks.pate.partition import run_partition
-    from tasks.prepare import run_prepare
-    from flows.runner import mapping_runner
     from tasks.pate.teachers import collect_votes, run_teachers
+    from tasks.prepare import run_prepare
 
     quick = {"teachers": {"epochs": 3}, "partition": {"shards": 6}, "aggregate": {"queries": 30}}
     write_params(project, runner={"kind": "dask", "workers": 2}, **quick)

@@ -7,20 +7,20 @@ import os
 
 import numpy as np
 import pytest
+from test_data import write_mnist
 
 from conftest import write_params
 from privpipe.config import load_params
 from privpipe.data import DataError, Records
 from privpipe.privacy import Ledger
-from tasks.pate.aggregate import run_aggregate
 from tasks.dp_pca import run_dp_pca
 from tasks.evaluate import run_evaluate
 from tasks.finetune.stage import run_finetune
+from tasks.pate.aggregate import run_aggregate
 from tasks.pate.partition import load_shards, run_partition
-from tasks.prepare import run_prepare
 from tasks.pate.student import run_student
 from tasks.pate.teachers import run_teachers
-from test_data import write_mnist
+from tasks.prepare import run_prepare
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -56,7 +56,7 @@ def test_a_run_recorded_through_a_tracking_server(project, tracking_server, caps
     from flows.cli import main
     from privpipe.config import load_params
     from privpipe.privacy import GaussianEvent, Ledger
-    from tasks import tracking
+    from tasks import release, tracking
     from tasks.privacy import tracking as audit_tracking
 
     url, artifact_store = tracking_server
@@ -68,8 +68,9 @@ def test_a_run_recorded_through_a_tracking_server(project, tracking_server, caps
         audit_tracking.charge_run(params, run_id, flow="pipeline", dataset="digits", ledger=ledger,
                                   data_version="abc")
         out = {"accuracy_test": 0.9, "accuracy_train": 0.95}
-        registered = tracking.log_evaluate(params, run_id, out, ledger, torch.nn.Linear(4, 2),
-                                           np.zeros((2, 4), dtype=np.float32))
+        tracking.log_evaluation(params, run_id, out)
+        registered = release.log_released_model(params, run_id, out, ledger, torch.nn.Linear(4, 2),
+                                                np.zeros((2, 4), dtype=np.float32))
         tracking.log_privacy(params, run_id, ledger)
         audit_tracking.log_audit_view(params, run_id, dataset="digits", ledger=ledger, seconds={"dp_pca": 0.5})
     # nothing went to the project folder: the server holds runs and artifacts

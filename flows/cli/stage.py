@@ -10,6 +10,7 @@ import sys
 from privpipe.config import check_pipeline_use, load_params
 from tasks import STAGE_MODULES
 from tasks.common import use_torch_threads
+from tasks.privacy import budget
 
 __all__ = ["stage"]
 
@@ -23,8 +24,6 @@ def stage(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     check_pipeline_use(params)
     if args.name in SPENDING_STAGES:  # dvc repro: the run is charged at evaluate --track; refuse before spending
-        from tasks.privacy import budget  # deferred: privpipe.privacy imports torch, which bad params need not wait for
-
         budget.check_lifetime(params, budget.dataset_name(params), what=f"stage {args.name}")
     use_torch_threads(params, args.name, quiet=True)  # run.torch_threads; the torch-heavy stages say so themselves
     run = getattr(importlib.import_module(STAGE_MODULES[args.name]), f"run_{args.name}")

@@ -18,8 +18,8 @@ from privpipe.data.partition import assign_shards
 from privpipe.federated import ClientUpdates, FedAvgConfig, FedAvgResult, check_client_delta, epsilon_curve, run_fedavg
 from privpipe.privacy import Event, Ledger, NoiseSource
 from tasks.common import seed_for
-from tasks.privacy.ledger import calibrate_for
 from tasks.federated.clients import ClientJob, sequential_updates
+from tasks.privacy.ledger import calibrate_for
 from tasks.progress import progress
 
 __all__ = ["assign_clients", "fedavg_config", "train_federated", "FederatedRun"]

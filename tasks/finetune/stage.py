@@ -22,17 +22,17 @@ from privpipe.config import ConfigError, Params
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
 from privpipe.federated import ClientUpdates
 from privpipe.models import released_model, save_released
-from privpipe.privacy import Ledger, compute_epsilon
+from privpipe.privacy import compute_epsilon
 from tasks import paths
-from tasks.common import (read_json, skip_stage, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng,
-                          write_json, write_text)
-from tasks.privacy.ledger import calibrate_for
+from tasks.common import (skip_stage, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng, write_json,
+                          write_text)
 from tasks.federated.clients import ClientJob, sequential_updates
 from tasks.finetune.federated import run_finetune_federated
 from tasks.finetune.start import finetune_start
+from tasks.privacy.ledger import calibrate_for
 from tasks.progress import progress
 
-__all__ = ["run_finetune", "finetune_task", "start_dir", "log_finetune_outputs"]
+__all__ = ["run_finetune", "finetune_task", "start_dir"]
 
 
 def start_dir(params: Params) -> Path:
@@ -113,21 +113,10 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
 @task(name="finetune", cache_policy=NO_CACHE)
 def finetune_task(params: Params, run_id: str, sensitive: str, test: str, dp_pca_dir: str,
                   start: str) -> dict[str, Any]:
+    from tasks.finetune.tracking import \
+        log_finetune_outputs  # deferred: MLflow is slow to import, untracked runs skip it
+
     out = run_finetune(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir),
                        start=Path(start))
     log_finetune_outputs(params, run_id, out)
     return out
-
-
-def log_finetune_outputs(params: Params, run_id: str, out: dict[str, Any]) -> None:
-    """MLflow: DP-SGD's per-epoch curves, or federated rounds' per-round ones."""
-    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
-    from tasks.federated.tracking import log_rounds  # deferred with tracking
-
-    history = read_json(Path(out["history"]))
-    ledger = Ledger.from_json(Path(out["ledger"]).read_text())
-    if history.get("mode") == "federated":
-        log_rounds(params, run_id, "finetune", history, ledger, sampling=out["sampling"], record_level=True)
-        tracking.log_stage_figures(params, run_id, "finetune", {k: v for k, v in out.items() if k != "stopped"})
-    else:
-        tracking.log_finetune(params, run_id, out, ledger, history["epochs"], history["epsilon_by_step"])

@@ -29,8 +29,8 @@ from tasks import paths
 from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, use_torch_threads, write_json,
                           write_text)
 from tasks.dp_pca import load_projection, projection_digest
-from tasks.privacy.ledger import load_ledger
 from tasks.pate.teachers import model_front, query_records
+from tasks.privacy.ledger import load_ledger
 
 __all__ = ["run_student", "student_task", "model_spec", "target_sets"]
 

@@ -26,8 +26,7 @@ from privpipe.data import DATASET_CLASSES, DataError, Records
 from privpipe.models import apply_front, front_layers, make_network, seeded
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier
 from tasks import paths
-from tasks.common import (apply_torch_threads, seed_for, skip_stage, stage_logger, staged_dir, task_threads,
-                          write_json)
+from tasks.common import apply_torch_threads, seed_for, skip_stage, stage_logger, staged_dir, task_threads, write_json
 from tasks.dp_pca import load_projection, projection_digest
 from tasks.pate.partition import load_shards
 

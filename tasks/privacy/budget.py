@@ -23,7 +23,7 @@ from pathlib import Path
 
 from privpipe.config import Params
 from privpipe.data import DataError
-from privpipe.privacy import Event, LifetimeLedger, Ledger, RunSpend, record_level_ledger
+from privpipe.privacy import Event, Ledger, LifetimeLedger, RunSpend, record_level_ledger
 from tasks.common import exclusive_lock, stage_logger, write_text
 from tasks.versioning import dvc
 

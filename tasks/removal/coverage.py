@@ -66,7 +66,7 @@ def log_manifest(params: Params, run_id: str, name: str, version: str, *, kind: 
 
 
 def log_version_manifest(params: Params, run_id: str, name: str, version: str) -> None:
-    """The manifest of a version ``tracking.register_logged_model`` just registered: the federated
+    """The manifest of a version ``release.register_logged_model`` just registered: the federated
     text flow's model or the pipeline's deployed model, told apart by the run's flow tag."""
     text = tracking.mlflow_client(params).get_run(run_id).data.tags.get("privpipe.flow") == "federated-text"
     needed = paths.TEXT / "train_ids.npy" if text else paths.SENSITIVE / "ids.npy"

@@ -33,7 +33,6 @@ from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json
 from tasks.dp_pca import load_projection
-from tasks.evaluate import deployed_dir
 from tasks.removal.record_use import extractor_uses
 from tasks.removal.store import save_head
 
@@ -88,7 +87,7 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
         return skip_stage("head", out, "head.enabled is false")
     log = stage_logger("head")
     cfg = params.head
-    model_dir = Path(model_dir if model_dir is not None else deployed_dir(params))
+    model_dir = Path(model_dir if model_dir is not None else paths.deployed_dir(params))
     records, test_set = Records.load(sensitive), Records.load(test)
     guarantee = RemovalGuarantee(epsilon=cfg.epsilon, delta=cfg.delta, sigma=cfg.sigma)
     classes = DATASET_CLASSES[params.prepare.dataset]

@@ -23,10 +23,10 @@ import torch
 from privpipe.config import Params
 from privpipe.requests import RequestQueue
 from tasks import paths, tracking
+from tasks.common import read_json
 from tasks.removal import coverage
 from tasks.removal.record_use import head_uses
 from tasks.removal.store import head_model_name, load_head, served_model
-from tasks.common import read_json
 
 __all__ = ["log_head", "register_head", "find_version", "latest_version", "guarantee_tags",
            "tag_version", "log_manifest", "has_manifest"]

@@ -32,9 +32,9 @@ from privpipe.config import Params
 from privpipe.data import DataError
 from privpipe.requests import Request, RequestQueue, base_id, hashes_in
 from tasks import paths
+from tasks.common import stage_logger, staged_dir
 from tasks.removal import registry
 from tasks.removal.coverage import UNCOVERED, coverage_audit
-from tasks.common import stage_logger, staged_dir
 from tasks.removal.erase import TEXT_NOT_REWRITTEN, erase_from_source, pipeline_ids, source_version
 from tasks.removal.head import noise_for
 from tasks.removal.store import load_head, save_head
