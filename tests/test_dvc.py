@@ -54,7 +54,7 @@ def test_repro_then_experiment_variant(repo: Path):
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
     assert set(lock["stages"]) == {"prepare", "partition", "dp_pca", "teachers", "aggregate", "student",
                                    "finetune", "head", "evaluate"}
-    assert any(dep["path"] == "tasks/finetune.py" for dep in lock["stages"]["finetune"]["deps"])
+    assert any(dep["path"] == "tasks/finetune/stage.py" for dep in lock["stages"]["finetune"]["deps"])
     finetune = json.loads((repo / "metrics/finetune.json").read_text())
     privacy = json.loads((repo / "metrics/privacy.json").read_text())
     assert privacy["total"]["epsilon"] <= 3.0 + 1e-9
@@ -67,6 +67,13 @@ def test_repro_then_experiment_variant(repo: Path):
 
     # nothing changed: nothing reruns
     assert "didn't change" in sh(sys.executable, "-m", "dvc", "repro", cwd=repo).stdout
+    # a comment appended to a file only the finetune stage imports (once in no stage's deps): DVC sees it
+    start = repo / "tasks/finetune/start.py"
+    code = start.read_text()
+    start.write_text(code + "# an edit\n")
+    status = sh(sys.executable, "-m", "dvc", "status", cwd=repo).stdout
+    assert "finetune:" in status and "modified:" in status and "tasks/finetune/start.py" in status, status
+    start.write_text(code)
 
     sh("git", "add", "-A", cwd=repo)
     sh("git", "commit", "-qm", "repro", cwd=repo)
