@@ -55,7 +55,6 @@ def announce_deletion_requests(params: Params, request_ids: list[str]) -> str:
     if not server_answers(url, timeout=1.0):
         return (f"no Prefect server at {url}: the requests wait for the next deletion-processing run "
                 "(`privpipe serve`) or `privpipe removals`")
-
     with temporary_settings(updates={PREFECT_API_URL: url}):
         emit_event(event=DELETION_EVENT, resource={"prefect.resource.id": "privpipe.requests",
                                                    "prefect.resource.name": "deletion queue"},

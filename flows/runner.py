@@ -73,7 +73,6 @@ def mapping_runner(params: Params) -> Iterator[TaskRunner]:
     runner, so the choice in params.yaml holds however the flow was started: the command
     line, a deployment, a test. A local Dask cluster starts once per flow run, not per map.
     """
-
     api_url = str(get_client().api_url) if params.runner.kind in ("dask", "ray") else None
     with task_runner(params, api_url=api_url) as runner:
         yield runner
@@ -96,7 +95,6 @@ def wait_until_recorded(flow_run_id: str, *, timeout: float = 120.0) -> bool:
     The server records task runs from events, one at a time; after hundreds of mapped tasks it lags,
     and stopping it mid-write printed tracebacks ("Error flushing 1 events") and lost the last states.
     Done when every recorded task run is final and two polls half a second apart agree."""
-
     if PREFECT_API_URL.value():  # a server that outlives this process records in its own time
         return True
 

@@ -20,7 +20,7 @@ from tasks import paths
 if TYPE_CHECKING:  # a type only: privpipe.config stays off this module's import path
     from privpipe.config import Params
 
-__all__ = ["write_json", "read_json", "write_text", "staged_dir", "stage_logger", "skip_stage", "seed_for",
+__all__ = ["write_json", "read_json", "load_array", "write_text", "staged_dir", "stage_logger", "skip_stage", "seed_for",
            "SEED_STREAMS", "exclusive_lock", "PipelineBusy", "warn_insecure_rng", "INSECURE_STAGE_WARNING",
            "stage_threads", "task_threads", "use_torch_threads", "apply_torch_threads"]
 
@@ -89,6 +89,14 @@ def exclusive_lock(path: Path, *, blocking: bool = True) -> Iterator[None]:
 
 def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def load_array(path: Path) -> np.ndarray:
+    """``np.load``; a missing file is an earlier stage not run yet (DataError: one line, exit 2)."""
+    try:
+        return np.load(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing (run the earlier stages first)") from None
 
 
 def read_json(path: Path) -> Any:

@@ -39,8 +39,8 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     log = stage_logger("evaluate")
     use_torch_threads(params, "evaluate")
     model_dir = Path(model_dir if model_dir is not None else paths.deployed_dir(params))
+    ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))  # first: a missing model is one line (DataError)
     model = load_released(model_dir)
-    ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))
     sensitive_records, test_records = Records.load(sensitive), Records.load(test)
     figures: dict[str, Any] = {"accuracy_train": accuracy(model, sensitive_records),
                                "accuracy_test": accuracy(model, test_records)}

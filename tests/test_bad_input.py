@@ -51,6 +51,10 @@ def set_params(folder: Path, **sections: dict) -> None:
     path.write_text(yaml.safe_dump(params))
 
 
+def prepend(path: Path, data: bytes) -> None:
+    path.write_bytes(data + path.read_bytes())
+
+
 def edit_csv_row(folder: Path, row: int, edit: Callable[[list[str]], list[str]]) -> None:
     """Change data row ``row`` (1 = the first record) of the digits CSV."""
     path = folder / DIGITS_CSV
@@ -241,6 +245,16 @@ CASES = [
     Case("text-jsonl-broken-line", ("federated",),
          f"privpipe: error: {TEXTS}:3: not valid JSON (Expecting value: column 29)",
          setup=lambda folder: write_texts(folder, '{"text": "cut off", "label": ')),
+    # a file in another encoding: one line naming it, not a UnicodeDecodeError's traceback
+    Case("params-not-utf8", ("run",), "privpipe: error: params.yaml: not UTF-8 text (byte 5)",
+         setup=lambda folder: prepend(folder / "params.yaml", b"# caf\xe9\n")),
+    Case("csv-not-utf8", ("stage", "prepare"), f"privpipe: error: {DIGITS_CSV}: not UTF-8 text (byte 0: b'\\xe9')",
+         setup=lambda folder: prepend(folder / DIGITS_CSV, b"\xe9")),
+    # a stage run before the one that writes its input (dvc repro keeps the order; a person may not)
+    Case("teachers-before-partition", ("stage", "teachers"),
+         "privpipe: error: artifacts/partition/shards.npy: missing (run the earlier stages first)", base="prepared"),
+    Case("evaluate-before-finetune", ("stage", "evaluate"),
+         "privpipe: error: artifacts/finetune/ledger.json: missing (run the earlier stages first)", base="prepared"),
     Case("csv-ragged-row", ("stage", "prepare"),
          f"privpipe: error: {DIGITS_CSV}: line {BAD_ROW + 1} has 4 fields, expected 66",
          setup=lambda folder: edit_csv_row(folder, BAD_ROW, lambda row: row[:4])),

@@ -294,3 +294,13 @@ def test_on_a_terminal_log_lines_go_above_the_bar():
     finally:
         logger.removeHandler(handler)
     assert handler.stream.getvalue().splitlines() == ["round 1/3", "Finished in state Completed()"]
+
+
+def test_text_model_versions_registered_before_the_regroup_still_unpickle():
+    """MLflow pickled the served class by module path: versions from before issue 16 name tasks.text_serving."""
+    import pickle
+
+    from tasks.text.serving import FederatedTextClassifier
+
+    old_reference = b"ctasks.text_serving\nFederatedTextClassifier\n."  # protocol 0: a global by module and name
+    assert pickle.loads(old_reference) is FederatedTextClassifier

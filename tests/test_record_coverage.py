@@ -1,4 +1,4 @@
-"""How every registered model version covers an erased record (tasks.removal.record_use): the record
+"""How every registered model version covers an erased record (tasks.removal.coverage): the record
 manifests logged at registration, and the coverage audit of a removal run on a digits project
 where PATE ran, so the public pool was trained on without DP.
 

@@ -18,18 +18,33 @@ values params.yaml ships with) and its checks, side by side. Then:
     urls.py      redact_url: secrets in URLs masked before they are logged or printed
 """
 
+from privpipe.config.aggregate import AggregateConfig
+from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import ConfigError
+from privpipe.config.evaluate import EvaluateConfig
+from privpipe.config.federated import FederatedConfig
+from privpipe.config.finetune import FinetuneConfig
+from privpipe.config.head import HeadConfig
+from privpipe.config.lifetime import LifetimeConfig
 from privpipe.config.load import load_params, parse_params
-from privpipe.config.params import Params
+from privpipe.config.params import Params, flatten
+from privpipe.config.partition import PartitionConfig
+from privpipe.config.prepare import PrepareConfig
+from privpipe.config.privacy import PrivacyConfig
+from privpipe.config.privacy_audit import PrivacyAuditConfig
+from privpipe.config.run import RunConfig
+from privpipe.config.runner import RunnerConfig
+from privpipe.config.schedule import ScheduleConfig
+from privpipe.config.student import StudentConfig
+from privpipe.config.teachers import TeachersConfig
+from privpipe.config.text import TextConfig
 from privpipe.config.urls import redact_url
 from privpipe.config.use import check_federated_use, check_pipeline_use
 
+# what privpipe.config exported when it was one module, section classes included
 __all__ = [
-    "ConfigError",
-    "Params",
-    "load_params",
-    "parse_params",
-    "check_pipeline_use",
-    "check_federated_use",
-    "redact_url",
+    "ConfigError", "Params", "load_params", "parse_params", "check_pipeline_use", "check_federated_use", "redact_url",
+    "flatten", "RunConfig", "PrivacyConfig", "PrepareConfig", "DpPcaConfig", "PartitionConfig", "TeachersConfig",
+    "AggregateConfig", "StudentConfig", "FinetuneConfig", "HeadConfig", "EvaluateConfig", "PrivacyAuditConfig",
+    "FederatedConfig", "TextConfig", "LifetimeConfig", "RunnerConfig", "ScheduleConfig",
 ]

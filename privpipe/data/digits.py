@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from privpipe.data.records import DataError, Records
+from privpipe.data.records import DataError, Records, read_text
 
 __all__ = ["export_digits_csv", "load_labeled_csv", "EMBEDDED_DIGITS_MD5", "EMBEDDED_DIGITS_SIZE"]
 
@@ -44,7 +44,7 @@ def load_labeled_csv(path: Path) -> Records:
     """Read a CSV with columns ``id,label,<numeric features...>``."""
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    with path.open(newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
         if not header or header[:2] != ["id", "label"] or len(header) < 3:

@@ -23,6 +23,15 @@ class DataError(ValueError):
     """A data file is missing, malformed or holds values the pipeline cannot use."""
 
 
+def read_text(path: Path) -> str:
+    """A text file's content as UTF-8, newlines as they are (wrap it in ``io.StringIO(text, newline=...)``
+    as :func:`open` would be called); DataError naming the file and the first bad byte otherwise."""
+    try:
+        return Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
+
+
 @dataclass(frozen=True)
 class Records:
     features: np.ndarray  # float32, shape (n, d)

@@ -19,13 +19,14 @@ The class list is the sorted set of label values in the file. It is treated as p
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from privpipe.data.records import DataError
+from privpipe.data.records import DataError, read_text
 from privpipe.data.split import assign_sets
 
 __all__ = ["TextSet", "Corpus", "load_corpus", "FORMATS"]
@@ -55,7 +56,7 @@ class Corpus:
 
 def _rows_jsonl(path: Path) -> list[tuple[str, dict]]:
     rows = []
-    with path.open(encoding="utf-8") as handle:
+    with io.StringIO(read_text(path), newline=None) as handle:  # universal newlines, as open() reads text
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -70,7 +71,7 @@ def _rows_jsonl(path: Path) -> list[tuple[str, dict]]:
 
 
 def _rows_csv(path: Path) -> list[tuple[str, dict]]:
-    with path.open(encoding="utf-8", newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         try:
             return [(f"row-{number}", row) for number, row in enumerate(csv.DictReader(handle), start=2)]
         except csv.Error as exc:

@@ -23,7 +23,7 @@ from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, DataError, Records
 from privpipe.data.partition import assign_shards
 from tasks import paths
-from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_json
+from tasks.common import load_array, read_json, skip_stage, stage_logger, staged_dir, write_json
 
 __all__ = ["run_partition", "partition_task", "load_shards"]
 
@@ -69,7 +69,7 @@ def _digest(ids: np.ndarray) -> str:
 
 def load_shards(partition_dir: Path, ids: np.ndarray) -> np.ndarray:
     """The shard of every sensitive record (given by its ``ids``); refuses a partition of other records."""
-    shards = np.load(Path(partition_dir) / "shards.npy")
+    shards = load_array(Path(partition_dir) / "shards.npy")
     if read_json(Path(partition_dir) / "summary.json")["records_digest"] != _digest(ids):
         raise DataError(f"{partition_dir}: partition of other records than the sensitive set; "
                         "re-run the partition stage")

@@ -26,7 +26,8 @@ from privpipe.data import DATASET_CLASSES, DataError, Records
 from privpipe.models import apply_front, front_layers, make_network, seeded
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier
 from tasks import paths
-from tasks.common import apply_torch_threads, seed_for, skip_stage, stage_logger, staged_dir, task_threads, write_json
+from tasks.common import (apply_torch_threads, load_array, seed_for, skip_stage, stage_logger, staged_dir, task_threads,
+                          write_json)
 from tasks.dp_pca import load_projection, projection_digest
 from tasks.pate.partition import load_shards
 
@@ -57,7 +58,7 @@ def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSI
     # in this worker thread or process, as many threads as each of the parallel teachers gets (tasks.common)
     apply_torch_threads(task_threads(params))
     cfg = params.teachers
-    ids = np.load(Path(sensitive) / "ids.npy")
+    ids = load_array(Path(sensitive) / "ids.npy")
     mine = Records.load(sensitive, rows=np.flatnonzero(load_shards(partition_dir, ids) == teacher))
     front = model_front(params, cfg.model, dp_pca_dir)
     features = apply_front(front, mine.features)

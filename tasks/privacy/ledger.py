@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from privpipe.config import ConfigError, Params
+from privpipe.data import DataError
 from privpipe.privacy import Event, Ledger
 from tasks.common import read_json
 
@@ -21,7 +22,12 @@ def new_ledger(params: Params) -> Ledger:
 def load_ledger(source: Path, params: Params) -> Ledger:
     """An earlier stage's ledger; it carries the run's δ and budget from dp_pca, and params edited
     since must not be silently ignored."""
-    ledger = Ledger.from_dict(read_json(source))
+    try:
+        ledger = Ledger.from_dict(read_json(source))
+    except DataError:
+        raise
+    except ValueError as exc:  # an older privpipe's format, or an edited file
+        raise DataError(f"{source}: not a ledger this privpipe reads ({exc})") from None
     for key, recorded, current in (("privacy.delta", ledger.delta, params.privacy.delta),
                                    ("privacy.epsilon_budget", ledger.epsilon_budget, params.privacy.epsilon_budget),
                                    ("privacy.accountant", ledger.accountant, params.privacy.accountant)):

@@ -62,9 +62,9 @@ def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir:
     folder = staging / "extractor"
     folder.mkdir()
     if source == "model":
+        ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))  # first: a missing model is one line
         for name in ("model.pt", "model.json"):
             shutil.copy2(model_dir / name, folder / name)
-        ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))
         extractor = feature_extractor("model", released=load_released(model_dir))
     elif source == "dp_pca":
         projection = load_projection(dp_pca_dir)
