@@ -155,10 +155,13 @@ def _import_groups(tree: ast.AST) -> list[list[ast.stmt]]:
     for function in ast.walk(tree):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        for block in ast.walk(function):
-            for field in ("body", "orelse", "finalbody", "handlers"):
+        for block in ast.walk(function):  # every statement list: bodies of ifs, loops, withs, try/except
+            for field in ("body", "orelse", "finalbody"):
+                statements = getattr(block, field, None)
+                if not isinstance(statements, list):
+                    continue
                 run: list[ast.stmt] = []
-                for statement in getattr(block, field, []) if isinstance(getattr(block, field, None), list) else []:
+                for statement in statements:
                     if isinstance(statement, (ast.Import, ast.ImportFrom)):
                         run.append(statement)
                     elif run:

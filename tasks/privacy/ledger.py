@@ -22,10 +22,9 @@ def new_ledger(params: Params) -> Ledger:
 def load_ledger(source: Path, params: Params) -> Ledger:
     """An earlier stage's ledger; it carries the run's δ and budget from dp_pca, and params edited
     since must not be silently ignored."""
+    recorded_ledger = read_json(source)
     try:
-        ledger = Ledger.from_dict(read_json(source))
-    except DataError:
-        raise
+        ledger = Ledger.from_dict(recorded_ledger)
     except ValueError as exc:  # an older privpipe's format, or an edited file
         raise DataError(f"{source}: not a ledger this privpipe reads ({exc})") from None
     for key, recorded, current in (("privacy.delta", ledger.delta, params.privacy.delta),
