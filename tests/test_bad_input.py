@@ -192,7 +192,8 @@ CASES = [
     Case("accountant-pld-with-data-dependent-pate", ("stage", "aggregate"),
          "privpipe: error: privacy.accountant: pld cannot account for aggregate.analysis: data_dependent: "
          "an RDP curve has no PLD (use best or rdp)",
-         setup=params(privacy={"accountant": "pld"})),
+         setup=params(privacy={"accountant": "pld"}, student={"enabled": True},
+                      aggregate={"analysis": "data_dependent"})),
     # δ < 1/n needs n, the sensitive records: the prepare stage refuses it before it writes
     Case("delta-not-below-1-over-n", ("stage", "prepare"),
          "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.000977 (n = 1024 sensitive records); "
@@ -206,7 +207,7 @@ CASES = [
     Case("run-more-shards-than-records", ("run",),
          "privpipe: error: partition.shards: 100000 shards for 1024 records leaves shard 0 with 0 records "
          "(need ≥ 5); use fewer shards",
-         setup=params(partition={"shards": 100_000})),
+         setup=params(partition={"shards": 100_000}, student={"enabled": True})),
     Case("run-csv-negative-label", ("run",),
          f"privpipe: error: {DIGITS_CSV}: label -1 is outside 0..9",
          setup=lambda folder: edit_csv_row(folder, BAD_ROW, lambda row: [row[0], "-1", *row[2:]])),
@@ -222,7 +223,7 @@ CASES = [
     Case("more-shards-than-records", ("stage", "partition"),
          "privpipe: error: partition.shards: 100000 shards for 1024 records leaves shard 0 with 0 records "
          "(need ≥ 5); use fewer shards",
-         setup=params(partition={"shards": 100_000}), base="prepared"),
+         setup=params(partition={"shards": 100_000}, student={"enabled": True}), base="prepared"),
     Case("params-not-yaml", ("run",), "privpipe: error: params.yaml: not valid YAML (line 3)",
          setup=write("params.yaml", "privacy:\n  delta: [1e-5\nrun: {seed: 0}\n")),
     Case("params-unknown-key", ("run",), "privpipe: error: finetune.epoch: unknown key",
@@ -252,7 +253,8 @@ CASES = [
          setup=lambda folder: prepend(folder / DIGITS_CSV, b"\xe9")),
     # a stage run before the one that writes its input (dvc repro keeps the order; a person may not)
     Case("teachers-before-partition", ("stage", "teachers"),
-         "privpipe: error: artifacts/partition/shards.npy: missing (run the earlier stages first)", base="prepared"),
+         "privpipe: error: artifacts/partition/shards.npy: missing (run the earlier stages first)",
+         setup=params(student={"enabled": True}), base="prepared"),
     Case("evaluate-before-finetune", ("stage", "evaluate"),
          "privpipe: error: artifacts/finetune/ledger.json: missing (run the earlier stages first)", base="prepared"),
     Case("csv-ragged-row", ("stage", "prepare"),
@@ -270,7 +272,7 @@ CASES = [
          "privpipe: error: data/prepared/sensitive: labels: label_shards shard 6 holds only class 3, "
          "with no records; every class needs records (or raise labels_per_shard)",
          setup=steps(params(partition={"strategy": "label_shards", "labels_per_shard": 1, "shards": 10,
-                                       "min_records": 1}),
+                                       "min_records": 1}, student={"enabled": True}),
                      lambda folder: relabel(folder, lambda label: 0 if label == 3 else label),
                      prepare),
          base="digits"),

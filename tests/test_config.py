@@ -184,7 +184,7 @@ def test_every_section_has_a_module_of_its_name_with_its_fields():
     ({"finetune": {"clipping": "per_layer"}, "privacy_audit": {"records": 19}},
      "privacy_audit.records: must be >= 20 (members and non-members each)"),
     ({"finetune": {"lr_end": 0.0}, "dp_pca": {"components": 0}}, "dp_pca.components: must be >= 1"),
-    ({"finetune": {"hidden_units": [], "lr_end": 0.0}},
+    ({"finetune": {"hidden_units": [], "lr_end": 0.0}, "student": {"enabled": True}},
      "finetune.hidden_units: the student needs at least one hidden layer: its output is the embedding the "
      "association losses work on"),
 ])

@@ -39,7 +39,7 @@ def repo(tmp_path: Path) -> Path:
     write_digits_pointer(tmp_path)
     write_params(tmp_path, finetune={"epochs": 3}, dp_pca={"components": 16}, teachers={"epochs": 10},
                  head={"features": "dp_pca"},
-                 student={"steps": 100, "delay_steps": 20, "ramp_steps": 20})
+                 student={"enabled": True, "steps": 100, "delay_steps": 20, "ramp_steps": 20})
     sh("git", "init", "-q", cwd=tmp_path)
     sh(sys.executable, "-m", "dvc", "init", "-q", cwd=tmp_path)
     shutil.copy(PROJECT / ".dvc/config", tmp_path / ".dvc/config")

@@ -69,7 +69,10 @@ def test_pld_accountant_is_refused_where_the_pipeline_meets_an_rdp_curve():
     with pytest.raises(ConfigError, match="^privacy.accountant: pld cannot account for finetune.mode: federated"):
         check_pipeline_use(federated)
     with pytest.raises(ConfigError, match="^privacy.accountant: pld cannot account for aggregate.analysis"):
-        check_pipeline_use(parse_params({"privacy": {"accountant": "pld"}}))  # PATE's data-dependent bound
+        check_pipeline_use(parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": True},
+                                         "aggregate": {"analysis": "data_dependent"}}))  # PATE's release
+    # auto never picks the RDP curve under pld, so it is not refused
+    check_pipeline_use(parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": True}}))
     check_pipeline_use(parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": False},
                                      "finetune": {"mode": "federated"},
                                      "federated": {"sampling": "fixed"}}))  # fixed sampling keeps a PLD

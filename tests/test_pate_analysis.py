@@ -1,15 +1,18 @@
-"""PATE privacy analysis against closed forms written out here, and brute force on small ensembles.
+"""PATE privacy analysis against closed forms written out here, the reference code's values
+(tests/fixtures/pate_reference.json), exact divergences and brute force on small ensembles.
 
-References: Papernot et al. 2017 (Theorem 3, LNMax), 2018 (Theorem 6 / Prop. 10, GNMax; Theorem 23,
-GNSS); Mironov 2017 (Laplace RDP); Balle & Wang 2018 (exact Gaussian mechanism).
+References: Papernot et al. 2017 (Theorem 3, Lemma 4, LNMax), 2018 (Theorem 6 / Prop. 7 / Prop. 10, GNMax;
+Theorem 23, GNSS); Mironov 2017 (Laplace RDP); Balle & Wang 2018 (exact Gaussian mechanism).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import zlib
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +21,8 @@ from scipy.stats import norm
 
 from privpipe.pate.analysis import (
     AggregatorSpec,
+    best_case_rdp,
+    choose_analysis,
     data_dependent_rdp,
     data_independent_events,
     data_independent_rdp,
@@ -25,12 +30,15 @@ from privpipe.pate.analysis import (
     gnss_rdp,
     laplace_rdp,
     local_sensitivity_by_distance,
+    logpr_answered,
+    logq_gnmax,
+    logq_lnmax,
     per_query_rdp,
     planned_release_event,
     release_cost,
     sanitise,
     smooth_sensitivity,
-    vote_statistics,
+    threshold_rdp,
 )
 from privpipe.privacy import (
     RDP_ORDERS,
@@ -59,13 +67,13 @@ def laplace_rdp_one(b: float, alpha: float) -> float:
                     + (alpha - 1) / (2 * alpha - 1) * math.exp(-alpha / b)) / (alpha - 1)
 
 
-def independent_per_query(spec: AggregatorSpec, order: float, answered: bool) -> float:
-    """The data-independent RDP of one query, written out."""
+def independent_per_query(spec: AggregatorSpec, order: float) -> float:
+    """The data-independent RDP of one query asked, written out (Confident-GNMax: both steps)."""
     if spec.mechanism == "gnmax":
         return order / spec.sigma**2
     if spec.mechanism == "lnmax":
         return 2 * laplace_rdp_one(1 / spec.gamma, order)
-    return order / (2 * spec.sigma1**2) + (order / spec.sigma2**2 if answered else 0.0)
+    return order / (2 * spec.sigma1**2) + order / spec.sigma2**2
 
 
 def random_histograms(rng: np.random.Generator, queries: int, teachers: int = TEACHERS,
@@ -106,15 +114,59 @@ def distances_from(start: tuple[int, ...]) -> dict[tuple[int, ...], int]:
     return seen
 
 
-# -- vote statistics ------------------------------------------------------------------------
+# -- q̃: the union bounds --------------------------------------------------------------------
 
 
-def test_vote_statistics_on_a_hand_made_histogram():
-    histograms = np.array([[3, 7, 0], [5, 5, 0], [0, 0, 10], [1, 2, 7], [4, 3, 3]])
-    gaps, tops = vote_statistics(histograms)
-    assert gaps.tolist() == [4, 0, 10, 5, 1]
-    assert tops.tolist() == [7, 5, 10, 7, 4]
-    assert gaps.dtype == np.int64 and tops.dtype == np.int64
+def test_logq_gnmax_is_the_union_bound_over_every_other_class():
+    sigma = 3.0
+    histograms = np.array([[3, 7, 0], [5, 5, 0], [0, 0, 10], [1, 2, 7]])
+    expected = []
+    for h in histograms:
+        top = h.max()
+        others = np.delete(h, np.argmax(h))
+        q = sum(norm.sf((top - c) / (math.sqrt(2) * sigma)) for c in others)  # Prop. 7, term by term
+        expected.append(math.log(min(q, 1 - 1 / 3)))
+    np.testing.assert_allclose(logq_gnmax(histograms, sigma=sigma), expected, rtol=1e-12)
+    # the gap alone times (m − 1) is looser whenever the other classes are further behind
+    gap_only = math.log(2 * norm.sf(5 / (math.sqrt(2) * sigma)))
+    assert logq_gnmax(np.array([[1, 2, 7]]), sigma=sigma)[0] < gap_only
+
+
+def test_logq_lnmax_is_lemma_4_summed_over_every_other_class():
+    gamma = 0.5
+    h = np.array([[1, 2, 7]])
+    q = sum((2 + gamma * g) / (4 * math.exp(gamma * g)) for g in (6, 5))
+    assert logq_lnmax(h, gamma=gamma)[0] == pytest.approx(math.log(q), rel=1e-12)
+    assert logq_lnmax(np.array([[5, 5, 5]]), gamma=gamma)[0] == pytest.approx(math.log(2 / 3), rel=1e-12)  # capped
+
+
+REFERENCE = json.loads((Path(__file__).parent / "fixtures" / "pate_reference.json").read_text())
+
+
+@pytest.mark.parametrize("case", REFERENCE["cases"], ids=lambda c: c["name"])
+def test_per_query_bounds_equal_the_reference_code(case):
+    """Values computed by tensorflow/privacy research/pate_2018/core.py (fixtures/make_pate_reference.py)."""
+    histograms = np.array(REFERENCE["histograms"])
+    orders = REFERENCE["orders"]
+    noise = case["noise"]
+    if case["mechanism"] == "gnmax":
+        logq = logq_gnmax(histograms, sigma=noise)
+        got = np.stack([gaussian_rdp(logq, sigma=noise, order=o) for o in orders], axis=1)
+    elif case["mechanism"] == "lnmax":
+        logq = logq_lnmax(histograms, gamma=1 / noise)
+        got = np.stack([laplace_rdp(logq, gamma=1 / noise, order=o) for o in orders], axis=1)
+    else:
+        logq = logpr_answered(histograms.max(axis=1), threshold=case["threshold"], sigma1=noise)
+        got = np.stack([threshold_rdp(logq, sigma1=noise, order=o) for o in orders], axis=1)
+    np.testing.assert_allclose(logq, case["logq"], rtol=1e-12, atol=1e-12)
+    reference = np.array(case["rdp"])
+    if case["mechanism"] == "lnmax":
+        # never above the reference; below it only where the exact two-Laplace RDP is smaller
+        cap = np.array([2 * laplace_rdp_one(noise, o) for o in orders])
+        np.testing.assert_allclose(got, np.minimum(reference, cap), rtol=1e-12, atol=1e-15)
+        assert (got < reference * (1 - 1e-9)).any()
+    else:
+        np.testing.assert_allclose(got, reference, rtol=1e-10, atol=1e-15)
 
 
 # -- Theorem 6 (GNMax) and Theorem 3 (LNMax) -------------------------------------------------------
@@ -158,10 +210,10 @@ def test_gaussian_rdp_falls_back_when_order_exceeds_mu1():
 
 
 def test_gaussian_rdp_is_vectorised_and_goes_to_zero_with_q():
-    logqs = np.array([math.log(0.9), -10.0, -50.0, -200.0, -1000.0])
+    logqs = np.array([math.log(0.9), -10.0, -50.0, -200.0, -1000.0, -math.inf])
     got = gaussian_rdp(logqs, sigma=10.0, order=5.0)
     assert got[0] == 5.0 / 100
-    assert np.all(np.diff(got) <= 0) and got[-1] < 1e-100
+    assert np.all(np.diff(got) <= 0) and got[-2] < 1e-100 and got[-1] == 0.0
 
 
 def theorem3(q: float, gamma: float, order: float) -> float:
@@ -178,6 +230,14 @@ def test_laplace_rdp_matches_theorem_3(q, gamma, order):
     cap = 2 * laplace_rdp_one(1 / gamma, order)
     assert expected < cap
     assert laplace_rdp(np.array([math.log(q)]), gamma=gamma, order=order)[0] == pytest.approx(expected, rel=1e-9)
+
+
+def test_laplace_rdp_is_never_above_pure_two_gamma_dp():
+    # outside Theorem 3's range the reference falls back to min(λε²/2, ε) at ε = 2γ; so do we, or lower
+    for gamma, order in ((0.5, 5.0), (2.0, 3.0), (0.05, 20.0)):
+        eps = 2 * gamma
+        got = laplace_rdp(np.array([math.log(0.6)]), gamma=gamma, order=order)[0]
+        assert got <= min(0.5 * eps * eps * order, eps) + 1e-12
 
 
 def test_laplace_rdp_is_the_cap_where_theorem_3_is_looser():
@@ -202,30 +262,27 @@ def test_per_query_rdp_never_exceeds_the_data_independent_bound(mechanism):
     spec = SPECS[mechanism]
     rng = np.random.default_rng(zlib.crc32(mechanism.encode()))  # str hash() differs per process
     histograms = random_histograms(rng, 200)
-    answered = rng.random(200) < 0.6 if mechanism == "confident_gnmax" else np.ones(200, dtype=bool)
-    per_query = per_query_rdp(spec, histograms, answered, orders=list(RDP_ORDERS))
+    per_query = per_query_rdp(spec, histograms, orders=list(RDP_ORDERS))
     assert per_query.shape == (200, len(RDP_ORDERS)) and (per_query >= 0).all()
     for j, order in enumerate(RDP_ORDERS):
-        caps = np.array([independent_per_query(spec, order, a) for a in answered])
-        assert (per_query[:, j] <= caps * (1 + 1e-12) + 1e-12).all(), order
-    total = data_dependent_rdp(spec, histograms, answered, orders=list(RDP_ORDERS))
+        assert (per_query[:, j] <= independent_per_query(spec, order) * (1 + 1e-12) + 1e-12).all(), order
+    total = data_dependent_rdp(spec, histograms, orders=list(RDP_ORDERS))
     np.testing.assert_allclose(total, per_query.sum(axis=0))
-    independent = data_independent_rdp(spec, queries=200, answered=int(answered.sum()), orders=list(RDP_ORDERS))
+    independent = data_independent_rdp(spec, queries=200, orders=list(RDP_ORDERS))
     assert (total <= independent + 1e-12).all()
     # and the data-dependent bound is actually well below it for the near-unanimous queries
     j = RDP_ORDERS.index(20.0)
-    caps = np.array([independent_per_query(spec, 20.0, a) for a in answered])
-    assert (per_query[:, j] < 0.5 * caps).mean() > 0.1
+    assert (per_query[:, j] < 0.5 * independent_per_query(spec, 20.0)).mean() > 0.1
     assert total[j] < independent[j]
 
 
 def test_data_independent_rdp_written_out():
     orders = SOME_ORDERS
-    np.testing.assert_allclose(data_independent_rdp(GNMAX, queries=30, answered=30, orders=orders),
+    np.testing.assert_allclose(data_independent_rdp(GNMAX, queries=30, orders=orders),
                                [30 * o / 40.0**2 for o in orders], rtol=1e-12)
-    np.testing.assert_allclose(data_independent_rdp(CONFIDENT, queries=640, answered=100, orders=orders),
-                               [640 * o / (2 * 30.0**2) + 100 * o / 20.0**2 for o in orders], rtol=1e-12)
-    np.testing.assert_allclose(data_independent_rdp(LNMAX, queries=7, answered=7, orders=orders),
+    np.testing.assert_allclose(data_independent_rdp(CONFIDENT, queries=640, orders=orders),
+                               [640 * o / (2 * 30.0**2) + 640 * o / 20.0**2 for o in orders], rtol=1e-12)
+    np.testing.assert_allclose(data_independent_rdp(LNMAX, queries=7, orders=orders),
                                [14 * laplace_rdp_one(20.0, o) for o in orders], rtol=1e-9)
 
 
@@ -234,52 +291,77 @@ def test_data_dependent_rdp_decreases_as_consensus_grows(mechanism):
     spec = SPECS[mechanism]
     # top count k from an even split (125/125) to unanimity (250)
     histograms = np.array([[k, TEACHERS - k] + [0] * (CLASSES - 2) for k in range(125, 251)])
-    answered = np.ones(len(histograms), dtype=bool)
-    per_query = per_query_rdp(spec, histograms, answered, orders=list(RDP_ORDERS))
+    per_query = per_query_rdp(spec, histograms, orders=list(RDP_ORDERS))
     assert (np.diff(per_query, axis=0) <= 1e-15).all()
-    split = data_dependent_rdp(spec, np.tile(histograms[:1], (50, 1)), answered[:50], orders=[20.0])[0]
-    unanimous = data_dependent_rdp(spec, np.tile(histograms[-1:], (50, 1)), answered[:50], orders=[20.0])[0]
+    split = data_dependent_rdp(spec, np.tile(histograms[:1], (50, 1)), orders=[20.0])[0]
+    unanimous = data_dependent_rdp(spec, np.tile(histograms[-1:], (50, 1)), orders=[20.0])[0]
     assert unanimous < 0.05 * split
 
 
-def test_confident_threshold_costs_on_every_query_and_argmax_only_on_answered():
-    histograms = np.tile(np.array([[200, 50] + [0] * 8]), (4, 1))
-    none = per_query_rdp(CONFIDENT, histograms, np.zeros(4, dtype=bool), orders=[20.0])[:, 0]
-    every = per_query_rdp(CONFIDENT, histograms, np.ones(4, dtype=bool), orders=[20.0])[:, 0]
-    assert (none > 0).all() and (every > none).all()
-    # the threshold alone: Theorem 6 at σ = √2·σ1 with q̃ = Pr[top + N(0, σ1²) < T]
-    logq = norm.logcdf((150.0 - 200.0) / 30.0)
-    assert none[0] == pytest.approx(min(20.0 / (2 * 30.0**2), theorem6(logq, math.sqrt(2) * 30.0, 20.0)), rel=1e-9)
+def confident_output(votes: list[int], threshold: float, sigma1: float, sigma2: float) -> np.ndarray:
+    """Exact distribution of one two-class Confident-GNMax query's output: (no answer, class 0, class 1)."""
+    answer = norm.sf((threshold - max(votes)) / sigma1)
+    first = norm.cdf((votes[0] - votes[1]) / (math.sqrt(2) * sigma2))
+    return np.array([1 - answer, answer * first, answer * (1 - first)])
 
 
-def test_gnmax_per_query_written_out_from_the_gap():
+def renyi(p: np.ndarray, q: np.ndarray, order: float) -> float:
+    return math.log(np.sum(p**order * q ** (1 - order))) / (order - 1)
+
+
+def test_confident_gnmax_charges_a_bound_on_every_query_answered_or_not():
+    """The case of issue 17: T = 125.5, σ₁ = 50, σ₂ = 0.5, votes [126, 124] against [125, 125]. The output
+    (label or no answer) has RDP 3.97 / 5.00 / 5.28 at orders 2 / 5 / 20; charging the argmax only on
+    answered queries charged 0.0004 / 0.001 / 0.004 whenever the query went unanswered."""
+    spec = AggregatorSpec("confident_gnmax", 250, 2, threshold=125.5, sigma1=50.0, sigma2=0.5)
+    here, there = [126, 124], [125, 125]
+    p, q = confident_output(here, 125.5, 50.0, 0.5), confident_output(there, 125.5, 50.0, 0.5)
+    assert 0.4 < p[0] < 0.6 and 0.4 < q[0] < 0.6  # about half the time unanswered
+    orders = [2.0, 5.0, 20.0]
+    exact = [max(renyi(p, q, o), renyi(q, p, o)) for o in orders]
+    np.testing.assert_allclose(exact, [3.967, 5.000, 5.276], atol=2e-3)
+    charged = per_query_rdp(spec, np.array([here, there]), orders=orders)
+    assert (charged >= np.array(exact)).all()  # at both histograms, in both directions
+
+
+def test_confident_gnmax_per_query_is_threshold_plus_argmax():
+    histograms = np.array([[200, 50] + [0] * 8, [120, 80, 50] + [0] * 7])
+    got = per_query_rdp(CONFIDENT, histograms, orders=[20.0])[:, 0]
+    for h, value in zip(histograms, got):
+        # the threshold: Theorem 6 at σ = √2·σ1 with q̃ = min(Pr[answer], Pr[no answer])
+        log_answer = norm.logsf((150.0 - h.max()) / 30.0)
+        logq = min(log_answer, math.log1p(-math.exp(log_answer)))
+        threshold = gaussian_rdp(np.array([logq]), sigma=math.sqrt(2) * 30.0, order=20.0)[0]
+        argmax = gaussian_rdp(logq_gnmax(h[None], sigma=20.0), sigma=20.0, order=20.0)[0]
+        assert value == pytest.approx(threshold + argmax, rel=1e-12)
+    assert got[0] < got[1]
+
+
+def test_gnmax_per_query_written_out_from_the_union_bound():
     histograms = np.array([[220, 20, 10] + [0] * 7])
-    # q̃ ≤ (m − 1)·Pr[N(0, 2σ²) ≥ gap], gap = 200
-    logq = math.log(9) + norm.logsf(200, scale=math.sqrt(2) * 40.0)
+    # q̃ ≤ Σ_i Pr[N(0, 2σ²) ≥ 220 − n_i] over the nine other classes (Prop. 7)
+    logq = math.log(norm.sf(200, scale=math.sqrt(2) * 40.0) + norm.sf(210, scale=math.sqrt(2) * 40.0)
+                    + 7 * norm.sf(220, scale=math.sqrt(2) * 40.0))
     expected = theorem6(logq, 40.0, 20.0)
     assert expected < 20.0 / 40.0**2
-    assert per_query_rdp(GNMAX, histograms, np.array([True]), orders=[20.0])[0, 0] == pytest.approx(expected, rel=1e-9)
+    assert per_query_rdp(GNMAX, histograms, orders=[20.0])[0, 0] == pytest.approx(expected, rel=1e-9)
 
 
-def test_lnmax_per_query_written_out_from_the_gap():
+def test_lnmax_per_query_written_out_from_the_union_bound():
     spec = AggregatorSpec("lnmax", TEACHERS, CLASSES, gamma=0.1)
     histograms = np.array([[170, 40, 40] + [0] * 7])
-    gap = 130
-    q = 9 * (2 + 0.1 * gap) / (4 * math.exp(0.1 * gap))
+    q = 2 * (2 + 13) / (4 * math.exp(13)) + 7 * (2 + 17) / (4 * math.exp(17))
     expected = min(2 * laplace_rdp_one(10.0, 5.0), theorem3(q, 0.1, 5.0))
-    assert per_query_rdp(spec, histograms, np.array([True]), orders=[5.0])[0, 0] == pytest.approx(expected, rel=1e-9)
+    assert per_query_rdp(spec, histograms, orders=[5.0])[0, 0] == pytest.approx(expected, rel=1e-9)
 
 
 def test_votes_are_checked():
-    good = np.array([[250] + [0] * 9])
     with pytest.raises(ValueError, match="histograms must be"):
-        per_query_rdp(GNMAX, np.array([[250, 0]]), np.array([True]), orders=[2.0])
+        per_query_rdp(GNMAX, np.array([[250, 0]]), orders=[2.0])
     with pytest.raises(ValueError, match="sum to"):
-        per_query_rdp(GNMAX, np.array([[249] + [0] * 9]), np.array([True]), orders=[2.0])
-    with pytest.raises(ValueError, match="answered"):
-        per_query_rdp(GNMAX, good, np.array([True, True]), orders=[2.0])
-    with pytest.raises(ValueError, match="answers every query"):
-        per_query_rdp(GNMAX, good, np.array([False]), orders=[2.0])
+        per_query_rdp(GNMAX, np.array([[249] + [0] * 9]), orders=[2.0])
+    with pytest.raises(ValueError, match="whole numbers"):
+        per_query_rdp(GNMAX, np.array([[249.5, 0.5] + [0] * 8]), orders=[2.0])
     with pytest.raises(ValueError):
         AggregatorSpec("gnmax", 10, 3)  # no sigma
     with pytest.raises(ValueError):
@@ -292,19 +374,17 @@ def test_votes_are_checked():
 
 
 def test_data_independent_events_by_mechanism():
-    confident = data_independent_events(CONFIDENT, queries=640, answered=100)
+    # every query asked is charged both steps: which ones get answered depends on the votes
+    confident = data_independent_events(CONFIDENT, queries=640)
     assert confident == [GaussianEvent(stage="aggregate", noise_multiplier=30.0, count=640),
-                         GaussianEvent(stage="aggregate", noise_multiplier=20.0 / math.sqrt(2), count=100)]
-    assert data_independent_events(CONFIDENT, queries=640, answered=0) == [
-        GaussianEvent(stage="aggregate", noise_multiplier=30.0, count=640)]
-    assert data_independent_events(CONFIDENT, queries=0, answered=0) == []
-    lnmax = data_independent_events(LNMAX, queries=12, answered=12, stage="votes")
+                         GaussianEvent(stage="aggregate", noise_multiplier=20.0 / math.sqrt(2), count=640)]
+    assert data_independent_events(CONFIDENT, queries=0) == []
+    lnmax = data_independent_events(LNMAX, queries=12, stage="votes")
     assert lnmax == [LaplaceEvent(stage="votes", noise_multiplier=20.0, count=24)]
-    gnmax = data_independent_events(GNMAX, queries=5, answered=5)
+    gnmax = data_independent_events(GNMAX, queries=5)
     assert gnmax == [GaussianEvent(stage="aggregate", noise_multiplier=40.0 / math.sqrt(2), count=5)]
-    for bad in ({"queries": 3, "answered": 4}, {"queries": 3, "answered": -1}):
-        with pytest.raises(ValueError):
-            data_independent_events(CONFIDENT, **bad)
+    with pytest.raises(ValueError):
+        data_independent_events(CONFIDENT, queries=-1)
 
 
 def balle_wang_epsilon(noise_multiplier: float, delta: float) -> float:
@@ -320,7 +400,7 @@ def balle_wang_epsilon(noise_multiplier: float, delta: float) -> float:
 @pytest.mark.parametrize("sigma", [4.0, 40.0])
 def test_gnmax_one_query_epsilon_is_the_gaussian_mechanism_at_sigma_over_root_two(sigma):
     spec = AggregatorSpec("gnmax", TEACHERS, CLASSES, sigma=sigma)
-    events = data_independent_events(spec, queries=1, answered=1)
+    events = data_independent_events(spec, queries=1)
     exact = balle_wang_epsilon(sigma / math.sqrt(2), 1e-5)
     pld = compute_epsilon(events, delta=1e-5, accountant="pld").epsilon
     assert exact - 1e-6 <= pld <= exact + 1e-3  # PLD is pessimistic, within its discretisation
@@ -329,41 +409,103 @@ def test_gnmax_one_query_epsilon_is_the_gaussian_mechanism_at_sigma_over_root_tw
 
 
 def test_lnmax_one_query_epsilon_is_at_most_two_gamma():
-    events = data_independent_events(LNMAX, queries=1, answered=1)
+    events = data_independent_events(LNMAX, queries=1)
     epsilon = compute_epsilon(events, delta=1e-5, accountant="pld").epsilon
     assert 0.09 < epsilon <= 2 * 0.05 + 1e-3
+
+
+# -- the choice between data-dependent and data-independent, before the votes ------------------
+
+
+def test_best_case_is_the_cheapest_expected_release_over_identical_votes():
+    settings = {"order": 20.0, "beta": 0.01, "noise_scale": 20.0, "failure_probability": 1e-7}
+    cost = release_cost(**settings)
+    shift = norm.isf(1e-7)
+    for spec in SPECS.values():
+        best = best_case_rdp(spec, queries=30, **settings)
+        cap = data_independent_rdp(spec, queries=30, orders=[20.0])[0]
+        assert cost < best <= cap + cost
+        for top in (250, 240, 200, 125):
+            h = np.array([[top, 250 - top] + [0] * 8] * 30)
+            smooth = smooth_sensitivity(local_sensitivity_by_distance(spec, h, order=20.0), beta=0.01)
+            expected = min(data_dependent_rdp(spec, h, orders=[20.0])[0] + shift * 20.0 * smooth, cap) + cost
+            assert best <= expected + 1e-12
+
+
+def _alone(events):
+    return compute_epsilon(events, delta=1e-5).epsilon
+
+
+RELEASE_SETTINGS = {"order": 20.0, "beta": 0.01, "noise_scale": 20.0, "failure_probability": 1e-7}
+
+
+def test_the_default_digits_settings_cannot_win_and_choose_data_independent():
+    """Issue 17: 50 teachers, σ = 40, 20 queries: the data-dependent bound equals the data-independent cap
+    for every histogram, so the sanitised release (ε 0.885 recorded) could only add its own cost."""
+    spec = AggregatorSpec("gnmax", 50, 10, sigma=40.0)
+    orders = list(RDP_ORDERS)
+    unanimous = per_query_rdp(spec, np.array([[50] + [0] * 9]), orders=orders)[0]
+    np.testing.assert_allclose(unanimous, [o / 40.0**2 for o in orders], rtol=1e-12)  # the reference's
+    # is_data_independent_always_opt_gaussian is True here
+    choice = choose_analysis(spec, queries=20, epsilon_of=_alone, **RELEASE_SETTINGS)
+    assert choice.analysis == "data_independent" and "cannot win" in choice.reason
+    assert choice.data_independent_epsilon == pytest.approx(0.561, abs=2e-3)
+    assert choice.best_case_epsilon > choice.data_independent_epsilon
+
+
+def test_little_noise_on_many_queries_can_win():
+    # the release's shift grows with the queries like the data-independent RDP, but its ε does not pay
+    # the composed Gaussians' √(queries) conversion: with little noise per query it can win
+    spec = AggregatorSpec("gnmax", TEACHERS, CLASSES, sigma=20.0)
+    settings = {"order": 8.0, "beta": 0.06, "noise_scale": 10.0, "failure_probability": 1e-7}
+    choice = choose_analysis(spec, queries=300, epsilon_of=_alone, **settings)
+    assert choice.analysis == "data_dependent" and "can win" in choice.reason
+    assert choice.best_case_epsilon < choice.data_independent_epsilon
+    assert set(choice.public()) == {"analysis", "reason", "best_case_epsilon", "data_independent_epsilon"}
+
+
+def test_the_choice_uses_the_callers_measure_of_epsilon():
+    # composed with a large earlier spend, a curve forces RDP accounting on everything: the measure decides
+    seen = []
+
+    def measure(events):
+        seen.append(events)
+        return 1.0 if isinstance(events[0], RdpCurveEvent) else 2.0
+
+    assert choose_analysis(GNMAX, queries=5, epsilon_of=measure, **RELEASE_SETTINGS).analysis == "data_dependent"
+    assert isinstance(seen[0][0], RdpCurveEvent) and seen[1] == data_independent_events(GNMAX, queries=5)
 
 
 # -- local and smooth sensitivity --------------------------------------------------------
 
 
 SMALL_SPECS = [
-    (AggregatorSpec("gnmax", 5, 3, sigma=1.0), 2.0, True),
-    (AggregatorSpec("gnmax", 8, 3, sigma=0.5), 2.0, True),
-    (AggregatorSpec("gnmax", 8, 3, sigma=1.0), 3.0, True),
-    (AggregatorSpec("lnmax", 8, 3, gamma=1.0), 2.0, True),
-    (AggregatorSpec("lnmax", 6, 3, gamma=2.0), 5.0, True),
-    (AggregatorSpec("confident_gnmax", 8, 3, threshold=5, sigma1=0.5, sigma2=0.7), 2.0, True),
-    (AggregatorSpec("confident_gnmax", 8, 3, threshold=5, sigma1=0.5, sigma2=0.7), 2.0, False),
-    (AggregatorSpec("confident_gnmax", 6, 3, threshold=3.5, sigma1=0.4, sigma2=0.6), 1.5, True),
+    (AggregatorSpec("gnmax", 5, 3, sigma=1.0), 2.0),
+    (AggregatorSpec("gnmax", 8, 3, sigma=0.5), 2.0),
+    (AggregatorSpec("gnmax", 8, 3, sigma=1.0), 3.0),
+    (AggregatorSpec("gnmax", 6, 4, sigma=0.7), 2.0),
+    (AggregatorSpec("lnmax", 8, 3, gamma=1.0), 2.0),
+    (AggregatorSpec("lnmax", 6, 3, gamma=2.0), 5.0),
+    (AggregatorSpec("confident_gnmax", 8, 3, threshold=5, sigma1=0.5, sigma2=0.7), 2.0),
+    (AggregatorSpec("confident_gnmax", 6, 3, threshold=3.5, sigma1=0.4, sigma2=0.6), 1.5),
 ]
-SMALL_IDS = [f"{s.mechanism}-{s.teachers}-o{o}-{'ans' if a else 'silent'}" for s, o, a in SMALL_SPECS]
+SMALL_IDS = [f"{s.mechanism}-{s.teachers}x{s.classes}-o{o}" for s, o in SMALL_SPECS]
 
 
-def single_query_values(spec: AggregatorSpec, order: float, answered: bool):
+def single_query_values(spec: AggregatorSpec, order: float):
     histograms = all_histograms(spec.teachers, spec.classes)
-    values = per_query_rdp(spec, np.array(histograms), np.full(len(histograms), answered), orders=[order])[:, 0]
+    values = per_query_rdp(spec, np.array(histograms), orders=[order])[:, 0]
     return histograms, dict(zip(histograms, values))
 
 
-@pytest.mark.parametrize("spec, order, answered", SMALL_SPECS, ids=SMALL_IDS)
-def test_local_sensitivity_bounds_brute_force_at_every_distance(spec, order, answered):
-    histograms, value = single_query_values(spec, order, answered)
+@pytest.mark.parametrize("spec, order", SMALL_SPECS, ids=SMALL_IDS)
+def test_local_sensitivity_bounds_brute_force_at_every_distance(spec, order):
+    histograms, value = single_query_values(spec, order)
     # the true local sensitivity of F at each histogram: the largest change one teacher makes
     local = {h: max(abs(value[n] - value[h]) for n in moves(h)) for h in histograms}
     assert max(local.values()) > 1e-3  # the tables really vary: the check is not vacuous
     for h in histograms:
-        ls = local_sensitivity_by_distance(spec, np.array([h]), np.array([answered]), order=order)
+        ls = local_sensitivity_by_distance(spec, np.array([h]), order=order)
         assert ls.shape == (spec.teachers + 1,)
         assert (np.diff(ls) >= 0).all()
         # LS(0) bounds every one-vote move of h itself
@@ -375,20 +517,32 @@ def test_local_sensitivity_bounds_brute_force_at_every_distance(spec, order, ans
             assert worst <= ls[d] + 1e-12, (h, d)
 
 
-@pytest.mark.parametrize("spec, order, answered", SMALL_SPECS[:1] + SMALL_SPECS[3:6], ids=SMALL_IDS[:1] + SMALL_IDS[3:6])
-def test_local_sensitivity_of_several_queries_bounds_a_teacher_moving_on_all(spec, order, answered):
+@pytest.mark.parametrize("spec, order", SMALL_SPECS[:1] + SMALL_SPECS[4:7], ids=SMALL_IDS[:1] + SMALL_IDS[4:7])
+def test_local_sensitivity_of_several_queries_bounds_a_teacher_moving_on_all(spec, order):
     rng = np.random.default_rng(spec.teachers)
     histograms = all_histograms(spec.teachers, spec.classes)
     for _ in range(4):
         chosen = [histograms[i] for i in rng.choice(len(histograms), size=3, replace=False)]
-        mask = np.full(3, answered)
-        base = data_dependent_rdp(spec, np.array(chosen), mask, orders=[order])[0]
-        ls0 = local_sensitivity_by_distance(spec, np.array(chosen), mask, order=order)[0]
+        base = data_dependent_rdp(spec, np.array(chosen), orders=[order])[0]
+        ls0 = local_sensitivity_by_distance(spec, np.array(chosen), order=order)[0]
         # the changed teacher may vote differently on every query (or keep its vote)
         options = [[h, *moves(h)] for h in chosen]
         for neighbour in itertools.product(*options):
-            changed = data_dependent_rdp(spec, np.array(neighbour), mask, orders=[order])[0]
+            changed = data_dependent_rdp(spec, np.array(neighbour), orders=[order])[0]
             assert abs(changed - base) <= ls0 + 1e-12
+
+
+def test_local_sensitivity_is_small_where_the_votes_agree():
+    # near-unanimous MNIST-like votes: one more teacher changes little; an even split sits at the cap
+    agree = np.array([[240, 5, 5] + [0] * 7] * 10)
+    split = np.array([[60, 50, 40, 30, 20, 20, 10, 10, 5, 5]] * 10)
+    ls_agree = local_sensitivity_by_distance(GNMAX, agree, order=20.0)
+    ls_split = local_sensitivity_by_distance(GNMAX, split, order=20.0)
+    raw = data_dependent_rdp(GNMAX, agree, orders=[20.0])[0]
+    assert 0 < ls_agree[0] < 0.5 * raw
+    assert ls_split[0] == 0.0  # it and every neighbour are at the data-independent cap
+    # far away it is the steepest one-teacher step of the per-query RDP, well below the cap
+    assert (np.diff(ls_agree) >= 0).all() and ls_agree[0] < ls_agree[-1] < 0.25 * 10 * 20.0 / 40.0**2
 
 
 def test_smooth_sensitivity_by_hand():
@@ -403,26 +557,25 @@ def test_smooth_sensitivity_by_hand():
 
 
 @pytest.mark.parametrize("beta", [0.05, 0.3, 1.0])
-@pytest.mark.parametrize("spec, order, answered", SMALL_SPECS, ids=SMALL_IDS)
-def test_smooth_sensitivity_is_beta_smooth_over_neighbours(spec, order, answered, beta):
+@pytest.mark.parametrize("spec, order", SMALL_SPECS, ids=SMALL_IDS)
+def test_smooth_sensitivity_is_beta_smooth_over_neighbours(spec, order, beta):
     histograms = all_histograms(spec.teachers, spec.classes)
-    smooth = {h: smooth_sensitivity(local_sensitivity_by_distance(spec, np.array([h]), np.array([answered]),
-                                                                 order=order), beta=beta) for h in histograms}
+    smooth = {h: smooth_sensitivity(local_sensitivity_by_distance(spec, np.array([h]), order=order), beta=beta)
+              for h in histograms}
     for h in histograms:
         for n in moves(h):
             assert smooth[h] <= math.exp(beta) * smooth[n] * (1 + 1e-12) + 1e-300, (h, n)
 
 
 def test_smooth_sensitivity_is_beta_smooth_for_several_queries():
-    spec, order, beta = SMALL_SPECS[5][0], 2.0, 0.3
+    spec, order, beta = SMALL_SPECS[6][0], 2.0, 0.3
     rng = np.random.default_rng(3)
     histograms = all_histograms(spec.teachers, spec.classes)
     for _ in range(3):
         chosen = [histograms[i] for i in rng.choice(len(histograms), size=3, replace=False)]
-        mask = rng.random(3) < 0.5
 
         def ss(hs):
-            return smooth_sensitivity(local_sensitivity_by_distance(spec, np.array(hs), mask, order=order), beta=beta)
+            return smooth_sensitivity(local_sensitivity_by_distance(spec, np.array(hs), order=order), beta=beta)
 
         here = ss(chosen)
         for neighbour in itertools.product(*[[h, *moves(h)] for h in chosen]):
@@ -475,46 +628,46 @@ def near_unanimous(rng: np.random.Generator, queries: int, low: int, high: int) 
     return np.array(rows)
 
 
-RELEASE = {"order": 20.0, "beta": 0.01, "noise_scale": 5.0}
+RELEASE = {"order": 20.0, "beta": 0.01, "noise_scale": 0.5}
 
 
 @pytest.fixture(scope="module")
 def votes():
     rng = np.random.default_rng(2018)
-    return near_unanimous(rng, 50, 200, 240), rng.random(50) < 0.8
+    return near_unanimous(rng, 50, 200, 240)
 
 
 def test_sanitise_is_reproducible_and_adds_the_seeded_gaussian(votes):
-    histograms, answered = votes
+    histograms = votes
     p = 1e-3
-    first = sanitise(CONFIDENT, histograms, answered, failure_probability=p,
+    first = sanitise(CONFIDENT, histograms, failure_probability=p,
                      noise=NoiseSource(seed=5, secure=False), **RELEASE)
-    again = sanitise(CONFIDENT, histograms, answered, failure_probability=p,
+    again = sanitise(CONFIDENT, histograms, failure_probability=p,
                      noise=NoiseSource(seed=5, secure=False), **RELEASE)
     assert first == again
-    raw = data_dependent_rdp(CONFIDENT, histograms, answered, orders=[20.0])[0]
-    smooth = smooth_sensitivity(local_sensitivity_by_distance(CONFIDENT, histograms, answered, order=20.0), beta=0.01)
+    raw = data_dependent_rdp(CONFIDENT, histograms, orders=[20.0])[0]
+    smooth = smooth_sensitivity(local_sensitivity_by_distance(CONFIDENT, histograms, order=20.0), beta=0.01)
     assert first.raw == pytest.approx(raw) and first.smooth_sensitivity == pytest.approx(smooth) and smooth > 0
     # U = F + SS·σ_s·(Φ⁻¹(1 − p) + z), z the seed's first standard normal; clipped to [0, independent]
     z = np.random.default_rng(5).normal(0.0, 1.0, size=(1,))[0]
-    independent = 640.0 * 0 + 50 * 20.0 / (2 * 30.0**2) + int(answered.sum()) * 20.0 / 20.0**2
+    independent = 50 * 20.0 / (2 * 30.0**2) + 50 * 20.0 / 20.0**2
     assert first.data_independent == pytest.approx(independent, rel=1e-12)
-    expected = min(max(raw + smooth * 5.0 * (norm.isf(p) + z), 0.0), independent)
+    expected = min(max(raw + smooth * 0.5 * (norm.isf(p) + z), 0.0), independent)
     assert expected < independent  # this release is not clipped
     assert first.released == pytest.approx(expected, rel=1e-9)
-    assert first.release_cost == pytest.approx(release_cost(order=20.0, beta=0.01, noise_scale=5.0,
+    assert first.release_cost == pytest.approx(release_cost(order=20.0, beta=0.01, noise_scale=0.5,
                                                             failure_probability=p))
     assert first.rdp == pytest.approx(first.released + first.release_cost)
-    other = sanitise(CONFIDENT, histograms, answered, failure_probability=p,
+    other = sanitise(CONFIDENT, histograms, failure_probability=p,
                      noise=NoiseSource(seed=6, secure=False), **RELEASE)
     assert other.released != first.released
 
 
 def test_sanitise_release_is_an_upper_bound_except_with_the_failure_probability(votes):
-    histograms, answered = votes
+    histograms = votes
     below = {}
     for p in (1e-3, 0.4):
-        releases = [sanitise(CONFIDENT, histograms, answered, failure_probability=p,
+        releases = [sanitise(CONFIDENT, histograms, failure_probability=p,
                              noise=NoiseSource(seed=seed, secure=False), **RELEASE) for seed in range(200)]
         assert all(0.0 <= r.released <= r.data_independent for r in releases)
         below[p] = sum(r.released < r.raw for r in releases)
@@ -525,7 +678,7 @@ def test_sanitise_release_is_an_upper_bound_except_with_the_failure_probability(
 def test_sanitise_clips_to_the_data_independent_bound():
     rng = np.random.default_rng(1)
     histograms = near_unanimous(rng, 50, 150, 200)
-    release = sanitise(GNMAX, histograms, np.ones(50, dtype=bool), order=20.0, beta=0.01, noise_scale=20.0,
+    release = sanitise(GNMAX, histograms, order=20.0, beta=0.01, noise_scale=20.0,
                        failure_probability=1e-3, noise=NoiseSource(seed=0, secure=False))
     assert release.data_independent == pytest.approx(50 * 20.0 / 40.0**2, rel=1e-12)
     assert release.raw < release.data_independent
@@ -533,9 +686,9 @@ def test_sanitise_clips_to_the_data_independent_bound():
 
 
 def test_sanitised_event_and_public_view(votes):
-    histograms, answered = votes
+    histograms = votes
     p = 1e-7
-    release = sanitise(CONFIDENT, histograms, answered, failure_probability=p,
+    release = sanitise(CONFIDENT, histograms, failure_probability=p,
                        noise=NoiseSource(seed=0, secure=True), **RELEASE)
     event = release.event(stage="pate")
     assert isinstance(event, RdpCurveEvent)
@@ -550,7 +703,7 @@ def test_sanitised_event_and_public_view(votes):
     spend = Ledger(epsilon_budget=1e3, delta=delta).record(event)
     a, r = 20.0, event.rdp[0]
     assert spend.epsilon == pytest.approx(r + math.log1p(-1 / a) - math.log((delta - p) * a) / (a - 1), rel=1e-9)
-    planned = planned_release_event(CONFIDENT, queries=50, order=20.0, beta=0.01, noise_scale=5.0,
+    planned = planned_release_event(CONFIDENT, queries=50, order=20.0, beta=0.01, noise_scale=0.5,
                                     failure_probability=p)
     assert planned.delta == p and planned.rdp[0] >= event.rdp[0]
 
@@ -558,10 +711,10 @@ def test_sanitised_event_and_public_view(votes):
 @pytest.mark.parametrize("kwargs", [{"failure_probability": 0.0}, {"failure_probability": 0.5},
                                     {"noise_scale": 0.0}, {"order": 60.0}])
 def test_sanitise_rejects_bad_parameters(votes, kwargs):
-    histograms, answered = votes
+    histograms = votes
     params = {**RELEASE, "failure_probability": 1e-3, **kwargs}
     with pytest.raises(ValueError):
-        sanitise(CONFIDENT, histograms, answered, noise=NoiseSource(seed=0, secure=False), **params)
+        sanitise(CONFIDENT, histograms, noise=NoiseSource(seed=0, secure=False), **params)
 
 
 # -- the ledger spends a curve's δ --------------------------------------------------------

@@ -22,7 +22,7 @@ def finished(prefect_harness, tmp_path_factory):
     folder = tmp_path_factory.mktemp("project")
     write_digits_pointer(folder)
     write_params(folder, finetune={"epochs": 20}, run={"model_name": "test-model"},
-                 teachers={"epochs": 20}, student={"steps": 300, "delay_steps": 50, "ramp_steps": 100})
+                 teachers={"epochs": 20}, student={"enabled": True, "steps": 300, "delay_steps": 50, "ramp_steps": 100})
     previous = os.getcwd()
     os.chdir(folder)
     try:
@@ -118,21 +118,25 @@ def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
     folder, result, client = finished
     ledger = Ledger.from_json((folder / "artifacts/finetune/ledger.json").read_text())
     assert ledger.stages() == ["dp_pca", "aggregate", "finetune"]
-    (release,) = [e for e in ledger.events if e.stage == "aggregate"]
     analysis = json.loads((folder / "artifacts/aggregate/analysis.json").read_text())
-    # the ledger composes the sanitised release, at its one order, with its failure probability in δ
-    assert release.mechanism == "rdp_curve" and release.orders == (analysis["sanitised_release"]["order"],)
-    assert release.rdp[0] == pytest.approx(analysis["sanitised_release"]["rdp"])
-    assert release.delta == analysis["sanitised_release"]["failure_probability"] > 0
+    # 50 teachers at σ = 40: data-dependent accounting cannot win, decided before the votes, and the
+    # ledger has the data-independent Gaussian, every query asked charged
+    assert analysis["analysis"] == "data_independent" and "cannot win" in analysis["analysis_reason"]
+    (release,) = [e for e in ledger.events if e.stage == "aggregate"]
+    assert release.mechanism == "gaussian" and release.count == analysis["queries"]
+    assert analysis["epsilon"] == pytest.approx(analysis["epsilon_data_independent"])
     run = client.get_run(result["run_id"])
     for stage in ("partition", "teachers", "aggregate", "student"):
         assert json.loads((folder / f"metrics/{stage}.json").read_text())
     assert int(run.data.tags["aggregate.answered"]) == analysis["answered"] > 0
     assert run.data.metrics["aggregate.epsilon_data_independent"] > 0
+    assert int(run.data.tags["aggregate.queries"]) == analysis["queries"]
+    assert run.data.tags["aggregate.analysis"] == "data_independent"
+    assert run.data.tags["aggregate.analysis_reason"] == analysis["analysis_reason"]
     assert "accuracy.target" in run.data.metrics and "student.accuracy_test" in run.data.metrics
     # the raw data-dependent bound stays out of MLflow
     assert not any("raw" in key or "smooth" in key for key in run.data.metrics)
-    assert (folder / "artifacts/private/aggregate_data_dependent.json").exists()
+    assert not (folder / "artifacts/private").exists()  # nothing data-dependent was computed
     assert not (folder / "artifacts/teachers.partial").exists()
     assert run.data.tags["teachers.released"] == "false"  # the run records that teachers stay private
 
@@ -183,6 +187,14 @@ def test_the_run_is_charged_to_the_lifetime_ledger_and_mirrored_in_mlflow(finish
     assert version.tags["dvc.data_version"] == result["data_version"]
 
 
+def first_run_pate(client, run_id: str) -> str:
+    run = client.get_run(run_id)
+    tags, metrics = run.data.tags, run.data.metrics
+    return (f"asked {tags['aggregate.queries']}, answered {tags['aggregate.answered']}, data_independent "
+            f"(data-dependent cannot win), ε {metrics['aggregate.epsilon']:.4g}, data-independent ε "
+            f"{metrics['aggregate.epsilon_data_independent']:.4g}")
+
+
 def test_audit_lists_two_recorded_runs_and_the_budget_adds_them_up(finished, monkeypatch, capsys):
     from flows.cli import main
     from flows.pipeline import pipeline
@@ -203,6 +215,9 @@ def test_audit_lists_two_recorded_runs_and_the_budget_adds_them_up(finished, mon
     assert [r["run"] for r in rows] == [first["run_id"], second["run_id"]]
     assert float(rows[1]["epsilon"]) == pytest.approx(second["epsilon"], rel=1e-3)
     assert rows[0]["stages"].startswith("dp_pca ") and "aggregate" in rows[0]["stages"]
+    # per aggregate stage: asked, answered, the analysis and why, released and data-independent ε
+    pate = first_run_pate(client, first["run_id"])
+    assert rows[0]["pate"] == pate and rows[1]["pate"] == ""
     assert "aggregate" not in rows[1]["stages"] and rows[1]["model"] == f"test-model/{second['model_version']}"
     # filters
     assert main(["audit", "--dataset", "mnist"]) == 0 and "0 run(s)" in capsys.readouterr().out

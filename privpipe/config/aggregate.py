@@ -9,7 +9,7 @@ from privpipe.config.errors import one_of, require
 from privpipe.config.privacy import PrivacyConfig
 
 AGGREGATORS = ("lnmax", "gnmax", "confident_gnmax")
-ANALYSES = ("data_dependent", "data_independent")
+ANALYSES = ("auto", "data_dependent", "data_independent")
 #: the noise parameters each mechanism needs (the others are ignored)
 NOISE_KEYS = {"lnmax": ("gamma",), "gnmax": ("sigma",), "confident_gnmax": ("threshold", "sigma1", "sigma2")}
 
@@ -29,7 +29,7 @@ class AggregateConfig:
     threshold: float | None = None
     sigma1: float | None = None
     sigma2: float | None = None
-    analysis: str = "data_dependent"
+    analysis: str = "auto"  # data-dependent only where its best case can beat data-independent
     rdp_order: float = 20.0
     ss_beta: float = 0.01  # below 1/(2·rdp_order) = 0.025, as the smooth-sensitivity release needs
     ss_noise: float = 20.0

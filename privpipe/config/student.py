@@ -10,7 +10,7 @@ from privpipe.config.finetune import FinetuneConfig
 
 @dataclass(frozen=True)
 class StudentConfig:
-    enabled: bool = True
+    enabled: bool = False  # PATE does not earn its ε on the embedded digits (README)
     steps: int = 1500
     labeled_batch: int = 100
     unlabeled_batch: int = 100

@@ -25,6 +25,7 @@ def check_pipeline_use(p: Params) -> None:
 def _rdp_curve_stages(p: Params) -> list[str]:
     """The enabled stages whose cost is an RDP curve, which has no privacy-loss distribution."""
     stages = []
+    # (auto never picks the data-dependent curve under pld: tasks.pate.aggregate.decide_analysis)
     if p.student.enabled and p.aggregate.analysis == "data_dependent":
         stages.append("aggregate.analysis: data_dependent")
     if (p.finetune.enabled and p.finetune.mode == "federated" and p.federated.private

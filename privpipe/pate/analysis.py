@@ -2,65 +2,87 @@
 
     spec = AggregatorSpec(mechanism="confident_gnmax", teachers=250, classes=10,
                           threshold=200, sigma1=150, sigma2=40)
-    events = data_independent_events(spec, queries=640, answered=int((labels >= 0).sum()))
-    raw = data_dependent_rdp(spec, histograms, labels >= 0, orders=RDP_ORDERS)   # private: never release
-    release = sanitise(spec, histograms, labels >= 0, order=20, beta=0.01, noise_scale=20,
+    choice = choose_analysis(spec, queries=640, order=20, beta=0.01, noise_scale=20,
+                             failure_probability=1e-7, epsilon_of=ledger_epsilon_after)  # public: before the votes
+    events = data_independent_events(spec, queries=640)
+    raw = data_dependent_rdp(spec, histograms, orders=RDP_ORDERS)        # private: never release
+    release = sanitise(spec, histograms, order=20, beta=0.01, noise_scale=20,
                        failure_probability=1e-7, noise=NoiseSource(seed=0, secure=True))
-    ledger.record(release.event())                                                   # what the ledger composes
+    ledger.record(release.event())                                       # what the ledger composes
 
 Adjacency: one record added or removed changes one teacher (the partition assigns each
 record by its own id, see ``privpipe.data.partition``), so every query's histogram moves
 by at most one vote: one count −1, another +1.
 
 **Data-independent.** LNMax: two Laplace(1/γ) coordinates change by 1 (two Laplace events per
-query). GNMax: a Gaussian of L2 sensitivity √2 (noise multiplier σ/√2). The threshold of
-Confident-GNMax: the top count has sensitivity 1 (noise multiplier σ₁). These are standard
-events, so the ledger can use PLD for them.
+query). GNMax: a Gaussian of L2 sensitivity √2 (noise multiplier σ/√2). Confident-GNMax: the
+threshold's top count has sensitivity 1 (noise multiplier σ₁), plus the argmax as GNMax (σ₂).
+Every query asked is charged, answered or not. These are standard events, so the ledger
+can use PLD for them.
 
-**Data-dependent** (Papernot et al. 2018, Theorem 6; 2017, Theorem 3). If a mechanism's
-output differs from its likely outcome with probability at most q̃, its RDP at order λ is
-bounded by a function of q̃ that goes to 0 with q̃. We bound q̃ by the gap between the
-top two counts alone — q̃ ≤ (m−1)·Pr[N(0, 2σ²) ≥ gap] for GNMax (Prop. 7 with every
-other gap replaced by the smallest), (m−1)(2 + γ·gap)/(4e^{γ·gap}) for LNMax — and, for the
-threshold, by min(Pr[answer], Pr[no answer]) from the top count. Each per-query bound is
-capped by the data-independent RDP, so it never exceeds it. The threshold costs on every
-query; the noisy argmax only on answered ones (realised outcomes, as in the paper's
-reported figures: the data-dependent figure is a statement about this dataset and its
-run; weighting by the probability of answering would under-count, since
-E[e^X] ≥ e^{E[X]}). The data-independent bound, by contrast, should be charged for every
-query asked (``answered=queries``): the pipeline does so.
+**Data-dependent** (Papernot et al. 2018, Theorem 6; 2017, Theorem 3), with the reference
+code's formulas (tensorflow/privacy, research/pate_2018/core.py): q̃, a bound on the
+probability that the noisy argmax is not the plurality class, is the union bound over
+every other class (2018 Prop. 7 for GNMax, 2017 Lemma 4 for LNMax), capped at 1 − 1/m;
+the threshold's q̃ is min(Pr[answer], Pr[no answer]) from the top count. Per query the RDP
+is the Theorem 6 (Theorem 3) bound at q̃, never above the data-independent one.
+
+For Confident-GNMax **both steps are charged on every query asked**. Charging the argmax
+only on the answered queries (as the 2018 paper's tables do) sums a data-dependent
+selection, an odometer reading rather than a bound: with T = 125.5, σ₁ = 50, σ₂ = 0.5 and
+votes [126, 124] against [125, 125], one query's output (label or no answer) has RDP
+3.97 at order 2, while only the threshold's 0.0004 would be charged when it goes
+unanswered. Running the argmax on every query and suppressing its output when the
+threshold says no is post-processing of a composition whose per-query bound no longer
+depends on the outcome (tests/test_pate_analysis.py checks the case by exact divergence).
+
+The bounds are those of Theorem 6 and Theorem 3: D_λ(M(D) ‖ M(D′)) for every neighbour D′
+of the dataset D at hand, the direction the papers and their code bound.
+
+**Choice** (:func:`choose_analysis`). The sanitised release costs more than the bound it
+releases: its own GNSS cost, and the shift c·σ_s·SS that makes it an upper bound. So
+before any vote is seen it is checked whether data-dependent accounting can win at all:
+its expected release at the best of a public family of votes (every query alike, each
+possible top count, unanimous included) against the data-independent events (the
+reference code's ``is_data_independent_always_opt_*`` test, extended by the release's
+costs and the δ conversion).
 
 **Sanitised release** (2018, §4 and Theorem 23). The data-dependent value F(D) depends on
 the data, so it is released as U = F + SS·(c·σ_s + N(0, σ_s²)) with SS a β-smooth bound on
 F's local sensitivity and c = Φ⁻¹(1 − p): U ≥ F except with probability p, which the
-ledger takes out of δ. Because the per-query bounds depend only on the gap (moves ≤ 2 per
-changed teacher) and the top count (moves ≤ 1), the local sensitivity at distance d is a
-sliding-window maximum over tabulated values — exact bookkeeping, no monotonicity
-assumptions. The shift by c·σ_s·SS is itself GNSS with a smooth bound inflated by
-(1 + c·σ_s·(e^β − 1)), and that is what the release cost is computed for.
+ledger takes out of δ. The local sensitivity at distance d (our bound, not the reference's
+Algorithm 3, whose correctness rests on conditions C5/C6 checked numerically per setting):
+one changed teacher moves every gap to the top by at most 2 (matching classes, the old and
+new top swapped when the top changes), so within d teachers q̃ lies between the union bound
+at gaps + 2d and at gaps − 2d (floored at 0), and, the per-query RDP being non-decreasing
+in q̃ (checked on a grid per setting; otherwise the bound falls back to the
+data-independent RDP), the most one more teacher can change the query's RDP is its range
+over that interval. The threshold depends on the top count alone (moves ≤ 1 per teacher):
+an exact sliding-window maximum over its table. The shift by c·σ_s·SS is itself GNSS with
+a smooth bound inflated by (1 + c·σ_s·(e^β − 1)), and that is what the release cost is
+computed for.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy.special import log_ndtr, ndtri
+from scipy.special import log_ndtr, logsumexp, ndtri
 
 from privpipe.pate.aggregate import MECHANISMS
 from privpipe.privacy.events import Event, GaussianEvent, LaplaceEvent, RdpCurveEvent
 from privpipe.privacy.secure_noise import NoiseSource
 
-__all__ = ["AggregatorSpec", "SanitisedRelease", "data_independent_events", "data_independent_rdp",
-           "per_query_rdp", "data_dependent_rdp", "local_sensitivity_by_distance", "smooth_sensitivity",
-           "gnss_rdp", "release_cost", "planned_release_event", "sanitise", "gaussian_rdp", "laplace_rdp", "vote_statistics"]
-
-#: q̃ is floored at e^-1000 (q̃ enters only as an upper bound, so raising it is safe; below, exp underflows)
-_LOG_Q_FLOOR = -1000.0
+__all__ = ["AggregatorSpec", "AnalysisChoice", "SanitisedRelease", "data_independent_events", "data_independent_rdp",
+           "logq_gnmax", "logq_lnmax", "logpr_answered", "gaussian_rdp", "laplace_rdp", "threshold_rdp",
+           "per_query_rdp", "data_dependent_rdp", "best_case_rdp", "choose_analysis", "local_sensitivity_by_distance",
+           "smooth_sensitivity", "gnss_rdp", "release_cost", "planned_release_event", "sanitise"]
 
 
 @dataclass(frozen=True)
@@ -93,58 +115,70 @@ class AggregatorSpec:
         return float(self.sigma if self.mechanism == "gnmax" else self.sigma2)
 
 
-# -- per-query bounds on Pr[output ≠ likely outcome] ---------------------------------
+# -- q̃: bounds on Pr[output ≠ likely outcome] (reference: pate_2018/core.py) -------------
 
-def vote_statistics(histograms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(gap between the top two counts, top count) per query, as integers."""
-    counts = np.sort(np.asarray(histograms), axis=1)
-    return (counts[:, -1] - counts[:, -2]).astype(np.int64), counts[:, -1].astype(np.int64)
+def _gaps(histograms: np.ndarray) -> np.ndarray:
+    """Each query's top count minus every other count, (queries, classes − 1), ascending."""
+    counts = np.sort(np.asarray(histograms, dtype=np.float64), axis=1)
+    return counts[:, -1:] - counts[:, -2::-1]
 
 
-def _cap_logq(logq: np.ndarray, classes: int) -> np.ndarray:
+def _cap(logq: np.ndarray, classes: int) -> np.ndarray:
     # the plurality class wins a symmetric noisy max with probability ≥ 1/m
-    return np.clip(logq, _LOG_Q_FLOOR, math.log1p(-1.0 / classes))
+    return np.minimum(logq, math.log(1.0 - 1.0 / classes))
 
 
-def _logq_gnmax(gaps: np.ndarray, *, sigma: float, classes: int) -> np.ndarray:
-    return _cap_logq(math.log(classes - 1) + log_ndtr(-gaps / (math.sqrt(2.0) * sigma)), classes)
+def _logq_gnmax_from_gaps(gaps: np.ndarray, sigma: float, classes: int) -> np.ndarray:
+    return _cap(logsumexp(log_ndtr(-gaps / (math.sqrt(2.0) * sigma)), axis=-1), classes)
 
 
-def _logq_lnmax(gaps: np.ndarray, *, gamma: float, classes: int) -> np.ndarray:
+def _logq_lnmax_from_gaps(gaps: np.ndarray, gamma: float, classes: int) -> np.ndarray:
     scaled = gamma * gaps
-    return _cap_logq(math.log(classes - 1) + np.log((2.0 + scaled) / 4.0) - scaled, classes)
+    return _cap(logsumexp(np.log(2.0 + scaled) + math.log(0.25) - scaled, axis=-1), classes)
 
 
-def _logq_threshold(tops: np.ndarray, *, threshold: float, sigma1: float) -> np.ndarray:
-    log_answer = log_ndtr((tops - threshold) / sigma1)
-    log_silent = log_ndtr((threshold - tops) / sigma1)
-    return np.maximum(np.minimum(log_answer, log_silent), _LOG_Q_FLOOR)
+def logq_gnmax(histograms: np.ndarray, *, sigma: float) -> np.ndarray:
+    """log q̃ for GNMax: the union bound Σ_{i≠i*} Pr[N(0, 2σ²) ≥ n_{i*} − n_i] (2018 Prop. 7), ≤ log(1 − 1/m)."""
+    gaps = _gaps(histograms)
+    return _logq_gnmax_from_gaps(gaps, sigma, gaps.shape[1] + 1)
+
+
+def logq_lnmax(histograms: np.ndarray, *, gamma: float) -> np.ndarray:
+    """log q̃ for LNMax: Σ_{i≠i*} (2 + γΔ_i)/(4e^{γΔ_i}), Δ_i = n_{i*} − n_i (2017 Lemma 4), ≤ log(1 − 1/m)."""
+    gaps = _gaps(histograms)
+    return _logq_lnmax_from_gaps(gaps, gamma, gaps.shape[1] + 1)
+
+
+def logpr_answered(tops: np.ndarray, *, threshold: float, sigma1: float) -> np.ndarray:
+    """log Pr[top count + N(0, σ₁²) ≥ T]."""
+    return log_ndtr((np.asarray(tops, dtype=np.float64) - threshold) / sigma1)
 
 
 # -- RDP of one query given q̃ --------------------------------------------------------
 
 def gaussian_rdp(logq: np.ndarray, *, sigma: float, order: float) -> np.ndarray:
-    """RDP at ``order`` of a mechanism that is (μ, μ/σ²)-RDP for all μ, given log q̃ (Theorem 6).
+    """RDP at ``order`` of a mechanism that is (μ, μ/σ²)-RDP for all μ, given log q̃ (2018 Theorem 6,
+    with μ₁, μ₂ of Prop. 10; reference ``core.rdp_gaussian``), never above the data-independent λ/σ².
 
-    GNMax with noise σ is such a mechanism; so is the threshold with σ = √2·σ₁. The result
-    is the smaller of the data-dependent and the data-independent bound λ/σ².
+    GNMax with noise σ is such a mechanism; so is the threshold with σ = √2·σ₁.
     """
     logq = np.atleast_1d(np.asarray(logq, dtype=np.float64))
     independent = order / sigma**2
     out = np.full(logq.shape, independent)
-    mu2 = sigma * np.sqrt(-logq)
-    mu1 = mu2 + 1.0
-    eps1, eps2 = mu1 / sigma**2, mu2 / sigma**2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # Theorem 6's conditions: λ ≤ μ1, μ2 > 1, q̃·e^{ε2} < 1 and the bound on q̃ (Lemma 9)
-        valid = (mu1 >= order) & (mu2 > 1.0) & (-logq > eps2)
-        valid &= logq <= (mu2 - 1.0) * eps2 - mu2 * np.log(mu1 / (mu1 - 1.0) * mu2 / (mu2 - 1.0))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        mu2 = sigma * np.sqrt(-logq)
+        mu1 = mu2 + 1.0
+        eps1, eps2 = mu1 / sigma**2, mu2 / sigma**2
+        # Theorem 6's conditions: λ < μ1, μ2 > 1, q̃ in the range where the bound increases with it (Lemma 9)
+        valid = (mu1 > order) & (mu2 > 1.0) & (-logq > eps2)
+        valid &= logq <= (mu2 - 1.0) * eps2 - mu2 * (np.log1p(1.0 / (mu1 - 1.0)) + np.log1p(1.0 / (mu2 - 1.0)))
         log1q = np.log1p(-np.exp(logq))
         log_a = (order - 1.0) * (log1q - np.log1p(-np.exp((logq + eps2) * (1.0 - 1.0 / mu2))))
         log_b = (order - 1.0) * (eps1 - logq / (mu1 - 1.0))
         dependent = np.logaddexp(log1q + log_a, logq + log_b) / (order - 1.0)
     use = valid & np.isfinite(dependent)
     out[use] = np.minimum(independent, dependent[use])
+    out[np.isneginf(logq)] = 0.0  # the output is fixed
     return out
 
 
@@ -155,50 +189,49 @@ def _laplace_independent_rdp(gamma: float, order: float) -> float:
 
 
 def laplace_rdp(logq: np.ndarray, *, gamma: float, order: float) -> np.ndarray:
-    """RDP at ``order`` of LNMax given log q̃ (Papernot et al. 2017, Theorem 3, as RDP of
-    order λ = l + 1), capped by the data-independent RDP of the two Laplace coordinates."""
+    """RDP at ``order`` of LNMax given log q̃: the reference ``core.rdp_pure_eps`` at ε = 2γ (2017 Theorem 3
+    as RDP of order λ = l + 1, and min(λε²/2, ε)), and never above the exact RDP of the two Laplace
+    coordinates (Mironov 2017), which is smaller for small γ."""
     logq = np.atleast_1d(np.asarray(logq, dtype=np.float64))
-    independent = _laplace_independent_rdp(gamma, order)
-    out = np.full(logq.shape, independent)
+    eps = 2.0 * gamma
     moments = order - 1.0
-    valid = np.exp(logq) < 1.0 / (math.exp(min(2 * gamma, 700.0)) + 1.0)  # = (e^2γ − 1)/(e^4γ − 1), no overflow
-    with np.errstate(divide="ignore", invalid="ignore"):
+    reference = np.full(logq.shape, min(0.5 * eps * eps * order, eps))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        valid = np.exp(logq) <= 1.0 / (math.exp(min(eps, 700.0)) + 1.0)
         log1q = np.log1p(-np.exp(logq))
-        log_first = log1q + moments * (log1q - np.log1p(-np.exp(2 * gamma + logq)))
-        dependent = np.logaddexp(log_first, logq + 2 * gamma * moments) / moments
+        log_first = log1q + moments * (log1q - np.log1p(-np.exp(eps + logq)))
+        dependent = np.logaddexp(log_first, logq + eps * moments) / moments
     use = valid & np.isfinite(dependent)
-    out[use] = np.minimum(independent, dependent[use])
-    return out
+    reference[use] = np.minimum(reference[use], dependent[use])
+    return np.minimum(reference, _laplace_independent_rdp(gamma, order))
 
 
-# -- per-query steps as tables over their vote statistic ----------------------------
-
-@dataclass(frozen=True)
-class _Step:
-    """One noisy step of every query: its RDP as a table over an integer vote statistic."""
-
-    statistic: str  # "gap" (top two counts) or "top" (top count)
-    radius: int  # how far one changed teacher can move the statistic
-    every_query: bool  # threshold: all queries; argmax: answered ones
+def threshold_rdp(log_pr_answered: np.ndarray, *, sigma1: float, order: float) -> np.ndarray:
+    """RDP of the threshold step: Theorem 6 at q̃ = min(Pr[answer], Pr[no answer]) with noise √2·σ₁
+    (its input, the top count, has sensitivity 1; reference ``core.compute_rdp_threshold``)."""
+    log_pr = np.asarray(log_pr_answered, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        logq = np.minimum(log_pr, np.log1p(-np.exp(log_pr)))
+    return gaussian_rdp(logq, sigma=math.sqrt(2.0) * sigma1, order=order)
 
 
-def _steps(spec: AggregatorSpec) -> list[_Step]:
-    argmax = _Step("gap", 2, every_query=spec.mechanism != "confident_gnmax")
-    return [_Step("top", 1, every_query=True), argmax] if spec.mechanism == "confident_gnmax" else [argmax]
+# -- per-query and total data-dependent RDP -----------------------------------------
 
-
-def _table(spec: AggregatorSpec, step: _Step, order: float) -> np.ndarray:
-    values = np.arange(spec.teachers + 1, dtype=np.float64)
-    if step.statistic == "top":
-        logq = _logq_threshold(values, threshold=spec.threshold, sigma1=spec.sigma1)
-        return gaussian_rdp(logq, sigma=math.sqrt(2.0) * spec.sigma1, order=order)
+def _argmax_rdp_from_gaps(spec: AggregatorSpec, gaps: np.ndarray, order: float) -> np.ndarray:
     if spec.mechanism == "lnmax":
-        return laplace_rdp(_logq_lnmax(values, gamma=spec.gamma, classes=spec.classes), gamma=spec.gamma, order=order)
+        return laplace_rdp(_logq_lnmax_from_gaps(gaps, spec.gamma, spec.classes), gamma=spec.gamma, order=order)
     sigma = spec.argmax_sigma
-    return gaussian_rdp(_logq_gnmax(values, sigma=sigma, classes=spec.classes), sigma=sigma, order=order)
+    return gaussian_rdp(_logq_gnmax_from_gaps(gaps, sigma, spec.classes), sigma=sigma, order=order)
 
 
-def _check_votes(spec: AggregatorSpec, histograms: np.ndarray, answered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _threshold_table(spec: AggregatorSpec, order: float) -> np.ndarray:
+    """The threshold step's RDP for every possible top count 0..teachers."""
+    tops = np.arange(spec.teachers + 1, dtype=np.float64)
+    log_pr = logpr_answered(tops, threshold=spec.threshold, sigma1=spec.sigma1)
+    return threshold_rdp(log_pr, sigma1=spec.sigma1, order=order)
+
+
+def _check_votes(spec: AggregatorSpec, histograms: np.ndarray) -> np.ndarray:
     counts = np.asarray(histograms)
     if counts.ndim != 2 or counts.shape[1] != spec.classes:
         raise ValueError(f"histograms must be (queries, {spec.classes}), got shape {counts.shape}")
@@ -206,61 +239,166 @@ def _check_votes(spec: AggregatorSpec, histograms: np.ndarray, answered: np.ndar
         raise ValueError("histograms: vote counts must be whole numbers >= 0")
     if not (counts.sum(axis=1) == spec.teachers).all():
         raise ValueError(f"every histogram must sum to the {spec.teachers} teachers")
-    mask = np.asarray(answered, dtype=bool)
-    if mask.shape != (len(counts),):
-        raise ValueError(f"answered must be a boolean vector of length {len(counts)}")
-    if spec.mechanism != "confident_gnmax" and not mask.all():
-        raise ValueError(f"{spec.mechanism} answers every query")
-    return counts, mask
+    return counts.astype(np.int64)
 
 
-def _applies(step: _Step, answered: np.ndarray) -> np.ndarray:
-    return np.ones_like(answered) if step.every_query else answered
+def per_query_rdp(spec: AggregatorSpec, histograms: np.ndarray, *, orders: Sequence[float]) -> np.ndarray:
+    """Data-dependent RDP of each query asked at each order: array (queries, orders).
 
-
-def per_query_rdp(spec: AggregatorSpec, histograms: np.ndarray, answered: np.ndarray, *,
-                  orders: Sequence[float]) -> np.ndarray:
-    """Data-dependent RDP of each query at each order: array (queries, orders)."""
-    counts, mask = _check_votes(spec, histograms, answered)
-    stats = dict(zip(("gap", "top"), vote_statistics(counts)))
+    Confident-GNMax: threshold plus argmax on every query (see the module docstring).
+    """
+    counts = _check_votes(spec, histograms)
+    gaps = _gaps(counts)
     out = np.zeros((len(counts), len(orders)))
     for j, order in enumerate(orders):
-        for step in _steps(spec):
-            out[:, j] += _table(spec, step, order)[stats[step.statistic]] * _applies(step, mask)
+        out[:, j] = _argmax_rdp_from_gaps(spec, gaps, order)
+        if spec.mechanism == "confident_gnmax":
+            out[:, j] += _threshold_table(spec, order)[counts.max(axis=1)]
     return out
 
 
-def data_dependent_rdp(spec: AggregatorSpec, histograms: np.ndarray, answered: np.ndarray, *,
-                       orders: Sequence[float]) -> np.ndarray:
+def data_dependent_rdp(spec: AggregatorSpec, histograms: np.ndarray, *, orders: Sequence[float]) -> np.ndarray:
     """Total data-dependent RDP at each order. Private: depends on the votes; never release it raw."""
-    return per_query_rdp(spec, histograms, answered, orders=orders).sum(axis=0)
+    return per_query_rdp(spec, histograms, orders=orders).sum(axis=0)
 
 
-def data_independent_events(spec: AggregatorSpec, *, queries: int, answered: int,
-                            stage: str = "aggregate") -> list[Event]:
-    """Ledger events of the data-independent bound for ``queries`` asked and ``answered`` answered."""
-    if not 0 <= answered <= queries:
-        raise ValueError(f"answered ({answered}) must be between 0 and queries ({queries})")
+def data_independent_events(spec: AggregatorSpec, *, queries: int, stage: str = "aggregate") -> list[Event]:
+    """Ledger events of the data-independent bound for ``queries`` queries asked (every one charged)."""
+    if queries < 0:
+        raise ValueError(f"queries must be >= 0, got {queries}")
+    if queries == 0:
+        return []
     events: list[Event] = []
-    if spec.mechanism == "confident_gnmax" and queries:
+    if spec.mechanism == "confident_gnmax":
         events.append(GaussianEvent(stage=stage, noise_multiplier=spec.sigma1, count=queries))
-    if answered and spec.mechanism == "lnmax":
-        events.append(LaplaceEvent(stage=stage, noise_multiplier=1.0 / spec.gamma, count=2 * answered))
-    elif answered:
-        events.append(GaussianEvent(stage=stage, noise_multiplier=spec.argmax_sigma / math.sqrt(2.0), count=answered))
+    if spec.mechanism == "lnmax":
+        events.append(LaplaceEvent(stage=stage, noise_multiplier=1.0 / spec.gamma, count=2 * queries))
+    else:
+        events.append(GaussianEvent(stage=stage, noise_multiplier=spec.argmax_sigma / math.sqrt(2.0), count=queries))
     return events
 
 
-def data_independent_rdp(spec: AggregatorSpec, *, queries: int, answered: int, orders: Sequence[float]) -> np.ndarray:
+def data_independent_rdp(spec: AggregatorSpec, *, queries: int, orders: Sequence[float]) -> np.ndarray:
     """RDP curve of :func:`data_independent_events` at ``orders``."""
-    events = data_independent_events(spec, queries=queries, answered=answered)
+    events = data_independent_events(spec, queries=queries)
     accountant = rdp_privacy_accountant.RdpAccountant(orders=list(orders))
     if events:
         accountant.compose(dp_event.ComposedDpEvent([e.to_dp_event() for e in events]))
     return np.asarray(accountant.rdp, dtype=np.float64)
 
 
+# -- the choice, from public information only -------------------------------------------
+
+def _identical_votes(spec: AggregatorSpec) -> np.ndarray:
+    """For every possible top count t, the histogram t, t, …, remainder: the most agreement a top count allows."""
+    rows = []
+    for top in range(-(-spec.teachers // spec.classes), spec.teachers + 1):  # pigeonhole: top ≥ ⌈teachers/m⌉
+        full, rest = divmod(spec.teachers, top)
+        row = [top] * full + ([rest] if rest else [])
+        rows.append(row + [0] * (spec.classes - len(row)))
+    return np.array(rows, dtype=np.int64)
+
+
+def best_case_rdp(spec: AggregatorSpec, *, queries: int, order: float, beta: float, noise_scale: float,
+                  failure_probability: float) -> float:
+    """The smallest RDP a sanitised release of ``queries`` queries can be expected to record, over votes where
+    every query has the same histogram (each possible top count, the rest as concentrated as it allows):
+    the data-dependent bound plus the shift c·σ_s·SS that keeps it an upper bound, capped at the
+    data-independent RDP, plus the release's own cost. Depends only on the settings; unanimous votes are
+    among the histograms tried, so the bound's own minimum (without the shift) is never missed."""
+    counts = _identical_votes(spec)
+    raw = per_query_rdp(spec, counts, orders=[order])[:, 0]
+    smooth = np.array([smooth_sensitivity(row, beta=beta) for row in _local_sensitivity_rows(spec, counts, order)])
+    shift = float(-ndtri(failure_probability))
+    cap = float(data_independent_rdp(spec, queries=queries, orders=[order])[0])
+    expected = np.minimum(queries * (raw + shift * noise_scale * smooth), cap)
+    return float(expected.min()) + release_cost(order=order, beta=beta, noise_scale=noise_scale,
+                                                failure_probability=failure_probability)
+
+
+@dataclass(frozen=True)
+class AnalysisChoice:
+    """Which analysis the ledger records, decided before any vote is seen, and why."""
+
+    analysis: str  # "data_dependent" | "data_independent"
+    reason: str
+    best_case_epsilon: float  # the sanitised release's ε at its best case (:func:`best_case_rdp`)
+    data_independent_epsilon: float
+
+    def public(self) -> dict[str, float | str]:
+        return dict(self.__dict__)
+
+
+def choose_analysis(spec: AggregatorSpec, *, queries: int, order: float, beta: float, noise_scale: float,
+                    failure_probability: float, epsilon_of: Callable[[list[Event]], float]) -> AnalysisChoice:
+    """Data-dependent only if its best case beats the data-independent events, as ``epsilon_of`` measures
+    them (e.g. the run's ε after composing them with the ledger). Public: settings and query count only."""
+    best = best_case_rdp(spec, queries=queries, order=order, beta=beta, noise_scale=noise_scale,
+                         failure_probability=failure_probability)
+    best_epsilon = epsilon_of([RdpCurveEvent(stage="aggregate", orders=(order,), rdp=(best,),
+                                             delta=failure_probability)])
+    independent_epsilon = epsilon_of(data_independent_events(spec, queries=queries))
+    if best_epsilon < independent_epsilon:
+        return AnalysisChoice("data_dependent", f"can win: best case ε {best_epsilon:.4g} < data-independent ε "
+                              f"{independent_epsilon:.4g}", best_epsilon, independent_epsilon)
+    return AnalysisChoice("data_independent", f"data-dependent cannot win: even at its best case ε "
+                          f"{best_epsilon:.4g} (release cost included) ≥ data-independent ε {independent_epsilon:.4g}",
+                          best_epsilon, independent_epsilon)
+
+
 # -- smooth sensitivity and the sanitised release ---------------------------------
+
+#: cell edges in log q̃, from −100,000 up to −1e−6, finer where q̃ is large (uniform in log(−log q̃))
+_LOGQ_EDGES = -np.geomspace(1e5, 1e-6, 20001)
+
+
+def _argmax_rdp_at(spec: AggregatorSpec, logq: np.ndarray, order: float) -> np.ndarray:
+    logq = np.minimum(logq, math.log(1.0 - 1.0 / spec.classes))  # q̃ is capped before its RDP is taken
+    if spec.mechanism == "lnmax":
+        return laplace_rdp(logq, gamma=spec.gamma, order=order)
+    return gaussian_rdp(logq, sigma=spec.argmax_sigma, order=order)
+
+
+def _log_step_ratio(spec: AggregatorSpec) -> float:
+    """log ρ: one changed teacher moves every term of the union bound by at most a factor ρ either way (a
+    gap x becomes x ± 2; the ratio of the terms at x − 2 and x grows with x, so x = teachers bounds it)."""
+    if spec.mechanism == "lnmax":
+        return 2.0 * spec.gamma  # (2 + γ(x − 2))/(2 + γx)·e^{2γ} ≤ e^{2γ}
+    scale = math.sqrt(2.0) * spec.argmax_sigma
+    x = float(spec.teachers) + 2.0
+    return float(log_ndtr(-(x - 2.0) / scale) - log_ndtr(-x / scale))
+
+
+@functools.lru_cache(maxsize=64)
+def _argmax_step_table(spec: AggregatorSpec, order: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per cell of log q̃ (cell 0 below the first edge, cell k between edges k − 1 and k), a bound on how
+    much one more teacher can change the argmax's RDP from any q̃ in the cell, β(ρ·q_hi) − β(q_lo/ρ), as
+    a sparse table for range maxima; None where that RDP is not non-decreasing in q̃ on the edges (then no
+    such bound holds; the reference code checks its own conditions C5/C6 numerically the same way)."""
+    edges = np.minimum(_LOGQ_EDGES, math.log(1.0 - 1.0 / spec.classes))
+    values = _argmax_rdp_at(spec, edges, order)
+    if not (np.diff(values) >= -1e-12).all():
+        return None
+    ratio = _log_step_ratio(spec)
+    up = _argmax_rdp_at(spec, edges + ratio, order)
+    down = _argmax_rdp_at(spec, edges - ratio, order)
+    cells = np.r_[up[0], up[1:] - down[:-1]]
+    levels = [cells]
+    while 2 ** len(levels) <= len(cells):
+        width = 2 ** (len(levels) - 1)
+        previous = levels[-1]
+        levels.append(np.maximum(previous[:-width], previous[width:]))
+    table = np.zeros((len(levels), len(cells)))
+    for j, level in enumerate(levels):
+        table[j, :len(level)] = level
+    return edges, table
+
+
+def _range_max(table: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """max cells[first..last] (inclusive) per row, from the sparse table."""
+    level = np.floor(np.log2(last - first + 1)).astype(np.int64)
+    return np.maximum(table[level, first], table[level, last - 2**level + 1])
+
 
 def _one_step_change(table: np.ndarray, radius: int) -> np.ndarray:
     """c[v] = max |table[v'] − table[v]| over |v' − v| ≤ radius: the most one teacher can change a query."""
@@ -278,26 +416,39 @@ def _dilate(values: np.ndarray, radius: int) -> np.ndarray:
     return values
 
 
-def local_sensitivity_by_distance(spec: AggregatorSpec, histograms: np.ndarray, answered: np.ndarray, *,
-                                  order: float) -> np.ndarray:
-    """LS(d), d = 0..teachers: a bound on the local sensitivity of the data-dependent RDP at ``order``
-    for every dataset within d changed records (hence teachers) of this one.
-
-    Each query's statistic moves at most ``radius`` per changed teacher, so at distance d it
-    lies within radius·d of today's value, and the most one more teacher can then change
-    the query's RDP is the largest one-step change in that window.
-    """
-    counts, mask = _check_votes(spec, histograms, answered)
-    stats = dict(zip(("gap", "top"), vote_statistics(counts)))
+def _local_sensitivity_rows(spec: AggregatorSpec, counts: np.ndarray, order: float) -> np.ndarray:
+    """LS(d) of each query's RDP, (queries, teachers + 1): within d teachers the gaps lie within 2d of
+    today's, so q̃ lies in [union bound at gaps + 2d, union bound at max(gaps − 2d, 0)]; one more teacher
+    then changes the argmax's RDP by at most the largest cell value over that interval."""
     size = spec.teachers + 1
-    ls = np.zeros(size)
-    for step in _steps(spec):
-        population = np.bincount(stats[step.statistic][_applies(step, mask).astype(bool)], minlength=size)
-        window = _one_step_change(_table(spec, step, order), step.radius)
+    ls = np.zeros((len(counts), size))
+    steps = _argmax_step_table(spec, order)
+    if steps is None:  # no interval bound: the per-query RDP lies in [0, data-independent]
+        ls += float(_argmax_rdp_at(spec, np.zeros(1), order)[0])
+    else:
+        edges, table = steps
+        gaps = _gaps(counts)
+        log_q = _logq_gnmax_from_gaps if spec.mechanism != "lnmax" else _logq_lnmax_from_gaps
+        noise = spec.gamma if spec.mechanism == "lnmax" else spec.argmax_sigma
         for d in range(size):
-            ls[d] += population @ window
-            window = _dilate(window, step.radius)
+            low = log_q(gaps + 2.0 * d, noise, spec.classes)
+            high = log_q(np.maximum(gaps - 2.0 * d, 0.0), noise, spec.classes)
+            first = np.minimum(np.searchsorted(edges, low), len(edges) - 1)
+            last = np.minimum(np.searchsorted(edges, high), len(edges) - 1)
+            ls[:, d] = _range_max(table, first, last)
+    if spec.mechanism == "confident_gnmax":
+        tops = counts.max(axis=1)
+        window = _one_step_change(_threshold_table(spec, order), 1)
+        for d in range(size):
+            ls[:, d] += window[tops]
+            window = _dilate(window, 1)
     return ls
+
+
+def local_sensitivity_by_distance(spec: AggregatorSpec, histograms: np.ndarray, *, order: float) -> np.ndarray:
+    """LS(d), d = 0..teachers: a bound on the local sensitivity of the data-dependent RDP at ``order``
+    for every dataset within d changed records (hence teachers) of this one (module docstring)."""
+    return _local_sensitivity_rows(spec, _check_votes(spec, histograms), order).sum(axis=0)
 
 
 def smooth_sensitivity(local_by_distance: np.ndarray, *, beta: float) -> float:
@@ -327,9 +478,9 @@ def release_cost(*, order: float, beta: float, noise_scale: float, failure_proba
 
 def planned_release_event(spec: AggregatorSpec, *, queries: int, order: float, beta: float, noise_scale: float,
                           failure_probability: float, stage: str = "aggregate") -> RdpCurveEvent:
-    """The most a sanitised release for ``queries`` queries can record (every query answered, U at its
-    data-independent cap): what the budget is checked against before any noise is drawn."""
-    cap = float(data_independent_rdp(spec, queries=queries, answered=queries, orders=[order])[0])
+    """The most a sanitised release for ``queries`` queries can record (U at its data-independent cap):
+    what the budget is checked against before any noise is drawn."""
+    cap = float(data_independent_rdp(spec, queries=queries, orders=[order])[0])
     cost = release_cost(order=order, beta=beta, noise_scale=noise_scale, failure_probability=failure_probability)
     return RdpCurveEvent(stage=stage, orders=(order,), rdp=(cap + cost,), delta=failure_probability)
 
@@ -366,19 +517,19 @@ class SanitisedRelease:
                 "failure_probability": self.failure_probability, "beta": self.beta, "noise_scale": self.noise_scale}
 
 
-def sanitise(spec: AggregatorSpec, histograms: np.ndarray, answered: np.ndarray, *, order: float, beta: float,
+def sanitise(spec: AggregatorSpec, histograms: np.ndarray, *, order: float, beta: float,
              noise_scale: float, failure_probability: float, noise: NoiseSource) -> SanitisedRelease:
     """Release the data-dependent RDP at ``order`` through the smooth-sensitivity Gaussian mechanism."""
     if not 0 < failure_probability < 0.5:
         raise ValueError(f"failure_probability must be in (0, 0.5), got {failure_probability!r}")
     if not noise_scale > 0:
         raise ValueError(f"noise_scale must be > 0, got {noise_scale!r}")
-    counts, mask = _check_votes(spec, histograms, answered)
-    raw = float(data_dependent_rdp(spec, counts, mask, orders=[order])[0])
-    smooth = smooth_sensitivity(local_sensitivity_by_distance(spec, counts, mask, order=order), beta=beta)
+    counts = _check_votes(spec, histograms)
+    raw = float(data_dependent_rdp(spec, counts, orders=[order])[0])
+    smooth = smooth_sensitivity(local_sensitivity_by_distance(spec, counts, order=order), beta=beta)
     shift = float(-ndtri(failure_probability))  # c: U falls below F only if N(0,1) < −c
     cost = release_cost(order=order, beta=beta, noise_scale=noise_scale, failure_probability=failure_probability)
-    independent = float(data_independent_rdp(spec, queries=len(counts), answered=int(mask.sum()), orders=[order])[0])
+    independent = float(data_independent_rdp(spec, queries=len(counts), orders=[order])[0])
     noisy = raw + smooth * noise_scale * (shift + float(noise.normal((1,), std=1.0)[0]))
     # clipping to [0, data-independent] is post-processing and keeps U ≥ F whenever it held
     released = min(max(noisy, 0.0), independent)

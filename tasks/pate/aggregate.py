@@ -2,17 +2,17 @@
 
     privpipe stage aggregate        # what dvc repro runs
 
-Checks the worst case (every query answered, at the data-independent bound) against
-the budget before any noise is drawn. Then aggregates (``aggregate.mechanism``) and
-analyses: the data-independent bound, the raw data-dependent bound (private: written
-only to artifacts/private/, never to MLflow, metrics or a DVC output) and the sanitised
-release. The ledger records the sanitised release with ``aggregate.analysis:
-data_dependent``, or the data-independent events otherwise.
+Decides the analysis first, from public information only (``aggregate.analysis: auto``):
+data-dependent accounting is used only if its best case — every query unanimous, plus the
+sanitised release's own cost — beats the data-independent events in the run's ε; a forced
+``data_dependent`` that cannot win is refused before any noise is drawn. Then checks the
+worst case against the budget, aggregates (``aggregate.mechanism``) and records either the
+data-independent events or the sanitised data-dependent release. Every query asked is
+charged, answered or not: which ones were answered depends on the votes. The raw
+data-dependent bound is private: written only to artifacts/private/, never to MLflow,
+metrics or a DVC output.
 Output: artifacts/aggregate/{labels.npy (−1 = unanswered), query_ids.npy, analysis.json,
 ledger.json}; artifacts/private/aggregate_data_dependent.json.
-The data-independent bound charges every query asked (answered or not): which ones were
-answered depends on the votes, and charging only those would be an odometer reading,
-not a bound.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from privpipe.config import Params
+from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, DataError
 from privpipe.pate.aggregate import aggregate
-from privpipe.pate.analysis import (AggregatorSpec, data_dependent_rdp, data_independent_events, planned_release_event,
-                                    sanitise)
+from privpipe.pate.analysis import (AggregatorSpec, AnalysisChoice, choose_analysis, data_dependent_rdp,
+                                    data_independent_events, planned_release_event, sanitise)
 from privpipe.pate.teachers import vote_histograms
 from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_epsilon
 from tasks import paths
@@ -39,7 +39,7 @@ from tasks.dp_pca import check_projection
 from tasks.pate.teachers import query_records
 from tasks.privacy.ledger import load_ledger
 
-__all__ = ["run_aggregate", "aggregate_task", "aggregator_spec"]
+__all__ = ["run_aggregate", "aggregate_task", "aggregator_spec", "decide_analysis"]
 
 
 def aggregator_spec(params: Params, *, teachers: int, classes: int) -> AggregatorSpec:
@@ -48,16 +48,33 @@ def aggregator_spec(params: Params, *, teachers: int, classes: int) -> Aggregato
                           sigma=cfg.sigma, threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2)
 
 
-def _planned(params: Params, spec: AggregatorSpec, queries: int) -> list[Event]:
+def _planned(params: Params, spec: AggregatorSpec, queries: int, analysis: str) -> list[Event]:
     cfg = params.aggregate
-    if cfg.analysis == "data_independent":
-        return data_independent_events(spec, queries=queries, answered=queries)
+    if analysis == "data_independent":
+        return data_independent_events(spec, queries=queries)
     return [planned_release_event(spec, queries=queries, order=cfg.rdp_order, beta=cfg.ss_beta,
                                   noise_scale=cfg.ss_noise, failure_probability=cfg.ss_failure_probability)]
 
 
 def _alone(events: list[Event], ledger: Ledger) -> float:
     return compute_epsilon(events, delta=ledger.delta, accountant=ledger.accountant).epsilon if events else 0.0
+
+
+def decide_analysis(params: Params, spec: AggregatorSpec, queries: int, ledger: Ledger) -> AnalysisChoice:
+    """The analysis to record, from the settings, the query count and the ledger so far (no votes).
+    A forced ``data_dependent`` that cannot win is a ConfigError: its release cost would be wasted."""
+    cfg = params.aggregate
+    choice = choose_analysis(spec, queries=queries, order=cfg.rdp_order, beta=cfg.ss_beta, noise_scale=cfg.ss_noise,
+                             failure_probability=cfg.ss_failure_probability,
+                             epsilon_of=lambda events: ledger.epsilon(events).epsilon)
+    if cfg.analysis == "data_independent" or params.privacy.accountant == "pld":
+        # under pld an RDP curve cannot be composed; config refuses a forced data_dependent there
+        why = "set by aggregate.analysis" if cfg.analysis == "data_independent" else "privacy.accountant is pld"
+        return AnalysisChoice("data_independent", why, choice.best_case_epsilon, choice.data_independent_epsilon)
+    if cfg.analysis == "data_dependent" and choice.analysis != "data_dependent":
+        raise ConfigError(f"aggregate.analysis: data_dependent cannot win here ({choice.reason}); "
+                          "use auto or data_independent")
+    return choice
 
 
 def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public: Path = paths.PUBLIC,
@@ -75,26 +92,27 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     if not np.array_equal(np.load(teachers_dir / "query_ids.npy"), queries.ids.astype(str)):
         raise DataError(f"{teachers_dir}: votes are for other queries; re-run the teachers stage")
     classes = DATASET_CLASSES[params.prepare.dataset]
-    histograms = vote_histograms(votes, classes=classes)
     spec = aggregator_spec(params, teachers=votes.shape[0], classes=classes)
-    after = ledger.ensure_affordable(*_planned(params, spec, len(queries)))
-    log.info("aggregate: %s on %d queries from %d teachers; at worst the run total becomes %s",
-             cfg.mechanism, len(queries), votes.shape[0], after)
+    # decided before the votes are looked at: the choice itself must not depend on them
+    choice = decide_analysis(params, spec, len(queries), ledger)
+    after = ledger.ensure_affordable(*_planned(params, spec, len(queries), choice.analysis))
+    log.info("aggregate: %s on %d queries from %d teachers; %s analysis (%s); at worst the run total becomes %s",
+             cfg.mechanism, len(queries), votes.shape[0], choice.analysis, choice.reason, after)
 
-    what = ("the vote noise and the smooth-sensitivity release's noise come" if cfg.analysis == "data_dependent"
-            else "the vote noise comes")
+    dependent = choice.analysis == "data_dependent"
+    what = "the vote noise and the smooth-sensitivity release's noise come" if dependent else "the vote noise comes"
     warn_insecure_rng(params, "aggregate", what, flow_warns=True)
+    histograms = vote_histograms(votes, classes=classes)
     noise = NoiseSource(seed=seed_for(params.run.seed, "aggregate"), secure=params.privacy.secure_rng)
     labels = aggregate(histograms, mechanism=cfg.mechanism, noise=noise,
                        gamma=cfg.gamma, sigma=cfg.sigma, threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2)
     answered = labels >= 0
-    # which queries got answered depends on the votes; a data-independent bound must not depend on it
-    independent = data_independent_events(spec, queries=len(queries), answered=len(queries))
+    independent = data_independent_events(spec, queries=len(queries))
     release = private = None
-    if cfg.analysis == "data_dependent":  # computing it publishes it, so only when the ledger pays for it
-        raw_curve = data_dependent_rdp(spec, histograms, answered, orders=RDP_ORDERS)
+    if dependent:  # computing it publishes it, so only when the ledger pays for it
+        raw_curve = data_dependent_rdp(spec, histograms, orders=RDP_ORDERS)
         raw_epsilon, raw_order = rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, raw_curve, ledger.delta)
-        release = sanitise(spec, histograms, answered, order=cfg.rdp_order, beta=cfg.ss_beta,
+        release = sanitise(spec, histograms, order=cfg.rdp_order, beta=cfg.ss_beta,
                            noise_scale=cfg.ss_noise, failure_probability=cfg.ss_failure_probability,
                            noise=NoiseSource(seed=seed_for(params.run.seed, "sanitise"),
                                              secure=params.privacy.secure_rng))
@@ -103,13 +121,14 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     figures = {
         "queries": len(queries), "answered": int(answered.sum()), "teachers": int(votes.shape[0]),
         "label_accuracy": float((labels[answered] == queries.labels[answered]).mean()) if answered.any() else 0.0,
+        "analysis": choice.analysis, "analysis_reason": choice.reason,
         "epsilon": ledger.stage_epsilon("aggregate").epsilon,
         "epsilon_data_independent": _alone(independent, ledger),
     }
     if release:
         figures["epsilon_sanitised"] = _alone([release.event()], ledger)
-    analysis = {"mechanism": cfg.mechanism, "analysis_recorded": cfg.analysis, "spec": spec.__dict__,
-                "sanitised_release": release.public() if release else None, **figures}
+    analysis = {"mechanism": cfg.mechanism, "analysis_setting": cfg.analysis, "choice": choice.public(),
+                "spec": spec.__dict__, "sanitised_release": release.public() if release else None, **figures}
     if release:
         private = {"warning": "data-dependent values: do not publish", "orders": list(RDP_ORDERS),
                    "rdp": raw_curve.tolist(), "epsilon": float(raw_epsilon), "order": float(raw_order),
@@ -124,7 +143,7 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
         write_json(paths.PRIVATE / "aggregate_data_dependent.json", private)
     log.info("aggregate: %d of %d answered (label accuracy %.3f); stage ε = %.4g recorded (%s), "
              "data-independent ε = %.4g; run total %s", figures["answered"], len(queries), figures["label_accuracy"],
-             figures["epsilon"], cfg.analysis, figures["epsilon_data_independent"], ledger.epsilon())
+             figures["epsilon"], choice.analysis, figures["epsilon_data_independent"], ledger.epsilon())
     return {"dir": str(out), "ledger": str(out / "ledger.json"), **figures}
 
 

@@ -2,10 +2,11 @@
 
     privpipe audit [--dataset digits] [--since 2026-11-01] [--until 2026-12-01] [--csv runs.csv]
 
-Columns: date, run, flow, dataset, data version, ε of each stage alone, total ε and δ for one
-record (a federated text run's record-level form, what the lifetime budget was charged), the
-accountant, test accuracy, the registered model version, and the run's status. Only parent
-runs are listed (the per-stage child runs repeat their parent's figures).
+Columns: date, run, flow, dataset, data version, ε of each stage alone, PATE's aggregation
+(queries asked and answered, the analysis recorded and why, its ε and the data-independent ε),
+total ε and δ for one record (a federated text run's record-level form, what the lifetime budget
+was charged), the accountant, test accuracy, the registered model version, and the run's status.
+Only parent runs are listed (the per-stage child runs repeat their parent's figures).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tasks.common import write_text
 
 __all__ = ["audit_rows", "format_table", "write_csv", "COLUMNS"]
 
-COLUMNS = ("date", "run", "flow", "dataset", "data_version", "stages", "epsilon", "delta", "accountant",
+COLUMNS = ("date", "run", "flow", "dataset", "data_version", "stages", "pate", "epsilon", "delta", "accountant",
            "empirical_epsilon", "accuracy", "model", "status")
 
 
@@ -36,6 +37,16 @@ def _stage_epsilons(metrics: dict[str, float]) -> dict[str, float]:
         if len(parts) == 3 and parts[0] == "privacy" and parts[2] == "epsilon" and parts[1] != "lifetime":
             found[parts[1]] = value
     return found
+
+
+def _pate(tags: dict[str, str], metrics: dict[str, float]) -> str:
+    """The aggregate stage's accounting in one cell ("" for a run without PATE)."""
+    if "aggregate.analysis" not in tags:
+        return ""
+    why = tags.get("aggregate.analysis_reason", "").split(":")[0]
+    return (f"asked {tags.get('aggregate.queries', '?')}, answered {tags.get('aggregate.answered', '?')}, "
+            f"{tags['aggregate.analysis']} ({why}), ε {metrics.get('aggregate.epsilon', float('nan')):.4g}, "
+            f"data-independent ε {metrics.get('aggregate.epsilon_data_independent', float('nan')):.4g}")
 
 
 def audit_rows(params: Params, *, dataset: str | None = None, since: datetime | None = None,
@@ -71,6 +82,7 @@ def _row(run) -> dict[str, Any]:
         "run": run.info.run_id, "flow": tags.get("privpipe.flow", ""), "dataset": tags.get("privpipe.dataset", ""),
         "data_version": tags.get("dvc.data_version", ""),
         "stages": "; ".join(f"{stage} {eps:.4g}" for stage, eps in stages.items()),
+        "pate": _pate(tags, metrics),
         # what one record cost, the figure the lifetime ledger adds up: a federated text run's
         # privacy.epsilon is client-level, its record-level form is privacy.record_epsilon
         "epsilon": metrics.get("privacy.record_epsilon", metrics.get("privacy.epsilon")),
