@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from privpipe.pate.association import association_weight, cover_loss, visit_loss, walker_loss
+from privpipe.pate.association import association_weight, class_cover_loss, cover_loss, visit_loss, walker_loss
 
 torch.set_num_threads(1)
 NORM = 10.0  # similarities of 100 against 0: off-class walk probabilities ~e^-100
@@ -48,16 +48,36 @@ def test_visit_loss_is_log_targets_when_all_are_visited_equally():
     assert visit_loss(source, one_hot([0, 1, 2])).item() > math.log(3) + 1
 
 
-def test_cover_loss_is_log_classes_when_targets_cover_them_equally():
+def test_cover_loss_is_log_sources_when_every_source_is_reached_equally():
+    # PATE-T: uniform over the labeled source samples, V_i = 1/|A|
+    source = one_hot([0, 1, 2])
+    assert cover_loss(source, one_hot([0, 1, 2, 2, 1, 0])).item() == pytest.approx(math.log(3), abs=1e-4)
+    # two identical sources share the walks of the two targets next to them: uniform over the 4 samples
+    doubled = one_hot([0, 0, 1, 2])
+    assert cover_loss(doubled, one_hot([0, 0, 1, 2])).item() == pytest.approx(math.log(4), abs=1e-4)
+    # every target next to source 0: the other sources are never reached
+    collapsed = cover_loss(source, one_hot([0, 0, 0, 0]))
+    assert collapsed.item() > math.log(3) + 10 and torch.isfinite(collapsed)
+
+
+def test_cover_over_samples_asks_for_more_than_cover_over_classes():
+    # class 0 has two sources but only one of them is reached: covered per class, not per sample
+    source = torch.cat([one_hot([0]), 0.5 * one_hot([0]), one_hot([1, 2])])
+    labels, target = torch.tensor([0, 0, 1, 2]), one_hot([0, 1, 2])
+    assert class_cover_loss(source, labels, target, classes=3).item() == pytest.approx(math.log(3), abs=1e-4)
+    assert cover_loss(source, target).item() > math.log(4) + 1
+
+
+def test_class_cover_loss_is_log_classes_when_targets_cover_them_equally():
     labels = torch.tensor([0, 0, 1, 1, 2, 2])
     source = one_hot(labels.tolist())
-    spread = cover_loss(source, labels, one_hot([0, 1, 2, 2, 1, 0]), classes=3)
+    spread = class_cover_loss(source, labels, one_hot([0, 1, 2, 2, 1, 0]), classes=3)
     assert spread.item() == pytest.approx(math.log(3), abs=1e-4)
-    collapsed = cover_loss(source, labels, one_hot([0, 0, 0, 0, 0, 0]), classes=3)
+    collapsed = class_cover_loss(source, labels, one_hot([0, 0, 0, 0, 0, 0]), classes=3)
     assert collapsed.item() > math.log(3) + 10 and torch.isfinite(collapsed)
     # a class absent from the batch is not asked for
     present = torch.tensor([0, 0, 2, 2])
-    assert cover_loss(one_hot(present.tolist()), present, one_hot([0, 2]), classes=3).item() == \
+    assert class_cover_loss(one_hot(present.tolist()), present, one_hot([0, 2]), classes=3).item() == \
         pytest.approx(math.log(2), abs=1e-4)
 
 
@@ -71,10 +91,11 @@ def test_losses_match_their_definitions_on_random_embeddings():
     walker = -(t * torch.log(p_ab @ p_ba)).sum(dim=1).mean()
     visit = -torch.log(p_ab.mean(dim=0)).mean()
     reach = p_ba.mean(dim=0)
-    cover = -torch.log(torch.stack([reach[labels == c].sum() for c in range(3)])).mean()
+    class_cover = -torch.log(torch.stack([reach[labels == c].sum() for c in range(3)])).mean()
     assert walker_loss(source, labels, target).item() == pytest.approx(walker.item(), rel=1e-5)
     assert visit_loss(source, target).item() == pytest.approx(visit.item(), rel=1e-5)
-    assert cover_loss(source, labels, target, classes=3).item() == pytest.approx(cover.item(), rel=1e-5)
+    assert cover_loss(source, target).item() == pytest.approx(-torch.log(reach).mean().item(), rel=1e-5)
+    assert class_cover_loss(source, labels, target, classes=3).item() == pytest.approx(class_cover.item(), rel=1e-5)
 
 
 @pytest.mark.parametrize("scale", [1.0, 1000.0])
@@ -84,7 +105,7 @@ def test_gradients_are_finite_and_reach_both_batches(scale):
     target = (scale * torch.randn(5, 3, generator=generator)).requires_grad_()
     labels = torch.tensor([0, 0, 1, 1, 2, 2])
     loss = walker_loss(source, labels, target) + visit_loss(source, target) \
-        + cover_loss(source, labels, target, classes=3)
+        + cover_loss(source, target) + class_cover_loss(source, labels, target, classes=3)
     loss.backward()
     assert torch.isfinite(loss)
     for grad in (source.grad, target.grad):
@@ -123,6 +144,8 @@ def test_losses_refuse_bad_inputs():
     with pytest.raises(ValueError, match="^source_labels:"):
         walker_loss(source, labels.float(), target)
     with pytest.raises(ValueError, match="^source_labels: label 2"):
-        cover_loss(source, torch.tensor([0, 1, 2, 1]), target, classes=2)
+        class_cover_loss(source, torch.tensor([0, 1, 2, 1]), target, classes=2)
     with pytest.raises(ValueError, match="^classes:"):
-        cover_loss(source, labels, target, classes=0)
+        class_cover_loss(source, labels, target, classes=0)
+    with pytest.raises(ValueError, match="^target_emb:"):
+        cover_loss(source, torch.randn(5, 2))

@@ -54,9 +54,13 @@ def test_student_learns_and_logs():
     assert accuracy(result.network, x, y) > 0.95
     assert [entry["step"] for entry in result.history] == [0, 100, 200, 299]
     assert logged == result.history
-    assert set(result.history[0]) == {"step", "loss", "classification", "walker", "visit", "cover", "weight"}
-    assert [entry["weight"] for entry in result.history] == [0.0, 1.0, 1.0, 1.0]
     first, last = result.history[0], result.history[-1]
+    assert set(result.history[0]) == {"step", "loss", "classification", "walker", "visit", "cover", "consistency",
+                                      "masked", "weight", "floor"}
+    # the weighted association terms' minima: the loss sits above them, and close once trained
+    assert first["floor"] == 0.0 and all(entry["loss"] >= entry["floor"] for entry in result.history)
+    assert last["loss"] - last["floor"] < 1.0
+    assert [entry["weight"] for entry in result.history] == [0.0, 1.0, 1.0, 1.0]
     assert first["loss"] == first["classification"]  # association still delayed
     assert last["classification"] < 0.1 * first["classification"]
     assert last["walker"] < first["walker"] and last["visit"] < first["visit"]
@@ -131,8 +135,70 @@ def test_bad_training_inputs_are_refused():
 @pytest.mark.parametrize("field, value", [
     ("steps", 0), ("labeled_batch", 0), ("unlabeled_batch", 2.5), ("learning_rate", 0.0),
     ("weight_decay", -1e-4), ("walker_weight", -1.0), ("visit_weight", float("nan")), ("cover_weight", -0.1),
-    ("delay_steps", -1), ("ramp_steps", True),
+    ("delay_steps", -1), ("ramp_steps", True), ("cover_target", "targets"), ("consistency_weight", -1.0),
+    ("confidence_threshold", 0.0), ("confidence_threshold", 1.5), ("lr_schedule", "linear"),
 ])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}:"):
         StudentConfig(**QUICK | {field: value})
+
+
+def test_cover_target_picks_the_cover_loss_and_its_floor():
+    x, y = blobs(60, seed=2)
+    target_x, _ = blobs(60, seed=3, shift=TARGET_SHIFT)
+    last = {}
+    for target in ("samples", "classes"):
+        config = StudentConfig(**QUICK | {"steps": 2, "delay_steps": 0, "ramp_steps": 0, "cover_target": target})
+        last[target] = train_student(fresh_network(), labeled_x=x, labeled_y=y, unlabeled_x=target_x,
+                                     config=config, seed=0).history[-1]
+    # samples: uniform over the 30 batch rows; classes: over the 3 classes in the batch
+    assert last["samples"]["cover"] >= np.log(30) - 1e-4 and last["classes"]["cover"] < np.log(30) - 1
+    floor_difference = QUICK["cover_weight"] * (np.log(30) - np.log(3))
+    assert last["samples"]["floor"] - last["classes"]["floor"] == pytest.approx(floor_difference)
+
+
+def halves(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """28×28 images with a bright bar in the left (class 0) or right (class 1) half: a shift keeps the class."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, size=n)
+    images = rng.random((n, 28, 28)).astype(np.float32) * 0.1
+    for image, label in zip(images, labels):
+        image[6:22, 4 + 16 * label:8 + 16 * label] += 1.0
+    return images.reshape(n, 784), labels
+
+
+def test_consistency_pseudo_labels_confident_unlabeled_images():
+    x, y = halves(6, seed=0)
+    pool, pool_y = halves(64, seed=1)
+    torch.manual_seed(0)
+    network = torch.nn.Sequential(torch.nn.Linear(784, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    config = StudentConfig(**QUICK | {"steps": 40, "labeled_batch": 6, "unlabeled_batch": 32, "delay_steps": 0,
+                                      "ramp_steps": 0, "consistency_weight": 1.0, "confidence_threshold": 0.8})
+    result = train_student(network, labeled_x=x, labeled_y=y, unlabeled_x=pool, config=config, seed=0, log_every=39)
+    first, last = result.history
+    assert first["masked"] < last["masked"] and last["masked"] > 0.5 and last["consistency"] >= 0
+    assert accuracy(result.network, pool, pool_y) > 0.95
+    # on flat non-image rows there is nothing to augment: refused before training
+    with pytest.raises(ValueError, match="^consistency_weight:"):
+        blob_x, blob_y = blobs(20, seed=7)
+        train_student(fresh_network(), labeled_x=blob_x, labeled_y=blob_y, unlabeled_x=blob_x, config=config, seed=0)
+
+
+def test_cosine_schedule_follows_fixmatchs_decay():
+    x, y = blobs(30, seed=2)
+    network = fresh_network()
+    config = StudentConfig(**QUICK | {"steps": 16, "lr_schedule": "cosine"})
+    seen = []
+    original = torch.optim.Adam.step
+
+    def record(self, *args, **kwargs):
+        seen.append(self.param_groups[0]["lr"])
+        return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.optim.Adam, "step", record)
+        train_student(network, labeled_x=x, labeled_y=y, unlabeled_x=x[:0], config=config, seed=0)
+    assert seen[0] == pytest.approx(QUICK["learning_rate"])
+    assert seen[-1] == pytest.approx(QUICK["learning_rate"] * np.cos(7 * np.pi * 15 / 256))
+    assert all(a > b for a, b in zip(seen, seen[1:]))
+

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from privpipe.config.errors import require
+from privpipe.config.errors import one_of, require
 from privpipe.config.finetune import FinetuneConfig
+
+# as privpipe.pate.student's (config imports no torch)
+COVER_TARGETS = ("samples", "classes")
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,11 @@ class StudentConfig:
     # held back, then ramped in: early embeddings associate at random (Haeusser et al.)
     delay_steps: int = 200
     ramp_steps: int = 300
+    cover_target: str = "samples"  # samples: every labeled sample reached equally (PATE-T) | classes
+    # FixMatch consistency on the unlabeled pool (28×28 images only, finetune.model: cnn); 0 = off
+    consistency_weight: float = 0.0
+    confidence_threshold: float = 0.95
+    lr_schedule: str = "constant"  # constant | cosine (FixMatch's lr·cos(7πk/16K))
 
 
 def check(student: StudentConfig, *, finetune: FinetuneConfig) -> None:
@@ -33,5 +42,11 @@ def check(student: StudentConfig, *, finetune: FinetuneConfig) -> None:
             "finetune.hidden_units", "the student needs at least one hidden layer: its output is the embedding "
             "the association losses work on")
     require(student.learning_rate > 0, "student.learning_rate", "must be > 0")
-    for key in ("weight_decay", "walker_weight", "visit_weight", "cover_weight", "delay_steps", "ramp_steps"):
+    for key in ("weight_decay", "walker_weight", "visit_weight", "cover_weight", "delay_steps", "ramp_steps",
+                "consistency_weight"):
         require(getattr(student, key) >= 0, f"student.{key}", "must be >= 0")
+    one_of(student.cover_target, COVER_TARGETS, "student.cover_target")
+    one_of(student.lr_schedule, LR_SCHEDULES, "student.lr_schedule")
+    require(0 < student.confidence_threshold <= 1, "student.confidence_threshold", "must be in (0, 1]")
+    require(not student.enabled or student.consistency_weight == 0 or finetune.model == "cnn",
+            "student.consistency_weight", "FixMatch augments 28×28 images: needs finetune.model: cnn (or set it to 0)")

@@ -4,7 +4,7 @@
     loss = (cross_entropy(logits, labels)
             + weight * (walker_loss(source_emb, labels, target_emb)
                         + 0.5 * visit_loss(source_emb, target_emb)
-                        + 0.1 * cover_loss(source_emb, labels, target_emb, classes=10)))
+                        + 0.1 * cover_loss(source_emb, target_emb)))
 
 Haeusser et al. 2017 ("Learning by association"; "Associative domain adaptation"): with
 similarities ``M = A Bᵀ`` between source rows ``A`` and target rows ``B``, a walk goes
@@ -13,9 +13,14 @@ source → target with ``P_ab = softmax_rows(M)`` and back with ``P_ba = softmax
 - walker: the round trip ``P_aba = P_ab P_ba`` should end at a source of the start's class,
   uniformly: cross-entropy to ``T_ij = 1[y_i = y_j] / #{k: y_k = y_i}``. Minimum: the entropy of T.
 - visit: every target should be visited, ``mean_i P_ab[i]`` close to uniform. Minimum: log(#targets).
-- cover (our definition of the PATE-T cover loss): the reverse walk target → source should
-  reach every source class present, ``q_c = mean_k Σ_{i: y_i = c} P_ba[k, i]`` close to
-  uniform over the present classes. Minimum: log(#present classes).
+- cover (PATE-T, eq. 7): the reverse walk target → source should reach every labeled source
+  sample, ``P_cover[i] = mean_k P_ba[k, i]`` close to uniform ``V_i = 1/|A|`` (|A| = source rows
+  in the batch). Minimum: log(#sources). The paper writes H(P_cover, V), which is the constant
+  log|A| for any distribution P_cover; we take H(V, P_cover), as the visit loss does, so that
+  the loss has a gradient and its minimum is the uniform reach.
+- class cover (an option, ``class_cover_loss``): the same reverse walk summed per class,
+  ``q_c = Σ_{i: y_i = c} P_cover[i]``, close to uniform over the classes present.
+  Minimum: log(#present classes).
 
 All three are computed in log space (log-softmax and log-sum-exp), not as ``log(p + ε)``,
 so they are exact at their minima and finite for embeddings of any norm.
@@ -28,7 +33,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["walker_loss", "visit_loss", "cover_loss", "association_weight"]
+__all__ = ["walker_loss", "visit_loss", "cover_loss", "class_cover_loss", "association_weight"]
 
 
 def _check_embeddings(source_emb: Tensor, target_emb: Tensor) -> None:
@@ -82,9 +87,22 @@ def visit_loss(source_emb: Tensor, target_emb: Tensor) -> Tensor:
     return -log_visit.mean()
 
 
-def cover_loss(source_emb: Tensor, source_labels: Tensor, target_emb: Tensor, *, classes: int) -> Tensor:
-    """Our definition of the cover loss: cross-entropy from the uniform distribution over the
-    source classes present in the batch to the class-visit distribution of the reverse walk,
+def _log_reach(source_emb: Tensor, target_emb: Tensor) -> Tensor:
+    """log P_cover: the probability that a reverse walk from a uniformly drawn target ends at source i."""
+    _, log_ba = _log_walks(source_emb, target_emb)
+    return torch.logsumexp(log_ba, dim=0) - math.log(target_emb.shape[0])
+
+
+def cover_loss(source_emb: Tensor, target_emb: Tensor) -> Tensor:
+    """PATE-T's cover loss: cross-entropy from the uniform distribution over the source rows
+    (``V_i = 1/|A|``) to the reverse walk's reach ``P_cover[i] = mean_k P_ba[k, i]`` (a scalar)."""
+    _check_embeddings(source_emb, target_emb)
+    return -_log_reach(source_emb, target_emb).mean()
+
+
+def class_cover_loss(source_emb: Tensor, source_labels: Tensor, target_emb: Tensor, *, classes: int) -> Tensor:
+    """Cross-entropy from the uniform distribution over the source classes present in the
+    batch to the class-visit distribution of the reverse walk,
     ``q_c = mean_k Σ_{i: y_i = c} P_ba[k, i]`` (a scalar).
 
     Labels must lie in ``[0, classes)``; classes absent from the batch do not count.
@@ -96,9 +114,7 @@ def cover_loss(source_emb: Tensor, source_labels: Tensor, target_emb: Tensor, *,
     if source_labels.min() < 0 or source_labels.max() >= classes:
         bad = int(source_labels.min() if source_labels.min() < 0 else source_labels.max())
         raise ValueError(f"source_labels: label {bad} out of range [0, {classes})")
-    _, log_ba = _log_walks(source_emb, target_emb)
-    # probability that a reverse walk from a random target ends at source i
-    log_reach = torch.logsumexp(log_ba, dim=0) - math.log(target_emb.shape[0])
+    log_reach = _log_reach(source_emb, target_emb)
     present = torch.unique(source_labels)
     member = source_labels[None, :] == present[:, None]
     log_class_visit = torch.logsumexp(log_reach[None, :].masked_fill(~member, -math.inf), dim=1)

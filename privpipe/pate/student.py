@@ -2,7 +2,8 @@
 
     config = StudentConfig(steps=1500, labeled_batch=100, unlabeled_batch=100, learning_rate=0.001,
                            weight_decay=0.0001, walker_weight=1.0, visit_weight=0.5, cover_weight=0.1,
-                           delay_steps=200, ramp_steps=300)
+                           delay_steps=200, ramp_steps=300, cover_target="samples",
+                           consistency_weight=0.0, confidence_threshold=0.95)
     result = train_student(make_network("mlp", in_features=30, hidden_units=[1000], classes=10),
                            labeled_x=answered_x, labeled_y=answered_labels, unlabeled_x=target_x,
                            config=config, seed=0)
@@ -11,6 +12,15 @@ Each step draws a class-balanced labeled batch and a uniform unlabeled batch and
 cross-entropy on the labeled logits plus ``w(step)·(walker·L_walker + visit·L_visit + cover·L_cover)``
 on the embeddings (``network[:-1]``) of the two batches, with ``w`` from
 :func:`privpipe.pate.association.association_weight` at weight 1 (Haeusser et al. 2017).
+The cover loss asks the reverse walk to reach every labeled sample equally (PATE-T,
+``cover_target="samples"``) or every labeled class (``"classes"``).
+
+With ``consistency_weight > 0`` (28×28 images only) the student also learns FixMatch-style
+(Sohn et al. 2020): the labeled batch is weakly augmented (shifts), and every unlabeled image
+whose prediction on a weak augmentation reaches ``confidence_threshold`` becomes a pseudo-label
+for a strong augmentation of it (shift, rotation, scale, cutout):
+``+ consistency_weight · mean_u 1[max p(weak u) ≥ τ] · CE(strong u, argmax p(weak u))``.
+The association losses then see the weakly augmented batches.
 The unlabeled pool is the caller's choice: target-domain data (domain adaptation), the
 unanswered public queries (semi-supervised), or nothing (plain supervised training).
 """
@@ -25,9 +35,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from privpipe.pate.association import association_weight, cover_loss, visit_loss, walker_loss
+from privpipe.pate.association import association_weight, class_cover_loss, cover_loss, visit_loss, walker_loss
+from privpipe.pate.augment import is_image_batch, strong_augment, weak_augment
 
-__all__ = ["StudentConfig", "StudentResult", "train_student"]
+__all__ = ["COVER_TARGETS", "LR_SCHEDULES", "StudentConfig", "StudentResult", "train_student"]
+
+COVER_TARGETS = ("samples", "classes")
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -44,15 +58,25 @@ class StudentConfig:
     cover_weight: float
     delay_steps: int
     ramp_steps: int
+    cover_target: str = "samples"       # samples (PATE-T) | classes
+    consistency_weight: float = 0.0     # FixMatch pseudo-label loss on the unlabeled batch; 0 = off
+    confidence_threshold: float = 0.95  # τ: pseudo-label only predictions at least this confident
+    lr_schedule: str = "constant"       # constant | cosine: lr·cos(7πk / 16K) at step k of K (FixMatch)
 
     def __post_init__(self) -> None:
+        if self.cover_target not in COVER_TARGETS:
+            raise ValueError(f"cover_target: must be one of {', '.join(COVER_TARGETS)}, got {self.cover_target!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule: must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        if not 0 < self.confidence_threshold <= 1:
+            raise ValueError(f"confidence_threshold: must be in (0, 1], got {self.confidence_threshold!r}")
         for name in ("steps", "labeled_batch", "unlabeled_batch"):
             _check_integer(name, getattr(self, name), minimum=1)
         for name in ("delay_steps", "ramp_steps"):
             _check_integer(name, getattr(self, name), minimum=0)
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate: must be finite and > 0, got {self.learning_rate!r}")
-        for name in ("weight_decay", "walker_weight", "visit_weight", "cover_weight"):
+        for name in ("weight_decay", "walker_weight", "visit_weight", "cover_weight", "consistency_weight"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name}: must be finite and >= 0, got {value!r}")
@@ -61,7 +85,10 @@ class StudentConfig:
 @dataclass
 class StudentResult:
     network: nn.Sequential  # the trained network, in eval mode
-    # at steps 0, log_every, 2·log_every, … and the last: step, loss, classification, walker, visit, cover, weight
+    # at steps 0, log_every, 2·log_every, … and the last: step, loss, classification, walker, visit, cover,
+    # consistency, weight, masked (the share of the unlabeled batch above the confidence threshold), and
+    # floor: the least the weighted association terms can be on that batch (their minima are not 0), so
+    # a loss that rises to about the floor when the association switches on is on target, not diverging
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -131,17 +158,44 @@ def _draw_unlabeled(pool: torch.Tensor, batch: int, generator: torch.Generator) 
 
 
 def _step_losses(network: nn.Sequential, x: torch.Tensor, y: torch.Tensor, target: torch.Tensor | None,
-                 classes: int) -> dict[str, torch.Tensor]:
-    """Classification loss on the labeled batch, and the association losses when there is a target batch."""
+                 classes: int, config: StudentConfig, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Classification loss on the labeled batch; with a target batch, the association losses
+    and (when on) the FixMatch consistency loss."""
     embed, classify = network[:-1], network[-1]
+    consistency = config.consistency_weight > 0
+    if consistency:
+        x = weak_augment(x, generator)
     source_emb = embed(x)
     losses = {"classification": nn.functional.cross_entropy(classify(source_emb), y)}
     if target is not None:
+        if consistency:
+            strong = strong_augment(target, generator)
+            target = weak_augment(target, generator)
         target_emb = embed(target)
         losses["walker"] = walker_loss(source_emb, y, target_emb)
         losses["visit"] = visit_loss(source_emb, target_emb)
-        losses["cover"] = cover_loss(source_emb, y, target_emb, classes=classes)
+        if config.cover_target == "samples":
+            losses["cover"] = cover_loss(source_emb, target_emb)
+        else:
+            losses["cover"] = class_cover_loss(source_emb, y, target_emb, classes=classes)
+        if consistency:
+            confidence, pseudo = classify(target_emb).detach().softmax(dim=1).max(dim=1)
+            mask = (confidence >= config.confidence_threshold).to(source_emb.dtype)
+            per_row = nn.functional.cross_entropy(network(strong), pseudo, reduction="none")
+            losses["consistency"] = (mask * per_row).mean()
+            losses["masked"] = mask.mean()
     return losses
+
+
+def _association_floor(y: torch.Tensor, targets: int, weight: float, config: StudentConfig) -> float:
+    """weight · (walker·H(T) + visit·log #targets + cover·log #sources or #classes): the terms' minima."""
+    if targets == 0:
+        return 0.0
+    _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
+    walker = float(torch.log(counts[inverse].double()).mean())
+    cover = math.log(len(y)) if config.cover_target == "samples" else math.log(len(counts))
+    return weight * (config.walker_weight * walker + config.visit_weight * math.log(targets)
+                     + config.cover_weight * cover)
 
 
 def _total_loss(losses: dict[str, torch.Tensor], weight: float, config: StudentConfig) -> torch.Tensor:
@@ -151,6 +205,8 @@ def _total_loss(losses: dict[str, torch.Tensor], weight: float, config: StudentC
         # a zero weight leaves the term out of the graph altogether
         if name in losses and scale > 0:
             total = total + scale * losses[name]
+    if "consistency" in losses:  # not ramped: the confidence threshold already holds early guesses back
+        total = total + config.consistency_weight * losses["consistency"]
     return total
 
 
@@ -168,6 +224,9 @@ def train_student(network: nn.Sequential, *, labeled_x: np.ndarray, labeled_y: n
     classes = _classes_of(network)
     _check_integer("log_every", log_every, minimum=1)
     labeled_x, labeled_y, unlabeled_x = _check_data(labeled_x, labeled_y, unlabeled_x, classes)
+    if config.consistency_weight > 0 and not is_image_batch(labeled_x.shape[1:]):
+        raise ValueError(f"consistency_weight: FixMatch augments 28×28 images, but the rows have shape "
+                         f"{labeled_x.shape[1:]}; set it to 0")
     device = _device(network)
     x = torch.as_tensor(labeled_x, dtype=torch.float32, device=device)
     y = torch.as_tensor(labeled_y, dtype=torch.int64, device=device)
@@ -176,6 +235,9 @@ def train_student(network: nn.Sequential, *, labeled_x: np.ndarray, labeled_y: n
     generator = torch.Generator().manual_seed(seed)
     sampler = _BalancedSampler(labeled_y, generator)
     optimiser = torch.optim.Adam(network.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    # FixMatch's decay ends at cos(7π/16) ≈ 0.2 of the rate, not 0: the last steps still learn
+    factor = (lambda k: math.cos(7 * math.pi * k / (16 * config.steps))) if config.lr_schedule == "cosine" else None
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, factor) if factor else None
     history: list[dict[str, float]] = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -185,16 +247,19 @@ def train_student(network: nn.Sequential, *, labeled_x: np.ndarray, labeled_y: n
             target = _draw_unlabeled(pool, unlabeled_batch, generator)
             weight = association_weight(step, weight=1.0, delay_steps=config.delay_steps,
                                         ramp_steps=config.ramp_steps)
-            losses = _step_losses(network, x[batch], y[batch], target, classes)
+            losses = _step_losses(network, x[batch], y[batch], target, classes, config, generator)
             loss = _total_loss(losses, weight, config)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
+            if schedule is not None:
+                schedule.step()
             if step % log_every == 0 or step == config.steps - 1:
                 entry = {"step": step, "loss": loss.item()}
                 entry |= {name: losses[name].item() if name in losses else 0.0
-                          for name in ("classification", "walker", "visit", "cover")}
+                          for name in ("classification", "walker", "visit", "cover", "consistency", "masked")}
                 entry["weight"] = weight
+                entry["floor"] = _association_floor(y[batch], 0 if target is None else len(target), weight, config)
                 history.append(entry)
                 if on_log is not None:
                     on_log(entry)

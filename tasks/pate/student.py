@@ -87,10 +87,13 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
     config = StudentConfig(steps=cfg.steps, labeled_batch=cfg.labeled_batch, unlabeled_batch=cfg.unlabeled_batch,
                            learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
                            walker_weight=cfg.walker_weight, visit_weight=cfg.visit_weight,
-                           cover_weight=cfg.cover_weight, delay_steps=cfg.delay_steps, ramp_steps=cfg.ramp_steps)
+                           cover_weight=cfg.cover_weight, delay_steps=cfg.delay_steps, ramp_steps=cfg.ramp_steps,
+                           cover_target=cfg.cover_target, consistency_weight=cfg.consistency_weight,
+                           confidence_threshold=cfg.confidence_threshold, lr_schedule=cfg.lr_schedule)
     result = train_student(network, labeled_x=labeled, labeled_y=labels[answered], unlabeled_x=unlabeled,
                            config=config, seed=seed,
-                           on_log=lambda h: log.info("student: step %d/%d, loss %.4f", h["step"], cfg.steps, h["loss"]))
+                           on_log=lambda h: log.info("student: step %d/%d, loss %.4f (the association terms' floor: %.4f)",
+                                                     h["step"], cfg.steps, h["loss"], h["floor"]))
     projection = load_projection(dp_pca_dir)
     model = released_model(result.network, projection, input_scale=params.finetune.input_scale,
                            kind=params.finetune.model)
