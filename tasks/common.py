@@ -26,7 +26,7 @@ __all__ = ["write_json", "read_json", "load_array", "write_text", "staged_dir", 
 
 #: run.seed is split into independent streams, one per use (numpy SeedSequence keys)
 SEED_STREAMS = {"dp_pca": 1, "aggregate": 2, "sanitise": 3, "teacher": 4, "student": 5, "head": 6, "removal": 7,
-                "federated": 8, "client": 9, "privacy_audit": 10}
+                "federated": 8, "client": 9, "privacy_audit": 10, "finetune_init": 11}
 
 
 def write_text(path: Path, text: str) -> None:

@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from test_data import write_mnist
 
 from conftest import write_params
@@ -122,6 +123,11 @@ def test_without_the_student_finetune_starts_from_scratch(project):
     assert Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text()).stages() == ["finetune"]
     assert tuned["steps"] == 8  # 4 steps an epoch at q = 10/40
     assert 0.0 <= run_evaluate(params)["accuracy_test"] <= 1.0
+    # the fresh network is seeded from run.seed: a second run repeats the first exactly
+    first = torch.load(project / "artifacts/finetune/model.pt")
+    assert run_finetune(params)["final_loss"] == tuned["final_loss"]
+    again = torch.load(project / "artifacts/finetune/model.pt")
+    assert all(torch.equal(first[k], again[k]) for k in first)
 
 
 def test_a_local_usps_folder_as_the_mnist_target_domain(project):

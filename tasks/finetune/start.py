@@ -14,9 +14,9 @@ import torch
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, Records
-from privpipe.models import apply_front, front_layers, load_released, make_network
+from privpipe.models import apply_front, front_layers, load_released, make_network, seeded
 from privpipe.privacy import Ledger
-from tasks.common import read_json
+from tasks.common import read_json, seed_for
 from tasks.dp_pca import check_projection, load_projection
 from tasks.privacy.ledger import load_ledger
 
@@ -47,9 +47,11 @@ class FinetuneStart:
             log.info("finetune: starting from the student in %s", start)
             return load_released(start)[-1]  # the front is rebuilt when the model is released
         cfg = params.finetune
+        # seeded: the default run starts here (no student), and its weights must repeat for a seed
+        seed = int(seed_for(params.run.seed, "finetune_init").generate_state(1)[0])
         try:
-            return make_network(cfg.model, in_features=int(np.prod(self.features.shape[1:])),
-                                hidden_units=cfg.hidden_units, classes=self.classes)
+            return seeded(seed, lambda: make_network(cfg.model, in_features=int(np.prod(self.features.shape[1:])),
+                                                     hidden_units=cfg.hidden_units, classes=self.classes))
         except ValueError as exc:
             raise ConfigError(f"finetune.model: {exc}") from None
 
