@@ -3,8 +3,9 @@
     privpipe stage aggregate        # what dvc repro runs
 
 Decides the analysis first, from public information only (``aggregate.analysis: auto``):
-data-dependent accounting is used only if its best case — every query unanimous, plus the
-sanitised release's own cost — beats the data-independent events in the run's ε; a forced
+data-dependent accounting is used only if its best case (the expected sanitised release when
+every query's votes are alike, at the best top count, plus the release's own cost) beats the
+data-independent events in the run's ε; a forced
 ``data_dependent`` that cannot win is refused before any noise is drawn. Then checks the
 worst case against the budget, aggregates (``aggregate.mechanism``) and records either the
 data-independent events or the sanitised data-dependent release. Every query asked is
