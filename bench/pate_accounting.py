@@ -34,14 +34,16 @@ from privpipe.pate.teachers import vote_histograms  # noqa: E402
 from privpipe.privacy import NoiseSource, compute_epsilon  # noqa: E402
 
 DELTA = 1e-5
+CONFIDENT = AggregatorSpec("confident_gnmax", 250, 10, threshold=200.0, sigma1=150.0, sigma2=40.0)
 RELEASE = {"order": 20.0, "beta": 0.01, "noise_scale": 20.0, "failure_probability": 1e-7}
 AGGREGATORS = [
     ("LNMax γ 0.05 (PATE 2017)", AggregatorSpec("lnmax", 250, 10, gamma=0.05), 100),
-    ("GNMax σ 40", AggregatorSpec("gnmax", 250, 10, sigma=40.0), 119),
+    ("GNMax σ 40", AggregatorSpec("gnmax", 250, 10, sigma=40.0), 100),
+    ("GNMax σ 40", AggregatorSpec("gnmax", 250, 10, sigma=40.0), 115),
     ("GNMax σ 40", AggregatorSpec("gnmax", 250, 10, sigma=40.0), 300),
-    ("GNMax σ 50", AggregatorSpec("gnmax", 250, 10, sigma=50.0), 187),
-    ("Confident-GNMax T 200 σ₁ 150 σ₂ 40 (PATE 2018)",
-     AggregatorSpec("confident_gnmax", 250, 10, threshold=200.0, sigma1=150.0, sigma2=40.0), 640),
+    ("GNMax σ 40", AggregatorSpec("gnmax", 250, 10, sigma=40.0), 1000),
+    ("Confident-GNMax T 200 σ₁ 150 σ₂ 40", CONFIDENT, 500),
+    ("Confident-GNMax T 200 σ₁ 150 σ₂ 40 (PATE 2018)", CONFIDENT, 640),
 ]
 
 
