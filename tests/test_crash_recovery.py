@@ -317,7 +317,7 @@ PIPELINE_MODEL = "crash-pipeline"
 # a short pipeline: 10 teachers (long enough a stage to be killed in), a short student and finetune,
 # a fixed σ with the RDP accountant (no calibration search), no head, no membership-inference audit
 PIPELINE_PARAMS = dict(run={"model_name": PIPELINE_MODEL}, partition={"shards": 10}, teachers={"epochs": 15},
-                       student={"steps": 100, "delay_steps": 20, "ramp_steps": 30},
+                       student={"enabled": True, "steps": 100, "delay_steps": 20, "ramp_steps": 30},
                        finetune={"epochs": 2, "noise_multiplier": 2.0, "target_epsilon": None,
                                  "epsilon_curve_points": 2},
                        privacy={"accountant": "rdp"}, head={"enabled": False}, privacy_audit={"enabled": False})

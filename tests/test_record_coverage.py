@@ -31,7 +31,7 @@ MODEL, HEAD = "cov-test", "cov-test-head"
 STAGES = ("prepare", "dp_pca", "partition", "teachers", "aggregate", "student", "finetune", "head")
 # tiny PATE: 5 teachers, a short student, one epoch of DP-SGD at a fixed σ; the head on the model's features
 QUICK = dict(run={"model_name": MODEL}, partition={"shards": 5}, teachers={"epochs": 3},
-             student={"steps": 30, "delay_steps": 5, "ramp_steps": 5},
+             student={"enabled": True, "steps": 30, "delay_steps": 5, "ramp_steps": 5},
              finetune={"epochs": 1, "noise_multiplier": 2.0, "target_epsilon": None, "hidden_units": [32]},
              privacy={"accountant": "rdp"}, privacy_audit={"enabled": False}, head={"features": "model"})
 

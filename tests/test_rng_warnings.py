@@ -19,7 +19,8 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 STAGES = ("prepare", "partition", "dp_pca", "teachers", "aggregate", "student", "finetune", "head")
 NOISY = {"dp_pca", "aggregate", "finetune", "head"}
 QUICK = dict(partition={"shards": 5}, teachers={"epochs": 1, "hidden_units": [16]},
-             student={"steps": 20, "delay_steps": 5, "ramp_steps": 5, "labeled_batch": 10, "unlabeled_batch": 10},
+             student={"enabled": True, "steps": 20, "delay_steps": 5, "ramp_steps": 5, "labeled_batch": 10,
+                      "unlabeled_batch": 10},
              finetune={"epochs": 1, "hidden_units": [32], "noise_multiplier": 2.0, "target_epsilon": None,
                        "epsilon_curve_points": 2})
 

@@ -32,7 +32,8 @@ SETTINGS = dict(prepare={"dataset": "mnist", "path": "mnist", "public_queries": 
                 teachers={"model": "cnn", "epochs": 2},
                 aggregate={"mechanism": "confident_gnmax", "queries": 10, "threshold": 0.0, "sigma1": 50.0,
                            "sigma2": 50.0, "sigma": None},
-                student={"steps": 20, "delay_steps": 5, "ramp_steps": 5, "labeled_batch": 10, "unlabeled_batch": 10},
+                student={"enabled": True, "steps": 20, "delay_steps": 5, "ramp_steps": 5, "labeled_batch": 10,
+                         "unlabeled_batch": 10},
                 finetune=CNN_FINETUNE)
 
 
@@ -150,7 +151,7 @@ def test_a_local_usps_folder_as_the_mnist_target_domain(project):
 
 
 TINY_DIGITS = dict(partition={"shards": 3}, teachers={"epochs": 2}, aggregate={"queries": 30},
-                   student={"steps": 40, "delay_steps": 10, "ramp_steps": 10}, run={"torch_threads": 1})
+                   student={"enabled": True, "steps": 40, "delay_steps": 10, "ramp_steps": 10}, run={"torch_threads": 1})
 
 
 def test_a_stage_sets_torch_threads_logs_it_and_repeats_byte_for_byte(tmp_path, caplog):
