@@ -62,6 +62,8 @@ def code_only() -> dict[str, float]:
     params = load_params("params.yaml")
 
     def teachers(p) -> None:
+        if not p.student.enabled:  # the PATE stages are off in the default run
+            return
         clear_partial_votes()
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             list(pool.map(lambda k: train_teacher(p, k), range(p.partition.shards)))

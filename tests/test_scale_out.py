@@ -22,7 +22,8 @@ def test_teacher_stage_on_a_local_dask_cluster_with_two_workers(project, prefect
     from tasks.pate.teachers import collect_votes, run_teachers
     from tasks.prepare import run_prepare
 
-    quick = {"teachers": {"epochs": 3}, "partition": {"shards": 6}, "aggregate": {"queries": 30}}
+    quick = {"teachers": {"epochs": 3}, "partition": {"shards": 6}, "aggregate": {"queries": 30},
+             "student": {"enabled": True}}
     write_params(project, runner={"kind": "dask", "workers": 2}, **quick)
     params = load_params("params.yaml")
     prepared = run_prepare(params)
