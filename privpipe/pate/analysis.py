@@ -217,11 +217,23 @@ def threshold_rdp(log_pr_answered: np.ndarray, *, sigma1: float, order: float) -
 
 # -- per-query and total data-dependent RDP -----------------------------------------
 
-def _argmax_rdp_from_gaps(spec: AggregatorSpec, gaps: np.ndarray, order: float) -> np.ndarray:
+def _argmax_logq(spec: AggregatorSpec, gaps: np.ndarray) -> np.ndarray:
+    """log q̃ of the argmax step from each query's gaps to the top (its mechanism's union bound)."""
     if spec.mechanism == "lnmax":
-        return laplace_rdp(_logq_lnmax_from_gaps(gaps, spec.gamma, spec.classes), gamma=spec.gamma, order=order)
-    sigma = spec.argmax_sigma
-    return gaussian_rdp(_logq_gnmax_from_gaps(gaps, sigma, spec.classes), sigma=sigma, order=order)
+        return _logq_lnmax_from_gaps(gaps, spec.gamma, spec.classes)
+    return _logq_gnmax_from_gaps(gaps, spec.argmax_sigma, spec.classes)
+
+
+def _argmax_rdp_at(spec: AggregatorSpec, logq: np.ndarray, order: float) -> np.ndarray:
+    """The argmax step's RDP at ``order`` given log q̃ (capped first, as the union bounds are)."""
+    logq = _cap(logq, spec.classes)
+    if spec.mechanism == "lnmax":
+        return laplace_rdp(logq, gamma=spec.gamma, order=order)
+    return gaussian_rdp(logq, sigma=spec.argmax_sigma, order=order)
+
+
+def _argmax_rdp_from_gaps(spec: AggregatorSpec, gaps: np.ndarray, order: float) -> np.ndarray:
+    return _argmax_rdp_at(spec, _argmax_logq(spec, gaps), order)
 
 
 def _threshold_table(spec: AggregatorSpec, order: float) -> np.ndarray:
@@ -352,13 +364,6 @@ def choose_analysis(spec: AggregatorSpec, *, queries: int, order: float, beta: f
 _LOGQ_EDGES = -np.geomspace(1e5, 1e-6, 20001)
 
 
-def _argmax_rdp_at(spec: AggregatorSpec, logq: np.ndarray, order: float) -> np.ndarray:
-    logq = np.minimum(logq, math.log(1.0 - 1.0 / spec.classes))  # q̃ is capped before its RDP is taken
-    if spec.mechanism == "lnmax":
-        return laplace_rdp(logq, gamma=spec.gamma, order=order)
-    return gaussian_rdp(logq, sigma=spec.argmax_sigma, order=order)
-
-
 def _log_step_ratio(spec: AggregatorSpec) -> float:
     """log ρ: one changed teacher moves every term of the union bound by at most a factor ρ either way (a
     gap x becomes x ± 2; the ratio of the terms at x − 2 and x grows with x, so x = teachers bounds it)."""
@@ -375,7 +380,7 @@ def _argmax_step_table(spec: AggregatorSpec, order: float) -> tuple[np.ndarray, 
     much one more teacher can change the argmax's RDP from any q̃ in the cell, β(ρ·q_hi) − β(q_lo/ρ), as
     a sparse table for range maxima; None where that RDP is not non-decreasing in q̃ on the edges (then no
     such bound holds; the reference code checks its own conditions C5/C6 numerically the same way)."""
-    edges = np.minimum(_LOGQ_EDGES, math.log(1.0 - 1.0 / spec.classes))
+    edges = _cap(_LOGQ_EDGES, spec.classes)
     values = _argmax_rdp_at(spec, edges, order)
     if not (np.diff(values) >= -1e-12).all():
         return None
@@ -428,11 +433,9 @@ def _local_sensitivity_rows(spec: AggregatorSpec, counts: np.ndarray, order: flo
     else:
         edges, table = steps
         gaps = _gaps(counts)
-        log_q = _logq_gnmax_from_gaps if spec.mechanism != "lnmax" else _logq_lnmax_from_gaps
-        noise = spec.gamma if spec.mechanism == "lnmax" else spec.argmax_sigma
         for d in range(size):
-            low = log_q(gaps + 2.0 * d, noise, spec.classes)
-            high = log_q(np.maximum(gaps - 2.0 * d, 0.0), noise, spec.classes)
+            low = _argmax_logq(spec, gaps + 2.0 * d)
+            high = _argmax_logq(spec, np.maximum(gaps - 2.0 * d, 0.0))
             first = np.minimum(np.searchsorted(edges, low), len(edges) - 1)
             last = np.minimum(np.searchsorted(edges, high), len(edges) - 1)
             ls[:, d] = _range_max(table, first, last)
