@@ -214,3 +214,12 @@ def test_reading_params_imports_neither_torch_nor_the_orchestration_stack():
 ])
 def test_cron_expressions(text, ok):
     assert is_cron(text) is ok
+
+
+def test_the_student_choices_config_accepts_are_the_librarys():
+    # written out in privpipe/config/student.py so that checking params does not import torch
+    from privpipe.config import student as config_student
+    from privpipe.pate import student as library_student
+
+    assert config_student.COVER_TARGETS == library_student.COVER_TARGETS
+    assert config_student.LR_SCHEDULES == library_student.LR_SCHEDULES
