@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -98,7 +99,10 @@ def test_learning_rate_schedule_of_the_seed():
 @pytest.mark.parametrize("bad, match", [
     (dict(noise_multiplier=0.0), "noise_multiplier"),
     (dict(max_grad_norm=0.0), "max_grad_norm"),
-    (dict(clipping="per_layer"), "ghost"),
+    (dict(clipping="per_layer", grad_sample_mode="ghost"), "ghost"),
+    (dict(grad_sample_mode="magic"), "grad_sample_mode"),
+    (dict(max_physical_batch=2, grad_sample_mode="hooks"), "max_physical_batch"),
+    (dict(max_physical_batch=0), "max_physical_batch"),
 ])
 def test_privacy_arguments_are_validated_first(bad, match):
     kwargs = dict(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=4, epochs=1, learning_rate=0.1)
@@ -126,3 +130,70 @@ def test_secure_normal_has_the_asked_scale():
     assert draws.std().item() == pytest.approx(3.0, rel=0.02)
     assert abs(draws.mean().item()) < 0.05
     assert not torch.equal(draws, secure_normal((100_000,), std=3.0))
+
+
+@pytest.mark.parametrize("physical", [None, 5])
+def test_bk_step_is_the_clipped_sum_over_the_lot(physical):
+    # lot_size = n: q = 1, so the one step's lot is every record; lr 1 and no momentum make the
+    # weight change exactly −(Σ clipped gradients + noise)/n, and σ = 1e-9 leaves the sum
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(32, 5)) * 5).astype(np.float32)
+    y = rng.integers(0, 3, size=32)
+    model = nn.Sequential(nn.Linear(5, 3, bias=False))
+    start = model[0].weight.detach().clone()
+    clip = 0.5
+    train_dpsgd(model, x, y, noise_multiplier=1e-9, max_grad_norm=clip, lot_size=32, epochs=1, learning_rate=1.0,
+                max_physical_batch=physical)
+    g = per_example_grads(start, torch.as_tensor(x), torch.as_tensor(y))
+    norms = g.flatten(1).norm(dim=1)
+    assert (norms > clip).sum() > len(norms) // 2
+    clipped = g * (clip / norms).clamp(max=1.0)[:, None, None]
+    assert torch.allclose((start - model[0].weight.detach()) * 32, clipped.sum(0), atol=1e-4)
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_bk_step_adds_noise_of_scale_sigma_c(secure):
+    x = np.zeros((100, 1000), dtype=np.float32)  # zero gradients: the update is the noise alone
+    y = np.zeros(100, dtype=np.int64)
+    model = nn.Sequential(nn.Linear(1000, 10, bias=False))
+    start = model[0].weight.detach().clone()
+    sigma, clip = 1.5, 2.0
+    train_dpsgd(model, x, y, noise_multiplier=sigma, max_grad_norm=clip, lot_size=100, epochs=1, learning_rate=1.0,
+                secure_rng=secure)
+    noise = (start - model[0].weight.detach()) * 100
+    assert noise.std().item() == pytest.approx(sigma * clip, rel=0.05)
+    assert abs(noise.mean().item()) < 0.1
+
+
+def test_bk_and_opacus_hooks_take_the_same_step():
+    # same lot (q = 1), no noise to speak of: the two engines must agree on a CNN with both paths
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Unflatten(1, (2, 6, 6)), nn.GroupNorm(1, 2, affine=False), nn.Conv2d(2, 4, 3, 2, 1),
+                        nn.Tanh(), nn.Flatten(), nn.Linear(36, 3))
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(16, 72)).astype(np.float32) * 3, rng.integers(0, 3, size=16)
+    models = {mode: copy.deepcopy(net) for mode in ("bk", "hooks")}
+    for mode, model in models.items():
+        train_dpsgd(model, x, y, noise_multiplier=1e-9, max_grad_norm=0.3, lot_size=16, epochs=1, learning_rate=1.0,
+                    grad_sample_mode=mode)
+    for a, b in zip(models["bk"].parameters(), models["hooks"].parameters()):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_bk_refuses_a_model_it_cannot_clip_before_training():
+    from privpipe.dpsgd import UnsupportedLayer
+
+    with pytest.raises(UnsupportedLayer, match="LayerNorm"):
+        train_dpsgd(nn.Sequential(nn.LayerNorm(2), nn.Linear(2, 2)), np.zeros((8, 2), np.float32),
+                    np.zeros(8, np.int64), noise_multiplier=1.0, max_grad_norm=1.0, lot_size=4, epochs=1,
+                    learning_rate=0.1)
+
+
+def test_cosine_schedule_runs_from_start_to_end_over_the_run():
+    kwargs = dict(start=1.0, schedule="cosine", end=0.1, decay_epochs=10, epochs=40)
+    assert learning_rate_at(0, **kwargs) == pytest.approx(1.0)
+    assert learning_rate_at(20, **kwargs) == pytest.approx(0.55)
+    assert learning_rate_at(40, **kwargs) == pytest.approx(0.1)
+    assert learning_rate_at(30, **kwargs) < learning_rate_at(10, **kwargs)
+    with pytest.raises(ValueError, match="epochs"):
+        learning_rate_at(0, start=1.0, schedule="cosine", end=0.1, decay_epochs=10)

@@ -1,0 +1,204 @@
+"""Per-example clipping in one backward pass: book-keeping (Bu et al. 2023) with mixed ghost norms.
+
+    taps = BookKeeping(model)                       # Linear and Conv2d layers, nothing else trainable
+    loss_fn(model(x), y, reduction="sum").backward()  # fills taps, not p.grad
+    norms = taps.norms()                              # (B,) each example's gradient norm, all layers
+    taps.add_clipped(factors)                         # p.summed_grad += Σᵢ factorᵢ · gradᵢ
+    taps.close()
+
+Each tapped layer runs through an autograd function that, on the way back, computes only
+the gradient of its *input* (what the layers below need) and keeps its activation A and
+output gradient G; the summed weight gradient autograd would compute is skipped. From
+(A, G) an example's weight gradient is Gᵢᵀ Aᵢ (T positions, a inputs, p outputs). Its norm
+comes either from the Gram matrices, ‖Gᵢᵀ Aᵢ‖² = ⟨Aᵢ Aᵢᵀ, Gᵢ Gᵢᵀ⟩, which never forms the
+gradient and costs T²(a + p) (ghost norms: Goodfellow 2015, Li et al. 2022, for
+convolutions Bu et al. 2022), or by forming it, T·p·a; each layer takes the cheaper (mixed
+ghost clipping). The clipped sum Σᵢ cᵢ Gᵢᵀ Aᵢ is then one product, the same cost as the
+ordinary weight gradient. Opacus 1.6 has ghost norms for Linear only, and its ghost
+clipping runs a second backward pass; this runs one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["BookKeeping", "UnsupportedLayer", "clip_factors"]
+
+
+class UnsupportedLayer(ValueError):
+    """The model has a trainable layer book-keeping cannot clip (use an Opacus grad_sample_mode)."""
+
+
+@dataclass
+class _Record:
+    activations: torch.Tensor  # (B, T, a): the layer's input, unfolded for a convolution
+    output_grads: torch.Tensor  # (B, T, p): d loss_i / d output, per example
+    per_example: torch.Tensor | None = None  # (B, p, a) when the layer formed its gradients
+
+
+class _Tap:
+    """One Linear or Conv2d layer: its op, its input gradient, and what the backward left behind."""
+
+    def __init__(self, module: nn.Linear | nn.Conv2d) -> None:
+        self.module = module
+        self.record: _Record | None = None
+
+    def op(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        m = self.module
+        if isinstance(m, nn.Conv2d):
+            return F.conv2d(x, weight, bias, m.stride, m.padding, m.dilation, m.groups)
+        return F.linear(x, weight, bias)
+
+    def input_grad(self, x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if isinstance(m, nn.Conv2d):
+            return torch.nn.grad.conv2d_input(x.shape, weight, grad, m.stride, m.padding, m.dilation, m.groups)
+        return grad @ weight
+
+    def keep(self, x: torch.Tensor, grad: torch.Tensor) -> None:
+        m = self.module
+        if self.record is not None:
+            raise RuntimeError(f"{m} ran twice in one pass (shared weights): bk cannot clip it; use an Opacus mode")
+        batch = len(x)
+        if isinstance(m, nn.Conv2d):
+            a = F.unfold(x, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)  # (B, a, T)
+            activations, grads = a.transpose(1, 2), grad.reshape(batch, grad.shape[1], -1).transpose(1, 2)
+        else:
+            activations, grads = x.reshape(batch, -1, x.shape[-1]), grad.reshape(batch, -1, grad.shape[-1])
+        self.record = _Record(activations, grads)
+
+    def squared_norms(self) -> dict[str, torch.Tensor]:
+        """Per parameter tensor, each example's squared gradient norm, (B,)."""
+        r = self._record()
+        a, g = r.activations, r.output_grads
+        positions, width_in, width_out = a.shape[1], a.shape[2], g.shape[2]
+        if positions == 1:  # a dense layer on vectors: ‖gᵢ aᵢᵀ‖ = ‖gᵢ‖·‖aᵢ‖
+            weight = a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
+        elif positions * (width_in + width_out) < width_in * width_out:  # ghost: the Gram matrices are smaller
+            weight = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+        else:
+            r.per_example = torch.bmm(g.transpose(1, 2), a)  # (B, p, a)
+            weight = r.per_example.pow(2).sum((1, 2))
+        norms = {"weight": weight}
+        if self.module.bias is not None:
+            norms["bias"] = g.sum(1).pow(2).sum(1)
+        return norms
+
+    def add_clipped(self, factors: dict[str, torch.Tensor]) -> None:
+        """Add Σᵢ cᵢ·gradᵢ to each parameter's ``summed_grad``, then drop the record."""
+        r = self._record()
+        m = self.module
+        c = factors["weight"]
+        if r.per_example is not None:
+            weight = torch.einsum("b,bpa->pa", c, r.per_example)
+        else:
+            g = r.output_grads * c[:, None, None]
+            weight = g.reshape(-1, g.shape[-1]).T @ r.activations.reshape(-1, r.activations.shape[-1])
+        _accumulate(m.weight, weight.reshape(m.weight.shape))
+        if m.bias is not None:
+            _accumulate(m.bias, factors["bias"] @ r.output_grads.sum(1))
+        self.record = None
+
+    def _record(self) -> _Record:
+        if self.record is None:
+            raise RuntimeError(f"no backward pass has run through {self.module} since the last step")
+        return self.record
+
+
+def _accumulate(param: nn.Parameter, value: torch.Tensor) -> None:
+    summed = getattr(param, "summed_grad", None)
+    param.summed_grad = value.detach() if summed is None else summed + value.detach()
+
+
+class _TappedOp(torch.autograd.Function):
+    """y = layer(x) on the way forward; on the way back, the input gradient only (when needed),
+    and (x, dy) kept for the per-example computation. The weights get no gradient from autograd."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tap: _Tap) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.tap = tap
+        return tap.op(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        ctx.tap.keep(x, grad)
+        grad_x = ctx.tap.input_grad(x, weight, grad) if ctx.needs_input_grad[0] else None
+        return grad_x, None, None, None
+
+
+def _check_supported(model: nn.Module) -> list[nn.Linear | nn.Conv2d]:
+    layers = []
+    for name, module in model.named_modules():
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if not own:
+            continue
+        if type(module) is nn.Linear:
+            layers.append(module)
+        elif type(module) is nn.Conv2d and module.groups == 1 and module.padding_mode == "zeros" \
+                and not isinstance(module.padding, str):
+            layers.append(module)
+        else:
+            raise UnsupportedLayer(f"grad_sample_mode bk clips Linear and Conv2d layers (zero padding, groups 1) "
+                                   f"only; {name or 'the model'} is {type(module).__name__} with trainable "
+                                   f"parameters: use an Opacus mode (ghost, hooks)")
+    return layers
+
+
+class BookKeeping:
+    """Tap every trainable layer of ``model`` (see the module docstring); ``close`` restores it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.taps = [_Tap(layer) for layer in _check_supported(model)]
+        for tap in self.taps:
+            tap.module.forward = self._forward_for(tap)  # instance attribute: shadows the class's forward
+
+    @staticmethod
+    def _forward_for(tap: _Tap) -> Callable[[torch.Tensor], torch.Tensor]:
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return _TappedOp.apply(x, tap.module.weight, tap.module.bias, tap)
+        return forward
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for tap in self.taps for p in (tap.module.weight, tap.module.bias) if p is not None]
+
+    def squared_norms(self) -> list[dict[str, torch.Tensor]]:
+        """Per tapped layer and parameter tensor, each example's squared gradient norm."""
+        return [tap.squared_norms() for tap in self.taps]
+
+    def add_clipped(self, factors: list[dict[str, torch.Tensor]]) -> None:
+        for tap, layer_factors in zip(self.taps, factors):
+            tap.add_clipped(layer_factors)
+
+    def close(self) -> None:
+        for tap in self.taps:
+            if "forward" in vars(tap.module):
+                del tap.module.forward
+            tap.record = None
+        for p in self.parameters:
+            if hasattr(p, "summed_grad"):
+                del p.summed_grad
+
+
+def clip_factors(squared: list[dict[str, torch.Tensor]], *, max_grad_norm: float,
+                 clipping: str) -> list[dict[str, torch.Tensor]]:
+    """min(1, C/‖gᵢ‖) per example: flat (one norm over all parameters) or per_layer (each of the m
+    tensors to C/√m, so the whole gradient still has norm ≤ C)."""
+    eps = 1e-6  # as Opacus: a zero gradient gets factor C/1e-6, i.e. it is left alone
+    if clipping == "flat":
+        total = torch.stack([n for layer in squared for n in layer.values()]).sum(0).sqrt()
+        factor = (max_grad_norm / (total + eps)).clamp(max=1.0)
+        return [{name: factor for name in layer} for layer in squared]
+    if clipping == "per_layer":
+        per_tensor = max_grad_norm / math.sqrt(sum(len(layer) for layer in squared))
+        return [{name: (per_tensor / (n.sqrt() + eps)).clamp(max=1.0) for name, n in layer.items()}
+                for layer in squared]
+    raise ValueError(f"clipping must be flat or per_layer, got {clipping!r}")

@@ -1,0 +1,111 @@
+"""Book-keeping clipping against brute force: every example's gradient from its own backward pass."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privpipe.dpsgd import BookKeeping, UnsupportedLayer, clip_factors
+
+
+def _cnn() -> nn.Sequential:
+    # both norm paths: conv1 and the Linear on (B, 40, 4) form per-example gradients, conv2 uses
+    # Gram matrices (9 positions, 16 inputs, 40 outputs); GroupNorm and pooling have no weights
+    return nn.Sequential(nn.GroupNorm(3, 6, affine=False), nn.Conv2d(6, 4, 3, stride=2, padding=1), nn.Tanh(),
+                         nn.Conv2d(4, 40, 2, stride=1, bias=False), nn.MaxPool2d(2, 1), nn.Flatten(2),
+                         nn.Linear(4, 30), nn.Tanh(), nn.Flatten(), nn.Linear(40 * 30, 5))
+
+
+def _mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(7, 16), nn.ReLU(), nn.Linear(16, 5))
+
+
+def _brute_force(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[list[torch.Tensor]]:
+    """Per example, the gradient of each trainable tensor, one backward pass each."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = []
+    for xi, yi in zip(x, y):
+        grads = torch.autograd.grad(F.cross_entropy(model(xi[None]), yi[None], reduction="sum"), params)
+        out.append([g.detach() for g in grads])
+    return out
+
+
+CASES = [(_cnn, (6, 7, 7)), (_mlp, (7,))]
+
+
+@pytest.mark.parametrize("make, shape", CASES)
+@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+def test_clipped_sum_equals_brute_force(make, shape, clipping):
+    torch.manual_seed(0)
+    model = make().double()
+    x, y = torch.randn(12, *shape, dtype=torch.float64) * 3, torch.randint(0, 5, (12,))
+    per_example = _brute_force(model, x, y)
+    params = [p for p in model.parameters() if p.requires_grad]
+    clip = 0.7
+    taps = BookKeeping(model)
+    F.cross_entropy(model(x), y, reduction="sum").backward()
+    squared = taps.squared_norms()
+    flat_norms = torch.stack([n for layer in squared for n in layer.values()]).sum(0).sqrt()
+    brute_norms = torch.stack([torch.cat([g.flatten() for g in grads]).norm() for grads in per_example])
+    assert torch.allclose(flat_norms, brute_norms, rtol=1e-9)
+    assert all(p.grad is None for p in params)  # autograd skipped the summed weight gradient
+    taps.add_clipped(clip_factors(squared, max_grad_norm=clip, clipping=clipping))
+    got = [p.summed_grad for p in params]
+    taps.close()
+
+    if clipping == "flat":
+        factors = [[min(1.0, clip / (n.item() + 1e-6))] * len(params) for n in brute_norms]  # Opacus' 1e-6
+    else:
+        per_tensor = clip / math.sqrt(len(params))
+        factors = [[min(1.0, per_tensor / (g.norm().item() + 1e-6)) for g in grads] for grads in per_example]
+    assert sum(f < 1 for row in factors for f in row) > len(factors)  # clipping really bites
+    for k, g in enumerate(got):
+        expected = sum(row[k] * grads[k] for row, grads in zip(factors, per_example))
+        assert torch.allclose(g, expected, rtol=1e-8, atol=1e-10)
+
+
+def test_physical_batches_add_up_to_the_whole_lot():
+    torch.manual_seed(1)
+    model = _cnn().double()
+    x, y = torch.randn(10, 6, 7, 7, dtype=torch.float64), torch.randint(0, 5, (10,))
+    taps = BookKeeping(model)
+    sums = []
+    for parts in ([slice(0, 10)], [slice(0, 3), slice(3, 7), slice(7, 10)]):
+        for part in parts:
+            F.cross_entropy(model(x[part]), y[part], reduction="sum").backward()
+            taps.add_clipped(clip_factors(taps.squared_norms(), max_grad_norm=0.5, clipping="flat"))
+        sums.append([p.summed_grad.clone() for p in taps.parameters])
+        for p in taps.parameters:
+            p.summed_grad = None
+    taps.close()
+    assert all(torch.allclose(a, b, rtol=1e-10) for a, b in zip(*sums))
+
+
+def test_close_restores_the_plain_model():
+    model = _mlp()
+    x = torch.randn(4, 7)
+    before = model(x).detach()
+    taps = BookKeeping(model)
+    taps.close()
+    assert "forward" not in vars(model[0])
+    F.cross_entropy(model(x), torch.zeros(4, dtype=torch.long)).backward()
+    assert model[0].weight.grad is not None and torch.equal(model(x).detach(), before)
+
+
+@pytest.mark.parametrize("layer", [nn.BatchNorm1d(7), nn.LayerNorm(7), nn.Embedding(3, 7)])
+def test_unsupported_trainable_layers_are_refused(layer):
+    with pytest.raises(UnsupportedLayer, match="bk clips Linear and Conv2d"):
+        BookKeeping(nn.Sequential(layer, nn.Linear(7, 2)))
+
+
+def test_a_layer_run_twice_is_refused():
+    layer = nn.Linear(4, 4)
+    model = nn.Sequential(layer, nn.Tanh(), layer)
+    taps = BookKeeping(model)
+    with pytest.raises(RuntimeError, match="ran twice"):
+        model(torch.randn(3, 4)).sum().backward()
+    taps.close()
