@@ -33,6 +33,7 @@ from privpipe.config import Params, check_pipeline_use, load_params
 from privpipe.privacy import Ledger
 from tasks import paths, run_view, tracking
 from tasks.common import PipelineBusy, exclusive_lock, read_json, use_torch_threads
+from tasks.device import training_device
 from tasks.dp_pca import dp_pca_task
 from tasks.evaluate import evaluate_task, release_task
 from tasks.finetune.stage import finetune_task, run_finetune, start_dir
@@ -119,6 +120,7 @@ def preflight(params: Params) -> None:
     """Load and check the data and the partition the run would make, writing nothing: ``privpipe run``
     calls it before Prefect, MLflow or the pipeline lock exist, so bad input leaves no trace."""
     check_pipeline_use(params)
+    training_device(params)  # run.device: cuda on a machine without one is refused here, not mid-run
     sets, *_ = prepared_sets(params)
     if params.student.enabled:
         shard_assignment(params, sets["sensitive"], source=params.prepare.path)
@@ -132,6 +134,7 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     lifetime budget cannot pay for the run's ``privacy.epsilon_budget``."""
     params = load_params(params_file)
     check_pipeline_use(params)  # a deployment's run starts here, not in preflight
+    training_device(params)
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)

@@ -3,10 +3,13 @@
 - ``mlp``: unit-norm rows → DP-PCA projection (if it ran) → fixed scale → ReLU MLP
   (Abadi et al. 2016).
 - ``cnn``: raw pixels reshaped to 1×28×28 → the tanh CNN of Tramer & Boneh 2021
-  (for MNIST-sized images; no projection).
+  (for MNIST-sized images; no projection); or, behind a ScatterNet transform
+  (``features.transform: scatternet``), the coefficient maps → GroupNorm → their small
+  tanh CNN on ScatterNet features (any square image size).
 
-The front has no trainable parameters, so it is part of the released model (which
-takes raw features) but not of training.
+The front (the fixed transform, if any, and the preprocessing) has no trainable
+parameters, so it is part of the released model (which takes raw features) but not of
+training.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["apply_front", "UnitNorm", "Projection", "Scale", "Reshape", "make_mlp", "make_cnn", "make_network", "front_layers",
+from privpipe.features import make_transform
+
+__all__ = ["apply_front", "UnitNorm", "Projection", "Scale", "Reshape", "make_mlp", "make_cnn", "make_scatter_cnn",
+           "make_network", "front_layers", "network_maps",
            "released_model", "save_released", "load_released", "seeded", "MODELS"]
 
 MODELS = ("mlp", "cnn")
@@ -107,31 +113,62 @@ def make_cnn(classes: int) -> nn.Sequential:
     )
 
 
-def make_network(kind: str, *, in_features: int, hidden_units: Sequence[int], classes: int) -> nn.Sequential:
-    """The trainable part: ``mlp`` on ``in_features`` inputs, or ``cnn`` on 28×28 images."""
+def make_scatter_cnn(maps: Sequence[int], classes: int, *, channels: tuple[int, int] = (16, 32)) -> nn.Sequential:
+    """Tramer & Boneh 2021's CNN on ScatterNet coefficient maps (K, h, w): GroupNorm (per example,
+    so it costs no privacy; K/3 groups, as their code's 27 for K = 81) → conv 3×3/2 → conv 3×3 →
+    32 → classes, tanh throughout."""
+    k, h, w = (int(v) for v in maps)
+    groups = k // 3 if k % 3 == 0 else 1
+    first, second = channels
+    side_h, side_w = (h + 1) // 2, (w + 1) // 2
+    return nn.Sequential(
+        nn.Unflatten(1, (k, h, w)), nn.GroupNorm(groups, k, affine=False),
+        nn.Conv2d(k, first, 3, stride=2, padding=1), nn.Tanh(), nn.Conv2d(first, second, 3, padding=1), nn.Tanh(),
+        nn.Flatten(), nn.Linear(second * side_h * side_w, 32), nn.Tanh(), nn.Linear(32, classes),
+    )
+
+
+def make_network(kind: str, *, in_features: int, hidden_units: Sequence[int], classes: int,
+                 maps: Sequence[int] | None = None) -> nn.Sequential:
+    """The trainable part: ``mlp`` on ``in_features`` inputs; ``cnn`` on 28×28 images, or on the
+    coefficient ``maps`` (K, h, w) of a ScatterNet front."""
     if kind == "mlp":
         return make_mlp(in_features, hidden_units, classes)
     if kind == "cnn":
+        if maps is not None:
+            if int(np.prod(maps)) != in_features:
+                raise ValueError(f"the cnn's maps {tuple(maps)} do not hold {in_features} features")
+            return make_scatter_cnn(maps, classes)
         if in_features != CNN_SIDE * CNN_SIDE:
             raise ValueError(f"the cnn model needs {CNN_SIDE}×{CNN_SIDE} images, got {in_features} features")
         return make_cnn(classes)
     raise ValueError(f"unknown model {kind!r} (choose one of {', '.join(MODELS)})")
 
 
-def front_layers(kind: str, projection: np.ndarray | None, *, input_scale: float) -> list[nn.Module]:
-    """The frozen preprocessing a model of ``kind`` sees its inputs through."""
+def front_layers(kind: str, projection: np.ndarray | None, *, input_scale: float,
+                 transform: nn.Module | None = None) -> list[nn.Module]:
+    """The frozen preprocessing a model of ``kind`` sees its inputs through: the fixed ``transform``
+    (if any), then for the cnn nothing more (pixels: reshaped to images), for the mlp unit rows,
+    the DP-PCA projection (if it ran) and a fixed scale."""
     if kind == "cnn":
-        return [Reshape(CNN_SIDE)]
-    front: list[nn.Module] = [UnitNorm()]
+        return [transform] if transform is not None else [Reshape(CNN_SIDE)]
+    front: list[nn.Module] = [] if transform is None else [transform]
+    front.append(UnitNorm())
     if projection is not None:
         front.append(Projection(projection))
     return front + [Scale(input_scale)]
 
 
+def network_maps(kind: str, transform: nn.Module | None) -> tuple[int, int, int] | None:
+    """The maps a cnn behind ``transform`` takes (None: pixels, or an mlp)."""
+    return tuple(transform.maps) if kind == "cnn" and transform is not None else None
+
+
 def released_model(network: nn.Module, projection: np.ndarray | None, *, input_scale: float = 1.0,
-                   kind: str = "mlp") -> nn.Sequential:
+                   kind: str = "mlp", transform: nn.Module | None = None) -> nn.Sequential:
     """Chain the frozen front for ``kind`` and the trained network."""
-    return nn.Sequential(*front_layers(kind, projection, input_scale=input_scale), network).eval()
+    return nn.Sequential(*front_layers(kind, projection, input_scale=input_scale, transform=transform),
+                         network).eval()
 
 
 def save_released(model: nn.Sequential, folder: Path, *, spec: dict) -> None:
@@ -145,9 +182,14 @@ def load_released(folder: Path) -> nn.Sequential:
     """Inverse of :func:`save_released` (weights only: no pickled code is executed)."""
     spec = json.loads((folder / "model.json").read_text())
     kind = spec.get("model", "mlp")
-    in_features = spec["projection_dim"] or spec["input_dim"]
+    transform = make_transform(spec.get("transform", "none"), input_dim=spec["input_dim"],
+                               scatter_j=spec.get("scatter_j", 2))
     projection = np.zeros((spec["input_dim"], spec["projection_dim"])) if spec["projection_dim"] else None
-    network = make_network(kind, in_features=in_features, hidden_units=spec["hidden_units"], classes=spec["classes"])
-    model = released_model(network, projection, input_scale=spec["input_scale"], kind=kind)
+    front = nn.Sequential(*front_layers(kind, projection, input_scale=spec["input_scale"], transform=transform))
+    with torch.no_grad():
+        in_features = int(front(torch.zeros(1, spec["input_dim"])).shape[1:].numel())
+    network = make_network(kind, in_features=in_features, hidden_units=spec["hidden_units"], classes=spec["classes"],
+                           maps=network_maps(kind, transform))
+    model = released_model(network, projection, input_scale=spec["input_scale"], kind=kind, transform=transform)
     model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
     return model.eval()

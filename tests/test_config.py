@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 from dataclasses import fields
@@ -45,6 +46,12 @@ def test_project_params_are_valid_and_flatten_for_mlflow():
     ("finetune", "target_epsilon", -2, "finetune.target_epsilon: must be > 0"),
     ("finetune", "noise_multiplier", 1.0, "set exactly one of finetune.noise_multiplier and finetune.target_epsilon"),
     ("finetune", "grad_sample_mode", "magic", "finetune.grad_sample_mode: unknown value"),
+    ("finetune", "max_physical_batch", 0, "finetune.max_physical_batch: must be >= 1"),
+    ("run", "device", "tpu", "run.device: unknown value 'tpu'"),
+    ("features", "transform", "pca", "features.transform: unknown value 'pca'"),
+    ("features", "scatter_j", 4, "features.scatter_j: must be 1, 2 or 3"),
+    ("features", "transform", "scatternet", "dp_pca.enabled: DP-PCA projects raw pixels"),
+    ("head", "features", "transform", "head.features: transform needs a features.transform other than none"),
     ("dp_pca", "components", 0, "dp_pca.components: must be >= 1"),
     ("dp_pca", "noise_multiplier", -1.0, "dp_pca.noise_multiplier: must be > 0"),
     ("prepare", "dataset", "imagenet", "prepare.dataset: unknown value 'imagenet'"),
@@ -148,7 +155,7 @@ def with_values(edits: dict[str, dict]) -> dict:
      "finetune.enabled: with student.enabled also false there is no model to deploy"),
     ("finetune", {"finetune": {"lr_end": 0.0}}, "finetune.lr_end: must be > 0"),
     ("finetune", {"finetune": {"mode": "gossip"}}, "finetune.mode: unknown value 'gossip' (choose one of dpsgd, federated)"),
-    ("finetune", {"finetune": {"clipping": "per_layer"}},
+    ("finetune", {"finetune": {"clipping": "per_layer", "grad_sample_mode": "ghost"}},
      "finetune.clipping: per_layer clipping is not supported with ghost clipping"),
     ("head", {"head": {"lam": 0.0}}, "head.lam: must be > 0 (the removal bound needs a strongly convex loss)"),
     ("privacy_audit", {"privacy_audit": {"records": 19}},
@@ -223,3 +230,37 @@ def test_the_student_choices_config_accepts_are_the_librarys():
 
     assert config_student.COVER_TARGETS == library_student.COVER_TARGETS
     assert config_student.LR_SCHEDULES == library_student.LR_SCHEDULES
+
+
+def test_the_choices_config_accepts_are_the_librarys():
+    # written out in privpipe/config/ so that checking params does not import torch
+    from privpipe import device, dpsgd, features
+    from privpipe.config import features as config_features
+    from privpipe.config import finetune as config_finetune
+    from privpipe.config import head as config_head
+    from privpipe.config import run as config_run
+    from privpipe.removal import features as removal_features
+
+    assert config_run.DEVICES == device.DEVICES
+    assert config_features.TRANSFORMS == features.TRANSFORMS
+    assert config_finetune.GRAD_SAMPLE_MODES == dpsgd.GRAD_SAMPLE_MODES
+    assert config_finetune.LR_SCHEDULES == dpsgd.LR_SCHEDULES
+    assert config_finetune.CLIPPINGS == dpsgd.CLIPPINGS
+    assert config_head.HEAD_FEATURES == removal_features.FEATURE_SOURCES
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"features": {"transform": "scatternet", "scatter_j": 3}, "dp_pca": {"enabled": False}},
+     "features.scatter_j: digits images are 8×8"),
+    ({"features": {"transform": "scatternet"}, "dp_pca": {"enabled": False},
+      "student": {"enabled": True, "consistency_weight": 1.0}, "finetune": {"model": "cnn"}},
+     "student.consistency_weight: FixMatch augments pixels"),
+    ({"finetune": {"max_physical_batch": 64, "grad_sample_mode": "ghost"}},
+     "finetune.max_physical_batch: splitting a lot into physical batches needs grad_sample_mode: bk"),
+])
+def test_cross_section_feature_and_engine_checks(changes, message):
+    raw = yaml.safe_load((PROJECT / "params.yaml").read_text())
+    for section, values in changes.items():
+        raw[section].update(values)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_params(raw)

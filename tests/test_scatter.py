@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from privpipe.pate.scatter import ScatterNet, scatter_features, standardised_linear
+from privpipe.features import ScatterNet, scatter_features, scatter_maps
+from privpipe.pate.linear_teacher import standardised_linear
 
 torch.set_num_threads(1)
 
@@ -20,6 +21,7 @@ def test_scatter_features_are_fixed_and_shaped():
     again = scatter_features(images.reshape(5, 1, 28, 28), batch_size=5)
     np.testing.assert_allclose(features, again, rtol=1e-5, atol=1e-6)
     assert list(ScatterNet().parameters()) == []
+    assert ScatterNet().maps == scatter_maps(28, 2) == (81, 7, 7)
     # the first coefficient is a local average: a brighter image has larger ones
     assert (scatter_features(2 * images)[:, 0] > features[:, 0]).all()
 
@@ -41,5 +43,13 @@ def test_bad_inputs_are_refused():
         scatter_features(np.zeros((3, 30)))
     with pytest.raises(ValueError, match="^j:"):
         ScatterNet(j=4)
+    with pytest.raises(ValueError, match="^j:"):
+        ScatterNet(side=8, j=3)
     with pytest.raises(ValueError, match="^classes:"):
         standardised_linear(np.zeros((3, 4)), classes=1)
+
+
+def test_digits_sized_images_work_at_j1():
+    front = ScatterNet(side=8, j=1)
+    assert front.maps == (9, 4, 4)
+    assert front(torch.rand(3, 64)).shape == (3, 9 * 16)

@@ -194,3 +194,63 @@ def test_parallel_tasks_share_the_cores(monkeypatch):
     assert task_threads(wanted(1, workers=2)) == 1 and task_threads(wanted(4, workers=16)) == 1
     assert (stage_threads(wanted(0)), task_threads(wanted(0))) == (8, 1)  # 0: torch's default; 8 workers of 1
     assert task_threads(wanted(3, kind="dask", address="tcp://scheduler:8786")) == 3  # a remote cluster's own cores
+
+
+def test_the_scatternet_front_serves_teachers_student_and_finetune(project):
+    """features.transform: scatternet puts the fixed ScatterNet before every image model: the teachers'
+    and student's CNN and finetune's train on its maps (in physical batches), the released models carry it."""
+    from privpipe.models import load_released
+
+    (project / "mnist").mkdir()
+    write_mnist(project / "mnist", n_train=60, n_test=30)
+    write_params(project, **{**SETTINGS, "features": {"transform": "scatternet", "scatter_j": 2},
+                             "prepare": {**SETTINGS["prepare"], "target_domain": False},
+                             "finetune": {**CNN_FINETUNE, "max_physical_batch": 4},
+                             "head": {"enabled": False}, "run": {"device": "cpu"}})
+    params = load_params("params.yaml")
+    run_prepare(params)
+    for run in (run_partition, run_dp_pca, run_teachers, run_aggregate, run_student):
+        run(params)
+    assert json.loads((project / "artifacts/student/model.json").read_text())["transform"] == "scatternet"
+    tuned = run_finetune(params)
+    assert tuned["steps"] == 12
+    spec = json.loads((project / "artifacts/finetune/model.json").read_text())
+    assert spec["transform"] == "scatternet" and spec["scatter_j"] == 2
+    model = load_released(project / "artifacts/finetune")
+    assert type(model[0]).__name__ == "ScatterNet" and isinstance(model[1][1], torch.nn.GroupNorm)
+    test = Records.load(project / "data/prepared/test")
+    with torch.no_grad():
+        assert model(torch.as_tensor(test.features)).shape == (len(test), 10)
+    assert 0.0 <= run_evaluate(params)["accuracy_test"] <= 1.0
+
+
+def test_the_head_can_read_the_transform_coefficients(project):
+    """head.features: transform — the head on ScatterNet coefficients (digits: J = 1, 9 maps of 4×4):
+    a fixed transform, so there is no extractor DP to inherit, and a removal run rebuilds it."""
+    from tasks.removal.head import run_head
+    from tasks.removal.store import extractor_from
+
+    write_params(project, features={"transform": "scatternet", "scatter_j": 1}, dp_pca={"enabled": False},
+                 finetune={"model": "cnn", "epochs": 1}, head={"features": "transform"})
+    params = load_params("params.yaml")
+    run_prepare(params)
+    run_dp_pca(params)
+    run_finetune(params)
+    head = run_head(params)
+    source = json.loads((project / "artifacts/head/extractor/source.json").read_text())
+    assert source["source"] == "transform" and source["dp"]["epsilon"] == 0.0 and source["scatter_j"] == 1
+    assert head["accuracy_test"] > 0.5  # it learns from the coefficients (10 classes: chance is 0.1)
+    extractor = extractor_from(project / "artifacts/head")
+    assert type(extractor[0]).__name__ == "ScatterNet" and extractor[0].maps == (9, 4, 4)
+
+
+def test_a_cuda_device_without_a_gpu_is_refused_with_its_key(project):
+    from tasks.device import training_device
+
+    write_params(project, run={"device": "cuda"})
+    params = load_params("params.yaml")
+    if torch.cuda.is_available():
+        assert training_device(params).type == "cuda"
+    else:
+        with pytest.raises(ConfigError, match="^run.device: device cuda: torch.cuda.is_available"):
+            training_device(params)

@@ -23,6 +23,9 @@ def stage(args: argparse.Namespace) -> int:
     _log_stages_to_stderr()
     params = load_params(args.params)
     check_pipeline_use(params)
+    from tasks.device import training_device  # deferred: torch, once the params are checked
+
+    training_device(params)  # run.device: cuda on a machine without one is refused before any work
     if args.name in SPENDING_STAGES:  # dvc repro: the run is charged at evaluate --track; refuse before spending
         budget.check_lifetime(params, budget.dataset_name(params), what=f"stage {args.name}")
     use_torch_threads(params, args.name, quiet=True)  # run.torch_threads; the torch-heavy stages say so themselves

@@ -22,6 +22,7 @@ from privpipe.config.aggregate import AggregateConfig
 from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import ConfigError
 from privpipe.config.evaluate import EvaluateConfig
+from privpipe.config.features import FeaturesConfig
 from privpipe.config.federated import FederatedConfig
 from privpipe.config.finetune import FinetuneConfig
 from privpipe.config.head import HeadConfig
@@ -44,7 +45,7 @@ from privpipe.config.use import check_federated_use, check_pipeline_use
 # what privpipe.config exported when it was one module, section classes included
 __all__ = [
     "ConfigError", "Params", "load_params", "parse_params", "check_pipeline_use", "check_federated_use", "redact_url",
-    "flatten", "RunConfig", "PrivacyConfig", "PrepareConfig", "DpPcaConfig", "PartitionConfig", "TeachersConfig",
+    "flatten", "RunConfig", "PrivacyConfig", "PrepareConfig", "DpPcaConfig", "FeaturesConfig", "PartitionConfig", "TeachersConfig",
     "AggregateConfig", "StudentConfig", "FinetuneConfig", "HeadConfig", "EvaluateConfig", "PrivacyAuditConfig",
     "FederatedConfig", "TextConfig", "LifetimeConfig", "RunnerConfig", "ScheduleConfig",
 ]

@@ -14,9 +14,9 @@ from privpipe.config.privacy import PrivacyConfig
 from privpipe.config.teachers import MODELS
 
 FINETUNE_MODES = ("dpsgd", "federated")
-LR_SCHEDULES = ("constant", "linear_then_constant")
+LR_SCHEDULES = ("constant", "linear_then_constant", "cosine")  # privpipe.dpsgd.LR_SCHEDULES
 CLIPPINGS = ("flat", "per_layer")
-GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost")
+GRAD_SAMPLE_MODES = ("bk", "ghost", "hooks", "functorch", "ew")  # privpipe.dpsgd.GRAD_SAMPLE_MODES
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,9 @@ class FinetuneConfig:
     clipping: str = "flat"
     noise_multiplier: float | None = None
     target_epsilon: float | None = 3.0  # σ is calibrated to what is left of the budget instead of guessed
-    grad_sample_mode: str = "ghost"  # the fastest engine here (README, Benchmarks: 0.65 s an epoch vs 9–11 s)
+    # bk: book-keeping, one backward pass (README, Benchmarks); ghost, hooks, functorch, ew: Opacus' engines
+    grad_sample_mode: str = "bk"
+    max_physical_batch: int | None = None  # records per forward/backward pass within a lot (bk); None: the whole lot
     epsilon_curve_points: int = 20
 
 
@@ -63,6 +65,10 @@ def check(finetune: FinetuneConfig, *, dp_pca: DpPcaConfig, privacy: PrivacyConf
     require(finetune.max_grad_norm > 0, "finetune.max_grad_norm", "must be > 0 (it bounds each example's influence)")
     one_of(finetune.clipping, CLIPPINGS, "finetune.clipping")
     one_of(finetune.grad_sample_mode, GRAD_SAMPLE_MODES, "finetune.grad_sample_mode")
+    if finetune.max_physical_batch is not None:
+        require(finetune.max_physical_batch >= 1, "finetune.max_physical_batch", "must be >= 1 (or null: whole lots)")
+        require(finetune.grad_sample_mode == "bk", "finetune.max_physical_batch",
+                "splitting a lot into physical batches needs grad_sample_mode: bk")
     noise_or_epsilon("finetune", finetune.noise_multiplier, "target_epsilon", finetune.target_epsilon)
     if finetune.target_epsilon is not None:
         require(finetune.target_epsilon <= privacy.epsilon_budget, "finetune.target_epsilon",

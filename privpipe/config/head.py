@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import one_of, require
 
-HEAD_FEATURES = ("model", "dp_pca", "raw")
+HEAD_FEATURES = ("model", "dp_pca", "transform", "raw")  # privpipe.removal.features.FEATURE_SOURCES
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from privpipe.config import (
     aggregate,
     dp_pca,
     evaluate,
+    features,
     federated,
     finetune,
     head,
@@ -36,6 +37,7 @@ class Params:
     privacy: privacy.PrivacyConfig = field(default_factory=privacy.PrivacyConfig)
     prepare: prepare.PrepareConfig = field(default_factory=prepare.PrepareConfig)
     dp_pca: dp_pca.DpPcaConfig = field(default_factory=dp_pca.DpPcaConfig)
+    features: features.FeaturesConfig = field(default_factory=features.FeaturesConfig)
     partition: partition.PartitionConfig = field(default_factory=partition.PartitionConfig)
     teachers: teachers.TeachersConfig = field(default_factory=teachers.TeachersConfig)
     aggregate: aggregate.AggregateConfig = field(default_factory=aggregate.AggregateConfig)
@@ -72,6 +74,7 @@ def check_all(p: Params) -> None:
     student.check(p.student, finetune=p.finetune)
     finetune.check_something_to_deploy(p.finetune, student_enabled=p.student.enabled)
     dp_pca.check(p.dp_pca)
+    features.check(p.features, dp_pca=p.dp_pca, prepare=p.prepare, student=p.student, head=p.head)
     finetune.check(p.finetune, dp_pca=p.dp_pca, privacy=p.privacy)
     head.check(p.head, dp_pca=p.dp_pca)
     finetune.check_mode(p.finetune)

@@ -41,7 +41,7 @@ def _trainable(model: nn.Module) -> list[nn.Parameter]:
 
 def trainable_vector(model: nn.Module) -> np.ndarray:
     """The trainable parameters, flattened into one float32 vector."""
-    return torch.cat([p.detach().reshape(-1) for p in _trainable(model)]).to(torch.float32).numpy().copy()
+    return torch.cat([p.detach().reshape(-1) for p in _trainable(model)]).to(torch.float32).cpu().numpy().copy()
 
 
 def load_vector(model: nn.Module, vector: np.ndarray) -> None:
@@ -63,8 +63,10 @@ def local_update(model: nn.Module, tensors: tuple[torch.Tensor, ...], *, start: 
     """Train ``model`` (overwritten: give each concurrent client its own) from ``start`` on the
     client's ``tensors`` (inputs…, labels) and return ``w_local − start``.
 
-    ``model(*inputs)`` must return class logits.
+    ``model(*inputs)`` must return class logits. Training runs on the model's device.
     """
+    device = next(model.parameters()).device
+    tensors = tuple(t.to(device) for t in tensors)
     labels = tensors[-1]
     if len(labels) == 0:
         raise ValueError("a client with no records has nothing to train on")
@@ -76,7 +78,7 @@ def local_update(model: nn.Module, tensors: tuple[torch.Tensor, ...], *, start: 
     loss_fn = nn.CrossEntropyLoss()
     model.train()
     for _ in range(config.epochs):
-        order = torch.randperm(len(labels), generator=generator)
+        order = torch.randperm(len(labels), generator=generator).to(device)
         for begin in range(0, len(labels), config.batch_size):
             batch = order[begin:begin + config.batch_size]
             loss = loss_fn(model(*(t[batch] for t in tensors[:-1])), labels[batch])

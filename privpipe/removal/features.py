@@ -5,7 +5,9 @@
     model = head_model(extractor, head.W, classes=10)      # what gets registered and served
 
 Sources: ``model``, the deployed network's last hidden layer (its DP covers the extractor);
-``dp_pca``, the DP-PCA projection; ``raw``, the input features themselves (no extractor).
+``dp_pca``, the DP-PCA projection; ``transform``, a fixed data-independent transform
+(ScatterNet: no privacy cost, nothing learned from data); ``raw``, the input features
+themselves (no extractor).
 Each row is unit-normalised and gets an intercept entry, both scaled by 1/√2, so ‖x‖ ≤ 1
 as the removal bounds assume, without any data-dependent scaling.
 """
@@ -22,7 +24,7 @@ from privpipe.models import Projection, UnitNorm
 
 __all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "FEATURE_SOURCES"]
 
-FEATURE_SOURCES = ("model", "dp_pca", "raw")
+FEATURE_SOURCES = ("model", "dp_pca", "transform", "raw")
 
 
 class HeadFeatures(nn.Module):
@@ -35,7 +37,7 @@ class HeadFeatures(nn.Module):
 
 
 def feature_extractor(source: str, *, released: nn.Sequential | None = None,
-                      projection: np.ndarray | None = None) -> nn.Sequential:
+                      projection: np.ndarray | None = None, transform: nn.Module | None = None) -> nn.Sequential:
     """The frozen map from input features to what the head sees (before :class:`HeadFeatures`)."""
     if source == "model":
         if released is None:
@@ -47,6 +49,10 @@ def feature_extractor(source: str, *, released: nn.Sequential | None = None,
         if projection is None:
             raise ValueError("head.features: dp_pca needs the DP-PCA projection (dp_pca.enabled: true)")
         return nn.Sequential(UnitNorm(), Projection(projection)).eval()
+    if source == "transform":
+        if transform is None:
+            raise ValueError("head.features: transform needs a fixed transform (features.transform other than none)")
+        return nn.Sequential(transform).eval()
     if source == "raw":
         return nn.Sequential().eval()
     raise ValueError(f"head.features: unknown source {source!r} (choose one of {', '.join(FEATURE_SOURCES)})")

@@ -41,6 +41,7 @@ class ModelSpec:
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = ("query", "value")
     input_scale: float = 1.0  # linear/lora: fixed factor on the unit-norm sentence embedding
+    maps: tuple[int, int, int] | None = None  # network cnn behind a ScatterNet front: its coefficient maps
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class ClientJob:
     local: LocalConfig
     seed: int  # run.seed: local shuffling follows seed_for(seed, "client", round, client)
     torch_threads: int = 1  # each update's torch threads, mapped or one after another (tasks.common.task_threads)
+    device: str = "cpu"  # where each update trains (run.device, resolved by the stage)
 
 
 def build_model(spec: ModelSpec) -> torch.nn.Module:
@@ -65,7 +67,7 @@ def build_model(spec: ModelSpec) -> torch.nn.Module:
     global vector before every use, so only the frozen parts' values matter here."""
     if spec.kind == "network":
         return make_network(spec.network, in_features=spec.in_features, hidden_units=spec.hidden_units,
-                            classes=spec.classes)
+                            classes=spec.classes, maps=spec.maps)
     if spec.kind == "linear":
         return make_linear_head(spec.in_features, spec.classes, input_scale=spec.input_scale)
     if spec.kind == "lora":
@@ -82,12 +84,12 @@ _ARRAYS: dict[str, np.ndarray] = {}
 _ARRAYS_LOCK = threading.Lock()
 
 
-def _thread_model(spec: ModelSpec) -> torch.nn.Module:
+def _thread_model(spec: ModelSpec, device: str) -> torch.nn.Module:
     models = _LOCAL.__dict__.setdefault("models", {})
-    if spec not in models:
+    if (spec, device) not in models:
         models.clear()  # one model per thread: a new spec (a new run) replaces the old one
-        models[spec] = build_model(spec)
-    return models[spec]
+        models[spec, device] = build_model(spec).to(device)
+    return models[spec, device]
 
 
 def _array(path: str) -> np.ndarray:
@@ -115,7 +117,7 @@ def train_client(job: ClientJob, client: int, round_: int, weights: np.ndarray) 
         return np.zeros_like(weights, dtype=np.float32)
     tensors = tuple(torch.as_tensor(np.asarray(_array(p)[rows])) for p in (*job.data.inputs, job.data.labels))
     seed = int(seed_for(job.seed, "client", round_, client).generate_state(1)[0])
-    return local_update(_thread_model(job.model), tensors, start=weights, config=job.local, seed=seed)
+    return local_update(_thread_model(job.model, job.device), tensors, start=weights, config=job.local, seed=seed)
 
 
 def sequential_updates(job: ClientJob) -> ClientUpdates:

@@ -20,10 +20,11 @@ import torch
 from privpipe.config import Params
 from privpipe.data import Records
 from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainable_vector
-from privpipe.models import apply_front, released_model, save_released
+from privpipe.models import apply_front, network_maps, released_model, save_released
 from privpipe.privacy import BudgetExceeded
 from tasks import paths
 from tasks.common import stage_logger, staged_dir, task_threads, write_json, write_text
+from tasks.device import training_device
 from tasks.federated.clients import ClientData, ClientJob, ModelSpec, forget_arrays, sequential_updates
 from tasks.federated.training import assign_clients, train_federated
 from tasks.finetune.start import finetune_start
@@ -48,13 +49,14 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
     np.save(work / "assignment.npy", assignment)
     forget_arrays()
     spec = ModelSpec(kind="network", network=cfg.model, in_features=int(np.prod(begin.features.shape[1:])),
-                     hidden_units=tuple(cfg.hidden_units), classes=begin.classes)
+                     hidden_units=tuple(cfg.hidden_units), classes=begin.classes,
+                     maps=network_maps(cfg.model, begin.transform))
     fed = params.federated
     job = ClientJob(model=spec, data=ClientData(inputs=(str(work / "features.npy"),), labels=str(work / "labels.npy"),
                                                 assignment=str(work / "assignment.npy"), clients=clients),
                     local=LocalConfig(epochs=fed.local_epochs, batch_size=fed.local_batch_size,
                                       learning_rate=fed.local_learning_rate, prox_mu=fed.prox_mu),
-                    seed=params.run.seed, torch_threads=task_threads(params))
+                    seed=params.run.seed, torch_threads=task_threads(params), device=str(training_device(params)))
     network = begin.network(params, start=start, dp_pca_dir=dp_pca_dir, log=log)
     test_records = Records.load(test)
     test_features = torch.as_tensor(apply_front(begin.front, test_records.features))
@@ -77,7 +79,8 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
     if not run.result.rounds_run:
         raise BudgetExceeded(f"{run.result.stopped}; no round fits, nothing was trained")
     load_vector(network, run.result.weights)
-    model = released_model(network, begin.projection, input_scale=cfg.input_scale, kind=cfg.model)
+    model = released_model(network, begin.projection, input_scale=cfg.input_scale, kind=cfg.model,
+                           transform=begin.transform)
     curve = [{"step": c["round"], "epsilon": c["epsilon"]} for c in run.curve]
     with staged_dir(out) as staging:
         save_released(model, staging, spec={**begin.released_spec(params), "mode": "federated"})

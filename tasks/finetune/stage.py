@@ -26,6 +26,7 @@ from privpipe.privacy import compute_epsilon
 from tasks import paths
 from tasks.common import (skip_stage, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng, write_json,
                           write_text)
+from tasks.device import training_device
 from tasks.federated.clients import ClientJob, sequential_updates
 from tasks.finetune.federated import run_finetune_federated
 from tasks.finetune.start import finetune_start
@@ -73,6 +74,8 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
              schedule.sample_rate, sigma, after)
 
     network = begin.network(params, start=start, dp_pca_dir=Path(dp_pca_dir), log=log)
+    device = training_device(params)
+    log.info("finetune: training on %s (run.device: %s)", device, params.run.device)
     def report(h: dict[str, float]) -> None:
         log.info("finetune: epoch %d/%d, loss %.4f", h["epoch"], cfg.epochs, h["loss"])
         bar.update()
@@ -85,8 +88,8 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
             lot_size=cfg.lot_size, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
             lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end, lr_decay_epochs=cfg.lr_decay_epochs,
             momentum=cfg.momentum, clipping=cfg.clipping, grad_sample_mode=cfg.grad_sample_mode,
-            secure_rng=params.privacy.secure_rng, seed=params.run.seed,
-            on_epoch=report,
+            max_physical_batch=cfg.max_physical_batch, secure_rng=params.privacy.secure_rng, seed=params.run.seed,
+            device=device, on_epoch=report,
         )
     if result.event != planned:
         raise RuntimeError(f"DP-SGD ran {result.event}, not the planned {planned}; refusing to mis-account")
@@ -96,7 +99,8 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     curve = [{"step": int(s), "epsilon": compute_epsilon([schedule.event(noise_multiplier=sigma, steps=int(s))],
                                                          delta=ledger.delta, accountant=ledger.accountant).epsilon}
              for s in steps]
-    model = released_model(result.model, begin.projection, input_scale=cfg.input_scale, kind=cfg.model)
+    model = released_model(result.model, begin.projection, input_scale=cfg.input_scale, kind=cfg.model,
+                           transform=begin.transform)
     with staged_dir(out) as staging:
         save_released(model, staging, spec=begin.released_spec(params))
         write_json(staging / "history.json", {"epochs": result.history, "epsilon_by_step": curve})

@@ -23,12 +23,14 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, DataError, Records
-from privpipe.models import make_network, released_model, save_released, seeded
+from privpipe.models import make_network, network_maps, released_model, save_released, seeded
 from privpipe.pate.student import StudentConfig, train_student
 from tasks import paths
 from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, use_torch_threads, write_json,
                           write_text)
+from tasks.device import training_device
 from tasks.dp_pca import load_projection, projection_digest
+from tasks.features import feature_transform, transform_spec
 from tasks.pate.teachers import model_front, query_records
 from tasks.privacy.ledger import load_ledger
 
@@ -39,7 +41,8 @@ def model_spec(params: Params, records: Records, projection_dim: int | None, cla
     """What load_released needs to rebuild the deployed architecture."""
     cfg = params.finetune
     return {"model": cfg.model, "input_dim": int(records.features.shape[1]), "projection_dim": projection_dim,
-            "hidden_units": list(cfg.hidden_units), "classes": classes, "input_scale": cfg.input_scale}
+            "hidden_units": list(cfg.hidden_units), "classes": classes, "input_scale": cfg.input_scale,
+            **transform_spec(params)}
 
 
 def target_sets(prepared: Path = paths.PREPARED) -> tuple[Records, Records] | None:
@@ -70,7 +73,8 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
     if not answered.any():
         raise DataError(f"{aggregate_dir}: no query was answered, so the student has no labels; lower "
                          "aggregate.threshold or ask more aggregate.queries")
-    front = model_front(params, params.finetune.model, dp_pca_dir)
+    transform = feature_transform(params, queries.features.shape[1])
+    front = model_front(params, params.finetune.model, dp_pca_dir, transform)
     targets = target_sets(Path(public).parent)
     pool = targets[0] if targets else Records.load(public)
     with torch.no_grad():
@@ -81,7 +85,8 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
     seed = int(seed_for(params.run.seed, "student").generate_state(1)[0])
     try:
         network = seeded(seed, lambda: make_network(params.finetune.model, in_features=int(np.prod(labeled.shape[1:])),
-                                                    hidden_units=params.finetune.hidden_units, classes=classes))
+                                                    hidden_units=params.finetune.hidden_units, classes=classes,
+                                                    maps=network_maps(params.finetune.model, transform)))
     except ValueError as exc:
         raise ConfigError(f"finetune.model: {exc}") from None
     config = StudentConfig(steps=cfg.steps, labeled_batch=cfg.labeled_batch, unlabeled_batch=cfg.unlabeled_batch,
@@ -90,13 +95,13 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
                            cover_weight=cfg.cover_weight, delay_steps=cfg.delay_steps, ramp_steps=cfg.ramp_steps,
                            cover_target=cfg.cover_target, consistency_weight=cfg.consistency_weight,
                            confidence_threshold=cfg.confidence_threshold, lr_schedule=cfg.lr_schedule)
-    result = train_student(network, labeled_x=labeled, labeled_y=labels[answered], unlabeled_x=unlabeled,
+    result = train_student(network.to(training_device(params)), labeled_x=labeled, labeled_y=labels[answered], unlabeled_x=unlabeled,
                            config=config, seed=seed,
                            on_log=lambda h: log.info("student: step %d/%d, loss %.4f (the association terms' floor: %.4f)",
                                                      h["step"], cfg.steps, h["loss"], h["floor"]))
     projection = load_projection(dp_pca_dir)
-    model = released_model(result.network, projection, input_scale=params.finetune.input_scale,
-                           kind=params.finetune.model)
+    model = released_model(result.network.cpu(), projection, input_scale=params.finetune.input_scale,
+                           kind=params.finetune.model, transform=transform)
     figures = {"labeled": int(answered.sum()), "unlabeled": len(pool),
                "unlabeled_source": "target" if targets else "public",
                "accuracy_test": _accuracy(model, test_records)}

@@ -23,12 +23,14 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, DataError, Records
-from privpipe.models import apply_front, front_layers, make_network, seeded
+from privpipe.models import apply_front, front_layers, make_network, network_maps, seeded
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier
 from tasks import paths
 from tasks.common import (apply_torch_threads, load_array, seed_for, skip_stage, stage_logger, staged_dir, task_threads,
                           write_json)
+from tasks.device import training_device
 from tasks.dp_pca import load_projection, projection_digest
+from tasks.features import feature_transform
 from tasks.pate.partition import load_shards
 
 __all__ = ["train_teacher", "collect_votes", "run_teachers", "clear_partial_votes", "teacher_task", "collect_votes_task",
@@ -37,9 +39,11 @@ __all__ = ["train_teacher", "collect_votes", "run_teachers", "clear_partial_vote
 PARTIAL = paths.TEACHERS.with_name(paths.TEACHERS.name + ".partial")
 
 
-def model_front(params: Params, kind: str, dp_pca_dir: Path) -> torch.nn.Sequential:
-    """The frozen preprocessing: unit rows → DP-PCA projection (if it ran) → scale, or the CNN reshape."""
-    return torch.nn.Sequential(*front_layers(kind, load_projection(dp_pca_dir), input_scale=params.finetune.input_scale))
+def model_front(params: Params, kind: str, dp_pca_dir: Path, transform: torch.nn.Module | None) -> torch.nn.Sequential:
+    """The frozen preprocessing: the fixed ``transform`` (features.transform, if any), then unit rows →
+    DP-PCA projection (if it ran) → scale, or for the CNN nothing more (a reshape of raw pixels)."""
+    return torch.nn.Sequential(*front_layers(kind, load_projection(dp_pca_dir), input_scale=params.finetune.input_scale,
+                                             transform=transform))
 
 
 def query_records(params: Params, public: Path = paths.PUBLIC) -> Records:
@@ -60,16 +64,18 @@ def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSI
     cfg = params.teachers
     ids = load_array(Path(sensitive) / "ids.npy")
     mine = Records.load(sensitive, rows=np.flatnonzero(load_shards(partition_dir, ids) == teacher))
-    front = model_front(params, cfg.model, dp_pca_dir)
+    transform = feature_transform(params, mine.features.shape[1])
+    front = model_front(params, cfg.model, dp_pca_dir, transform)
     features = apply_front(front, mine.features)
     seed = int(seed_for(params.run.seed, "teacher", teacher).generate_state(1)[0])
     # each teacher's initial weights: reproducible, different from the others', safe in parallel threads
     network = seeded(seed, lambda: make_network(cfg.model, in_features=int(np.prod(features.shape[1:])),
                                                 hidden_units=cfg.hidden_units,
-                                                classes=DATASET_CLASSES[params.prepare.dataset]))
+                                                classes=DATASET_CLASSES[params.prepare.dataset],
+                                                maps=network_maps(cfg.model, transform)))
     config = TeacherConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
                            weight_decay=cfg.weight_decay)
-    network = train_classifier(network, features, mine.labels, config=config, seed=seed)
+    network = train_classifier(network.to(training_device(params)), features, mine.labels, config=config, seed=seed)
     votes = predict_labels(network, apply_front(front, query_records(params, public).features))
     partial.mkdir(parents=True, exist_ok=True)
     target = partial / f"teacher-{teacher:05d}.npy"

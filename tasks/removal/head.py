@@ -33,6 +33,7 @@ from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json
 from tasks.dp_pca import load_projection
+from tasks.features import feature_transform, transform_spec
 from tasks.removal.record_use import extractor_uses
 from tasks.removal.store import save_head
 
@@ -56,7 +57,8 @@ def noise_for(params: Params, *, retrain: int) -> NoiseSource:
     return NoiseSource(seed=seed_for(params.run.seed, "head", retrain), secure=params.privacy.secure_rng)
 
 
-def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir: Path) -> tuple[nn.Sequential, dict]:
+def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir: Path,
+                     input_dim: int) -> tuple[nn.Sequential, dict]:
     """Store the extractor under ``staging/extractor``; return it and the DP guarantee that covers it."""
     source = params.head.features
     folder = staging / "extractor"
@@ -71,13 +73,16 @@ def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir:
         np.save(folder / "projection.npy", projection)
         ledger = Ledger.from_dict(read_json(dp_pca_dir / "ledger.json"))
         extractor = feature_extractor("dp_pca", projection=projection)
+    elif source == "transform":  # fixed and data-independent: nothing learned, so no DP to inherit
+        ledger = None
+        extractor = feature_extractor("transform", transform=feature_transform(params, input_dim))
     else:
         ledger = None
         extractor = feature_extractor("raw")
     spend = ledger.epsilon() if ledger is not None and ledger.events else None
     dp = {"epsilon": spend.epsilon if spend else 0.0, "delta": spend.delta if spend else 0.0,
-          "accountant": spend.accountant if spend else "none (no extractor)"}
-    write_json(folder / "source.json", {"source": source, "dp": dp})
+          "accountant": spend.accountant if spend else f"none ({'a fixed transform' if source == 'transform' else 'no extractor'})"}
+    write_json(folder / "source.json", {"source": source, "dp": dp, "input_dim": input_dim, **transform_spec(params)})
     return extractor, dp
 
 
@@ -93,7 +98,7 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
     classes = DATASET_CLASSES[params.prepare.dataset]
     queue = RequestQueue(paths.REQUESTS)
     with queue.processing(wait=True), staged_dir(out) as staging:  # never beside a removal run
-        extractor, dp = _extractor_files(params, staging, model_dir, dp_pca_dir)
+        extractor, dp = _extractor_files(params, staging, model_dir, dp_pca_dir, records.features.shape[1])
         X = (head_features(extractor, records.features) * _SHRINK).astype(np.float32).astype(np.float64)
         head = RemovableHead.train(X, records.labels, classes=classes, lam=cfg.lam, guarantee=guarantee,
                                    noise=noise_for(params, retrain=0), refresh_every=cfg.refresh_every,

@@ -13,6 +13,7 @@ import numpy as np
 from torch import nn
 
 from privpipe.config import Params
+from privpipe.features import make_transform
 from privpipe.models import load_released
 from privpipe.removal import RemovableHead
 from privpipe.removal.features import feature_extractor, head_model
@@ -34,6 +35,9 @@ def extractor_from(folder: Path) -> nn.Sequential:
         return feature_extractor("model", released=load_released(folder / "extractor"))
     if source == "dp_pca":
         return feature_extractor("dp_pca", projection=np.load(folder / "extractor" / "projection.npy"))
+    if source == "transform":
+        return feature_extractor("transform", transform=make_transform(spec["transform"], input_dim=spec["input_dim"],
+                                                                       scatter_j=spec["scatter_j"]))
     return feature_extractor("raw")
 
 

@@ -26,6 +26,7 @@ from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainabl
 from privpipe.privacy import Event, Ledger, Spend, record_level_ledger
 from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, task_threads, use_torch_threads, write_json, write_text
+from tasks.device import training_device
 from tasks.federated.clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays, sequential_updates
 from tasks.federated.training import train_federated
 from tasks.privacy.membership_audit import audit_figures, audit_released_model
@@ -55,7 +56,8 @@ def client_job(params: Params, *, text_dir: Path, features_dir: Path) -> ClientJ
                       assignment=str(Path(text_dir) / "assignment.npy"), clients=int(meta["clients"]))
     local = LocalConfig(epochs=fed.local_epochs, batch_size=fed.local_batch_size,
                         learning_rate=fed.local_learning_rate, prox_mu=fed.prox_mu)
-    return ClientJob(model=spec, data=data, local=local, seed=params.run.seed, torch_threads=task_threads(params))
+    return ClientJob(model=spec, data=data, local=local, seed=params.run.seed, torch_threads=task_threads(params),
+                     device=str(training_device(params)))
 
 
 def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, record: Spend | None, *,

@@ -1,0 +1,45 @@
+"""features: the fixed, data-independent transform every image model sees its inputs through.
+
+``scatternet`` (Tramèr & Boneh 2021) puts a wavelet scattering transform in front of the
+teachers, the student, finetune (DP-SGD and federated) and, with ``head.features: transform``,
+the removal head. It has no trainable part and reads no statistic of any data, so it costs no
+privacy anywhere; it replaces DP-PCA, which projects raw pixels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privpipe.config.dp_pca import DpPcaConfig
+from privpipe.config.errors import one_of, require
+from privpipe.config.head import HeadConfig
+from privpipe.config.prepare import PrepareConfig
+from privpipe.config.student import StudentConfig
+
+TRANSFORMS = ("none", "scatternet")  # privpipe.features.TRANSFORMS (config does not import torch)
+IMAGE_SIDES = {"digits": 8, "mnist": 28}  # the built-in datasets' square images
+
+
+@dataclass(frozen=True)
+class FeaturesConfig:
+    transform: str = "none"
+    scatter_j: int = 2  # scales J: maps of side/2^J, 1 + 8J + 32J(J−1) of them (81 at J = 2)
+
+
+def check(features: FeaturesConfig, *, dp_pca: DpPcaConfig, prepare: PrepareConfig, student: StudentConfig,
+          head: HeadConfig) -> None:
+    one_of(features.transform, TRANSFORMS, "features.transform")
+    require(not isinstance(features.scatter_j, bool) and features.scatter_j in (1, 2, 3), "features.scatter_j",
+            f"must be 1, 2 or 3, got {features.scatter_j!r}")
+    if features.transform == "none":
+        require(not (head.enabled and head.features == "transform"), "head.features",
+                "transform needs a features.transform other than none")
+        return
+    require(not (student.enabled and student.consistency_weight > 0), "student.consistency_weight",
+            f"FixMatch augments pixels, not {features.transform} coefficients: set it to 0")
+    require(not dp_pca.enabled, "dp_pca.enabled", f"DP-PCA projects raw pixels; with features.transform "
+            f"{features.transform} set dp_pca.enabled: false (the transform is free, the projection is not)")
+    side = IMAGE_SIDES.get(prepare.dataset)
+    if side is not None:
+        require(2 ** features.scatter_j <= side // 2, "features.scatter_j",
+                f"{prepare.dataset} images are {side}×{side}: J must keep 2^J <= {side // 2}")

@@ -1,0 +1,76 @@
+"""ScatterNet: a fixed wavelet scattering transform of square images (Oyallon & Mallat 2015), the
+front Tramèr & Boneh 2021 train private models on.
+
+    front = ScatterNet(side=28, j=2)            # rows of 784 pixels → rows of 81·7·7 coefficients
+    front.maps                                  # (81, 7, 7): what a CNN on the coefficients sees
+    features = scatter_features(images, j=2)    # the same, in batches, as float32 NumPy rows
+
+No trainable weights and no statistic of any data: the coefficients of one image depend on that
+image alone, so the transform costs no privacy wherever it is used. kymatio computes it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["ScatterNet", "scatter_features", "scatter_maps", "image_side"]
+
+ANGLES = 8  # L: orientations per scale, as in Tramèr & Boneh
+
+
+def _scattering(side: int, j: int) -> nn.Module:
+    # not kymatio.torch: it imports the 3-D frontend too, which needs scipy.special.sph_harm (gone from
+    # recent SciPy); deferred: only the ScatterNet front needs kymatio
+    from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
+
+    return ScatteringTorch2D(J=j, shape=(side, side), L=ANGLES)
+
+
+def image_side(width: int) -> int:
+    """The side of the square images whose rows have ``width`` pixels; ValueError if none."""
+    side = math.isqrt(int(width))
+    if side * side != width or side < 4:
+        raise ValueError(f"images: ScatterNet needs square images of side >= 4, got rows of {width} values")
+    return side
+
+
+def scatter_maps(side: int, j: int) -> tuple[int, int, int]:
+    """(channels, height, width) of the coefficients: 1 + jL + L²j(j−1)/2 maps of side/2^j."""
+    if isinstance(j, bool) or not isinstance(j, int) or j < 1 or 2 ** j > side // 2:
+        raise ValueError(f"j: must be an integer with 1 <= 2^j <= side/2 ({side // 2} here), got {j!r}")
+    channels = 1 + j * ANGLES + ANGLES ** 2 * j * (j - 1) // 2
+    reduced = math.ceil(side / 2 ** j)
+    return channels, reduced, reduced
+
+
+class ScatterNet(nn.Module):
+    """Rows of side² pixels (or (n, 1, side, side) images) → flat scattering coefficients; no parameters."""
+
+    def __init__(self, side: int = 28, j: int = 2) -> None:
+        super().__init__()
+        self.side, self.j = int(side), j
+        self.maps = scatter_maps(self.side, j)
+        self.scattering = _scattering(self.side, j)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        images = x.reshape(len(x), self.side, self.side)
+        return self.scattering(images).reshape(len(x), -1)
+
+
+def scatter_features(images: np.ndarray, *, j: int = 2, batch_size: int = 2000) -> np.ndarray:
+    """float32 scattering coefficients of square ``images`` (rows of side² pixels or (n, 1, side, side)), in batches."""
+    images = np.asarray(images, dtype=np.float32)
+    if images.ndim < 2:
+        raise ValueError(f"images: must be rows of square images, got shape {images.shape}")
+    side = image_side(images[0].size)
+    if batch_size < 1:
+        raise ValueError(f"batch_size: must be >= 1, got {batch_size!r}")
+    front = ScatterNet(side, j)
+    with torch.no_grad():
+        parts = [front(torch.as_tensor(images[start:start + batch_size])).numpy()
+                 for start in range(0, len(images), batch_size)]
+    return np.concatenate(parts).astype(np.float32)
