@@ -81,7 +81,7 @@ def sweep() -> list[dict]:
     run_prepare(params)
     run_dp_pca(params)
     sensitive, public = Records.load(paths.SENSITIVE), Records.load(paths.PUBLIC)
-    front = model_front(params, "mlp", paths.DP_PCA)
+    front = model_front(params, "mlp", paths.DP_PCA, None)
     train_x, query_x = apply_front(front, sensitive.features), apply_front(front, public.features)
     cfg = params.teachers
     config = TeacherConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,

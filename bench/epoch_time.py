@@ -1,84 +1,186 @@
-"""Epoch time of the seed's MNIST model: non-private SGD vs DP-SGD in each Opacus mode.
+"""DP-SGD step time against a plain non-private torch loop, per model and engine, with peak memory.
 
-    .venv/bin/python bench/epoch_time.py [--epochs 2]
+    .venv/bin/python bench/epoch_time.py [--repeats 3] [--threads 1 2]    # → bench/out/dpsgd/epoch_time.json
 
-Model: PCA-60 features → 1000 ReLU → 10, lot 600, 100 steps an epoch, 2 threads.
-Also times DP-PCA on the full training set. Prints seconds per epoch (median over --epochs after one warm-up epoch) and the
-ratio to non-private training, all from the same process. Goal: ≤ 1.3×.
+Models (MNIST): ``mlp`` (DP-PCA 60 → 1000 ReLU → 10, lot 600: the seed's), ``scatter-cnn``
+(ScatterNet features → GroupNorm → the small tanh CNN of Tramèr & Boneh 2021, lot 1024: the
+frontier model of bench/mnist_dpsgd.py), ``pixel-cnn`` (the tanh CNN on raw pixels, lot 512).
+Engines: ``bk`` (privpipe's book-keeping, one backward pass), ``bk+secure`` (the same, noise and
+coins from the OS CSPRNG), Opacus' ``ghost`` (falls back to per-sample gradients for convolutions).
+Baseline: a plain loop over shuffled in-memory tensors, same lot size, SGD, no DataLoader.
+
+Every repeat runs one epoch of every engine, interleaved (baseline, bk, …, baseline, bk, …), each
+after one warm-up epoch; the ratio is taken within a repeat and min/median/max reported over
+repeats. Peak memory: how far the process's peak RSS rises above its RSS with the data loaded, over one
+training run (two epochs), each engine in a fresh subprocess (Linux: the peak is reset first); with ``--lot 4096`` it also compares a whole lot in one pass to physical
+batches of 512 (``max_physical_batch``).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+import torch.nn.functional as F
 
-from privpipe.data import load_mnist
-from privpipe.dp_pca import dp_pca, unit_rows
-from privpipe.dpsgd import train_dpsgd
-from privpipe.models import make_mlp
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-LOT = 600
+from privpipe.data import load_mnist  # noqa: E402
+from privpipe.dp_pca import dp_pca, unit_rows  # noqa: E402
+from privpipe.dpsgd import train_dpsgd  # noqa: E402
+from privpipe.features import scatter_features  # noqa: E402
+from privpipe.models import make_mlp, make_network, make_scatter_cnn  # noqa: E402
+
+OUT = ROOT / "bench/out/dpsgd"
+LOTS = {"mlp": 600, "scatter-cnn": 1024, "pixel-cnn": 512}
+RECORDS = 12_000  # an epoch of 12,000 records: 20 lots of 600, ~12 of 1024
+ENGINES = ("bk", "bk+secure", "ghost")
 
 
-def nonprivate_epoch_seconds(x: np.ndarray, y: np.ndarray, epochs: int) -> float:
-    model = make_mlp(x.shape[1], [1000], 10)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(TensorDataset(torch.as_tensor(x), torch.as_tensor(y)), batch_size=LOT, shuffle=True)
-    loss_fn = nn.CrossEntropyLoss()
-    times = []
-    for _ in range(epochs + 1):
+def data_for(model: str, mnist: Path) -> tuple[np.ndarray, np.ndarray]:
+    train = load_mnist(mnist)["train"]
+    x, y = train.features[:RECORDS], train.labels[:RECORDS]
+    if model == "mlp":
+        projection = dp_pca(train.features, components=60, noise_multiplier=4.0, rng=np.random.default_rng(0))
+        return (unit_rows(x) @ projection * 8.0).astype(np.float32), y
+    if model == "scatter-cnn":
+        return scatter_features(x), y
+    return x.astype(np.float32), y
+
+
+def network(model: str, x: np.ndarray) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if model == "mlp":
+        return make_mlp(x.shape[1], [1000], 10)
+    if model == "scatter-cnn":  # bench/mnist_dpsgd.py's frontier model: 32 and 64 channels
+        return make_scatter_cnn((81, 7, 7), 10, channels=(32, 64))
+    return torch.nn.Sequential(torch.nn.Unflatten(1, (1, 28, 28)),
+                               *make_network("cnn", in_features=784, hidden_units=[], classes=10))
+
+
+def plain_epoch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lot: int, generator: torch.Generator) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    order = torch.randperm(len(x), generator=generator)
+    for start in range(0, len(x), lot):
+        part = order[start:start + lot]
+        optimizer.zero_grad()
+        F.cross_entropy(model(x[part]), y[part]).backward()
+        optimizer.step()
+
+
+def timed(engine: str, model_name: str, x: np.ndarray, y: np.ndarray, lot: int, *,
+          max_physical_batch: int | None = None) -> float:
+    """Seconds of the second of two epochs (the first warms up)."""
+    net = network(model_name, x)
+    if engine == "plain":
+        xt, yt, generator = torch.as_tensor(x), torch.as_tensor(y), torch.Generator().manual_seed(0)
+        plain_epoch(net, xt, yt, lot, generator)
         start = time.perf_counter()
-        for xb, yb in loader:
-            optimizer.zero_grad()
-            loss_fn(model(xb), yb).backward()
-            optimizer.step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+        plain_epoch(net, xt, yt, lot, generator)
+        return time.perf_counter() - start
+    ticks: list[float] = [time.perf_counter()]
+    train_dpsgd(net, x, y, noise_multiplier=1.0, max_grad_norm=0.1, lot_size=lot, epochs=2, learning_rate=0.1,
+                momentum=0.9, grad_sample_mode=engine.split("+")[0], secure_rng=engine.endswith("+secure"),
+                max_physical_batch=max_physical_batch, on_epoch=lambda _: ticks.append(time.perf_counter()))
+    return ticks[2] - ticks[1]
 
 
-def dp_epoch_seconds(x: np.ndarray, y: np.ndarray, epochs: int, mode: str, secure: bool = False) -> float:
-    times: list[float] = []
-    last = [time.perf_counter()]
+def peak_memory(engine: str, model_name: str, lot: int, mnist: Path, threads: int,
+                max_physical_batch: int | None = None) -> float:
+    """MiB the process's peak RSS grows by over one run of ``engine``, in a fresh subprocess."""
+    cmd = [sys.executable, __file__, "--one", engine, "--model", model_name, "--lot", str(lot), "--mnist", str(mnist),
+           "--threads", str(threads)] + ([] if max_physical_batch is None else ["--physical", str(max_physical_batch)])
+    return float(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
 
-    def tick(_: dict) -> None:
-        now = time.perf_counter()
-        times.append(now - last[0])
-        last[0] = now
 
-    last[0] = time.perf_counter()
-    train_dpsgd(make_mlp(x.shape[1], [1000], 10), x, y, noise_multiplier=1.0, max_grad_norm=4.0, lot_size=LOT,
-                epochs=epochs + 1, learning_rate=0.1, grad_sample_mode=mode, secure_rng=secure, on_epoch=tick)
-    return statistics.median(times[1:])
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def one(args: argparse.Namespace) -> None:
+    """Print the MiB the peak RSS grows by while training, the data already loaded: the peak
+    (VmHWM) is reset first (Linux: 5 → /proc/self/clear_refs), so loading does not mask it."""
+    x, y = data_for(args.model, args.mnist)
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    base = _status_kib("VmRSS")
+    timed(args.one, args.model, x, y, args.lot, max_physical_batch=args.physical)
+    print((_status_kib("VmHWM") - base) / 1024)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--mnist", type=Path, default=Path(__file__).resolve().parents[1] / "../shared/data/mnist")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--models", nargs="+", default=list(LOTS), choices=list(LOTS))
+    parser.add_argument("--mnist", type=Path, default=ROOT / "../shared/data/mnist")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--lot", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--physical", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.mnist = args.mnist.resolve()
     warnings.simplefilter("ignore")
-    torch.set_num_threads(2)
-    train = load_mnist(args.mnist.resolve())["train"]
-    start = time.perf_counter()
-    projection = dp_pca(train.features, components=60, noise_multiplier=4.0, rng=np.random.default_rng(0))
-    print(f"DP-PCA on {train.features.shape[0]} x {train.features.shape[1]} → 60: "
-          f"{time.perf_counter() - start:.2f} s")
-    x = (unit_rows(train.features) @ projection).astype(np.float32)
-    base = nonprivate_epoch_seconds(x, train.labels, args.epochs)
-    print(f"non-private SGD        {base:6.2f} s/epoch   1.00x")
-    for mode in ("hooks", "functorch", "ew", "ghost"):
-        seconds = dp_epoch_seconds(x, train.labels, args.epochs, mode)
-        print(f"DP-SGD {mode:10s}      {seconds:6.2f} s/epoch   {seconds / base:.2f}x", flush=True)
-    seconds = dp_epoch_seconds(x, train.labels, args.epochs, "ghost", secure=True)
-    print(f"DP-SGD ghost+secure    {seconds:6.2f} s/epoch   {seconds / base:.2f}x")
+    if args.one:
+        torch.set_num_threads(args.threads[0])
+        return one(args)
+    results: dict = {"records_per_epoch": RECORDS, "repeats": args.repeats, "rows": []}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for model_name in args.models:
+            lot = LOTS[model_name]
+            x, y = data_for(model_name, args.mnist)
+            seconds: dict[str, list[float]] = {e: [] for e in ("plain", *ENGINES)}
+            for _ in range(args.repeats):
+                for engine in seconds:
+                    seconds[engine].append(timed(engine, model_name, x, y, lot))
+            secure = [s / b for s, b in zip(seconds["bk+secure"], seconds["bk"])]
+            results["rows"].append({"threads": threads, "model": model_name, "lot": lot,
+                                    "secure_vs_seeded_bk": summary(secure)})
+            print(f"threads {threads}  {model_name:12s} secure noise / seeded, bk: {min(secure):.2f} / "
+                  f"{statistics.median(secure):.2f} / {max(secure):.2f}", flush=True)
+            for engine in ENGINES:
+                ratios = [s / b for s, b in zip(seconds[engine], seconds["plain"])]
+                row = {"threads": threads, "model": model_name, "lot": lot, "engine": engine,
+                       "seconds_per_epoch": summary(seconds[engine]), "plain_seconds": summary(seconds["plain"]),
+                       "ratio": summary(ratios)}
+                results["rows"].append(row)
+                r = row["ratio"]
+                print(f"threads {threads}  {model_name:12s} lot {lot:5d}  {engine:10s} "
+                      f"{row['seconds_per_epoch']['median']:6.2f} s/epoch (plain "
+                      f"{row['plain_seconds']['median']:.2f})  ratio {r['min']:.2f} / {r['median']:.2f} / "
+                      f"{r['max']:.2f}", flush=True)
+    threads = args.threads[0]
+    memory = []
+    for model_name in args.models:
+        for engine, lot, physical in [("plain", LOTS[model_name], None), ("bk", LOTS[model_name], None),
+                                      ("ghost", LOTS[model_name], None), ("plain", 4096, None), ("bk", 4096, None),
+                                      ("bk", 4096, 512)]:
+            mib = peak_memory(engine, model_name, lot, args.mnist, threads, physical)
+            memory.append({"model": model_name, "engine": engine, "lot": lot, "max_physical_batch": physical,
+                           "peak_rss_growth_mib": mib})
+            print(f"memory  {model_name:12s} {engine:6s} lot {lot:5d} physical {physical or '-':>5}  "
+                  f"peak +{mib:.0f} MiB", flush=True)
+    results["memory"] = memory
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "epoch_time.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ The same library code the pipeline runs (partition, teachers, aggregate, analysi
 student). As in PATE: teachers on MNIST's 60,000 training images (250 disjoint shards),
 student queries from the first 9,000 test images, accuracy on the last 1,000.
 Teachers (``--teacher-model``): ``scatter`` (default), a linear model per shard on fixed
-ScatterNet features (Tramèr & Boneh 2021; privpipe/pate/scatter.py), or ``cnn``, the tanh CNN.
+ScatterNet features (Tramèr & Boneh 2021; privpipe/features/scatter.py), or ``cnn``, the tanh CNN.
 Votes are cached per teacher model in --out, so the later parts reuse one ensemble.
 Students (``--student``): ``fixmatch`` (default: FixMatch consistency + association) or
 ``association``. ε comes from privpipe.pate.analysis: the sanitised data-dependent release
@@ -37,7 +37,8 @@ from privpipe.models import Reshape, make_cnn
 from privpipe.pate.aggregate import aggregate
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from privpipe.pate.scatter import scatter_features, standardised_linear
+from privpipe.features import scatter_features
+from privpipe.pate.linear_teacher import standardised_linear
 from privpipe.pate.analysis import AggregatorSpec, data_dependent_rdp, data_independent_events, sanitise
 from privpipe.pate.student import StudentConfig, train_student
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier, vote_histograms

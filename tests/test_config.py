@@ -47,6 +47,7 @@ def test_project_params_are_valid_and_flatten_for_mlflow():
     ("finetune", "noise_multiplier", 1.0, "set exactly one of finetune.noise_multiplier and finetune.target_epsilon"),
     ("finetune", "grad_sample_mode", "magic", "finetune.grad_sample_mode: unknown value"),
     ("finetune", "max_physical_batch", 0, "finetune.max_physical_batch: must be >= 1"),
+    ("finetune", "ema_decay", 1.0, "finetune.ema_decay: must be in [0, 1)"),
     ("run", "device", "tpu", "run.device: unknown value 'tpu'"),
     ("features", "transform", "pca", "features.transform: unknown value 'pca'"),
     ("features", "scatter_j", 4, "features.scatter_j: must be 1, 2 or 3"),

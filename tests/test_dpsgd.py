@@ -197,3 +197,30 @@ def test_cosine_schedule_runs_from_start_to_end_over_the_run():
     assert learning_rate_at(30, **kwargs) < learning_rate_at(10, **kwargs)
     with pytest.raises(ValueError, match="epochs"):
         learning_rate_at(0, start=1.0, schedule="cosine", end=0.1, decay_epochs=10)
+
+
+def test_ema_releases_the_average_of_the_iterates():
+    # lot = n and σ tiny: the steps are deterministic, so the average can be recomputed by hand
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(20, 4)).astype(np.float32), rng.integers(0, 2, size=20)
+    runs = {}
+    for decay in (0.0, 0.5):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 2, bias=False))
+        train_dpsgd(model, x, y, noise_multiplier=1e-9, max_grad_norm=10.0, lot_size=20, epochs=3, learning_rate=0.5,
+                    ema_decay=decay)
+        runs[decay] = model[0].weight.detach().clone()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 2, bias=False))
+    iterates = [model[0].weight.detach().clone()]
+    for _ in range(3):  # the same three steps, one at a time
+        train_dpsgd(model, x, y, noise_multiplier=1e-9, max_grad_norm=10.0, lot_size=20, epochs=1, learning_rate=0.5)
+        iterates.append(model[0].weight.detach().clone())
+    assert torch.allclose(runs[0.0], iterates[-1], atol=1e-5)
+    average = iterates[0]
+    for w in iterates[1:]:
+        average = 0.5 * average + 0.5 * w
+    assert torch.allclose(runs[0.5], average, atol=1e-5)
+    with pytest.raises(ValueError, match="ema_decay"):
+        train_dpsgd(model, x, y, noise_multiplier=1.0, max_grad_norm=1.0, lot_size=20, epochs=1, learning_rate=0.5,
+                    ema_decay=0.9, grad_sample_mode="hooks")

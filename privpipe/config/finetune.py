@@ -41,6 +41,7 @@ class FinetuneConfig:
     # bk: book-keeping, one backward pass (README, Benchmarks); ghost, hooks, functorch, ew: Opacus' engines
     grad_sample_mode: str = "bk"
     max_physical_batch: int | None = None  # records per forward/backward pass within a lot (bk); None: the whole lot
+    ema_decay: float = 0.0  # bk: release an exponential moving average of the iterates (per step); 0: the last one
     epsilon_curve_points: int = 20
 
 
@@ -65,6 +66,9 @@ def check(finetune: FinetuneConfig, *, dp_pca: DpPcaConfig, privacy: PrivacyConf
     require(finetune.max_grad_norm > 0, "finetune.max_grad_norm", "must be > 0 (it bounds each example's influence)")
     one_of(finetune.clipping, CLIPPINGS, "finetune.clipping")
     one_of(finetune.grad_sample_mode, GRAD_SAMPLE_MODES, "finetune.grad_sample_mode")
+    require(0 <= finetune.ema_decay < 1, "finetune.ema_decay", "must be in [0, 1)")
+    require(finetune.ema_decay == 0 or finetune.grad_sample_mode == "bk", "finetune.ema_decay",
+            "weight averaging needs grad_sample_mode: bk")
     if finetune.max_physical_batch is not None:
         require(finetune.max_physical_batch >= 1, "finetune.max_physical_batch", "must be >= 1 (or null: whole lots)")
         require(finetune.grad_sample_mode == "bk", "finetune.max_physical_batch",

@@ -119,6 +119,7 @@ def train_dpsgd(
     clipping: str = "flat",
     grad_sample_mode: str = "bk",
     max_physical_batch: int | None = None,
+    ema_decay: float = 0.0,
     secure_rng: bool = False,
     seed: int = 0,
     device: torch.device | str = "cpu",
@@ -127,7 +128,11 @@ def train_dpsgd(
     """Train ``model`` with DP-SGD; returns it (on the CPU) with the privacy event actually run.
 
     ε is not computed here: record ``result.event`` in a :class:`privpipe.privacy.Ledger`.
+    With ``ema_decay`` > 0 the returned weights are an exponential moving average of the
+    iterates, updated after every step (post-processing of the private iterates: free).
     """
+    if not 0.0 <= ema_decay < 1.0 or (ema_decay > 0 and grad_sample_mode != "bk"):
+        raise ValueError(f"ema_decay must be in [0, 1) (and > 0 only with grad_sample_mode bk), got {ema_decay}")
     check_privacy_arguments(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, clipping=clipping,
                             grad_sample_mode=grad_sample_mode, max_physical_batch=max_physical_batch)
     schedule = dpsgd_schedule(n=len(features), lot_size=lot_size, epochs=epochs)
@@ -144,8 +149,8 @@ def train_dpsgd(
         history = _train_bookkeeping(model, features, labels, schedule=schedule, lr_at=lr_at,
                                      noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
                                      learning_rate=learning_rate, momentum=momentum, clipping=clipping,
-                                     max_physical_batch=max_physical_batch, secure_rng=secure_rng, seed=seed,
-                                     device=device, on_epoch=on_epoch)
+                                     max_physical_batch=max_physical_batch, ema_decay=ema_decay,
+                                     secure_rng=secure_rng, seed=seed, device=device, on_epoch=on_epoch)
         trained = model
     else:
         trained, history = _train_opacus(model, features, labels, lr_at=lr_at, noise_multiplier=noise_multiplier,
@@ -159,8 +164,8 @@ def train_dpsgd(
 
 def _train_bookkeeping(model: nn.Module, features: np.ndarray, labels: np.ndarray, *, schedule, lr_at,
                        noise_multiplier: float, max_grad_norm: float, learning_rate: float, momentum: float,
-                       clipping: str, max_physical_batch: int | None, secure_rng: bool, seed: int,
-                       device: torch.device, on_epoch) -> list[dict[str, float]]:
+                       clipping: str, max_physical_batch: int | None, ema_decay: float, secure_rng: bool,
+                       seed: int, device: torch.device, on_epoch) -> list[dict[str, float]]:
     x = torch.as_tensor(features, dtype=torch.float32).to(device)
     y = torch.as_tensor(labels, dtype=torch.long).to(device)
     taps = BookKeeping(model)  # refuses a model with layers it cannot clip, before any step
@@ -173,6 +178,7 @@ def _train_bookkeeping(model: nn.Module, features: np.ndarray, labels: np.ndarra
     noise = GaussianNoise(noise_multiplier * max_grad_norm, [p.shape for p in params], secure=secure_rng,
                           seed=seed + 1, device=device, executor=executor)
     expected_lot = len(x) * schedule.sample_rate  # the average, not the drawn size: that would leak it
+    average = [p.detach().clone() for p in params] if ema_decay > 0 else None
     history: list[dict[str, float]] = []
     step = 0
     try:
@@ -198,10 +204,18 @@ def _train_bookkeeping(model: nn.Module, features: np.ndarray, labels: np.ndarra
                     p.summed_grad = None
                 optimizer.step()
                 step += 1
+                if average is not None:
+                    with torch.no_grad():
+                        for a, p in zip(average, params):
+                            a.lerp_(p, 1.0 - ema_decay)
             record = {"epoch": epoch + 1, "step": step, "loss": total_loss / max(examples, 1), "lr": lr}
             history.append(record)
             if on_epoch is not None:
                 on_epoch(record)
+        if average is not None:
+            with torch.no_grad():
+                for p, a in zip(params, average):
+                    p.copy_(a)
     finally:
         taps.close()
         for p in params:

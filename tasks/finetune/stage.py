@@ -88,8 +88,8 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
             lot_size=cfg.lot_size, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
             lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end, lr_decay_epochs=cfg.lr_decay_epochs,
             momentum=cfg.momentum, clipping=cfg.clipping, grad_sample_mode=cfg.grad_sample_mode,
-            max_physical_batch=cfg.max_physical_batch, secure_rng=params.privacy.secure_rng, seed=params.run.seed,
-            device=device, on_epoch=report,
+            max_physical_batch=cfg.max_physical_batch, ema_decay=cfg.ema_decay,
+            secure_rng=params.privacy.secure_rng, seed=params.run.seed, device=device, on_epoch=report,
         )
     if result.event != planned:
         raise RuntimeError(f"DP-SGD ran {result.event}, not the planned {planned}; refusing to mis-account")
