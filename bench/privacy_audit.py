@@ -41,7 +41,7 @@ from privpipe.removal import RemovableHead, RemovalGuarantee
 
 OUT = Path(__file__).resolve().parent / "out" / "privacy_audit"
 DELTA, CONFIDENCE = 1e-5, 0.95
-DP_CONFIGS = ("beyond-mlp-eps3", "beyond-cnn-eps3")  # bench/mnist_dpsgd.py's configs at ε = 3
+DP_CONFIGS = ("beyond-mlp-eps3", "pixel-cnn-eps3")  # bench/mnist_dpsgd.py's configs at ε = 3
 REFERENCE = TeacherConfig(epochs=30, batch_size=64, learning_rate=0.001, weight_decay=0.0)
 OVERFIT_RECORDS, OVERFIT = 1000, TeacherConfig(epochs=100, batch_size=64, learning_rate=0.001, weight_decay=0.0)
 # the removal head: MNIST 3 vs 8 on pixels, bench/removal.py's feature rows, λ and σ

@@ -92,3 +92,27 @@ def test_no_affordable_round_is_refused_before_training(project):
     with pytest.raises(BudgetExceeded, match="stopped before round 1"):
         run_finetune(params)
     assert not (project / "artifacts/finetune").exists()
+
+
+def test_federated_finetune_trains_the_scatternet_cnn(project):
+    """The federated image path takes features.transform too: the clients train the CNN on the
+    ScatterNet maps, and the released model carries the transform."""
+    from privpipe.models import load_released
+
+    (project / "mnist").mkdir()
+    write_mnist(project / "mnist", n_train=60, n_test=10)
+    write_params(project, privacy={"accountant": "rdp"},
+                 prepare={"dataset": "mnist", "path": "mnist", "public_queries": 5, "target_domain": False},
+                 dp_pca={"enabled": False}, features={"transform": "scatternet"}, student={"enabled": False},
+                 head={"enabled": False}, finetune={"mode": "federated", "model": "cnn"},
+                 federated=FEDERATED | {"target_epsilon": 2.5, "rounds": 2})
+    params = load_params("params.yaml")
+    run_prepare(params)
+    run_dp_pca(params)
+    run_finetune(params)
+    history = json.loads((project / "artifacts/finetune/history.json").read_text())
+    assert [r["round"] for r in history["rounds"]] == [1, 2]
+    model = load_released(project / "artifacts/finetune")
+    assert type(model[0]).__name__ == "ScatterNet"
+    assert json.loads((project / "artifacts/finetune/model.json").read_text())["mode"] == "federated"
+    assert 0.0 <= run_evaluate(params)["accuracy_test"] <= 1.0
