@@ -91,6 +91,7 @@ CONFIGS = {
     "frontier-eps1": Config(target_epsilon=1.0, **FRONTIER),
     "frontier-eps3": Config(target_epsilon=3.0, **FRONTIER),
     "frontier-nodp": Config(target_epsilon=None, **{**FRONTIER, "lot": 256, "lr": 0.05, "lr_end": 0.05}),
+    "frontier-wide-eps3": Config(target_epsilon=3.0, **{**FRONTIER, "channels": (64, 128)}),  # 4× the compute
     # DP-PCA + the MLP tuned (lots of 1200, a fixed input scale, momentum): bench/privacy_audit.py audits it
     "beyond-mlp-eps3": Config(sigma=3.0, pca_sigma=16, target_epsilon=3.0, max_epochs=300, lot=1200, clip=1.0,
                               lr=1.0, lr_end=1.0, lr_schedule="constant", momentum=0.5, input_scale=8.0),
