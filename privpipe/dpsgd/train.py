@@ -36,7 +36,6 @@ from privpipe.privacy import PoissonGaussianEvent, secure_normal, secure_uniform
 __all__ = ["DpSgdResult", "PoissonLots", "GaussianNoise", "train_dpsgd"]
 
 
-
 @dataclass
 class DpSgdResult:
     model: nn.Module  # the trained module, on the CPU, free of any engine's hooks
