@@ -162,7 +162,7 @@ def test_bk_step_adds_noise_of_scale_sigma_c(secure):
                 secure_rng=secure)
     noise = (start - model[0].weight.detach()) * 100
     assert noise.std().item() == pytest.approx(sigma * clip, rel=0.05)
-    assert abs(noise.mean().item()) < 0.1
+    assert abs(noise.mean().item()) < 0.15  # 5 standard errors of the mean of 10,000 draws of std 3
 
 
 def test_bk_and_opacus_hooks_take_the_same_step():

@@ -40,6 +40,7 @@ class _Record:
     activations: torch.Tensor  # (B, T, a): the layer's input, unfolded for a convolution
     output_grads: torch.Tensor  # (B, T, p): d loss_i / d output, per example
     per_example: torch.Tensor | None = None  # (B, p, a) when the layer formed its gradients
+    bias_grads: torch.Tensor | None = None  # (B, p): each example's bias gradient, once computed
 
 
 class _Tap:
@@ -77,16 +78,19 @@ class _Tap:
         r = self._record()
         a, g = r.activations, r.output_grads
         positions, width_in, width_out = a.shape[1], a.shape[2], g.shape[2]
-        if positions == 1:  # a dense layer on vectors: ‖gᵢ aᵢᵀ‖ = ‖gᵢ‖·‖aᵢ‖
-            weight = a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
+        bias_grads = g[:, 0] if positions == 1 else g.sum(1)  # (B, p): each example's bias gradient
+        bias = torch.linalg.vector_norm(bias_grads, dim=1).square()
+        if positions == 1:  # a dense layer on vectors: ‖gᵢ aᵢᵀ‖ = ‖gᵢ‖·‖aᵢ‖, and gᵢ is the bias gradient
+            weight = torch.linalg.vector_norm(a[:, 0], dim=1).square() * bias
         elif positions * (width_in + width_out) < width_in * width_out:  # ghost: the Gram matrices are smaller
             weight = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
         else:
             r.per_example = torch.bmm(g.transpose(1, 2), a)  # (B, p, a)
-            weight = r.per_example.pow(2).sum((1, 2))
+            weight = torch.linalg.vector_norm(r.per_example, dim=(1, 2)).square()
         norms = {"weight": weight}
         if self.module.bias is not None:
-            norms["bias"] = g.sum(1).pow(2).sum(1)
+            norms["bias"] = bias
+            r.bias_grads = bias_grads
         return norms
 
     def add_clipped(self, factors: dict[str, torch.Tensor]) -> None:
@@ -96,12 +100,17 @@ class _Tap:
         c = factors["weight"]
         if r.per_example is not None:
             weight = torch.einsum("b,bpa->pa", c, r.per_example)
-        else:
-            g = r.output_grads * c[:, None, None]
-            weight = g.reshape(-1, g.shape[-1]).T @ r.activations.reshape(-1, r.activations.shape[-1])
+        else:  # Σᵢ cᵢ Gᵢᵀ Aᵢ as one product, the factors applied to the narrower of G and A
+            a, g = r.activations, r.output_grads
+            if a.shape[-1] < g.shape[-1]:
+                a = a * c[:, None, None]
+            else:
+                g = g * c[:, None, None]
+            weight = g.reshape(-1, g.shape[-1]).T @ a.reshape(-1, a.shape[-1])
         _accumulate(m.weight, weight.reshape(m.weight.shape))
         if m.bias is not None:
-            _accumulate(m.bias, factors["bias"] @ r.output_grads.sum(1))
+            bias_grads = r.bias_grads if r.bias_grads is not None else r.output_grads.sum(1)
+            _accumulate(m.bias, factors["bias"] @ bias_grads)
         self.record = None
 
     def _record(self) -> _Record:
