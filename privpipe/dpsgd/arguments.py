@@ -10,7 +10,7 @@ CLIPPINGS = ("flat", "per_layer")
 
 
 def check_privacy_arguments(*, noise_multiplier: float, max_grad_norm: float, clipping: str, grad_sample_mode: str,
-                            max_physical_batch: int | None = None) -> None:
+                            max_physical_batch: int | None = None, ema_decay: float = 0.0) -> None:
     """ValueError naming the first argument that cannot give the guarantee asked for."""
     if not noise_multiplier > 0:
         raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
@@ -24,3 +24,5 @@ def check_privacy_arguments(*, noise_multiplier: float, max_grad_norm: float, cl
         raise ValueError("per_layer clipping is not available with ghost clipping (use bk or hooks)")
     if max_physical_batch is not None and (max_physical_batch < 1 or grad_sample_mode != "bk"):
         raise ValueError("max_physical_batch must be >= 1, and needs grad_sample_mode bk")
+    if not 0.0 <= ema_decay < 1.0 or (ema_decay > 0 and grad_sample_mode != "bk"):
+        raise ValueError(f"ema_decay must be in [0, 1) (and > 0 only with grad_sample_mode bk), got {ema_decay}")

@@ -78,8 +78,10 @@ class _Tap:
         r = self._record()
         a, g = r.activations, r.output_grads
         positions, width_in, width_out = a.shape[1], a.shape[2], g.shape[2]
-        bias_grads = g[:, 0] if positions == 1 else g.sum(1)  # (B, p): each example's bias gradient
-        bias = torch.linalg.vector_norm(bias_grads, dim=1).square()
+        has_bias = self.module.bias is not None
+        # (B, p): each example's bias gradient, needed for the bias and, on vectors, for the weight
+        bias_grads = g[:, 0] if positions == 1 else g.sum(1) if has_bias else None
+        bias = torch.linalg.vector_norm(bias_grads, dim=1).square() if bias_grads is not None else None
         if positions == 1:  # a dense layer on vectors: ‖gᵢ aᵢᵀ‖ = ‖gᵢ‖·‖aᵢ‖, and gᵢ is the bias gradient
             weight = torch.linalg.vector_norm(a[:, 0], dim=1).square() * bias
         elif positions * (width_in + width_out) < width_in * width_out:  # ghost: the Gram matrices are smaller
@@ -88,7 +90,7 @@ class _Tap:
             r.per_example = torch.bmm(g.transpose(1, 2), a)  # (B, p, a)
             weight = torch.linalg.vector_norm(r.per_example, dim=(1, 2)).square()
         norms = {"weight": weight}
-        if self.module.bias is not None:
+        if has_bias:
             norms["bias"] = bias
             r.bias_grads = bias_grads
         return norms

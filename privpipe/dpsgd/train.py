@@ -130,10 +130,8 @@ def train_dpsgd(
     With ``ema_decay`` > 0 the returned weights are an exponential moving average of the
     iterates, updated after every step (post-processing of the private iterates: free).
     """
-    if not 0.0 <= ema_decay < 1.0 or (ema_decay > 0 and grad_sample_mode != "bk"):
-        raise ValueError(f"ema_decay must be in [0, 1) (and > 0 only with grad_sample_mode bk), got {ema_decay}")
     check_privacy_arguments(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, clipping=clipping,
-                            grad_sample_mode=grad_sample_mode, max_physical_batch=max_physical_batch)
+                            grad_sample_mode=grad_sample_mode, max_physical_batch=max_physical_batch, ema_decay=ema_decay)
     schedule = dpsgd_schedule(n=len(features), lot_size=lot_size, epochs=epochs)
     if not secure_rng:
         warnings.warn("DP-SGD noise and lot sampling come from PRNGs seeded with the run's seed "
