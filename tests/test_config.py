@@ -78,7 +78,6 @@ def test_project_params_are_valid_and_flatten_for_mlflow():
     ("head", "epsilon", 0, "head.epsilon: must be > 0"),
     ("head", "delta", 1.0, "head.delta: must be in (0, 1)"),
     ("head", "features", "pixels", "head.features: unknown value 'pixels'"),
-    ("head", "records_per_update", 0, "head.records_per_update: must be >= 1"),
     ("head", "refresh_every", -1, "head.refresh_every: must be >= 0"),
 ])
 def test_bad_values_name_the_key(section, key, value, message):

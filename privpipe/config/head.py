@@ -21,9 +21,7 @@ class HeadConfig:
     sigma: float = 1.0
     epsilon: float = 1.0
     delta: float = 1e-4
-    # a fresh Hessian keeps the bound small: on MNIST 3 vs 8, ≥ 5,000 removals before a retrain at 100, 1,931 at 0
-    refresh_every: int = 100
-    records_per_update: int = 1  # one Newton step per record spends the removal budget slowest
+    refresh_every: int = 100  # removals between moving the reference point to the current weights (0: at retrains)
 
 
 def check(head: HeadConfig, *, dp_pca: DpPcaConfig) -> None:
@@ -35,4 +33,3 @@ def check(head: HeadConfig, *, dp_pca: DpPcaConfig) -> None:
     require(head.epsilon > 0, "head.epsilon", "must be > 0")
     require(0 < head.delta < 1, "head.delta", "must be in (0, 1)")
     require(head.refresh_every >= 0, "head.refresh_every", "must be >= 0 (0 = only when the head is retrained)")
-    require(head.records_per_update >= 1, "head.records_per_update", "must be >= 1")

@@ -1,30 +1,36 @@
 """A linear classifier from which training records can be removed with a certificate.
 
     head = RemovableHead.train(X, y, classes=10, lam=1e-3, guarantee=g, noise=noise)
-    steps = head.remove([17, 42], noise=noise)       # Newton updates, or a retrain when the budget is spent
+    step = head.remove([17, 42], noise=noise)       # one Newton update, or a retrain when the budget is spent
 
-Guo et al. 2020 with one change in how the Hessian is handled. Each class (one-vs-rest;
-one model when there are two classes) minimises L_b(w; D) (see ``logistic``). Removing
-rows R applies the Newton step w ← w + H̃⁻¹Δ with Δ = Σ_{j∈R} ∇ℓ_j(w) + |R|λw, and adds a
-bound on the gradient residual it leaves to the budget used.
+Guo et al. 2020, with the bound taken from a fixed *reference point* instead of accumulated
+step by step. Each class (one-vs-rest; one model when there are two classes) minimises
+L_b(w; D) with the fixed L2 weight Λ = λ·n₀ (see ``logistic``). The reference is where the
+head was last trained (or refreshed): weights w₀, rows D₀, a bound β₀ on the gradient
+residual there, and the Hessian H₀ over D₀ at w₀. After removing rows R (all removals since
+the reference, in any order and any batches) the head is w = w₀ + v with v the solution of
 
-The paper evaluates H at the current w over the remaining data, which costs O(n d²) per
-removal. Here H̃ is the Hessian at a *reference* w_ref (the weights at the last refresh)
-over the remaining data: removing rows only subtracts their rank-one terms and λ|R|·I,
-so H̃ and its inverse are updated in O(d²). The Taylor argument of the paper's
-Theorem 1, kept per row, then gives with v the step, p = Xv and u = X(w − w_ref):
+    H_R v = Δ_R,   H_R = H₀ − Σ_{j∈R} ℓ''_j(w₀) x_j x_jᵀ,   Δ_R = Σ_{j∈R} ∇ℓ_j(w₀),
 
-    ‖∇L(w + v; D′)‖ ≤ ‖∇L(w; D)‖ + ‖H̃v − Δ‖ + γ ‖X‖₂ ‖m ⊙ p‖,   m_i = max(|u_i|, |u_i + p_i|)
+the Newton step from w₀ on D₀ ∖ R. Taylor's theorem with the integral remainder gives,
+row by row (ℓ'' is γ-Lipschitz, and ∫₀¹ γ t |q_i| dt = γ|q_i|/2):
 
-since ℓ''_i moves by at most γ|x_iᵀ(w + tv − w_ref)| between w_ref and the segment
-(|·| is convex in t, so its maximum is at an end). With u = 0 this is at most the
-paper's data-dependent bound γ‖X‖‖v‖‖Xv‖ (|p_i| ≤ ‖v‖), in practice several times
-smaller. A removal costs O(d²) for the solve plus one O(n d) product for p;
-``refresh_every`` removals recompute H̃ at the current w (O(n d²)), trading time for
-a smaller u and so a smaller bound.
+    ‖∇L_b(w; D₀∖R)‖ ≤ β₀ + ‖H_R v − Δ_R‖ + (γ/2) ‖X₀‖₂ ‖q ⊙ q‖,   q = X_{D₀∖R} v.
 
-Classes are one joint model: the residual of the concatenated weights is the
-concatenation of the per-class residuals, so the budget test is ‖(β_1 … β_K)‖₂ ≤ σε/c.
+The bound is a function of R alone (of the state, not of the path that reached it): removing
+1,000 rows one at a time or all at once gives the same weights and the same bound, so a
+removal run applies its whole batch in one solve. Two ways to evaluate the last term, both
+sound, the cheap one tried first:
+
+- *Gram*, O(d²) per class: ‖q ⊙ q‖ ≤ ‖q‖_∞ ‖q‖₂ ≤ ‖v‖ √(vᵀ G_R v), with G_R = Σ_{D₀∖R} x xᵀ
+  kept from the reference (‖x_i‖ ≤ 1 bounds |q_i| by ‖v‖);
+- *rows*, one O(n d) product: q itself. Used only when the Gram bound would pass the budget.
+
+Removals may spend the budget σε/c (Theorem 3); when a batch would pass it, the head is
+retrained from scratch on what remains with a fresh b, which becomes the new reference with
+β₀ the optimiser's (rounding-level) residual. ``refresh_every`` makes the current weights the
+reference after that many removals (H₀ rebuilt in O(n d²), β₀ the bound certified there).
+The classes are one joint model: the budget test is on ‖(β_1 … β_K)‖₂.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+from scipy.linalg import eigh
 from scipy.special import expit
 
 from privpipe.privacy import NoiseSource
@@ -41,31 +48,34 @@ from privpipe.removal.logistic import GAMMA, curvature, fit_perturbed, gradient,
 
 __all__ = ["RemovableHead", "RemovalStep"]
 
-_REFINE_STEPS = 30  # iterative refinement of H̃v = Δ; each step shrinks the error by ~ removals/n
-_REFINE_TOLERANCE = 1e-9  # relative to ‖Δ‖; what is left, ‖H̃v − Δ‖, is added to the bound, so it only needs to be small
-_REINVERT_AFTER = 6  # refinement steps after which the inverse is recomputed from the exact H̃
+_SOLVE_TOLERANCE = 1e-12  # relative to ‖Δ‖; what is left, ‖H_R v − Δ‖, is added to the bound anyway
+_SOLVE_STEPS = 25  # preconditioned iterations before a direct solve of H_R
+_ROUNDING = 1e-9  # relative slack on the float64 norms and quadratic forms the bound is made of
 
 
 @dataclass
 class RemovalStep:
-    """One Newton update (or retrain) and what it cost."""
+    """One batch of removals: a Newton update from the reference, or a retrain."""
 
     rows: list[int]
     mechanism: str  # "newton" | "retrain"
-    bound: float  # gradient-residual norm this update added (joint over classes)
-    used: float  # budget used after it
+    used: float  # certified gradient-residual bound after it (joint over classes)
     budget: float
+    certificate: str = ""  # newton: "gram" (O(d²) bound) | "rows" (per-row bound)
     reason: str = ""
 
 
 @dataclass
-class _Cache:
-    """Per-class Hessian at w_ref over the remaining rows, and its (approximate) inverse."""
+class _Reference:
+    """What the bound is taken from (rebuilt from W₀ and D₀ when a head is loaded)."""
 
-    w_ref: np.ndarray
-    s_ref: np.ndarray  # ℓ'' at w_ref for every row
-    H: np.ndarray
-    P: np.ndarray
+    curvature: np.ndarray  # (K, n): ℓ'' at w₀ for every row
+    hessian: np.ndarray  # (K, d, d): H₀ over D₀
+    inverse: np.ndarray  # (K, d, d): H₀⁻¹, the preconditioner of every solve
+    gram: np.ndarray  # (d, d): Σ_{D₀} x xᵀ
+    spectral: float  # ‖X_{D₀}‖₂ (only falls as rows go)
+    removed: np.ndarray  # row indices removed since the reference, in order
+    delta: np.ndarray  # (K, d): Δ_R at w₀
 
 
 @dataclass
@@ -73,33 +83,35 @@ class RemovableHead:
     X: np.ndarray  # (n, d) float64, rows with ‖x‖ ≤ 1
     y: np.ndarray  # (n,) class indices
     classes: int
-    lam: float
+    lam: float  # λ: the L2 weight is Λ = λ·n₀
+    reg: float  # Λ, fixed when first trained
     guarantee: RemovalGuarantee
     W: np.ndarray  # (K, d)
     B: np.ndarray  # (K, d): the loss perturbation; secret, never released
     active: np.ndarray  # (n,) bool: rows still in the training set
-    used: np.ndarray  # (K,) gradient-residual bound accumulated per class
+    used: np.ndarray  # (K,) certified gradient-residual bound per class, now
+    ref_W: np.ndarray  # (K, d): w₀
+    ref_active: np.ndarray  # (n,) bool: D₀
+    ref_used: np.ndarray  # (K,): β₀
     refresh_every: int = 0
-    records_per_update: int = 1
     retrains: int = 0
-    removals_since_refresh: int = 0
-    _caches: list[_Cache] | None = field(default=None, repr=False)
-    _drift: np.ndarray | None = field(default=None, repr=False)
-    _spectral: float = field(default=0.0, repr=False)
+    _ref: _Reference | None = field(default=None, repr=False)
+    _certificate: str = field(default="", repr=False)
+    _pending_hessians: np.ndarray | None = field(default=None, repr=False)
 
     # -- construction -------------------------------------------------------
     @classmethod
     def train(cls, X: np.ndarray, y: np.ndarray, *, classes: int, lam: float, guarantee: RemovalGuarantee,
-              noise: NoiseSource, refresh_every: int = 0, records_per_update: int = 1) -> "RemovableHead":
-        """Fit on (X, y) with a fresh perturbation b ~ N(0, σ²I) per class."""
+              noise: NoiseSource, refresh_every: int = 0) -> "RemovableHead":
+        """Fit on (X, y) with a fresh perturbation b ~ N(0, σ²I) per class; Λ = λ·len(y) from now on."""
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y, dtype=np.int64)
-        _check_inputs(X, y, classes=classes, lam=lam, refresh_every=refresh_every,
-                      records_per_update=records_per_update)
-        k = 1 if classes == 2 else classes
-        head = cls(X=X, y=y, classes=classes, lam=float(lam), guarantee=guarantee,
-                   W=np.zeros((k, X.shape[1])), B=np.zeros((k, X.shape[1])), active=np.ones(len(y), dtype=bool),
-                   used=np.zeros(k), refresh_every=refresh_every, records_per_update=records_per_update)
+        _check_inputs(X, y, classes=classes, lam=lam, refresh_every=refresh_every)
+        k, d = (1 if classes == 2 else classes), X.shape[1]
+        head = cls(X=X, y=y, classes=classes, lam=float(lam), reg=float(lam) * len(y), guarantee=guarantee,
+                   W=np.zeros((k, d)), B=np.zeros((k, d)), active=np.ones(len(y), dtype=bool), used=np.zeros(k),
+                   ref_W=np.zeros((k, d)), ref_active=np.ones(len(y), dtype=bool), ref_used=np.zeros(k),
+                   refresh_every=refresh_every)
         head._retrain(noise)
         head.retrains = 0
         return head
@@ -112,11 +124,22 @@ class RemovableHead:
     def used_total(self) -> float:
         return float(np.linalg.norm(self.used))
 
+    @property
+    def removed_since_reference(self) -> int:
+        return int((self.ref_active & ~self.active).sum())
+
     def signs(self, c: int, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """±1 targets of class model c, for ``rows`` or all (two classes: the one model separates class 1)."""
         positive = 1 if self.classes == 2 else c
         labels = self.y if rows is None else self.y[rows]
         return np.where(labels == positive, 1.0, -1.0)
+
+    def _sign_matrix(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """(K, len(rows)) ±1 targets of every class model."""
+        labels = self.y[rows]
+        if self.classes == 2:
+            return np.where(labels == 1, 1.0, -1.0)[None, :]
+        return np.where(labels[None, :] == np.arange(self.classes)[:, None], 1.0, -1.0)
 
     # -- prediction ---------------------------------------------------------
     def scores(self, X: np.ndarray) -> np.ndarray:
@@ -130,120 +153,189 @@ class RemovableHead:
         """The exact ‖∇L_b(W; remaining)‖ (joint): O(n d), for tests and benchmarks."""
         rows = self.active
         return float(np.linalg.norm([np.linalg.norm(gradient(self.W[c], self.X[rows], self.signs(c)[rows],
-                                                             lam=self.lam, b=self.B[c]))
+                                                             reg=self.reg, b=self.B[c]))
                                      for c in range(len(self.W))]))
 
     # -- removal ------------------------------------------------------------
-    def remove(self, rows: Sequence[int], *, noise: NoiseSource) -> list[RemovalStep]:
-        """Remove training rows; rows no longer (or never) active are ignored. Updates go
-        ``records_per_update`` rows at a time; one that would pass the budget becomes a retrain
-        from scratch on what remains, with a fresh b."""
-        todo = [int(r) for r in dict.fromkeys(rows) if 0 <= int(r) < len(self.y) and self.active[int(r)]]
-        if todo and len(todo) >= int(self.active.sum()):
+    def remove(self, rows: Sequence[int], *, noise: NoiseSource) -> RemovalStep | None:
+        """Remove training rows by Newton updates from the reference (one per ``refresh_every`` rows,
+        the reference moved between them; one for the lot when 0). Rows no longer (or never) active
+        are ignored (None when none is left). When an update's bound would pass the budget, the head
+        is retrained from scratch on what remains, with a fresh b, instead."""
+        todo = [int(r) for r in dict.fromkeys(int(r) for r in rows) if 0 <= r < len(self.y) and self.active[r]]
+        if not todo:
+            return None
+        if len(todo) >= int(self.active.sum()):
             raise ValueError("head: removing these rows would leave no training data; there is no head to keep")
-        steps = []
-        for start in range(0, len(todo), self.records_per_update):
-            steps.append(self._remove_chunk(todo[start:start + self.records_per_update], noise))
-        return steps
+        certificates, start = set(), 0
+        while start < len(todo):
+            if self.refresh_every and self.removed_since_reference >= self.refresh_every:
+                self._refresh()
+            size = self.refresh_every - self.removed_since_reference if self.refresh_every else len(todo)
+            chunk, start = todo[start:start + size], start + size
+            refused = self._update(np.asarray(chunk))
+            if refused is not None:
+                before = self.used_total
+                self.active[todo] = False
+                self._retrain(noise)
+                return RemovalStep(todo, "retrain", self.used_total, self.budget,
+                                   reason=f"the update would raise the gradient-residual bound from {before:.4g} "
+                                          f"to {refused:.4g}, over the budget σε/c = {self.budget:.4g}")
+            certificates.add(self._certificate)
+        return RemovalStep(todo, "newton", self.used_total, self.budget,
+                           certificate="rows" if "rows" in certificates else "gram")
 
-    def _remove_chunk(self, rows: list[int], noise: NoiseSource) -> RemovalStep:
-        if self.refresh_every and self.removals_since_refresh >= self.refresh_every:
-            self._build_caches()
-        caches = self._ensure_caches()
-        Xr, m = self.X[rows], len(rows)
-        steps, linear = np.zeros_like(self.W), np.zeros(len(self.W))
-        for c, cache in enumerate(caches):
-            w, yr = self.W[c], self.signs(c, rows)
-            delta = Xr.T @ (-yr * expit(-yr * (Xr @ w))) + m * self.lam * w
-            cache.H -= (Xr * cache.s_ref[rows][:, None]).T @ Xr
-            cache.H[np.diag_indices_from(cache.H)] -= m * self.lam
-            for x, s in zip(Xr, cache.s_ref[rows]):  # Sherman–Morrison: the data part of the downdate
-                Px = cache.P @ x
-                cache.P += np.outer(Px, Px) * (s / (1.0 - s * (x @ Px)))
-            v = cache.P @ delta
-            target, previous = _REFINE_TOLERANCE * np.linalg.norm(delta), np.inf
-            for iteration in range(_REFINE_STEPS):  # P misses the λ|R|I part; refine against the exact H̃
-                size = np.linalg.norm(error := delta - cache.H @ v)
-                if size <= target or size > 0.9 * previous:  # done, or down to rounding
-                    break
-                previous = size
-                v += cache.P @ error
-            if iteration >= _REINVERT_AFTER or size > 1e3 * target:  # P drifted from H̃⁻¹: invert afresh, O(d³)
-                cache.P = np.linalg.inv(cache.H)
-            steps[c], linear[c] = v, np.linalg.norm(cache.H @ v - delta)
-        self.active[rows] = False
-        moved = self.X @ steps.T  # p for every row and class: the one O(n d) product
-        p, u = moved[self.active], self._drift[self.active]
-        reach = np.maximum(np.abs(u), np.abs(u + p))
-        increments = linear + GAMMA * self._spectral * np.linalg.norm(reach * p, axis=0)
-        after = float(np.linalg.norm(self.used + increments))
-        if after > self.budget:
-            before = self.used_total
-            self._retrain(noise)
-            return RemovalStep(rows, "retrain", 0.0, self.used_total, self.budget,
-                               reason=f"the update would raise the gradient-residual bound from {before:.4g} "
-                                      f"to {after:.4g}, over the budget σε/c = {self.budget:.4g}")
-        self.W += steps
-        self._drift += moved
-        self.used += increments
-        self.removals_since_refresh += m
-        return RemovalStep(rows, "newton", float(np.linalg.norm(increments)), after, self.budget)
+    def _update(self, new: np.ndarray) -> float | None:
+        """The Newton update removing rows ``new``, applied if its bound fits the budget; else nothing
+        changes and the joint bound it would have had is returned."""
+        ref = self._reference()
+        removed = np.concatenate([ref.removed, new])
+        delta = ref.delta + self._loss_gradients(new)
+        steps = self._solve(ref, removed, delta)
+        linear = np.linalg.norm(delta - self._apply_hessian(ref, removed, steps), axis=1)
+        remaining = self.active.copy()
+        remaining[new] = False
+        certificate, used = "gram", self._bound(ref, linear, self._gram_spread(ref, removed, steps))
+        if np.linalg.norm(used) > self.budget:
+            certificate, used = "rows", self._bound(ref, linear, self._row_spread(remaining, steps))
+        if np.linalg.norm(used) > self.budget:
+            return float(np.linalg.norm(used))
+        self.active[new] = False
+        self.W, self.used, self._certificate = self.ref_W + steps, used, certificate
+        ref.removed, ref.delta = removed, delta
+        return None
 
-    # -- (re)training and caches ---------------------------------------------
+    def _loss_gradients(self, rows: np.ndarray) -> np.ndarray:
+        """(K, d): Σ_{j∈rows} ∇ℓ_j(w₀) for every class model."""
+        Xr, signs = self.X[rows], self._sign_matrix(rows)
+        margins = signs * (self.ref_W @ Xr.T)
+        return (-signs * expit(-margins)) @ Xr
+
+    def _apply_hessian(self, ref: _Reference, removed: np.ndarray, V: np.ndarray) -> np.ndarray:
+        """(K, d): H_R v for every class, as H₀v minus the removed rows' rank-one terms."""
+        Xr = self.X[removed]
+        moved = ref.curvature[:, removed] * (V @ Xr.T)
+        return np.einsum("kij,kj->ki", ref.hessian, V) - moved @ Xr
+
+    def _solve(self, ref: _Reference, removed: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        """v with H_R v ≈ Δ_R per class: H₀⁻¹-preconditioned iterations from the current step (H_R
+        differs from H₀ by the few removed rows, so each shrinks the error by about their share),
+        then a direct solve of H_R if they stall."""
+        V = self.W - self.ref_W
+        target = _SOLVE_TOLERANCE * max(float(np.linalg.norm(delta)), 1e-300)
+        previous = np.inf
+        for _ in range(_SOLVE_STEPS):
+            error = delta - self._apply_hessian(ref, removed, V)
+            size = float(np.linalg.norm(error))
+            if size <= target:
+                return V
+            if size > 0.5 * previous:  # stalled: too many rows gone for H₀⁻¹ to precondition well
+                break
+            previous = size
+            V = V + np.einsum("kij,kj->ki", ref.inverse, error)
+        Xr = self.X[removed]
+        exact = np.stack([ref.hessian[c] - (Xr * ref.curvature[c, removed][:, None]).T @ Xr
+                          for c in range(len(V))])
+        return np.linalg.solve(exact, delta[:, :, None])[:, :, 0]
+
+    def _gram_spread(self, ref: _Reference, removed: np.ndarray, V: np.ndarray) -> np.ndarray:
+        """(K,): ‖v‖·√(vᵀ G_R v) ≥ ‖q ⊙ q‖, from the Gram matrix in O(d²)."""
+        quadratic = np.einsum("ki,ij,kj->k", V, ref.gram, V) - ((V @ self.X[removed].T) ** 2).sum(axis=1)
+        norms = np.linalg.norm(V, axis=1)
+        quadratic = np.maximum(quadratic, 0.0) + _ROUNDING * norms ** 2 * ref.spectral ** 2
+        return norms * np.sqrt(quadratic)
+
+    def _row_spread(self, remaining: np.ndarray, V: np.ndarray) -> np.ndarray:
+        """(K,): ‖q ⊙ q‖ exactly, q = X_{D₀∖R} v: one O(n d) product."""
+        q = self.X[remaining] @ V.T
+        return np.linalg.norm(q * q, axis=0)
+
+    def _bound(self, ref: _Reference, linear: np.ndarray, spread: np.ndarray) -> np.ndarray:
+        return (self.ref_used + linear + 0.5 * GAMMA * ref.spectral * spread) * (1.0 + _ROUNDING)
+
+    # -- (re)training and the reference ----------------------------------------
     def _retrain(self, noise: NoiseSource) -> None:
-        """Fit every class model from scratch on the remaining rows with a fresh b; reset the budget
-        to the (rounding-level) gradient left by the optimiser."""
+        """Fit every class model from scratch on the remaining rows with a fresh b; the optimum is the
+        new reference, with the (rounding-level) gradient the optimiser left as β₀."""
         rows = self.active
         X = self.X[rows]
         self.B = noise.normal(self.W.shape, std=self.guarantee.sigma)
         hessians = []
         for c in range(len(self.W)):
-            self.W[c], H = fit_perturbed(X, self.signs(c)[rows], lam=self.lam, b=self.B[c])
+            self.W[c], H = fit_perturbed(X, self.signs(c)[rows], reg=self.reg, b=self.B[c])
             hessians.append(H)
-        self.used = np.array([np.linalg.norm(gradient(self.W[c], X, self.signs(c)[rows], lam=self.lam, b=self.B[c]))
-                              for c in range(len(self.W))])
+        used = np.array([np.linalg.norm(gradient(self.W[c], X, self.signs(c)[rows], reg=self.reg, b=self.B[c]))
+                         for c in range(len(self.W))])
         self.retrains += 1
-        self._build_caches(hessians)
+        self._set_reference(used, np.stack(hessians))
 
-    def _build_caches(self, hessians: list[np.ndarray] | None = None) -> None:
-        rows = self.active
-        X = self.X[rows]
-        caches = []
-        for c in range(len(self.W)):
-            H = hessians[c] if hessians is not None else hessian(self.W[c], X, self.signs(c)[rows], lam=self.lam)
-            caches.append(_Cache(w_ref=self.W[c].copy(), s_ref=curvature(self.W[c], self.X, self.signs(c)),
-                                 H=H.copy(), P=np.linalg.inv(H)))
-        self._caches = caches
-        self._drift = np.zeros((len(self.X), len(self.W)))  # X(w − w_ref) per row and class
-        self._spectral = float(np.sqrt(max(np.linalg.eigvalsh(X.T @ X)[-1], 0.0)))  # ‖X‖₂ only falls as rows go
-        self.removals_since_refresh = 0
+    def _refresh(self) -> None:
+        """Make the current weights the reference, certified at the per-row bound (the tightest) of
+        the current state."""
+        ref = self._reference()
+        linear = np.linalg.norm(ref.delta - self._apply_hessian(ref, ref.removed, self.W - self.ref_W), axis=1)
+        used = np.minimum(self.used, self._bound(ref, linear, self._row_spread(self.active, self.W - self.ref_W)))
+        self._set_reference(used)
 
-    def _ensure_caches(self) -> list[_Cache]:
-        if self._caches is None:  # a head loaded from disk: build at the current weights
-            self._build_caches()
-        return self._caches
+    def _set_reference(self, used: np.ndarray, hessians: np.ndarray | None = None) -> None:
+        """Make the current weights and rows the reference, certified at ``used`` (its matrices are
+        built when the next removal needs them: a removal run that ends in a retrain never does)."""
+        self.ref_W, self.ref_active, self.ref_used = self.W.copy(), self.active.copy(), used.copy()
+        self.used = used.copy()
+        self._ref, self._pending_hessians = None, hessians
+
+    def _reference(self) -> _Reference:
+        if self._ref is None:  # after a retrain or refresh, or a head loaded from disk: build at w₀ over D₀
+            self._ref = self._build_reference(self._pending_hessians)
+            self._pending_hessians = None
+            removed = np.flatnonzero(self.ref_active & ~self.active)
+            self._ref.removed, self._ref.delta = removed, self._loss_gradients(removed)
+        return self._ref
+
+    def _build_reference(self, hessians: np.ndarray | None = None) -> _Reference:
+        rows = self.ref_active
+        X, signs = self.X[rows], self._sign_matrix(rows)
+        curv = np.stack([curvature(self.ref_W[c], self.X, self.signs(c)) for c in range(len(self.W))])
+        if hessians is None:
+            hessians = np.stack([hessian(self.ref_W[c], X, signs[c], reg=self.reg) for c in range(len(self.W))])
+        gram = X.T @ X
+        d = len(gram)  # the largest eigenvalue alone (MRRR): numpy's full eigvalsh takes seconds at d = 1,000
+        top = eigh(gram, eigvals_only=True, subset_by_index=[d - 1, d - 1], driver="evr")[0]
+        spectral = float(np.sqrt(max(top, 0.0))) * (1.0 + _ROUNDING)
+        k, d = self.W.shape
+        return _Reference(curvature=curv, hessian=hessians, inverse=np.linalg.inv(hessians), gram=gram,
+                          spectral=spectral, removed=np.zeros(0, dtype=np.int64), delta=np.zeros((k, d)))
 
     # -- persistence ----------------------------------------------------------
+    _ARRAYS = ("X", "y", "W", "B", "active", "used", "ref_W", "ref_active", "ref_used")
+
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """(arrays, JSON-able metadata) that :meth:`from_state` rebuilds the head from (caches excluded)."""
-        arrays = {name: getattr(self, name).copy() for name in ("X", "y", "W", "B", "active", "used")}
-        meta = {"classes": self.classes, "lam": self.lam, "epsilon": self.guarantee.epsilon,
+        """(arrays, JSON-able metadata) that :meth:`from_state` rebuilds the head from (the reference's
+        matrices excluded: they are rebuilt from w₀ and D₀)."""
+        arrays = {name: np.asarray(getattr(self, name)).copy() for name in self._ARRAYS}
+        meta = {"classes": self.classes, "lam": self.lam, "reg": self.reg, "epsilon": self.guarantee.epsilon,
                 "delta": self.guarantee.delta, "sigma": self.guarantee.sigma, "refresh_every": self.refresh_every,
-                "records_per_update": self.records_per_update, "retrains": self.retrains}
+                "retrains": self.retrains}
         return arrays, meta
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> "RemovableHead":
         guarantee = RemovalGuarantee(epsilon=meta["epsilon"], delta=meta["delta"], sigma=meta["sigma"])
+        active = np.array(arrays["active"], dtype=bool)
+        W, used = np.array(arrays["W"], dtype=np.float64), np.array(arrays["used"], dtype=np.float64)
+        # a state from before the reference point: its W minimised λ·n_now/2 ‖w‖² up to ``used``, so it is
+        # its own reference with that Λ
+        reg = float(meta.get("reg", float(meta["lam"]) * int(active.sum())))
         return cls(X=np.asarray(arrays["X"], dtype=np.float64), y=arrays["y"], classes=int(meta["classes"]),
-                   lam=float(meta["lam"]), guarantee=guarantee, W=np.array(arrays["W"], dtype=np.float64),
-                   B=np.array(arrays["B"], dtype=np.float64), active=np.array(arrays["active"], dtype=bool),
-                   used=np.array(arrays["used"], dtype=np.float64), refresh_every=int(meta["refresh_every"]),
-                   records_per_update=int(meta["records_per_update"]), retrains=int(meta["retrains"]))
+                   lam=float(meta["lam"]), reg=reg, guarantee=guarantee, W=W,
+                   B=np.array(arrays["B"], dtype=np.float64), active=active, used=used,
+                   ref_W=np.array(arrays.get("ref_W", W), dtype=np.float64),
+                   ref_active=np.array(arrays.get("ref_active", active), dtype=bool),
+                   ref_used=np.array(arrays.get("ref_used", used), dtype=np.float64),
+                   refresh_every=int(meta["refresh_every"]), retrains=int(meta["retrains"]))
 
 
-def _check_inputs(X: np.ndarray, y: np.ndarray, *, classes: int, lam: float, refresh_every: int,
-                  records_per_update: int) -> None:
+def _check_inputs(X: np.ndarray, y: np.ndarray, *, classes: int, lam: float, refresh_every: int) -> None:
     if X.ndim != 2 or len(X) != len(y) or len(y) == 0:
         raise ValueError(f"head: features must be (n, d) with one label per row, got {X.shape} and {y.shape}")
     if not np.isfinite(X).all():
@@ -254,5 +346,5 @@ def _check_inputs(X: np.ndarray, y: np.ndarray, *, classes: int, lam: float, ref
         raise ValueError(f"head: labels must lie in 0..{classes - 1} with classes >= 2")
     if not lam > 0:
         raise ValueError(f"head: lam must be > 0 (strong convexity), got {lam!r}")
-    if refresh_every < 0 or records_per_update < 1:
-        raise ValueError("head: refresh_every must be >= 0 and records_per_update >= 1")
+    if refresh_every < 0:
+        raise ValueError("head: refresh_every must be >= 0")

@@ -1,13 +1,16 @@
 """L2-regularised logistic loss with a random linear perturbation (Guo et al. 2020, §3).
 
-    w = fit_perturbed(X, y, lam=1e-3, b=noise)      # y in {-1, +1}, rows of X with ‖x‖ ≤ 1
+    w, H = fit_perturbed(X, y, reg=600.0, b=noise)      # y in {-1, +1}, rows of X with ‖x‖ ≤ 1
 
-The objective is written in the *sum* form the paper's analysis uses,
+The objective is written in the *sum* form the removal analysis uses,
 
-    L_b(w; D) = Σ_i ℓ(y_i wᵀx_i) + (λ n / 2) ‖w‖² + bᵀw,     ℓ(z) = log(1 + e^(−z)),
+    L_b(w; D) = Σ_i ℓ(y_i wᵀx_i) + (Λ/2) ‖w‖² + bᵀw,     ℓ(z) = log(1 + e^(−z)),
 
-which is n times the mean form  mean_i ℓ_i + (λ/2)‖w‖² + bᵀw/n: same minimiser, and the
-gradient residual ‖∇L_b(w; D)‖ that the removal budget counts is measured in this form.
+with a fixed weight Λ on the L2 term (``reg``; scikit-learn's 1/C). The head sets Λ = λ·n₀ once,
+n₀ its rows when first trained, and keeps it through removals and retrains: removing a row then
+changes the objective by that row's loss alone, and the retrain a removal is compared with
+minimises the same objective without the row. The gradient residual ‖∇L_b(w; D)‖ that the
+removal budget counts is measured in this form.
 """
 
 from __future__ import annotations
@@ -25,16 +28,16 @@ __all__ = ["GAMMA", "objective", "gradient", "curvature", "hessian", "fit_pertur
 GAMMA = 1.0 / (6.0 * math.sqrt(3.0))
 
 
-def objective(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, lam: float, b: np.ndarray) -> float:
+def objective(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, reg: float, b: np.ndarray) -> float:
     """L_b(w; D) in the sum form."""
     margins = y * (X @ w)
-    return float(-log_expit(margins).sum() + 0.5 * lam * len(y) * w @ w + b @ w)
+    return float(-log_expit(margins).sum() + 0.5 * reg * w @ w + b @ w)
 
 
-def gradient(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, lam: float, b: np.ndarray) -> np.ndarray:
+def gradient(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, reg: float, b: np.ndarray) -> np.ndarray:
     """∇L_b(w; D) in the sum form."""
     margins = y * (X @ w)
-    return X.T @ (-y * expit(-margins)) + lam * len(y) * w + b
+    return X.T @ (-y * expit(-margins)) + reg * w + b
 
 
 def curvature(w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -43,33 +46,33 @@ def curvature(w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return expit(margins) * expit(-margins)
 
 
-def hessian(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, lam: float) -> np.ndarray:
-    """∇²L_b(w; D) = Xᵀ diag(ℓ'') X + λ n I (b is linear, so it does not enter)."""
+def hessian(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, reg: float) -> np.ndarray:
+    """∇²L_b(w; D) = Xᵀ diag(ℓ'') X + Λ I (b is linear, so it does not enter)."""
     weights = curvature(w, X, y)
     out = X.T @ (X * weights[:, None])
-    out[np.diag_indices_from(out)] += lam * len(y)
+    out[np.diag_indices_from(out)] += reg
     return out
 
 
-def fit_perturbed(X: np.ndarray, y: np.ndarray, *, lam: float, b: np.ndarray, w0: np.ndarray | None = None,
+def fit_perturbed(X: np.ndarray, y: np.ndarray, *, reg: float, b: np.ndarray, w0: np.ndarray | None = None,
                   newton_steps: int = 3, max_iter: int = 1000) -> tuple[np.ndarray, np.ndarray]:
     """The minimiser of L_b(w; D), and the Hessian there.
 
-    L-BFGS on the (better scaled) mean form, then a few exact Newton steps: the removal
-    analysis assumes the exact optimum, and what is left of the gradient is counted into
-    the removal budget by the caller, so it should be at rounding level.
+    L-BFGS on the (better scaled) objective divided by n, then a few exact Newton steps: the
+    removal analysis assumes the exact optimum, and what is left of the gradient is counted
+    into the removal budget by the caller, so it should be at rounding level.
     """
-    n = len(y)
+    n = max(len(y), 1)
     start = np.zeros(X.shape[1]) if w0 is None else np.asarray(w0, dtype=np.float64)
-    result = minimize(lambda w: objective(w, X, y, lam=lam, b=b) / n, start,
-                      jac=lambda w: gradient(w, X, y, lam=lam, b=b) / n,
+    result = minimize(lambda w: objective(w, X, y, reg=reg, b=b) / n, start,
+                      jac=lambda w: gradient(w, X, y, reg=reg, b=b) / n,
                       method="L-BFGS-B", options={"maxiter": max_iter, "gtol": 1e-10, "ftol": 1e-15})
     w = result.x
-    H = hessian(w, X, y, lam=lam)
+    H = hessian(w, X, y, reg=reg)
     for _ in range(newton_steps):
-        g = gradient(w, X, y, lam=lam, b=b)
-        if np.linalg.norm(g) <= 1e-12 * max(1.0, n):
+        g = gradient(w, X, y, reg=reg, b=b)
+        if np.linalg.norm(g) <= 1e-12 * n:
             break
         w = w - np.linalg.solve(H, g)
-        H = hessian(w, X, y, lam=lam)
+        H = hessian(w, X, y, reg=reg)
     return w, H

@@ -101,8 +101,7 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
         extractor, dp = _extractor_files(params, staging, model_dir, dp_pca_dir, records.features.shape[1])
         X = (head_features(extractor, records.features) * _SHRINK).astype(np.float32).astype(np.float64)
         head = RemovableHead.train(X, records.labels, classes=classes, lam=cfg.lam, guarantee=guarantee,
-                                   noise=noise_for(params, retrain=0), refresh_every=cfg.refresh_every,
-                                   records_per_update=cfg.records_per_update)
+                                   noise=noise_for(params, retrain=0), refresh_every=cfg.refresh_every)
         accuracy = float((head.predict(head_features(extractor, test_set.features)) == test_set.labels).mean())
         summary = combined_guarantee(dp_epsilon=dp["epsilon"], dp_delta=dp["delta"], removal=guarantee,
                                      feature_source=cfg.features)

@@ -74,15 +74,15 @@ def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path = paths
         raise DataError(f"{folder}: no removal-enabled head (run the pipeline with head.enabled)")
 
 
-def _removed_by(meta: dict[str, Any], before: np.ndarray, steps: Sequence[Any]) -> None:
+def _removed_by(meta: dict[str, Any], before: np.ndarray, step: Any) -> None:
     """Record how each removed row left the head: a retrain takes every row out exactly, those
     removed before it included; a Newton update certifies its own rows."""
     removed_by = meta.setdefault("removed_by", {})
-    gone = {int(row) for row in np.flatnonzero(~before)}
-    for step in steps:
-        gone.update(int(row) for row in step.rows)
-        for row in (gone if step.mechanism == "retrain" else step.rows):
-            removed_by[str(int(row))] = step.mechanism
+    if step is None:
+        return
+    gone = {int(row) for row in np.flatnonzero(~before)} | {int(row) for row in step.rows}
+    for row in (gone if step.mechanism == "retrain" else step.rows):
+        removed_by[str(int(row))] = step.mechanism
 
 
 def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, folder: Path = paths.HEAD,
@@ -98,29 +98,32 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
     # distinct rows: two requests for one record (an old journal) remove it once and count it once
     live = list(dict.fromkeys(row for row in rows.values() if row is not None and head.active[row]))
     before = head.active.copy()
-    steps = head.remove(live, noise=noise_for(params, retrain=head.retrains + 1))
-    mechanism_of_row = {row: step.mechanism for step in steps for row in step.rows}
-    retrains = [step.reason for step in steps if step.mechanism == "retrain"]
+    step = head.remove(live, noise=noise_for(params, retrain=head.retrains + 1))  # the whole batch in one update
+    mechanism_of_row = {row: step.mechanism for row in step.rows} if step else {}
+    retrains = [step.reason] if step and step.mechanism == "retrain" else []
     record = {
         "mechanisms": {rid: mechanism_of_row.get(row, "absent") for rid, row in rows.items()},
-        "rows_removed": len(live), "newton_updates": sum(s.mechanism == "newton" for s in steps),
+        "rows_removed": len(live), "newton_updates": int(bool(step) and step.mechanism == "newton"),
+        "certificate": step.certificate if step else "",
         "retrained": bool(retrains), "retrain_reasons": retrains, "budget_used": head.used_total,
         "budget": head.budget, "version_before": version_before, "data_version_before": source_version(params),
         "applied_at": _now(),
     }
     meta["applied_batches"][batch_id] = record
-    _removed_by(meta, before, steps)
-    meta.setdefault("history", []).extend(
-        {"batch_id": batch_id, "rows": len(s.rows), "mechanism": s.mechanism, "bound": s.bound, "used": s.used}
-        for s in steps)
+    _removed_by(meta, before, step)
+    if step is not None:
+        meta.setdefault("history", []).append({"batch_id": batch_id, "rows": len(step.rows),
+                                               "mechanism": step.mechanism, "certificate": step.certificate,
+                                               "used": step.used})
     with staged_dir(folder) as staging:
         for name in ("extractor", "guarantee.json"):
             source = folder / name
             (shutil.copytree if source.is_dir() else shutil.copy2)(source, staging / name)
         save_head(staging, head, ids=ids, meta=meta)
-    log.info("removals: %s: %d rows removed (%d Newton updates%s); budget used %.4g of %.4g", batch_id, len(live),
-             record["newton_updates"], f", retrained: {retrains[0]}" if retrains else "", head.used_total,
-             head.budget)
+    how = (f"retrained: {retrains[0]}" if retrains else
+           f"one Newton update, {step.certificate} bound" if step else "nothing to remove")
+    log.info("removals: %s: %d rows removed (%s); budget used %.4g of %.4g", batch_id, len(live), how,
+             head.used_total, head.budget)
     return record
 
 
