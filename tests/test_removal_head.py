@@ -267,14 +267,11 @@ def test_gram_certificate_is_above_the_per_row_one(k: int) -> None:
     probe = make_head(k)
     for r in range(12):
         probe.remove([r], noise=noise(1))
-    ref = probe._reference()
-    V = probe.W - probe.ref_W
-    removed = ref.removed
-    gram, rows = probe._gram_spread(ref, removed, V), probe._row_spread(probe.active, V)
-    assert np.all(gram >= rows) and np.all(rows > 0)
-    # a budget between the two certificates: the per-row one is what certifies the update
-    linear = np.zeros(len(V))
-    cheap, tight = (float(np.linalg.norm(probe._bound(ref, linear, s))) for s in (gram, rows))
+        bounds = probe.certificates()
+        assert np.all(bounds["gram"] >= bounds["rows"]) and np.all(bounds["rows"] > probe.ref_used)
+        np.testing.assert_allclose(probe.used, bounds["gram"], rtol=1e-9)  # what the update certified
+    cheap, tight = (float(np.linalg.norm(b)) for b in (bounds["gram"], bounds["rows"]))
+    # a budget between the two certificates: the per-row one is what certifies the last updates
     sigma = 0.5 * (cheap + tight) / RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0).gradient_budget
     head = make_head(k, sigma=sigma)
     seen = [head.remove([r], noise=noise(1)).certificate for r in range(12)]

@@ -40,15 +40,16 @@ from typing import Any, Sequence
 
 import numpy as np
 from scipy.linalg import eigh
+from scipy.linalg.blas import dsyrk
 from scipy.special import expit
 
 from privpipe.privacy import NoiseSource
 from privpipe.removal.guarantee import RemovalGuarantee
-from privpipe.removal.logistic import GAMMA, curvature, fit_perturbed, gradient, hessian
+from privpipe.removal.logistic import GAMMA, fit_perturbed, gradient
 
 __all__ = ["RemovableHead", "RemovalStep"]
 
-_SOLVE_TOLERANCE = 1e-12  # relative to ‖Δ‖; what is left, ‖H_R v − Δ‖, is added to the bound anyway
+_SOLVE_TOLERANCE = 1e-10  # relative to ‖Δ‖; what is left, ‖H_R v − Δ‖, is added to the bound anyway
 _SOLVE_STEPS = 25  # preconditioned iterations before a direct solve of H_R
 _ROUNDING = 1e-9  # relative slack on the float64 norms and quadratic forms the bound is made of
 
@@ -75,6 +76,8 @@ class _Reference:
     gram: np.ndarray  # (d, d): Σ_{D₀} x xᵀ
     spectral: float  # ‖X_{D₀}‖₂ (only falls as rows go)
     removed: np.ndarray  # row indices removed since the reference, in order
+    removed_X: np.ndarray  # (|R|, d): their features
+    removed_curvature: np.ndarray  # (K, |R|): ℓ'' at w₀ on them
     delta: np.ndarray  # (K, d): Δ_R at w₀
 
 
@@ -126,6 +129,8 @@ class RemovableHead:
 
     @property
     def removed_since_reference(self) -> int:
+        if self._ref is not None:
+            return len(self._ref.removed)
         return int((self.ref_active & ~self.active).sum())
 
     def signs(self, c: int, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
@@ -189,20 +194,21 @@ class RemovableHead:
         """The Newton update removing rows ``new``, applied if its bound fits the budget; else nothing
         changes and the joint bound it would have had is returned."""
         ref = self._reference()
-        removed = np.concatenate([ref.removed, new])
+        Xr = np.concatenate([ref.removed_X, self.X[new]])
+        curv = np.concatenate([ref.removed_curvature, ref.curvature[:, new]], axis=1)
         delta = ref.delta + self._loss_gradients(new)
-        steps = self._solve(ref, removed, delta)
-        linear = np.linalg.norm(delta - self._apply_hessian(ref, removed, steps), axis=1)
-        remaining = self.active.copy()
-        remaining[new] = False
-        certificate, used = "gram", self._bound(ref, linear, self._gram_spread(ref, removed, steps))
+        steps, error = self._solve(ref, Xr, curv, delta)
+        linear = np.linalg.norm(error, axis=1)
+        certificate, used = "gram", self._bound(ref, linear, self._gram_spread(ref, Xr, steps))
         if np.linalg.norm(used) > self.budget:
+            remaining = self.active.copy()
+            remaining[new] = False
             certificate, used = "rows", self._bound(ref, linear, self._row_spread(remaining, steps))
         if np.linalg.norm(used) > self.budget:
             return float(np.linalg.norm(used))
         self.active[new] = False
         self.W, self.used, self._certificate = self.ref_W + steps, used, certificate
-        ref.removed, ref.delta = removed, delta
+        ref.removed, ref.removed_X, ref.removed_curvature, ref.delta = np.concatenate([ref.removed, new]), Xr, curv, delta
         return None
 
     def _loss_gradients(self, rows: np.ndarray) -> np.ndarray:
@@ -211,43 +217,43 @@ class RemovableHead:
         margins = signs * (self.ref_W @ Xr.T)
         return (-signs * expit(-margins)) @ Xr
 
-    def _apply_hessian(self, ref: _Reference, removed: np.ndarray, V: np.ndarray) -> np.ndarray:
-        """(K, d): H_R v for every class, as H₀v minus the removed rows' rank-one terms."""
-        Xr = self.X[removed]
-        moved = ref.curvature[:, removed] * (V @ Xr.T)
-        return np.einsum("kij,kj->ki", ref.hessian, V) - moved @ Xr
+    @staticmethod
+    def _apply_hessian(ref: _Reference, Xr: np.ndarray, curv: np.ndarray, V: np.ndarray) -> np.ndarray:
+        """(K, d): H_R v for every class, as H₀v minus the removed rows' (Xr, ℓ'' curv) rank-one terms."""
+        return np.einsum("kij,kj->ki", ref.hessian, V) - (curv * (V @ Xr.T)) @ Xr
 
-    def _solve(self, ref: _Reference, removed: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        """v with H_R v ≈ Δ_R per class: H₀⁻¹-preconditioned iterations from the current step (H_R
-        differs from H₀ by the few removed rows, so each shrinks the error by about their share),
-        then a direct solve of H_R if they stall."""
+    def _solve(self, ref: _Reference, Xr: np.ndarray, curv: np.ndarray,
+               delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """v with H_R v ≈ Δ_R per class, and the error Δ_R − H_R v left: H₀⁻¹-preconditioned iterations
+        from the current step (H_R differs from H₀ by the few removed rows, so each shrinks the error by
+        about their share), then a direct solve of H_R if they stall."""
         V = self.W - self.ref_W
         target = _SOLVE_TOLERANCE * max(float(np.linalg.norm(delta)), 1e-300)
         previous = np.inf
         for _ in range(_SOLVE_STEPS):
-            error = delta - self._apply_hessian(ref, removed, V)
+            error = delta - self._apply_hessian(ref, Xr, curv, V)
             size = float(np.linalg.norm(error))
             if size <= target:
-                return V
+                return V, error
             if size > 0.5 * previous:  # stalled: too many rows gone for H₀⁻¹ to precondition well
                 break
             previous = size
             V = V + np.einsum("kij,kj->ki", ref.inverse, error)
-        Xr = self.X[removed]
-        exact = np.stack([ref.hessian[c] - (Xr * ref.curvature[c, removed][:, None]).T @ Xr
-                          for c in range(len(V))])
-        return np.linalg.solve(exact, delta[:, :, None])[:, :, 0]
+        exact = np.stack([ref.hessian[c] - (Xr * curv[c][:, None]).T @ Xr for c in range(len(V))])
+        V = np.linalg.solve(exact, delta[:, :, None])[:, :, 0]
+        return V, delta - self._apply_hessian(ref, Xr, curv, V)
 
-    def _gram_spread(self, ref: _Reference, removed: np.ndarray, V: np.ndarray) -> np.ndarray:
-        """(K,): ‖v‖·√(vᵀ G_R v) ≥ ‖q ⊙ q‖, from the Gram matrix in O(d²)."""
-        quadratic = np.einsum("ki,ij,kj->k", V, ref.gram, V) - ((V @ self.X[removed].T) ** 2).sum(axis=1)
+    @staticmethod
+    def _gram_spread(ref: _Reference, Xr: np.ndarray, V: np.ndarray) -> np.ndarray:
+        """(K,): ‖v‖·√(vᵀ G_R v) ≥ ‖q ⊙ q‖, from the Gram matrix in O(d²) (G_R = G₀ − Xrᵀ Xr)."""
+        quadratic = ((V @ ref.gram) * V).sum(axis=1) - ((V @ Xr.T) ** 2).sum(axis=1)
         norms = np.linalg.norm(V, axis=1)
         quadratic = np.maximum(quadratic, 0.0) + _ROUNDING * norms ** 2 * ref.spectral ** 2
         return norms * np.sqrt(quadratic)
 
     def _row_spread(self, remaining: np.ndarray, V: np.ndarray) -> np.ndarray:
         """(K,): ‖q ⊙ q‖ exactly, q = X_{D₀∖R} v: one O(n d) product."""
-        q = self.X[remaining] @ V.T
+        q = (self.X @ V.T)[remaining]  # the product on every row, then the rows: no copy of X
         return np.linalg.norm(q * q, axis=0)
 
     def _bound(self, ref: _Reference, linear: np.ndarray, spread: np.ndarray) -> np.ndarray:
@@ -269,13 +275,19 @@ class RemovableHead:
         self.retrains += 1
         self._set_reference(used, np.stack(hessians))
 
+    def certificates(self) -> dict[str, np.ndarray]:
+        """The current weights' per-class bound by each certificate, ``gram`` (O(d²)) and ``rows``
+        (O(n d), never above it), from the current reference: for benchmarks and reference moves."""
+        ref = self._reference()
+        V = self.W - self.ref_W
+        linear = np.linalg.norm(ref.delta - self._apply_hessian(ref, ref.removed_X, ref.removed_curvature, V), axis=1)
+        return {"gram": self._bound(ref, linear, self._gram_spread(ref, ref.removed_X, V)),
+                "rows": self._bound(ref, linear, self._row_spread(self.active, V))}
+
     def _refresh(self) -> None:
         """Make the current weights the reference, certified at the per-row bound (the tightest) of
         the current state."""
-        ref = self._reference()
-        linear = np.linalg.norm(ref.delta - self._apply_hessian(ref, ref.removed, self.W - self.ref_W), axis=1)
-        used = np.minimum(self.used, self._bound(ref, linear, self._row_spread(self.active, self.W - self.ref_W)))
-        self._set_reference(used)
+        self._set_reference(np.minimum(self.used, self.certificates()["rows"]))
 
     def _set_reference(self, used: np.ndarray, hessians: np.ndarray | None = None) -> None:
         """Make the current weights and rows the reference, certified at ``used`` (its matrices are
@@ -290,21 +302,27 @@ class RemovableHead:
             self._pending_hessians = None
             removed = np.flatnonzero(self.ref_active & ~self.active)
             self._ref.removed, self._ref.delta = removed, self._loss_gradients(removed)
+            self._ref.removed_X, self._ref.removed_curvature = self.X[removed], self._ref.curvature[:, removed]
         return self._ref
 
     def _build_reference(self, hessians: np.ndarray | None = None) -> _Reference:
         rows = self.ref_active
-        X, signs = self.X[rows], self._sign_matrix(rows)
-        curv = np.stack([curvature(self.ref_W[c], self.X, self.signs(c)) for c in range(len(self.W))])
+        X = np.asfortranarray(self.X[rows])  # column-major: SYRK reads it without a transposed copy
+        margins = self._sign_matrix(rows) * (self.ref_W @ X.T)
+        weights = expit(margins) * expit(-margins)  # ℓ'' at w₀ on D₀ (removed rows are always in D₀)
+        curv = np.zeros((len(self.W), len(self.X)))
+        curv[:, rows] = weights
         if hessians is None:
-            hessians = np.stack([hessian(self.ref_W[c], X, signs[c], reg=self.reg) for c in range(len(self.W))])
-        gram = X.T @ X
+            hessians = np.stack([_gram(np.sqrt(w)[:, None] * X) for w in weights])
+            hessians[:, np.arange(X.shape[1]), np.arange(X.shape[1])] += self.reg
+        gram = _gram(X)
         d = len(gram)  # the largest eigenvalue alone (MRRR): numpy's full eigvalsh takes seconds at d = 1,000
         top = eigh(gram, eigvals_only=True, subset_by_index=[d - 1, d - 1], driver="evr")[0]
         spectral = float(np.sqrt(max(top, 0.0))) * (1.0 + _ROUNDING)
         k, d = self.W.shape
         return _Reference(curvature=curv, hessian=hessians, inverse=np.linalg.inv(hessians), gram=gram,
-                          spectral=spectral, removed=np.zeros(0, dtype=np.int64), delta=np.zeros((k, d)))
+                          spectral=spectral, removed=np.zeros(0, dtype=np.int64), removed_X=np.zeros((0, d)),
+                          removed_curvature=np.zeros((k, 0)), delta=np.zeros((k, d)))
 
     # -- persistence ----------------------------------------------------------
     _ARRAYS = ("X", "y", "W", "B", "active", "used", "ref_W", "ref_active", "ref_used")
@@ -333,6 +351,12 @@ class RemovableHead:
                    ref_active=np.array(arrays.get("ref_active", active), dtype=bool),
                    ref_used=np.array(arrays.get("ref_used", used), dtype=np.float64),
                    refresh_every=int(meta["refresh_every"]), retrains=int(meta["retrains"]))
+
+
+def _gram(A: np.ndarray) -> np.ndarray:
+    """AᵀA by BLAS SYRK (one triangle: half GEMM's work), made symmetric."""
+    upper = dsyrk(1.0, A, trans=1)
+    return np.triu(upper) + np.triu(upper, 1).T
 
 
 def _check_inputs(X: np.ndarray, y: np.ndarray, *, classes: int, lam: float, refresh_every: int) -> None:
