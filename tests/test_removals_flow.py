@@ -9,7 +9,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -71,9 +73,10 @@ def test_forget_refuses_unknown_ids_and_queues_nothing(inside):
 
 
 def test_removal_flow_end_to_end(prefect_harness, inside):
+    from privpipe.removal.features import head_features
     from tasks.prepare import run_prepare
     from tasks.removal.erase import current_record_ids
-    from tasks.removal.store import load_head
+    from tasks.removal.store import extractor_from, load_head
 
     params = load_params("params.yaml")
     queue = RequestQueue(Path("data/requests"))
@@ -110,6 +113,16 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
     client = MlflowClient(tracking_uri=f"sqlite:///{inside / 'mlflow.db'}")
     version = client.get_model_version("removal-test-head", result["head_version"])
     assert version.tags["removal.batch_id"] == result["batch_id"] and version.tags["privacy.head_dp"] == "false"
+    # the registered version (logged without MLflow's load-back check) loads and predicts as the updated head
+    import mlflow.pytorch
+
+    mlflow.set_tracking_uri(f"sqlite:///{inside / 'mlflow.db'}")
+    served = mlflow.pytorch.load_model(f"models:/removal-test-head/{result['head_version']}")
+    test_set = Records.load(inside / "data/prepared/test")
+    with torch.no_grad():
+        scores = served(torch.as_tensor(test_set.features[:50], dtype=torch.float32)).numpy()
+    np.testing.assert_array_equal(scores.argmax(axis=1), head.predict(head_features(extractor_from(
+        Path("artifacts/head")), test_set.features[:50])))
     audit = json.loads(open(client.download_artifacts(result["run_id"], "removals/audit.json",
                                                       str(inside / "dl"))).read())
     assert {a["request_id"] for a in audit} == {r.request_id for r in requests}

@@ -22,7 +22,7 @@ from torch import nn
 
 from privpipe.models import Projection, UnitNorm
 
-__all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "FEATURE_SOURCES"]
+__all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "served_weights", "FEATURE_SOURCES"]
 
 FEATURE_SOURCES = ("model", "dp_pca", "transform", "raw")
 
@@ -71,11 +71,15 @@ def head_features(extractor: nn.Module, features: np.ndarray, *, batch: int = 40
     return X / np.maximum(norms, 1.0)  # rounding can leave a norm of 1 + 1e-16
 
 
+def served_weights(W: np.ndarray, *, classes: int) -> np.ndarray:
+    """The served linear layer's weights (float32): one-vs-rest rows, or (0, w) for the binary head."""
+    weights = np.asarray(W, dtype=np.float32)
+    return np.concatenate([np.zeros_like(weights), weights]) if classes == 2 else weights
+
+
 def head_model(extractor: nn.Module, W: np.ndarray, *, classes: int) -> nn.Sequential:
     """A torch model giving class scores: one-vs-rest scores, or (0, s) for the binary head."""
-    weights = torch.as_tensor(np.asarray(W), dtype=torch.float32)
-    if classes == 2:
-        weights = torch.cat([torch.zeros_like(weights), weights])
+    weights = torch.as_tensor(served_weights(W, classes=classes))
     linear = nn.Linear(weights.shape[1], weights.shape[0], bias=False)
     with torch.no_grad():
         linear.weight.copy_(weights)

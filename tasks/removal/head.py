@@ -15,6 +15,7 @@ certified-removal guarantee, Theorem 5).
 from __future__ import annotations
 
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,9 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
         summary = combined_guarantee(dp_epsilon=dp["epsilon"], dp_delta=dp["delta"], removal=guarantee,
                                      feature_source=cfg.features)
         summary["feature_extractor"]["accountant"] = dp["accountant"]
-        meta = {"features": cfg.features, "model_dir": str(model_dir), "applied_batches": {}, "removed_by": {},
+        # names this training's served graph: its registered versions differ only in the linear weights
+        meta = {"training_id": uuid.uuid4().hex, "features": cfg.features, "model_dir": str(model_dir),
+                "applied_batches": {}, "removed_by": {},
                 "input_dim": int(records.features.shape[1]), "classes": classes}
         save_head(staging, head, ids=records.ids, meta=meta)
         write_json(staging / "guarantee.json", summary)

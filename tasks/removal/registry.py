@@ -21,12 +21,15 @@ import numpy as np
 import torch
 
 from privpipe.config import Params
+from privpipe.removal.features import served_weights
 from privpipe.requests import RequestQueue
 from tasks import paths, tracking
 from tasks.common import read_json
-from tasks.removal import coverage
+from tasks.removal import coverage, served
 from tasks.removal.record_use import head_uses
 from tasks.removal.store import head_model_name, load_head, served_model
+
+TRAINING_TAG = "head.training_id"  # the head training a version comes from: its versions share one graph
 
 __all__ = ["log_head", "register_head", "find_version", "latest_version", "guarantee_tags",
            "tag_version", "log_manifest", "has_manifest"]
@@ -48,20 +51,42 @@ def guarantee_tags(folder: Path) -> dict[str, str]:
 
 
 def register_head(params: Params, run_id: str, folder: Path, *, tags: dict[str, str]) -> str:
-    """Log the servable head model to ``run_id`` and register it; return the version."""
-    head, _, _ = load_head(folder)
-    model = served_model(folder, head)
-    width = int(read_json(folder / "meta.json")["input_dim"])  # the example is synthetic: no record goes to MLflow
+    """Log the servable head model to ``run_id`` and register it; return the version. A version of the
+    same training is the template when there is one (only the linear weights change: ``served``),
+    else the model is exported."""
+    head, _, meta = load_head(folder)
     client = tracking.mlflow_client(params)
-    with mlflow.start_run(run_id=run_id):
-        info = mlflow.pytorch.log_model(
-            model, name="head", serialization_format="pt2", input_example=np.zeros((2, width), dtype=np.float32),
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"])
-    client.update_run(run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
-    all_tags = {**guarantee_tags(folder), **tags, "mlflow.run_id": run_id}
-    version = mlflow.register_model(info.model_uri, head_model_name(params), tags=all_tags)
+    training = meta.get("training_id")
+    template = _template(params, training)
+    if template is not None:
+        model_uri = served.log_swapped(client, experiment_id=client.get_run(run_id).info.experiment_id,
+                                       run_id=run_id, template_uri=template,
+                                       weights=served_weights(head.W, classes=head.classes))
+    else:
+        model = served_model(folder, head)
+        width = int(meta["input_dim"])  # the example is synthetic: no record goes to MLflow
+        with mlflow.start_run(run_id=run_id):
+            model_uri = mlflow.pytorch.log_model(
+                model, name="head", serialization_format="pt2", input_example=np.zeros((2, width), dtype=np.float32),
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"],
+                # not loaded back to check the example: the removal flow's test loads a version and runs it
+                validate_serving_input=False).model_uri
+        client.update_run(run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
+    all_tags = {**guarantee_tags(folder), **tags, "mlflow.run_id": run_id,
+                **({TRAINING_TAG: training} if training else {})}
+    version = mlflow.register_model(model_uri, head_model_name(params), tags=all_tags)
     log_manifest(params, run_id, str(version.version), folder)
     return str(version.version)
+
+
+def _template(params: Params, training: str | None) -> str | None:
+    """The model URI of a registered version of head training ``training`` (the latest), if any."""
+    if not training:
+        return None
+    client = tracking.mlflow_client(params)
+    versions = [v for v in client.search_model_versions(f"name = '{head_model_name(params)}'")
+                if v.tags.get(TRAINING_TAG) == training]
+    return max(versions, key=lambda v: int(v.version)).source if versions else None
 
 
 def log_manifest(params: Params, run_id: str, version: str, folder: Path) -> None:
