@@ -17,9 +17,9 @@ row by row (ℓ'' is γ-Lipschitz, and ∫₀¹ γ t |q_i| dt = γ|q_i|/2):
 
     ‖∇L_b(w; D₀∖R)‖ ≤ β₀ + ‖H_R v − Δ_R‖ + (γ/2) ‖X₀‖₂ ‖q ⊙ q‖,   q = X_{D₀∖R} v.
 
-The bound is a function of R alone (of the state, not of the path that reached it): removing
-1,000 rows one at a time or all at once gives the same weights and the same bound, so a
-removal run applies its whole batch in one solve. Two ways to evaluate the last term, both
+The bound is a function of R alone (of the state, not of the path that reached it): from one
+reference, removing 1,000 rows one at a time or all at once gives the same weights and the
+same bound, so a removal run applies its whole batch in one solve. Two ways to evaluate the last term, both
 sound, the cheap one tried first:
 
 - *Gram*, O(d²) per class: ‖q ⊙ q‖ ≤ ‖q‖_∞ ‖q‖₂ ≤ ‖v‖ √(vᵀ G_R v), with G_R = Σ_{D₀∖R} x xᵀ
@@ -29,7 +29,9 @@ sound, the cheap one tried first:
 Removals may spend the budget σε/c (Theorem 3); when a batch would pass it, the head is
 retrained from scratch on what remains with a fresh b, which becomes the new reference with
 β₀ the optimiser's (rounding-level) residual. ``refresh_every`` makes the current weights the
-reference after that many removals (H₀ rebuilt in O(n d²), β₀ the bound certified there).
+reference after that many removals (H₀ rebuilt in O(n d²), β₀ the per-row bound certified
+there), inside a batch too: the coherent part of many removals (they all pull the weights the
+same way) makes the bound from one reference grow quadratically in |R|, from refreshed ones linearly.
 The classes are one joint model: the budget test is on ‖(β_1 … β_K)‖₂.
 """
 
