@@ -229,3 +229,31 @@ def test_requests_command_lists_states(inside):
     assert lines[0].startswith("request") and all(line.startswith("req-") for line in lines[1:-1])
     assert len(lines) >= 3 and "0 pending" in lines[-1]
     assert all(record not in done.stdout for record in _sensitive_ids(inside))  # no raw ids on screen
+
+
+def test_an_unusable_template_falls_back_to_exporting_the_head(inside, monkeypatch):
+    """When the previous version of the same training cannot serve as the template (here: the swap
+    refuses it), register_head exports the model instead, and the version still loads and predicts."""
+    import mlflow.pytorch
+
+    from tasks import tracking
+    from tasks.removal import registry, served
+    from tasks.removal.store import load_head, served_model
+
+    params = load_params("params.yaml")
+    assert registry._template(params, load_head(Path("artifacts/head"))[2]["training_id"]) is not None
+
+    def refuse(*_a, **_k):
+        raise ValueError("model.pt2: no plain float32 weight '2.weight'")
+
+    monkeypatch.setattr(served, "log_swapped", refuse)
+    client = tracking.mlflow_client(params)
+    run = client.create_run(client.get_experiment_by_name(params.run.experiment).experiment_id)
+    version = registry.register_head(params, run.info.run_id, Path("artifacts/head"), tags={})
+    mlflow.set_tracking_uri(params.run.tracking_uri)
+    loaded = mlflow.pytorch.load_model(f"models:/{registry.head_model_name(params)}/{version}")
+    x = torch.as_tensor(Records.load(inside / "data/prepared/test").features[:8], dtype=torch.float32)
+    head = load_head(Path("artifacts/head"))[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(loaded(x).numpy(), served_model(Path("artifacts/head"), head)(x).numpy(),
+                                   rtol=1e-5, atol=1e-5)

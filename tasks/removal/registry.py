@@ -19,12 +19,13 @@ from typing import Any
 import mlflow
 import numpy as np
 import torch
+from mlflow.exceptions import MlflowException
 
 from privpipe.config import Params
 from privpipe.removal.features import served_weights
 from privpipe.requests import RequestQueue
 from tasks import paths, tracking
-from tasks.common import read_json
+from tasks.common import read_json, stage_logger
 from tasks.removal import coverage, served
 from tasks.removal.record_use import head_uses
 from tasks.removal.store import head_model_name, load_head, served_model
@@ -57,12 +58,15 @@ def register_head(params: Params, run_id: str, folder: Path, *, tags: dict[str, 
     head, _, meta = load_head(folder)
     client = tracking.mlflow_client(params)
     training = meta.get("training_id")
-    template = _template(params, training)
+    template, model_uri = _template(params, training), None
     if template is not None:
-        model_uri = served.log_swapped(client, experiment_id=client.get_run(run_id).info.experiment_id,
-                                       run_id=run_id, template_uri=template,
-                                       weights=served_weights(head.W, classes=head.classes))
-    else:
+        try:
+            model_uri = served.log_swapped(client, experiment_id=client.get_run(run_id).info.experiment_id,
+                                           run_id=run_id, template_uri=template,
+                                           weights=served_weights(head.W, classes=head.classes))
+        except (ValueError, OSError, MlflowException) as error:  # e.g. its artifacts deleted: export instead
+            stage_logger("removals").warning("head: template %s unusable (%s); exporting the model", template, error)
+    if model_uri is None:
         model = served_model(folder, head)
         width = int(meta["input_dim"])  # the example is synthetic: no record goes to MLflow
         with mlflow.start_run(run_id=run_id):
