@@ -205,6 +205,7 @@ def test_residual_never_exceeds_the_certified_bound(k: int, refresh_every: int) 
 
     step = head.remove(list(range(100, 112)), noise=noise(1))
     assert step.rows == list(range(100, 112)) and step.mechanism == "newton"
+    assert step.updates == (1 if not refresh_every else 5)  # 1 + 3 + 3 + 3 + 2: two gone since the last move
     assert_certified(head)
     assert head.active.sum() == len(head.y) - 23
     assert head.retrains == 0 and head.reg == LAM * len(head.y)  # Λ stays λ·n₀

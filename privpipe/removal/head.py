@@ -66,6 +66,7 @@ class RemovalStep:
     budget: float
     certificate: str = ""  # newton: "gram" (O(d²) bound) | "rows" (per-row bound)
     reason: str = ""
+    updates: int = 1  # Newton updates it took (one per reference: refresh_every splits a batch)
 
 
 @dataclass
@@ -174,7 +175,8 @@ class RemovableHead:
             return None
         if len(todo) >= int(self.active.sum()):
             raise ValueError("head: removing these rows would leave no training data; there is no head to keep")
-        certificates, start = set(), 0
+        kinds: list[str] = []  # the certificate of each Newton update
+        start = 0
         while start < len(todo):
             if self.refresh_every and self.removed_since_reference >= self.refresh_every:
                 self._refresh()
@@ -188,9 +190,9 @@ class RemovableHead:
                 return RemovalStep(todo, "retrain", self.used_total, self.budget,
                                    reason=f"the update would raise the gradient-residual bound from {before:.4g} "
                                           f"to {refused:.4g}, over the budget σε/c = {self.budget:.4g}")
-            certificates.add(self._certificate)
+            kinds.append(self._certificate)
         return RemovalStep(todo, "newton", self.used_total, self.budget,
-                           certificate="rows" if "rows" in certificates else "gram")
+                           certificate="rows" if "rows" in kinds else "gram", updates=len(kinds))
 
     def _update(self, new: np.ndarray) -> float | None:
         """The Newton update removing rows ``new``, applied if its bound fits the budget; else nothing

@@ -103,7 +103,7 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
     retrains = [step.reason] if step and step.mechanism == "retrain" else []
     record = {
         "mechanisms": {rid: mechanism_of_row.get(row, "absent") for rid, row in rows.items()},
-        "rows_removed": len(live), "newton_updates": int(bool(step) and step.mechanism == "newton"),
+        "rows_removed": len(live), "newton_updates": step.updates if step and step.mechanism == "newton" else 0,
         "certificate": step.certificate if step else "",
         "retrained": bool(retrains), "retrain_reasons": retrains, "budget_used": head.used_total,
         "budget": head.budget, "version_before": version_before, "data_version_before": source_version(params),
@@ -121,7 +121,7 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
             (shutil.copytree if source.is_dir() else shutil.copy2)(source, staging / name)
         save_head(staging, head, ids=ids, meta=meta)
     how = (f"retrained: {retrains[0]}" if retrains else
-           f"one Newton update, {step.certificate} bound" if step else "nothing to remove")
+           f"{step.updates} Newton update(s), {step.certificate} bound" if step else "nothing to remove")
     log.info("removals: %s: %d rows removed (%s); budget used %.4g of %.4g", batch_id, len(live), how,
              head.used_total, head.budget)
     return record
