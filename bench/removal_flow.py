@@ -11,7 +11,9 @@ head with `privpipe forget`, and run `privpipe removals` as a subprocess. Report
 the whole command's wall time; Prefect's start-up (from the process start to the flow's first
 log line: imports and the temporary API server); the flow itself (first to last flow log
 line); and the apply step (Newton update or retrain of the head) from its log lines. Printed
-as a Markdown table; saved to bench/out/removal/flow_<dataset>[_<label>].json.
+as a Markdown table; saved to bench/out/removal/flow_<dataset>[_<label>].json. The ``_before``
+files ran this script with PYTHONPATH at a checkout of 5e46c13 (the head before the reference-point
+bound) and ``--label before``: `privpipe` then imports that code.
 
 - digits: params.yaml as it is (the head on the DP MLP's 1,000-unit hidden layer, n = 1,024).
 - mnist: params-mnist.yaml with the PATE stages off and the frontier DP-SGD model deployed:
