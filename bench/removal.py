@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -50,6 +49,7 @@ from privpipe.data import load_mnist  # noqa: E402
 from privpipe.dp_pca import dp_pca, dp_pca_event  # noqa: E402
 from privpipe.privacy import Ledger, NoiseSource, compute_epsilon  # noqa: E402
 from privpipe.removal import RemovableHead, RemovalGuarantee  # noqa: E402
+from privpipe.removal.features import feature_extractor, head_features, stored_rows  # noqa: E402
 from privpipe.removal.logistic import fit_perturbed  # noqa: E402
 
 EPSILON, DELTA = 1.0, 1e-4
@@ -63,12 +63,8 @@ OUT = ROOT / "bench" / "out" / "removal"
 # -- data ----------------------------------------------------------------------------------------
 
 def head_rows(features: np.ndarray) -> np.ndarray:
-    """x ← [x/‖x‖, 1]/√2 (privpipe.removal.features.HeadFeatures), float32-rounded like the pipeline's."""
-    x = np.asarray(features, dtype=np.float64)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    x = np.hstack([x / np.where(norms > 0, norms, 1.0), np.ones((len(x), 1))]) / math.sqrt(2.0)
-    x = (x * (1.0 - 1e-6)).astype(np.float32).astype(np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1.0)
+    """The rows the pipeline's head trains on: x ← [x/‖x‖, 1]/√2, kept as float32 values."""
+    return stored_rows(head_features(feature_extractor("raw"), features))
 
 
 def dp_model_features(args: argparse.Namespace, mnist: dict) -> dict[str, Any]:
@@ -145,7 +141,7 @@ def accuracy(head: RemovableHead, X: np.ndarray, y: np.ndarray) -> float:
 
 
 class _StopAtRetrain(Exception):
-    pass
+    """Raised in place of a retrain, so counting stops at the last Newton update."""
 
 
 def _refuse_retrain(noise: NoiseSource) -> None:

@@ -22,7 +22,7 @@ from torch import nn
 
 from privpipe.models import Projection, UnitNorm
 
-__all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "served_weights", "FEATURE_SOURCES"]
+__all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "served_weights", "stored_rows", "FEATURE_SOURCES"]
 
 FEATURE_SOURCES = ("model", "dp_pca", "transform", "raw")
 
@@ -75,6 +75,12 @@ def served_weights(W: np.ndarray, *, classes: int) -> np.ndarray:
     """The served linear layer's weights (float32): one-vs-rest rows, or (0, w) for the binary head."""
     weights = np.asarray(W, dtype=np.float32)
     return np.concatenate([np.zeros_like(weights), weights]) if classes == 2 else weights
+
+
+def stored_rows(X: np.ndarray) -> np.ndarray:
+    """Design-matrix rows as the head keeps them: float32 values (saved exactly), shrunk by 1e-6 first so
+    that no rounded row leaves the unit ball."""
+    return (np.asarray(X, dtype=np.float64) * (1.0 - 1e-6)).astype(np.float32).astype(np.float64)
 
 
 def head_model(extractor: nn.Module, W: np.ndarray, *, classes: int) -> nn.Sequential:

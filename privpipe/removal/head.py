@@ -102,7 +102,6 @@ class RemovableHead:
     refresh_every: int = 0
     retrains: int = 0
     _ref: _Reference | None = field(default=None, repr=False)
-    _certificate: str = field(default="", repr=False)
     _pending_hessians: np.ndarray | None = field(default=None, repr=False)
 
     # -- construction -------------------------------------------------------
@@ -182,21 +181,21 @@ class RemovableHead:
                 self._refresh()
             size = self.refresh_every - self.removed_since_reference if self.refresh_every else len(todo)
             chunk, start = todo[start:start + size], start + size
-            refused = self._update(np.asarray(chunk))
-            if refused is not None:
+            certificate, bound = self._update(np.asarray(chunk))
+            if certificate is None:
                 before = self.used_total
                 self.active[todo] = False
                 self._retrain(noise)
                 return RemovalStep(todo, "retrain", self.used_total, self.budget,
                                    reason=f"the update would raise the gradient-residual bound from {before:.4g} "
-                                          f"to {refused:.4g}, over the budget σε/c = {self.budget:.4g}")
-            kinds.append(self._certificate)
+                                          f"to {bound:.4g}, over the budget σε/c = {self.budget:.4g}")
+            kinds.append(certificate)
         return RemovalStep(todo, "newton", self.used_total, self.budget,
                            certificate="rows" if "rows" in kinds else "gram", updates=len(kinds))
 
-    def _update(self, new: np.ndarray) -> float | None:
-        """The Newton update removing rows ``new``, applied if its bound fits the budget; else nothing
-        changes and the joint bound it would have had is returned."""
+    def _update(self, new: np.ndarray) -> tuple[str | None, float]:
+        """The Newton update removing rows ``new``, applied if its bound fits the budget: (the certificate
+        that fitted, the joint bound), or (None, the bound it would have had) with nothing changed."""
         ref = self._reference()
         Xr = np.concatenate([ref.removed_X, self.X[new]])
         curv = np.concatenate([ref.removed_curvature, ref.curvature[:, new]], axis=1)
@@ -208,12 +207,13 @@ class RemovableHead:
             remaining = self.active.copy()
             remaining[new] = False
             certificate, used = "rows", self._bound(ref, linear, self._row_spread(remaining, steps))
-        if np.linalg.norm(used) > self.budget:
-            return float(np.linalg.norm(used))
+        bound = float(np.linalg.norm(used))
+        if bound > self.budget:
+            return None, bound
         self.active[new] = False
-        self.W, self.used, self._certificate = self.ref_W + steps, used, certificate
+        self.W, self.used = self.ref_W + steps, used
         ref.removed, ref.removed_X, ref.removed_curvature, ref.delta = np.concatenate([ref.removed, new]), Xr, curv, delta
-        return None
+        return certificate, bound
 
     def _loss_gradients(self, rows: np.ndarray) -> np.ndarray:
         """(K, d): Σ_{j∈rows} ∇ℓ_j(w₀) for every class model."""

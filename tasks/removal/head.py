@@ -29,7 +29,7 @@ from privpipe.data import DATASET_CLASSES, Records
 from privpipe.models import load_released
 from privpipe.privacy import Ledger, NoiseSource
 from privpipe.removal import RemovableHead, RemovalGuarantee, combined_guarantee
-from privpipe.removal.features import feature_extractor, head_features
+from privpipe.removal.features import feature_extractor, head_features, stored_rows
 from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json
@@ -40,7 +40,6 @@ from tasks.removal.store import save_head
 
 __all__ = ["run_head", "head_task", "noise_for"]
 
-_SHRINK = 1.0 - 1e-6  # features are stored as float32; shrinking first keeps every rounded row inside the unit ball
 
 
 def noise_for(params: Params, *, retrain: int) -> NoiseSource:
@@ -100,7 +99,7 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
     queue = RequestQueue(paths.REQUESTS)
     with queue.processing(wait=True), staged_dir(out) as staging:  # never beside a removal run
         extractor, dp = _extractor_files(params, staging, model_dir, dp_pca_dir, records.features.shape[1])
-        X = (head_features(extractor, records.features) * _SHRINK).astype(np.float32).astype(np.float64)
+        X = stored_rows(head_features(extractor, records.features))
         head = RemovableHead.train(X, records.labels, classes=classes, lam=cfg.lam, guarantee=guarantee,
                                    noise=noise_for(params, retrain=0), refresh_every=cfg.refresh_every)
         accuracy = float((head.predict(head_features(extractor, test_set.features)) == test_set.labels).mean())

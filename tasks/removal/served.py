@@ -45,7 +45,7 @@ def swap_weight(archive: Path, key: str, values: np.ndarray) -> None:
             raise ValueError(f"{archive}: weight {key!r} has shape {shape}, not {list(values.shape)}")
         target = config_name.rsplit("/", 1)[0] + "/" + entry["path_name"]
         data = np.ascontiguousarray(values, dtype="<f4").tobytes()
-        if len(source.read(target)) != len(data):
+        if source.getinfo(target).file_size != len(data):
             raise ValueError(f"{archive}: weight {key!r} is not stored as {len(data)} contiguous bytes")
         rewritten = archive.with_name(archive.name + ".swap")
         with zipfile.ZipFile(rewritten, "w") as out:
