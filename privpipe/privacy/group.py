@@ -22,6 +22,13 @@ A mechanism without subsampling needs no triangle: two steps move a Gaussian or 
 mechanism's output by at most twice its sensitivity, so its record-level form is the same
 mechanism with half the noise multiplier (tight when both steps push the same way, and
 it keeps its PLD).
+
+A Poisson-sampled Gaussian round (DP-FedAvg) also has a direct analysis: the record moves its
+sampled client's clipped update within the ball of radius S, a substitution inside the sample
+(:mod:`privpipe.privacy.substitution`). That is often half the triangle's ε (z = 1, q = 0.1,
+100 rounds: 11.5 against 22.1 at δ = 1e-5). Both curves are sound RDP bounds, so the smaller
+at each order is too: the record-level form takes it, the triangle the fallback where the
+direct curve is larger or cannot be computed.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ from typing import Sequence
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from privpipe.privacy.events import Event, GaussianEvent, LaplaceEvent, RdpCurveEvent
+from privpipe.privacy.events import Event, GaussianEvent, LaplaceEvent, PoissonGaussianEvent, RdpCurveEvent
 from privpipe.privacy.ledger import RDP_ORDERS, Ledger, quiet_rdp_warnings
+from privpipe.privacy.substitution import substitution_rdp
 
 __all__ = ["group_of_two_rdp", "record_level_event", "record_level_ledger"]
 
@@ -55,7 +63,12 @@ def record_level_event(event: Event) -> Event:
     """``event`` (client-level) in its record-level form, same stage."""
     if isinstance(event, (GaussianEvent, LaplaceEvent)):
         return dataclasses.replace(event, noise_multiplier=event.noise_multiplier / 2)
-    return RdpCurveEvent(stage=event.stage, orders=RDP_ORDERS, rdp=tuple(group_of_two_rdp(event)))
+    curve = group_of_two_rdp(event)
+    if isinstance(event, PoissonGaussianEvent):
+        direct = event.steps * substitution_rdp(noise_multiplier=event.noise_multiplier,
+                                                sample_rate=event.sample_rate, orders=RDP_ORDERS)
+        curve = np.minimum(curve, direct)
+    return RdpCurveEvent(stage=event.stage, orders=RDP_ORDERS, rdp=tuple(curve))
 
 
 def record_level_ledger(ledger: Ledger) -> Ledger:
