@@ -15,6 +15,7 @@ refused before its rounds if the dataset cannot pay that; a non-private run
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -24,8 +25,8 @@ from prefect.runtime import flow_run
 from flows.client_map import mapped_client_updates
 from flows.pipeline import INSECURE_RNG_WARNING
 from flows.runner import describe_runner, mapping_runner
-from privpipe.config import load_params
-from privpipe.privacy import Event, Ledger, record_level_ledger
+from privpipe.config import Params, load_params
+from privpipe.privacy import Event, Ledger
 from tasks import run_view, tracking
 from tasks.common import read_json, use_torch_threads
 from tasks.privacy import budget
@@ -33,7 +34,7 @@ from tasks.privacy import tracking as audit_tracking
 from tasks.text import tracking as text_tracking
 from tasks.text.features import text_features_task
 from tasks.text.prepare import prepare_text_task
-from tasks.text.train import run_federated_text
+from tasks.text.train import record_ledger, run_federated_text
 
 __all__ = ["federated_text", "federated_markdown"]
 
@@ -63,8 +64,15 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
         log.warning(INSECURE_RNG_WARNING)
     use_torch_threads(params, "federated")  # each stage sets it again; client updates set their own
     dataset = budget.dataset_name(params, flow="federated-text")
-    budget.check_lifetime(params, dataset, what="federated text run", private=params.federated.private,
-                          client_level=True)
+    # the lifetime check here and the charge in _run are one step for other runs on this dataset
+    with budget.one_run_per_dataset(params, dataset):
+        budget.check_lifetime(params, dataset, what="federated text run", private=params.federated.private,
+                              client_level=params.federated.noise == "server")
+        return _run(params, params_file, dataset, log)
+
+
+def _run(params: Params, params_file: str, dataset: str, log: logging.LoggerAdapter) -> dict[str, Any]:
+    client_noise = params.federated.noise == "client"
     with tracking.tracked_run(params, params_file=params_file, flow="federated-text",
                               dataset=dataset) as run_id, mapping_runner(params) as runner:
         log.info("federated: client updates run on %s", describe_runner(params))
@@ -72,7 +80,8 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
         features = text_features_task(params, run_id, prepared["dir"])
 
         def lifetime_can_pay(planned: Event) -> None:
-            budget.check_lifetime_planned(params, dataset, planned=planned, what="federated text run")
+            budget.check_lifetime_planned(params, dataset, planned=planned, what="federated text run",
+                                          record_level=client_noise)
 
         out = run_federated_text(params, text_dir=prepared["dir"], features_dir=features["dir"],
                                  updates_for=mapped_client_updates(runner), before_rounds=lifetime_can_pay)
@@ -80,7 +89,7 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
         ledger = Ledger.from_dict(read_json(out["ledger"]))
         # the lifetime ledger composes records: charge the record-level form, before the model is released
         audit_tracking.charge_run(params, run_id, flow="federated-text", dataset=dataset,
-                                  ledger=record_level_ledger(ledger), data_version=prepared["data_version"])
+                                  ledger=record_ledger(params, ledger), data_version=prepared["data_version"])
         out.update(text_tracking.register_text_model(params, run_id, out, features["encoder"]))
         audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger)
         tracking.describe_run(params, run_id, run_view.headline(out, prefix=run_view.description(

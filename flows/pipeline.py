@@ -141,7 +141,7 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     # the stages that run in this thread (prepare, partition, head) included; each stage sets it again
     use_torch_threads(params, "pipeline")
     dataset = budget.dataset_name(params)
-    with one_pipeline_at_a_time():
+    with one_pipeline_at_a_time(), budget.one_run_per_dataset(params, dataset):
         budget.check_lifetime(params, dataset, what="pipeline run")
         with tracking.tracked_run(params, params_file=params_file, flow="pipeline", dataset=dataset,
                                   exclusive=True) as run_id, \

@@ -54,13 +54,15 @@ def test_opposite_ends_of_a_diameter_are_the_worst_pair_in_the_disc():
         rest = stats.norm.logpdf(x, 0, z) + stats.norm.logpdf(y, 0, z) + math.log(1 - q)
         return np.logaddexp(member, rest)
 
-    points = [np.array([r * math.cos(t), r * math.sin(t)]) for r in (0.0, 0.5, 1.0) for t in np.linspace(0, 2 * math.pi, 7)[:-1]]
+    points = [np.array([r * math.cos(t), r * math.sin(t)])
+              for r in (0.0, 0.5, 1.0) for t in np.linspace(0, 2 * math.pi, 7)[:-1]]
     worst = np.zeros(len(orders))
     log_p = log_density(np.array([1.0, 0.0]))  # by rotation, u on the x axis
     for u_prime in points:
         log_q = log_density(u_prime)
         for i, alpha in enumerate(orders):
-            divergence = (np.logaddexp.reduce((alpha * log_p + (1 - alpha) * log_q).ravel()) + math.log(cell)) / (alpha - 1)
+            divergence = ((np.logaddexp.reduce((alpha * log_p + (1 - alpha) * log_q).ravel()) + math.log(cell))
+                          / (alpha - 1))
             worst[i] = max(worst[i], divergence)
     for r in (0.5,):  # u inside the disc too
         log_p_inner = log_density(np.array([r, 0.0]))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from privpipe.config import Params, check_federated_use, load_params
+from privpipe.config import Params, check_federated_use, check_text_use, load_params
 from privpipe.data import DataError
 
 __all__ = ["run", "federated"]
@@ -59,6 +59,7 @@ def federated(args: argparse.Namespace) -> int:
     if params.text.format != "20newsgroups":
         _read_text_file(params)
     check_federated_use(params, clients=None if params.text.client_column else params.federated.clients)
+    check_text_use(params)
     from tasks.privacy import budget  # deferred: privpipe.privacy imports torch (seconds); the params are checked
 
     budget.check_lifetime(params, budget.dataset_name(params, flow="federated-text"), what="federated text run",

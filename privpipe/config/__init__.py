@@ -13,7 +13,7 @@ values params.yaml ships with) and its checks, side by side. Then:
     errors.py    ConfigError and the one-line checks (require, one_of, noise_or_epsilon)
     params.py    Params (all sections) and check_all: the order the checks run in (first error wins)
     load.py      load_params / parse_params: YAML → typed sections → check_all
-    use.py       checks only some commands make: check_pipeline_use, check_federated_use
+    use.py       checks only some commands make: check_pipeline_use, check_federated_use, check_text_use
     cron.py      the cron-expression check of schedule.*_cron
     urls.py      redact_url: secrets in URLs masked before they are logged or printed
 """
@@ -40,11 +40,12 @@ from privpipe.config.student import StudentConfig
 from privpipe.config.teachers import TeachersConfig
 from privpipe.config.text import TextConfig
 from privpipe.config.urls import redact_url
-from privpipe.config.use import check_federated_use, check_pipeline_use
+from privpipe.config.use import check_federated_use, check_pipeline_use, check_text_use
 
 # what privpipe.config exported when it was one module, section classes included
 __all__ = [
-    "ConfigError", "Params", "load_params", "parse_params", "check_pipeline_use", "check_federated_use", "redact_url",
+    "ConfigError", "Params", "load_params", "parse_params", "check_pipeline_use", "check_federated_use",
+    "check_text_use", "redact_url",
     "flatten", "RunConfig", "PrivacyConfig", "PrepareConfig", "DpPcaConfig", "FeaturesConfig", "PartitionConfig", "TeachersConfig",
     "AggregateConfig", "StudentConfig", "FinetuneConfig", "HeadConfig", "EvaluateConfig", "PrivacyAuditConfig",
     "FederatedConfig", "TextConfig", "LifetimeConfig", "RunnerConfig", "ScheduleConfig",

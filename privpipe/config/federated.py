@@ -14,6 +14,7 @@ from privpipe.config.partition import PARTITION_STRATEGIES
 from privpipe.config.privacy import PrivacyConfig
 
 SAMPLINGS = ("poisson", "fixed")
+NOISE_MODES = ("server", "client")
 SERVER_OPTIMIZERS = ("sgd", "adam")
 
 
@@ -32,6 +33,7 @@ class FederatedConfig:
     local_learning_rate: float = 0.5
     prox_mu: float = 0.0
     private: bool = True  # the pipeline only releases private models; false is for baselines
+    noise: str = "server"  # server: client-level DP, a trusted server adds it | client: each client's DP-SGD
     clip_norm: float = 1.0
     noise_multiplier: float | None = None
     target_epsilon: float | None = 3.0  # z is calibrated so that every planned round fits, instead of guessed
@@ -64,6 +66,12 @@ def check(federated: FederatedConfig, *, finetune: FinetuneConfig, privacy: Priv
         require(0 <= getattr(federated, key) < 1, f"federated.{key}", "must be in [0, 1)")
     require(federated.server_epsilon > 0, "federated.server_epsilon", "must be > 0")
     require(federated.epsilon_curve_points >= 2, "federated.epsilon_curve_points", "must be >= 2")
+    one_of(federated.noise, NOISE_MODES, "federated.noise")
+    if federated.private and federated.noise == "client":
+        require(federated.prox_mu == 0, "federated.prox_mu", "must be 0 with federated.noise: client (each client "
+                "runs plain DP-SGD; FedProx's proximal term is not part of it)")
+        require(federated.min_records >= 1, "federated.min_records", "must be >= 1 with federated.noise: client "
+                "(a client with no records runs no DP-SGD)")
     if federated.private:
         require(federated.clip_norm > 0, "federated.clip_norm", "must be > 0 (it bounds each client's influence)")
         noise_or_epsilon("federated", federated.noise_multiplier, "target_epsilon", federated.target_epsilon)

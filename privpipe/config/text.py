@@ -8,6 +8,7 @@ from privpipe.config.errors import one_of, require
 
 TEXT_FORMATS = ("auto", "jsonl", "csv", "20newsgroups")
 ENCODER_MODES = ("frozen", "lora")
+HEAD_INITS = ("class_names", "zeros")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class TextConfig:
     encoder: str | None = None  # the embedded all-MiniLM-L6-v2 ships with the package: no model folder needed
     mode: str = "frozen"  # cached embeddings: 0.05 s a round against lora's 22.5 s, and more accurate (README)
     input_scale: float = 8.0  # lets the head's weights move under clipping; a fixed factor costs no privacy
+    head_init: str = "class_names"  # zero-shot start from the public class names: DP rounds refine, not discover
     max_length: int = 128
     embed_batch_size: int = 64
     lora_rank: int = 8
@@ -35,6 +37,7 @@ def check(text: TextConfig) -> None:
     one_of(text.format, TEXT_FORMATS, "text.format")
     require(0 < text.test_fraction < 1, "text.test_fraction", "must be in (0, 1)")
     one_of(text.mode, ENCODER_MODES, "text.mode")
+    one_of(text.head_init, HEAD_INITS, "text.head_init")
     for key in ("max_length", "embed_batch_size", "lora_rank"):
         require(getattr(text, key) >= 1, f"text.{key}", "must be >= 1")
     require(text.lora_alpha > 0, "text.lora_alpha", "must be > 0")

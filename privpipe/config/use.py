@@ -29,7 +29,7 @@ def _rdp_curve_stages(p: Params) -> list[str]:
     if p.student.enabled and p.aggregate.analysis == "data_dependent":
         stages.append("aggregate.analysis: data_dependent")
     if (p.finetune.enabled and p.finetune.mode == "federated" and p.federated.private
-            and p.federated.sampling == "poisson"):
+            and p.federated.noise == "server" and p.federated.sampling == "poisson"):
         stages.append("finetune.mode: federated with poisson sampling (its record-level cost, two add-or-remove "
                       "steps of one client)")
     return stages
@@ -39,3 +39,12 @@ def check_federated_use(p: Params, *, clients: int | None) -> None:
     """A target within the budget, and δ below 1/K where K is known (``clients``; None for natural
     clients, counted when the data is read). finetune.mode federated runs it with every check."""
     federated.check_use(p.federated, privacy=p.privacy, clients=clients)
+
+
+def check_text_use(p: Params) -> None:
+    """The text flow's combinations: client noise clips each example's gradient through the model,
+    which the per-example engines do for the head on cached embeddings, not through LoRA adapters
+    inside the encoder (two inputs, attention)."""
+    require(not (p.federated.private and p.federated.noise == "client" and p.text.mode == "lora"), "text.mode",
+            "lora cannot run with federated.noise: client (per-example clipping covers the head on frozen "
+            "embeddings only); use text.mode: frozen, or federated.noise: server")

@@ -5,7 +5,10 @@
 
 Each round: sample clients, hand them the global weights (``client_updates`` trains them: a
 plain loop, or mapped tasks on a task runner), clip and sum their updates, add noise, divide
-by the fixed denominator, apply with the server optimiser. Before a round the ledger is
+by the fixed denominator, apply with the server optimiser (``noise="server"``: client-level DP,
+a trusted server). With ``noise="client"`` the clients' updates arrive already private (each
+ran DP-SGD: privpipe.federated.client_noise), the server only averages them, and the ledger
+records the worst client's record-level event. Before a round the ledger is
 asked what the run would cost with it; the loop stops *before* a round that would pass the
 ledger's budget and says so. With ``private=False`` the same loop runs without clipping,
 noise or accounting (FedAvg / FedProx / FedAdam baselines).
@@ -21,11 +24,16 @@ import numpy as np
 
 from privpipe.federated.accounting import SAMPLINGS, denominator, round_event
 from privpipe.federated.aggregation import plain_mean, private_mean
+from privpipe.federated.client_noise import client_schedule, worst_client_event
+from privpipe.federated.local import LocalConfig
 from privpipe.federated.sampling import ClientSampler
 from privpipe.federated.server_optimizer import ServerOptimizer
 from privpipe.privacy import Event, Ledger, NoiseSource, compute_epsilon, record_level_event
 
-__all__ = ["FedAvgConfig", "FedAvgResult", "ClientUpdates", "run_fedavg", "epsilon_curve"]
+__all__ = ["NOISE_MODES", "FedAvgConfig", "FedAvgResult", "ClientUpdates", "run_fedavg", "epsilon_curve"]
+
+#: who adds the noise: the server, to the sum (client-level DP) | each client, by DP-SGD (record-level DP)
+NOISE_MODES = ("server", "client")
 
 #: (round, global weights, sampled client indices) → one update per sampled client, None if it dropped out
 ClientUpdates = Callable[[int, np.ndarray, np.ndarray], Sequence[np.ndarray | None]]
@@ -46,9 +54,13 @@ class FedAvgConfig:
     server_beta1: float = 0.9
     server_beta2: float = 0.99
     server_epsilon: float = 1e-3
-    #: account per record, not per client: one record changes its client's update, two
-    #: add-or-remove steps, so every event is its group-of-two form (privacy.group)
+    #: account per record, not per client: one record changes its client's update, so every
+    #: server-noise event is its record-level form (privacy.group); client noise is record-level anyway
     record_level: bool = False
+    noise: str = "server"  # server | client (NOISE_MODES)
+    #: client noise: each client's record count (public, as DP-SGD's n) and its local DP-SGD
+    client_sizes: tuple[int, ...] = ()
+    local: LocalConfig | None = None
 
     def __post_init__(self) -> None:
         if self.clients < 1 or self.rounds < 1:
@@ -59,10 +71,22 @@ class FedAvgConfig:
             raise ValueError(f"sampling: unknown {self.sampling!r}")
         if self.private and not (self.clip_norm > 0 and self.noise_multiplier > 0):
             raise ValueError("private training needs clip_norm > 0 and noise_multiplier > 0")
+        if self.noise not in NOISE_MODES:
+            raise ValueError(f"noise: unknown {self.noise!r} (choose one of {', '.join(NOISE_MODES)})")
+        if self.noise == "client" and (len(self.client_sizes) != self.clients or self.local is None
+                                       or min(self.client_sizes, default=0) < 1):
+            raise ValueError("client noise needs every client's record count (each >= 1) and the local training")
 
     def event(self, rounds: int, *, stage: str, noise_multiplier: float | None = None) -> Event:
+        """What ``rounds`` rounds cost at most: server noise, the round event (record-level if asked);
+        client noise, the smallest client's DP-SGD in every round (its lots are the largest share of
+        its records)."""
+        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        if self.noise == "client":
+            schedule = client_schedule(min(self.client_sizes), self.local)
+            return schedule.event(noise_multiplier=z, steps=schedule.steps * rounds, stage=stage)
         event = round_event(sampling=self.sampling, sample_rate=self.sample_rate, rounds=rounds, stage=stage,
-                            noise_multiplier=self.noise_multiplier if noise_multiplier is None else noise_multiplier)
+                            noise_multiplier=z)
         return record_level_event(event) if self.record_level else event
 
 
@@ -73,6 +97,7 @@ class FedAvgResult:
     event: Event | None  # what the ledger recorded (None: non-private)
     stopped: str | None  # why training ended before config.rounds, if it did
     history: list[dict[str, float]] = field(default_factory=list)  # per round: clients, seconds, evaluation
+    rounds_taken: np.ndarray | None = None  # per client: the rounds whose update it sent
 
 
 def _over_budget(ledger: Ledger, planned: Event) -> float | None:
@@ -113,6 +138,8 @@ def run_fedavg(initial: np.ndarray, *, config: FedAvgConfig, client_updates: Cli
                              beta2=config.server_beta2, epsilon=config.server_epsilon)
     fixed_d = denominator(sampling=config.sampling, clients=config.clients, sample_rate=config.sample_rate)
     weights = np.asarray(initial, dtype=np.float64).copy()
+    client_noise = config.private and config.noise == "client"
+    rounds_taken = np.zeros(config.clients, dtype=np.int64)  # client noise: each client's rounds, for its ε
     history: list[dict[str, float]] = []
     stopped, rounds_run = None, 0
     for r in range(1, config.rounds + 1):
@@ -129,7 +156,8 @@ def run_fedavg(initial: np.ndarray, *, config: FedAvgConfig, client_updates: Cli
         if len(updates) != len(sampled):
             raise RuntimeError(f"round {r}: {len(updates)} updates for {len(sampled)} sampled clients")
         received = [np.asarray(u, dtype=np.float64) for u in updates if u is not None]
-        if config.private:
+        rounds_taken[[k for k, u in zip(sampled, updates) if u is not None]] += 1
+        if config.private and not client_noise:
             mean = private_mean(received, dim=len(weights), clip_norm=config.clip_norm,
                                 noise_multiplier=config.noise_multiplier, denominator=fixed_d, noise=noise)
         else:
@@ -144,8 +172,12 @@ def run_fedavg(initial: np.ndarray, *, config: FedAvgConfig, client_updates: Cli
         if on_round is not None:
             on_round(record)
     event = None
-    if config.private and rounds_run:
+    if client_noise:
+        event = worst_client_event(sizes=config.client_sizes, rounds_taken=rounds_taken, local=config.local,
+                                   noise_multiplier=config.noise_multiplier, ledger=ledger, stage=stage)
+    elif config.private and rounds_run:
         event = config.event(rounds_run, stage=stage)
+    if event is not None:
         ledger.record(event)
     return FedAvgResult(weights=weights.astype(np.float32), rounds_run=rounds_run, event=event, stopped=stopped,
-                        history=history)
+                        history=history, rounds_taken=rounds_taken)

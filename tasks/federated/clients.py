@@ -18,13 +18,13 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from privpipe.federated import ClientUpdates, LocalConfig, local_update
+from privpipe.federated import ClientNoise, ClientUpdates, LocalConfig, local_update, private_local_update
 from privpipe.models import make_network, seeded
 from privpipe.text import load_encoder, make_linear_head, make_lora_classifier
 from tasks.common import apply_torch_threads, seed_for
 
 __all__ = ["ModelSpec", "ClientData", "ClientJob", "build_model", "train_client", "sequential_updates",
-           "client_update_task", "client_rows"]
+           "client_update_task", "client_rows", "client_sizes"]
 
 MODEL_KINDS = ("network", "linear", "lora")
 
@@ -60,6 +60,7 @@ class ClientJob:
     seed: int  # run.seed: local shuffling follows seed_for(seed, "client", round, client)
     torch_threads: int = 1  # each update's torch threads, mapped or one after another (tasks.common.task_threads)
     device: str = "cpu"  # where each update trains (run.device, resolved by the stage)
+    noise: ClientNoise | None = None  # client noise: each client trains by DP-SGD (federated.noise: client)
 
 
 def build_model(spec: ModelSpec) -> torch.nn.Module:
@@ -109,6 +110,11 @@ def client_rows(data: ClientData, client: int) -> np.ndarray:
     return np.flatnonzero(_array(data.assignment) == client)
 
 
+def client_sizes(data: ClientData) -> tuple[int, ...]:
+    """Each client's record count (client noise: public, as DP-SGD's n; it fixes the client's lot rate)."""
+    return tuple(int(c) for c in np.bincount(_array(data.assignment), minlength=data.clients))
+
+
 def train_client(job: ClientJob, client: int, round_: int, weights: np.ndarray) -> np.ndarray:
     """Client ``client``'s update in round ``round_``, starting from ``weights``."""
     apply_torch_threads(job.torch_threads)  # in this worker thread or process (tasks.common)
@@ -117,7 +123,12 @@ def train_client(job: ClientJob, client: int, round_: int, weights: np.ndarray) 
         return np.zeros_like(weights, dtype=np.float32)
     tensors = tuple(torch.as_tensor(np.asarray(_array(p)[rows])) for p in (*job.data.inputs, job.data.labels))
     seed = int(seed_for(job.seed, "client", round_, client).generate_state(1)[0])
-    return local_update(_thread_model(job.model, job.device), tensors, start=weights, config=job.local, seed=seed)
+    model = _thread_model(job.model, job.device)
+    if job.noise is not None:  # the update leaves the client private: the server's view is accounted per record
+        update, _ = private_local_update(model, tensors, start=weights, local=job.local, noise=job.noise, seed=seed,
+                                         device=job.device)
+        return update
+    return local_update(model, tensors, start=weights, config=job.local, seed=seed)
 
 
 def sequential_updates(job: ClientJob) -> ClientUpdates:

@@ -24,9 +24,15 @@ def log_rounds(params: Params, run_id: str, stage: str, history: dict[str, Any],
     metrics += [(f"privacy.{stage}.epsilon_by_round", c["epsilon"], c["round"]) for c in history["epsilon_by_round"]]
     log_batch(client, run_id, metrics=metrics)
     client.set_tag(run_id, f"{stage}.sampling", sampling)
-    client.set_tag(run_id, f"privacy.{stage}.adjacency",
-                   "record (one record changes one client's update: each round charged for two add-or-remove "
-                   "steps of one client)" if record_level else "client (add or remove all of one client's records)")
+    if params.federated.noise == "client":
+        adjacency = ("record (each client's own DP-SGD on its records; the worst client's rounds are charged; "
+                     "the server sees only private updates)")
+    elif record_level:
+        adjacency = ("record (one record moves one client's clipped update: each round charged by the direct "
+                     "analysis or two add-or-remove steps of one client, whichever is smaller)")
+    else:
+        adjacency = "client (add or remove all of one client's records; K taken as public)"
+    client.set_tag(run_id, f"privacy.{stage}.adjacency", adjacency)
     if history.get("stopped"):
         client.set_tag(run_id, f"{stage}.stopped", history["stopped"])
     if ledger is not None:

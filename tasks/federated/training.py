@@ -15,10 +15,11 @@ import numpy as np
 
 from privpipe.config import ConfigError, Params
 from privpipe.data.partition import assign_shards
-from privpipe.federated import ClientUpdates, FedAvgConfig, FedAvgResult, check_client_delta, epsilon_curve, run_fedavg
+from privpipe.federated import (ClientNoise, ClientUpdates, FedAvgConfig, FedAvgResult, LocalConfig, check_client_delta,
+                                epsilon_curve, run_fedavg)
 from privpipe.privacy import Event, Ledger, NoiseSource
 from tasks.common import seed_for
-from tasks.federated.clients import ClientJob, sequential_updates
+from tasks.federated.clients import ClientJob, client_sizes, sequential_updates
 from tasks.privacy.ledger import calibrate_for
 from tasks.progress import progress
 
@@ -48,9 +49,11 @@ def assign_clients(params: Params, *, ids: np.ndarray, labels: np.ndarray, class
     return assignment, fed.clients
 
 
-def fedavg_config(params: Params, *, clients: int, record_level: bool) -> FedAvgConfig:
+def fedavg_config(params: Params, *, clients: int, record_level: bool, local: LocalConfig | None = None,
+                  sizes: tuple[int, ...] = ()) -> FedAvgConfig:
     fed = params.federated
-    return FedAvgConfig(clients=clients, rounds=fed.rounds, sample_rate=fed.sample_rate, sampling=fed.sampling,
+    return FedAvgConfig(clients=clients, noise=fed.noise if fed.private else "server", client_sizes=sizes, local=local,
+                        rounds=fed.rounds, sample_rate=fed.sample_rate, sampling=fed.sampling,
                         private=fed.private, clip_norm=fed.clip_norm, record_level=record_level,
                         noise_multiplier=fed.noise_multiplier if fed.noise_multiplier is not None else 1.0,
                         server_optimizer=fed.server_optimizer, server_learning_rate=fed.server_learning_rate,
@@ -90,10 +93,15 @@ def train_federated(params: Params, job: ClientJob, *, initial: np.ndarray, ledg
     ``before_rounds(event)`` sees the most the rounds can cost, once σ is fixed (private runs);
     it may refuse the run by raising."""
     fed = params.federated
-    config = fedavg_config(params, clients=job.data.clients, record_level=record_level)
+    client_noise = fed.private and fed.noise == "client"
+    config = fedavg_config(params, clients=job.data.clients, record_level=record_level, local=job.local,
+                           sizes=client_sizes(job.data) if client_noise else ())
+    if client_noise and min(config.client_sizes) < 1:
+        raise ConfigError("federated.noise: client needs every client to hold records (a client with none runs no "
+                          "DP-SGD); set federated.min_records >= 1")
     if fed.private:
-        try:
-            warning = check_client_delta(delta=ledger.delta, clients=config.clients)
+        try:  # client-level δ: the server-noise guarantee (client noise protects records, a smaller unit)
+            warning = None if client_noise else check_client_delta(delta=ledger.delta, clients=config.clients)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if warning:
@@ -105,9 +113,19 @@ def train_federated(params: Params, job: ClientJob, *, initial: np.ndarray, ledg
             config = dataclasses.replace(config, noise_multiplier=sigma)
             log.info("%s: z = %.4g reaches total ε ≤ %g after %d rounds", stage, sigma, fed.target_epsilon,
                      fed.rounds)
-        log.info("%s: K = %d clients, %s sampling at q = %g, clip S = %g, noise z = %.4g; %s", stage,
-                 config.clients, config.sampling, config.sample_rate, config.clip_norm, config.noise_multiplier,
-                 "amplified by subsampling" if config.sampling == "poisson" else "accounted without amplification")
+        if client_noise:
+            job = dataclasses.replace(job, noise=ClientNoise(noise_multiplier=config.noise_multiplier,
+                                                             clip_norm=config.clip_norm,
+                                                             secure_rng=params.privacy.secure_rng))
+            log.info("%s: client noise: K = %d clients, each runs DP-SGD (lots of %d, clip C = %g, σ = %.4g) on its "
+                     "own %d–%d records; record-level ε per client over its rounds, the worst reported; record "
+                     "counts per client taken as public", stage, config.clients, config.local.batch_size,
+                     config.clip_norm, config.noise_multiplier, min(config.client_sizes), max(config.client_sizes))
+        else:
+            log.info("%s: K = %d clients (taken as public), %s sampling at q = %g, clip S = %g, noise z = %.4g; %s",
+                     stage, config.clients, config.sampling, config.sample_rate, config.clip_norm,
+                     config.noise_multiplier, "amplified by subsampling" if config.sampling == "poisson"
+                     else "accounted without amplification")
         if before_rounds is not None:
             before_rounds(config.event(config.rounds, stage=stage))
     else:

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator
 
 from privpipe.config import Params
 from privpipe.data import DataError
 from privpipe.privacy import Event, Ledger, LifetimeLedger, RunSpend, record_level_ledger
-from tasks.common import exclusive_lock, stage_logger, write_text
+from tasks.common import PipelineBusy, exclusive_lock, stage_logger, write_text
 from tasks.versioning import dvc
 
 __all__ = ["dataset_name", "ledger_path", "load_lifetime", "check_lifetime", "check_lifetime_planned",
-           "record_lifetime", "spend_of_run", "all_lifetimes"]
+           "record_lifetime", "spend_of_run", "all_lifetimes", "one_run_per_dataset"]
 
 
 def dataset_name(params: Params, *, flow: str = "pipeline") -> str:
@@ -73,15 +75,34 @@ def check_lifetime(params: Params, dataset: str, *, what: str, private: bool = T
     return ledger
 
 
-def check_lifetime_planned(params: Params, dataset: str, *, planned: Event, what: str) -> None:
-    """Refuse (LifetimeBudgetExceeded) a client-level run whose planned event, in its
-    record-level form (privpipe.privacy.group), the dataset can no longer pay."""
-    client_ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                           accountant=params.privacy.accountant, events=[planned])
-    spend = record_level_ledger(client_ledger).epsilon()
+@contextmanager
+def one_run_per_dataset(params: Params, dataset: str) -> Iterator[None]:
+    """Hold the dataset's run lock from the lifetime check to the charge, so that two runs on the same
+    data (pipeline or text flow, in any process) cannot both pass a check that only one can pay.
+    Refuses (PipelineBusy) at once rather than wait: a queued run would check a stale balance."""
+    path = ledger_path(params, dataset)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(f".{path.stem}.run.lock")
+    try:
+        with exclusive_lock(lock, blocking=False):
+            yield
+    except BlockingIOError:
+        raise PipelineBusy(f"{lock}: another run on dataset {dataset!r} is in progress; wait for it (its lifetime "
+                           "budget is checked and charged by one run at a time)") from None
+
+
+def check_lifetime_planned(params: Params, dataset: str, *, planned: Event, what: str,
+                           record_level: bool = False) -> None:
+    """Refuse (LifetimeBudgetExceeded) a run whose planned event, record-level, the dataset can no
+    longer pay. ``record_level``: the event already is (client noise); else it is client-level and
+    takes its record-level form (privpipe.privacy.group)."""
+    run_ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
+                        accountant=params.privacy.accountant, events=[planned])
+    spend = (run_ledger if record_level else record_level_ledger(run_ledger)).epsilon()
     load_lifetime(params, dataset).ensure_affordable(
         epsilon=spend.epsilon, delta=spend.delta, what=what,
-        basis=f"its planned rounds for one record, by {spend.accountant.upper()}: one record changes one client",
+        basis=f"its planned rounds for one record, by {spend.accountant.upper()}" + (
+            "" if record_level else ": one record changes one client"),
         before="its first round")
 
 

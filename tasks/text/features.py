@@ -4,12 +4,15 @@ or token ids for the LoRA-adapted encoder (``text.mode: lora``).
 Embeddings are cached under artifacts/cache/embeddings/ by a key over the encoder's files,
 the truncation length and the texts, so rounds (and later runs on the same data version)
 never re-encode, and a new data version or encoder never reuses stale vectors.
-Output: artifacts/text_features/{train_*.npy, test_*.npy, meta.json}.
+Also the embedding of each class *name* (the label set is public), the zero-shot start of the
+head (``text.head_init: class_names``). Output: artifacts/text_features/{train_*.npy,
+test_*.npy, class_embeddings.npy, meta.json}.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,16 +25,21 @@ from prefect.cache_policies import NO_CACHE
 from privpipe.config import Params
 from privpipe.text import embed, embedding_key, encoder_digest, encoder_dir, load_encoder, tokenize
 from tasks import paths
-from tasks.common import stage_logger, staged_dir, use_torch_threads, write_json
+from tasks.common import read_json, stage_logger, staged_dir, use_torch_threads, write_json
 from tasks.progress import progress
 from tasks.text.prepare import load_split
 
-__all__ = ["run_text_features", "text_features_task", "input_names"]
+__all__ = ["run_text_features", "text_features_task", "input_names", "class_text"]
 
 
 def input_names(mode: str) -> tuple[str, ...]:
     """The per-record arrays the model takes, in argument order."""
     return ("embeddings",) if mode == "frozen" else ("input_ids", "attention_mask")
+
+
+def class_text(name: str) -> str:
+    """A class name as the text the encoder reads: separators as spaces (``comp.sys.mac`` → ``comp sys mac``)."""
+    return re.sub(r"[-_.]+", " ", name).strip() or name
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:
@@ -80,6 +88,10 @@ def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path 
                 np.save(staging / f"{split}_input_ids.npy", ids)
                 np.save(staging / f"{split}_attention_mask.npy", mask)
             shutil.copyfile(Path(text_dir) / f"{split}_labels.npy", staging / f"{split}_labels.npy")
+        classes = read_json(Path(text_dir) / "meta.json")["classes"]
+        np.save(staging / "class_embeddings.npy", embed(model, tokenizer, [class_text(c) for c in classes],
+                                                        max_length=params.text.max_length,
+                                                        batch_size=params.text.embed_batch_size))
         write_json(staging / "meta.json", meta)
     return {"dir": str(out), **meta}
 

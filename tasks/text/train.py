@@ -6,9 +6,11 @@ artifacts/federated/{weights.npy, spec.json, history.json, ledger.json}. The sav
 the trainable vector plus the spec that rebuilds its architecture (the head alone, or the
 LoRA adapters and head over the named encoder).
 
-The run's ledger is client-level (what DP-FedAvg promises and its budget binds). Its
-record-level form (privpipe.privacy.group: one record changes one client, a group of two)
-is reported beside it; the membership audit checks it and the lifetime ledger is charged it.
+With server noise (``federated.noise: server``) the run's ledger is client-level (what DP-FedAvg
+promises and its budget binds); its record-level form (privpipe.privacy.group: one record
+moves one client's update) is reported beside it. With client noise the ledger is record-level
+already: the worst client's DP-SGD over the rounds it took part in. The membership audit checks
+the record-level figure and the lifetime ledger is charged it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from tasks.privacy.membership_audit import audit_figures, audit_released_model
 from tasks.text.features import input_names
 from tasks.text.model import predict_batches
 
-__all__ = ["run_federated_text", "client_job"]
+__all__ = ["run_federated_text", "client_job", "record_ledger"]
 
 STAGE = "federated"
 
@@ -58,6 +60,20 @@ def client_job(params: Params, *, text_dir: Path, features_dir: Path) -> ClientJ
                         learning_rate=fed.local_learning_rate, prox_mu=fed.prox_mu)
     return ClientJob(model=spec, data=data, local=local, seed=params.run.seed, torch_threads=task_threads(params),
                      device=str(training_device(params)))
+
+
+def _start_from_class_names(model: torch.nn.Module, class_embeddings: np.ndarray) -> None:
+    """Zero-shot start: class c's weight row is the unit embedding of its name, so the first global
+    model scores input_scale·cos(text, name). The names are public (the label set), so it is free."""
+    head = getattr(model, "head", model)[-1]  # linear: Sequential(scale, linear); lora: .head is that Sequential
+    with torch.no_grad():
+        head.weight.copy_(torch.as_tensor(class_embeddings, dtype=head.weight.dtype))
+
+
+def record_ledger(params: Params, ledger: Ledger) -> Ledger:
+    """The run's ledger with one record as the unit: client noise's already is; server noise's
+    client-level events take their record-level form."""
+    return ledger if params.federated.noise == "client" else record_level_ledger(ledger)
 
 
 def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, record: Spend | None, *,
@@ -93,6 +109,12 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
     ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
                     accountant=params.privacy.accountant)
     model = build_model(job.model)  # the server's copy: initial weights and evaluation
+    if params.text.head_init == "class_names":
+        _start_from_class_names(model, np.load(Path(features_dir) / "class_embeddings.npy"))
+    meta = read_json(Path(text_dir) / "meta.json")
+    if meta.get("natural_clients"):
+        log.info("federated: K = %d natural clients (text.client_column), taken as public: the guarantee's "
+                 "neighbouring datasets keep K fixed (README: trust models)", meta["clients"])
     test_inputs = tuple(np.load(Path(features_dir) / f"test_{n}.npy") for n in input_names(params.text.mode))
     test_labels = np.load(Path(features_dir) / "test_labels.npy")
 
@@ -103,8 +125,8 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
     run = train_federated(params, job, initial=trainable_vector(model), ledger=ledger, stage=STAGE,
                           record_level=False, log=log, updates_for=updates_for, evaluate=evaluate,
                           before_rounds=before_rounds)
-    record = record_level_ledger(ledger).epsilon() if params.federated.private else None
-    meta, features = read_json(Path(text_dir) / "meta.json"), read_json(Path(features_dir) / "meta.json")
+    record = record_ledger(params, ledger).epsilon() if params.federated.private else None
+    features = read_json(Path(features_dir) / "meta.json")
     spec = {"model": dataclasses.asdict(job.model), "classes": meta["classes"], "mode": params.text.mode,
             "max_length": params.text.max_length, "embed_batch_size": params.text.embed_batch_size,
             "encoder_digest": features["encoder_digest"],
@@ -123,8 +145,14 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
         spend = ledger.epsilon()
         figures.update(epsilon=spend.epsilon, delta=spend.delta, accountant=spend.accountant,
                        record_epsilon=record.epsilon, record_accountant=record.accountant)
-        log.info("federated: test accuracy %.4f after %d rounds; %s (client-level), %s for one record",
-                 final["accuracy_test"], run.result.rounds_run, spend, record)
+        figures["noise"] = params.federated.noise
+        if params.federated.noise == "client":
+            log.info("federated: test accuracy %.4f after %d rounds; %s for one record of the worst client "
+                     "(its own DP-SGD over the rounds it took part in)", final["accuracy_test"],
+                     run.result.rounds_run, record)
+        else:
+            log.info("federated: test accuracy %.4f after %d rounds; %s (client-level), %s for one record",
+                     final["accuracy_test"], run.result.rounds_run, spend, record)
     else:
         log.info("federated: test accuracy %.4f after %d rounds (not private)", final["accuracy_test"],
                  run.result.rounds_run)
