@@ -162,7 +162,7 @@ def with_values(edits: dict[str, dict]) -> dict:
      "privacy_audit.records: must be >= 20 (members and non-members each)"),
     ("federated", {"federated": {"server_epsilon": 0.0}}, "federated.server_epsilon: must be > 0"),
     ("text", {"text": {"lora_targets": "query,,value"}},
-     "text.lora_targets: must be a comma-separated list of module names (e.g. query,value)"),
+     "text.lora_targets: must be auto or a comma-separated list of module names (e.g. query,value)"),
     ("lifetime", {"lifetime": {"delta_budget": 1.0}}, "lifetime.delta_budget: must be in (0, 1)"),
     ("runner", {"runner": {"address": "tcp://127.0.0.1:8786"}},
      "runner.address: only a dask or ray runner connects to an address (runner.kind is threads)"),

@@ -47,3 +47,36 @@ def write_tiny_encoder(folder: Path, seed: int = 0) -> Path:
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def tiny_encoder_dir(root: Path, kind: str = "bert", seed: int = 0) -> Path:
+    """A randomly initialised 2-layer, 32-wide BERT (``kind="bert"``: attention ``query``/``value``) or
+    DistilBERT (``"distilbert"``: ``q_lin``/``v_lin``) with a WordPiece vocabulary of the corpus words and
+    single letters (any lowercase word tokenizes) and 512 positions (any text.max_length up to BERT's),
+    saved with its tokenizer in ``root/tiny-<kind>``."""
+    import torch
+    from transformers import (BertConfig, BertModel, BertTokenizerFast, DistilBertConfig, DistilBertModel,
+                              DistilBertTokenizerFast)
+
+    folder = root / f"tiny-{kind}"
+    folder.mkdir(parents=True, exist_ok=True)
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    words = sorted({w for ws in TOPICS.values() for w in ws} | set(FILLER))
+    vocab = list(dict.fromkeys(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *letters,
+                                *(f"##{c}" for c in letters)]))  # "a" is a word and a letter: once
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(seed)
+    # from_pretrained reads vocab.txt under transformers 4 and 5 alike (5 ignores a vocab_file argument)
+    if kind == "bert":
+        tokenizer = BertTokenizerFast.from_pretrained(folder, do_lower_case=True, local_files_only=True)
+        model = BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=512))
+    elif kind == "distilbert":
+        tokenizer = DistilBertTokenizerFast.from_pretrained(folder, do_lower_case=True, local_files_only=True)
+        model = DistilBertModel(DistilBertConfig(vocab_size=len(vocab), dim=32, n_layers=2, n_heads=2,
+                                                 hidden_dim=64, max_position_embeddings=512))
+    else:
+        raise ValueError(f"kind: {kind!r} (bert or distilbert)")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

