@@ -1,7 +1,10 @@
 """What a DP-FedAvg run costs, with one *client* as the unit of privacy.
 
 Client-level adjacency (Geyer et al. 2017; McMahan et al. 2018): neighbouring datasets
-differ by all the records of one client, added or removed. Each round releases
+differ by all the records of one client, added or removed, **with K, the number of clients,
+public and the same on both sides** (a removed client is an empty one that sends nothing).
+The fixed denominator qK and the unamplified ``fixed`` sample size round(qK) rest on that;
+natural clients counted from the data must be published as such. Each round releases
 
     (Σ_{sampled k} clip(Δ_k, S) + N(0, z²S²·I)) / D
 
