@@ -71,7 +71,6 @@ def test_the_server_only_averages_and_the_ledger_gets_the_worst_clients_rounds()
 
     result = run_fedavg(np.zeros(2), config=config, client_updates=updates, noise=NoiseSource(seed=1, secure=False),
                         ledger=ledger)
-
     assert list(result.rounds_taken) == list(taken)
     expected = worst_client_event(sizes=sizes, rounds_taken=taken, local=local, noise_multiplier=2.0,
                                   ledger=Ledger(epsilon_budget=50.0, delta=1e-5), stage="federated")
@@ -101,14 +100,16 @@ def test_lora_and_fedprox_are_refused_with_client_noise():
 def test_a_second_run_on_the_same_dataset_is_refused_while_the_first_holds_its_budget(project):
     write_params(project)
     params = load_params("params.yaml")
+    entered = []
     with budget.one_run_per_dataset(params, "texts"):
         with pytest.raises(PipelineBusy, match="another run on dataset 'texts' is in progress"):
             with budget.one_run_per_dataset(params, "texts"):
-                pass
+                entered.append("second texts run")
         with budget.one_run_per_dataset(params, "digits"):  # another dataset is not held up
-            pass
+            entered.append("digits run")
     with budget.one_run_per_dataset(params, "texts"):  # released when the first run ends
-        pass
+        entered.append("later texts run")
+    assert entered == ["digits run", "later texts run"]
 
 
 def test_the_text_flow_with_client_noise_charges_the_worst_clients_record_level_epsilon(project, tmp_path,
