@@ -7,10 +7,11 @@ Knobs: the ``text`` section (data, encoder, frozen or LoRA) and the ``federated`
 (clients, sampling, rounds, clipping, noise or target ε, server optimiser). One MLflow run:
 per-round test accuracy and ε as curves, clients per round, the ledger, and the model
 (text in, label out) registered as ``text.model_name`` with its privacy tags. Like the
-pipeline, it is charged to its dataset's lifetime budget (``privpipe budget``), in the
-record-level form of its client-level ε (one record changes one client: a group of two), and
-refused before its rounds if the dataset cannot pay that; a non-private run
-(``federated.private: false``) has no finite ε and is refused.
+pipeline, it reserves its most on its dataset's lifetime budget before any work, and once its
+rounds are planned holds their record-level cost instead (one record changes one client: a
+group of two), refused before its rounds if the dataset cannot pay that beside what other runs
+hold; its charge replaces the reservation (``privpipe budget``). A non-private run
+(``federated.private: false``) has no finite ε and is refused. One text run at a time per project.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from flows.pipeline import INSECURE_RNG_WARNING
 from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, load_params
 from privpipe.privacy import Event, Ledger
-from tasks import run_view, tracking
-from tasks.common import read_json, use_torch_threads
+from tasks import paths, run_view, tracking
+from tasks.common import one_at_a_time, read_json, use_torch_threads
 from tasks.privacy import budget
 from tasks.privacy import tracking as audit_tracking
 from tasks.text import tracking as text_tracking
@@ -64,14 +65,15 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
         log.warning(INSECURE_RNG_WARNING)
     use_torch_threads(params, "federated")  # each stage sets it again; client updates set their own
     dataset = budget.dataset_name(params, flow="federated-text")
-    # the lifetime check here and the charge in _run are one step for other runs on this dataset
-    with budget.one_run_per_dataset(params, dataset):
-        budget.check_lifetime(params, dataset, what="federated text run", private=params.federated.private,
-                              client_level=params.federated.noise == "server")
-        return _run(params, params_file, dataset, log)
+    with one_at_a_time(paths.TEXT_LOCK, what="another federated text run"), \
+            budget.admitted(params, dataset, what="federated text run", flow="federated-text",
+                            private=params.federated.private,
+                            client_level=params.federated.noise == "server") as admission:
+        return _run(params, params_file, dataset, log, admission)
 
 
-def _run(params: Params, params_file: str, dataset: str, log: logging.LoggerAdapter) -> dict[str, Any]:
+def _run(params: Params, params_file: str, dataset: str, log: logging.LoggerAdapter,
+         admission: budget.Admission) -> dict[str, Any]:
     client_noise = params.federated.noise == "client"
     with tracking.tracked_run(params, params_file=params_file, flow="federated-text",
                               dataset=dataset) as run_id, mapping_runner(params) as runner:
@@ -80,8 +82,10 @@ def _run(params: Params, params_file: str, dataset: str, log: logging.LoggerAdap
         features = text_features_task(params, run_id, prepared["dir"])
 
         def lifetime_can_pay(planned: Event) -> None:
-            budget.check_lifetime_planned(params, dataset, planned=planned, what="federated text run",
-                                          record_level=client_noise)
+            # hold the planned rounds' record-level cost instead of the client-level floor, then start
+            epsilon, delta, basis = budget.planned_cost(params, planned, record_level=client_noise)
+            admission.resize(epsilon=epsilon, delta=delta, basis=basis, before="its first round")
+            admission.mark_published()  # the rounds log their curves as they go
 
         out = run_federated_text(params, text_dir=prepared["dir"], features_dir=features["dir"],
                                  updates_for=mapped_client_updates(runner), before_rounds=lifetime_can_pay)
@@ -89,7 +93,8 @@ def _run(params: Params, params_file: str, dataset: str, log: logging.LoggerAdap
         ledger = Ledger.from_dict(read_json(out["ledger"]))
         # the lifetime ledger composes records: charge the record-level form, before the model is released
         audit_tracking.charge_run(params, run_id, flow="federated-text", dataset=dataset,
-                                  ledger=record_ledger(params, ledger), data_version=prepared["data_version"])
+                                  ledger=record_ledger(params, ledger), data_version=prepared["data_version"],
+                                  admission=admission)
         out.update(text_tracking.register_text_model(params, run_id, out, features["encoder"]))
         audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger)
         tracking.describe_run(params, run_id, run_view.headline(out, prefix=run_view.description(

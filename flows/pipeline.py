@@ -9,18 +9,18 @@ tasks on the runner ``runner`` in params.yaml chooses (threads, processes, Dask,
 ``student.enabled: false`` skips the PATE stages (finetune then starts from scratch);
 ``finetune.enabled: false`` deploys the student.
 
-Before any work the dataset's lifetime budget must be able to pay for the run; at the end
-the run's spend is added to it (``privpipe budget``). The flow ends with a markdown
-artifact (in Prefect) that summarises the run's privacy spend, data version and model, and
-links to the MLflow run (which is tagged with the flow run: ``prefect.flow_run_id``).
+Before any work the run reserves its most on the dataset's lifetime budget, beside what other
+runs hold (refused if it cannot); at the end its spend replaces the reservation
+(``privpipe budget``). The flow ends with a markdown artifact (in Prefect) that summarises
+the run's privacy spend, data version and model, and links to the MLflow run (which is
+tagged with the flow run: ``prefect.flow_run_id``).
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact
@@ -32,7 +32,7 @@ from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, check_pipeline_use, load_params
 from privpipe.privacy import Ledger
 from tasks import paths, run_view, tracking
-from tasks.common import PipelineBusy, exclusive_lock, read_json, use_torch_threads
+from tasks.common import one_pipeline_at_a_time, read_json, use_torch_threads
 from tasks.device import training_device
 from tasks.dp_pca import dp_pca_task
 from tasks.evaluate import evaluate_task, release_task
@@ -48,9 +48,7 @@ from tasks.privacy import tracking as audit_tracking
 from tasks.progress import progress
 from tasks.removal.head import head_task, run_head
 
-__all__ = ["pipeline", "privacy_markdown", "one_pipeline_at_a_time"]
-
-PIPELINE_LOCK = Path("artifacts/.pipeline.lock")
+__all__ = ["pipeline", "privacy_markdown"]
 
 
 INSECURE_RNG_WARNING = (
@@ -141,13 +139,13 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     # the stages that run in this thread (prepare, partition, head) included; each stage sets it again
     use_torch_threads(params, "pipeline")
     dataset = budget.dataset_name(params)
-    with one_pipeline_at_a_time(), budget.one_run_per_dataset(params, dataset):
-        budget.check_lifetime(params, dataset, what="pipeline run")
+    with one_pipeline_at_a_time(), \
+            budget.admitted(params, dataset, what="pipeline run", flow="pipeline") as admission:
         with tracking.tracked_run(params, params_file=params_file, flow="pipeline", dataset=dataset,
                                   exclusive=True) as run_id, \
                 mapping_runner(params) as runner:
             log.info("pipeline: mapped tasks run on %s", describe_runner(params))
-            result, seconds = _stages(params, run_id, runner, dataset)
+            result, seconds = _stages(params, run_id, runner, dataset, admission)
             ledger = Ledger.from_dict(read_json(result["ledger"]))
             tracking.describe_run(params, run_id, run_view.headline(result, prefix=run_view.description(
                 params, flow="pipeline", dataset=dataset, params_file=params_file)))
@@ -157,12 +155,14 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     return {**result, "run_id": run_id, "flow_run_id": str(flow_run.id)}
 
 
-def _stages(params, run_id: str, runner, dataset: str) -> tuple[dict[str, Any], dict[str, float]]:
+def _stages(params, run_id: str, runner, dataset: str,
+            admission: budget.Admission) -> tuple[dict[str, Any], dict[str, float]]:
     timed = _Stopwatch()
     prepared = timed("prepare", prepare_task, params, run_id)
     sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
     if params.student.enabled:
         shards = timed("partition", partition_task, params, run_id, sensitive)
+    admission.mark_published()  # the spending stages log their figures as they go
     pca = timed("dp_pca", dp_pca_task, params, run_id, sensitive)
     if params.student.enabled:
         clear_partial_votes()
@@ -186,7 +186,7 @@ def _stages(params, run_id: str, runner, dataset: str) -> tuple[dict[str, Any], 
     # (the evaluated model, then the head built on it)
     lifetime = audit_tracking.charge_run(params, run_id, flow="pipeline", dataset=dataset,
                                          ledger=Ledger.from_dict(read_json(paths.deployed_dir(params) / "ledger.json")),
-                                         data_version=prepared["data_version"])
+                                         data_version=prepared["data_version"], admission=admission)
     # evaluate first: its privacy audit must pass before any model, or anything built on it, is registered
     result = timed("evaluate", evaluate_task, params, run_id, sensitive, test, str(paths.deployed_dir(params)))
     if params.head.enabled:
@@ -204,14 +204,3 @@ def _stages(params, run_id: str, runner, dataset: str) -> tuple[dict[str, Any], 
                                                "removal_delta", "features_epsilon",
                                                "whole_certified_removal_epsilon")}
     return result, timed.seconds
-
-
-@contextmanager
-def one_pipeline_at_a_time() -> Iterator[None]:
-    try:
-        with exclusive_lock(PIPELINE_LOCK, blocking=False):
-            yield
-    except BlockingIOError:
-        raise PipelineBusy(f"{PIPELINE_LOCK}: another pipeline run is in progress in this project; "
-                           "wait for it (one run at a time keeps the artifacts and the lifetime ledger consistent)")\
-            from None

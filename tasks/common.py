@@ -8,7 +8,7 @@ import logging
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -21,8 +21,9 @@ if TYPE_CHECKING:  # a type only: privpipe.config stays off this module's import
     from privpipe.config import Params
 
 __all__ = ["write_json", "read_json", "load_array", "write_text", "staged_dir", "stage_logger", "skip_stage", "seed_for",
-           "SEED_STREAMS", "exclusive_lock", "PipelineBusy", "warn_insecure_rng", "INSECURE_STAGE_WARNING",
-           "stage_threads", "task_threads", "use_torch_threads", "apply_torch_threads"]
+           "SEED_STREAMS", "exclusive_lock", "one_at_a_time", "one_pipeline_at_a_time",
+           "PipelineBusy", "warn_insecure_rng",
+           "INSECURE_STAGE_WARNING", "stage_threads", "task_threads", "use_torch_threads", "apply_torch_threads"]
 
 #: run.seed is split into independent streams, one per use (numpy SeedSequence keys)
 SEED_STREAMS = {"dp_pca": 1, "aggregate": 2, "sanitise": 3, "teacher": 4, "student": 5, "head": 6, "removal": 7,
@@ -69,17 +70,40 @@ def seed_for(seed: int, stream: str, *index: int) -> np.random.SeedSequence:
 
 
 class PipelineBusy(RuntimeError):
-    """Another pipeline run holds the project's pipeline lock."""
+    """Another run holds the lock on the project's outputs it would write."""
+
+
+@contextmanager
+def one_at_a_time(lock: Path, *, what: str) -> Iterator[None]:
+    """Hold the project's ``lock`` for the block, or refuse at once (PipelineBusy): two runs of one kind
+    in one project would write the same artifacts."""
+    try:
+        with exclusive_lock(lock, blocking=False):
+            yield
+    except BlockingIOError:
+        where = f"{lock.resolve()} (the project folder)" if lock.is_dir() else lock
+        raise PipelineBusy(f"{where}: {what} is in progress in this project; wait for it (one at a time keeps "
+                           "its artifacts consistent)") from None
+
+
+def one_pipeline_at_a_time() -> AbstractContextManager[None]:
+    """The project's pipeline lock: held by ``privpipe run`` for the whole flow, and by each
+    ``privpipe stage`` (what dvc repro runs) for its stage."""
+    return one_at_a_time(paths.PIPELINE_LOCK, what="another pipeline run (privpipe run, or a stage of dvc repro)")
 
 
 @contextmanager
 def exclusive_lock(path: Path, *, blocking: bool = True) -> Iterator[None]:
     """Hold an exclusive flock on ``path`` for the block; the OS releases it if the process dies.
 
-    Non-blocking and already held elsewhere: raises BlockingIOError.
+    Non-blocking and already held elsewhere: raises BlockingIOError. A folder is locked as it is
+    (nothing is created in it).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    if path.is_dir():
+        fd = os.open(path, os.O_RDONLY)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         yield

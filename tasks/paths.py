@@ -28,6 +28,10 @@ TEXT_FEATURES = Path("artifacts/text_features")  # embeddings (frozen encoder) o
 FEDERATED = Path("artifacts/federated")  # the federated text model, its history and ledger
 EMBEDDING_CACHE = Path("artifacts/cache/embeddings")  # frozen-encoder embeddings, keyed by encoder and texts
 METRICS = Path("metrics")
+# held by `privpipe run` and by each `privpipe stage`: the project folder itself, so that a stage refused
+# for bad input has created nothing
+PIPELINE_LOCK = Path(".")
+TEXT_LOCK = Path("artifacts/.federated-text.lock")  # held by `privpipe federated`
 DEFAULT_DIGITS_CSV = Path("data/raw/digits.csv")
 
 

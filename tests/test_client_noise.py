@@ -12,12 +12,10 @@ import torch
 from text_fixtures import write_corpus, write_tiny_encoder
 
 from conftest import write_params
-from privpipe.config import ConfigError, check_text_use, load_params, parse_params
+from privpipe.config import ConfigError, check_text_use, parse_params
 from privpipe.federated import (ClientNoise, FedAvgConfig, LocalConfig, client_schedule, private_local_update,
                                 run_fedavg, trainable_vector, worst_client_event)
 from privpipe.privacy import Ledger, NoiseSource, PoissonGaussianEvent, compute_epsilon
-from tasks.common import PipelineBusy
-from tasks.privacy import budget
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -95,21 +93,6 @@ def test_lora_and_fedprox_are_refused_with_client_noise():
         parse_params({"federated": {"noise": "client", "prox_mu": 0.1}})
     with pytest.raises(ConfigError, match=r"^federated\.noise: "):
         parse_params({"federated": {"noise": "both"}})
-
-
-def test_a_second_run_on_the_same_dataset_is_refused_while_the_first_holds_its_budget(project):
-    write_params(project)
-    params = load_params("params.yaml")
-    entered = []
-    with budget.one_run_per_dataset(params, "texts"):
-        with pytest.raises(PipelineBusy, match="another run on dataset 'texts' is in progress"):
-            with budget.one_run_per_dataset(params, "texts"):
-                entered.append("second texts run")
-        with budget.one_run_per_dataset(params, "digits"):  # another dataset is not held up
-            entered.append("digits run")
-    with budget.one_run_per_dataset(params, "texts"):  # released when the first run ends
-        entered.append("later texts run")
-    assert entered == ["digits run", "later texts run"]
 
 
 def test_the_text_flow_with_client_noise_charges_the_worst_clients_record_level_epsilon(project, tmp_path,

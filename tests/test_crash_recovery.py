@@ -376,7 +376,7 @@ def test_pipeline_run_killed_mid_stage_releases_and_charges_nothing(
     versions = _model_versions(tmp_path)
     assert list(versions) == ["1"] and versions["1"].tags == first.tags  # nothing released
     assert ledger.read_bytes() == charged  # nothing charged
-    with exclusive_lock(tmp_path / "artifacts/.pipeline.lock", blocking=False):
+    with exclusive_lock(tmp_path, blocking=False):
         pass  # the dead run's lock went with it
 
     client = _mlflow(tmp_path)

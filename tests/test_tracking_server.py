@@ -66,7 +66,7 @@ def test_a_run_recorded_through_a_tracking_server(project, tracking_server, caps
     ledger.record(GaussianEvent(stage="dp_pca", noise_multiplier=4.0))
     with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
         audit_tracking.charge_run(params, run_id, flow="pipeline", dataset="digits", ledger=ledger,
-                                  data_version="abc")
+                                  data_version="abc", admission=None)
         out = {"accuracy_test": 0.9, "accuracy_train": 0.95}
         tracking.log_evaluation(params, run_id, out)
         registered = release.log_released_model(params, run_id, out, ledger, torch.nn.Linear(4, 2),

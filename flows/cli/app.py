@@ -9,7 +9,7 @@
     privpipe removals [--params ...]             process the queue as a Prefect flow (remove, register, new data version)
     privpipe requests [--record ID] [--redact]   list deletion requests and their state (and coverage)
     privpipe serve [--params ...] [--use-running-server]   the Prefect deployments: scheduled retraining, deletion processing
-    privpipe budget [--params ...]               each dataset's lifetime privacy spend, run by run
+    privpipe budget [--release ID] [--params ...]  each dataset's lifetime privacy spend, run by run
     privpipe audit [--dataset D] [--since DAY] [--until DAY] [--csv FILE]   the recorded runs as a table
     privpipe privacy dpsgd --noise-multiplier 1.1 --sample-rate 0.01 --steps 10000 --delta 1e-5
 
@@ -95,8 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "this project's (its PREFECT_HOME differs or is unknown); refused without this flag")
 
     budget = _command(commands, "budget", "flows.cli.history:budget",
-                      "each dataset's lifetime privacy spend and what is left")
+                      "each dataset's lifetime privacy spend, the runs in progress and what is left")
     _params_option(budget)
+    budget.add_argument("--release", default=None, metavar="RESERVATION",
+                        help="drop the reservation of a run that ended without releasing anything (your word for "
+                             "it: a run that died after it released output keeps its reservation counted until "
+                             "then); refused while its process runs")
 
     audit = _command(commands, "audit", "flows.cli.history:audit",
                      "the recorded runs (from MLflow): data version, ε per stage, accuracy, model version")

@@ -16,23 +16,44 @@ def budget(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     from tasks.privacy import budget as lifetime  # deferred: privpipe.privacy imports torch (seconds)
 
+    if args.release:
+        dataset, released = lifetime.release_reservation(params, args.release)
+        print(f"released reservation {released.run} of dataset {dataset} (ε = {released.epsilon:.4g}, "
+              f"δ = {released.delta:g}, {released.flow}, reserved {released.reserved_at}): taken as having "
+              "released nothing")
+        return 0
     ledgers = lifetime.all_lifetimes(params)
     if not ledgers:
         print(f"no runs recorded yet ({params.lifetime.ledger_dir} is empty); lifetime budget per dataset: "
               f"ε = {params.lifetime.epsilon_budget:g}, δ = {params.lifetime.delta_budget:g}")
     for ledger in ledgers:
         life = ledger.summary()
+        held = (f"; ε = {life['reserved']:.4g} reserved by {life['in_progress']} run(s) in progress"
+                if life["in_progress"] else "")
         print(f"dataset {life['dataset']}: spent ε = {life['spent']:.4g}, δ = {life['spent_delta']:.3g} over "
-              f"{life['runs']} run(s); left ε = {life['left']:.4g}, δ = {life['left_delta']:.3g} of "
+              f"{life['runs']} run(s){held}; left ε = {life['left']:.4g}, δ = {life['left_delta']:.3g} of "
               f"ε = {life['budget']:g}, δ = {life['delta_budget']:g} (basic composition; "
               f"{lifetime.ledger_path(params, ledger.dataset)})")
         print(f"  {'recorded (UTC)':<26} {'flow':<15} {'run':<33} {'data version':<34} {'ε':>8} {'δ':>9}")
         for e in ledger.entries:
             print(f"  {e.recorded_at:<26} {e.flow:<15} {e.run:<33} {e.data_version[:34]:<34} {e.epsilon:>8.4g} "
                   f"{e.delta:>9.3g}")
+        for r in ledger.reservations:
+            print(f"  {r.reserved_at:<26} {r.flow:<15} {r.run:<33} {_holder(lifetime, r):<34} {r.epsilon:>8.4g} "
+                  f"{r.delta:>9.3g}  reserved")
         runs_left = int(life["left"] // params.privacy.epsilon_budget)
         print(f"  room for {runs_left} more run(s) at privacy.epsilon_budget = {params.privacy.epsilon_budget:g}")
     return 0
+
+
+def _holder(lifetime, reservation) -> str:
+    """Who holds a reservation, and whether it can still settle it itself."""
+    holder = reservation.holder
+    if holder.get("kind") == "repro":
+        return "dvc repro (evaluate --track settles)"
+    if lifetime.holder_gone(holder):  # it released output before it died, or it would have been dropped
+        return f"pid {holder.get('pid')} gone: --release?"
+    return f"pid {holder.get('pid')} on {holder.get('host')}"
 
 
 def audit(args: argparse.Namespace) -> int:

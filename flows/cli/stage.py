@@ -9,7 +9,7 @@ import sys
 
 from privpipe.config import check_pipeline_use, load_params
 from tasks import STAGE_MODULES
-from tasks.common import use_torch_threads
+from tasks.common import one_pipeline_at_a_time, use_torch_threads
 from tasks.privacy import budget
 
 __all__ = ["stage"]
@@ -26,20 +26,27 @@ def stage(args: argparse.Namespace) -> int:
     from tasks.device import training_device  # deferred: torch, once the params are checked
 
     training_device(params)  # run.device: cuda on a machine without one is refused before any work
-    if args.name in SPENDING_STAGES:  # dvc repro: the run is charged at evaluate --track; refuse before spending
-        budget.check_lifetime(params, budget.dataset_name(params), what=f"stage {args.name}")
-    use_torch_threads(params, args.name, quiet=True)  # run.torch_threads; the torch-heavy stages say so themselves
-    run = getattr(importlib.import_module(STAGE_MODULES[args.name]), f"run_{args.name}")
-    out = run(params)
-    if args.track:
-        # deferred: recording imports MLflow (seconds), which only evaluate --track needs
-        from flows.record import record_finished_pipeline
-        from tasks import tracking
-
-        out = record_finished_pipeline(params, out, params_file=args.params)
-        print(f"recorded MLflow run {out['run_id']}")
-        print(f"MLflow          {tracking.run_url_hint(params, out['run_id'])}")
+    with one_pipeline_at_a_time():  # never beside a `privpipe run`, which writes the same artifacts
+        if args.name in SPENDING_STAGES:
+            # dvc repro: the stages share one reservation of the project, settled at evaluate --track
+            budget.reserve_for_stages(params, budget.dataset_name(params), what=f"stage {args.name}")
+        use_torch_threads(params, args.name, quiet=True)  # run.torch_threads; the torch-heavy stages say so themselves
+        run = getattr(importlib.import_module(STAGE_MODULES[args.name]), f"run_{args.name}")
+        out = run(params)
+        if args.track:
+            out = _record(params, out, params_file=args.params)
     return 0
+
+
+def _record(params, out: dict, *, params_file: str) -> dict:
+    # deferred: recording imports MLflow (seconds), which only evaluate --track needs
+    from flows.record import record_finished_pipeline
+    from tasks import tracking
+
+    out = record_finished_pipeline(params, out, params_file=params_file)
+    print(f"recorded MLflow run {out['run_id']}")
+    print(f"MLflow          {tracking.run_url_hint(params, out['run_id'])}")
+    return out
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -18,7 +18,7 @@ from privpipe.privacy.ledger import (
     compute_epsilon,
 )
 from privpipe.privacy.group import group_of_two_rdp, record_level_event, record_level_ledger
-from privpipe.privacy.lifetime import LifetimeBudgetExceeded, LifetimeLedger, RunSpend
+from privpipe.privacy.lifetime import LifetimeBudgetExceeded, LifetimeLedger, Reservation, RunSpend
 from privpipe.privacy.secure_noise import NoiseSource, secure_laplace, secure_normal, secure_uniform
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "LifetimeLedger",
     "LifetimeBudgetExceeded",
     "RunSpend",
+    "Reservation",
     "group_of_two_rdp",
     "record_level_event",
     "record_level_ledger",

@@ -7,7 +7,8 @@
 - the plots of :mod:`tasks.privacy.plots` as artifacts.
 
 :func:`charge_run` adds a training run's spend to the dataset's lifetime ledger
-(:mod:`tasks.privacy.budget`) just before the model is registered, and mirrors it here;
+(:mod:`tasks.privacy.budget`), in place of its reservation, just before the model is
+registered, and mirrors it here;
 :func:`log_audit_view` is the last step of the flow.
 """
 
@@ -72,7 +73,8 @@ def log_lifetime(params: Params, run_id: str, lifetime: LifetimeLedger) -> None:
     tracking.log_batch(client, run_id, tags={key: run_view.format_value(value) for key, value in {
         "privacy.lifetime.delta": life["spent_delta"], "privacy.lifetime.epsilon_budget": life["budget"],
         "privacy.lifetime.delta_budget": life["delta_budget"], "privacy.lifetime.delta_remaining": life["left_delta"],
-        "privacy.lifetime.runs": life["runs"]}.items()})
+        "privacy.lifetime.runs": life["runs"], "privacy.lifetime.epsilon_reserved": life["reserved"],
+        "privacy.lifetime.runs_in_progress": life["in_progress"]}.items()})
     client.set_tag(run_id, "privacy.lifetime.composition", "basic (runs' ε and δ add up)")
     client.log_text(run_id, json.dumps(lifetime.to_dict(), indent=2), "privacy/lifetime.json")
     _figure(client, run_id, lifetime_figure(lifetime), "plots/lifetime_budget.png")
@@ -83,15 +85,20 @@ def _figure(client, run_id: str, figure, name: str) -> None:
     plt.close(figure)
 
 
-def charge_run(params: Params, run_id: str, *, flow: str, dataset: str, ledger: Ledger,
-               data_version: str) -> LifetimeLedger:
-    """Add the run's spend to the dataset's lifetime ledger and mirror it here.
+def charge_run(params: Params, run_id: str, *, flow: str, dataset: str, ledger: Ledger, data_version: str,
+               admission: budget.Admission | None) -> LifetimeLedger:
+    """Add the run's spend to the dataset's lifetime ledger, in place of its reservation
+    (``admission``; None: the project's stage reservation, as dvc repro holds it), and mirror it here.
 
     Called once the run's ledger is final and *before* the model is registered: a run that
     dies after this has been charged for a model it never released (too much, never too
-    little); one that dies before it has released nothing."""
-    lifetime = budget.record_lifetime(params, dataset, budget.spend_of_run(
-        run_id=run_id, flow=flow, data_version=data_version, ledger=ledger))
+    little); one that dies before it still holds its reservation until it is known to have
+    released nothing."""
+    entry = budget.spend_of_run(run_id=run_id, flow=flow, data_version=data_version, ledger=ledger)
+    if admission is not None:
+        lifetime = admission.charge(entry)
+    else:
+        lifetime = budget.charge_stages(params, dataset, entry, what=f"{flow} run {run_id}")
     log_lifetime(params, run_id, lifetime)
     return lifetime
 
