@@ -18,7 +18,7 @@ from tasks.finetune.tracking import log_finetune_outputs
 from tasks.privacy import budget
 from tasks.privacy import tracking as audit_tracking
 from tasks.release import track_evaluation
-from tasks.removal.registry import log_head
+from tasks.removal.steps import register_pipeline_head
 
 __all__ = ["record_finished_pipeline"]
 
@@ -42,14 +42,14 @@ def record_finished_pipeline(params: Params, evaluation: dict[str, Any], *, para
             log_finetune_outputs(params, run_id, {**read_json(paths.metrics_file("finetune")),
                                                   "history": str(paths.FINETUNE / "history.json"),
                                                   "ledger": str(paths.FINETUNE / "ledger.json")})
-        # the stages checked the lifetime budget before they spent (privpipe stage); charge it
-        # before a model is registered (the head's, then the evaluated one: MLflow lists an
+        # the spending stages hold the project's reservation (privpipe stage); settle it with what they
+        # spent before a model is registered (the head's, then the evaluated one: MLflow lists an
         # experiment's logged models newest first, so the DP model comes first there)
         ledger = Ledger.from_dict(read_json(evaluation["ledger"]))
         audit_tracking.charge_run(params, run_id, flow="dvc-repro", dataset=dataset, ledger=ledger,
-                                  data_version=prepared["data_version"])
+                                  data_version=prepared["data_version"], admission=None)
         if params.head.enabled:
-            result_head = log_head(params, run_id, paths.HEAD, read_json(paths.metrics_file("head")))
+            result_head = register_pipeline_head(params, run_id, read_json(paths.metrics_file("head")))
         else:
             result_head = {}
         result = {**track_evaluation(params, run_id, evaluation), **result_head}

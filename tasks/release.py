@@ -17,7 +17,7 @@ from privpipe.privacy import Ledger
 from tasks import tracking
 from tasks.common import read_json
 from tasks.privacy import membership_audit
-from tasks.removal.coverage import log_version_manifest
+from tasks.removal.coverage import log_manifest, requested_since_data, version_uses
 
 __all__ = ["track_evaluation", "log_evaluation", "release_model", "log_released_model", "register_logged_model"]
 
@@ -73,8 +73,13 @@ def register_logged_model(params: Params, run_id: str, model_uri: str, *, name: 
         run = client.get_run(run_id)
         copied = {key: run.data.tags.get(key, "unknown") for key in ("dvc.data_version", *run_tags)}
         copied["git.commit"] = run.data.tags.get("mlflow.source.git.commit", "unknown")
-        version = mlflow.register_model(model_uri, name, tags={**tags, **copied, "mlflow.run_id": run_id})
-        log_version_manifest(params, run_id, name, str(version.version))
+        # the journal read now, not when the data was: a record erased while the run went on is refused
+        # where it was used without a guarantee, and said to be covered by the DP where it was not
+        found = version_uses(params, run_id)
+        erasure = requested_since_data(found[1], model=name) if found else {}
+        version = mlflow.register_model(model_uri, name, tags={**tags, **copied, **erasure, "mlflow.run_id": run_id})
+        if found is not None:
+            log_manifest(params, run_id, name, str(version.version), kind=found[0], uses=found[1])
         registered.update(model_name=version.name, model_version=str(version.version))
         client.set_tag(run_id, "registered_model", f"{version.name}/{version.version}")
     return registered

@@ -84,7 +84,7 @@ def params_file(project):
 
 def test_a_removal_retrain_warns_even_inside_a_flow(params_file, caplog, monkeypatch):
     import tasks.common
-    from tasks.removal.head import noise_for
+    from tasks.removal.noise import noise_for
 
     monkeypatch.setattr(tasks.common, "_in_prefect_run", lambda: True)  # as inside the removal flow
     with caplog.at_level(logging.WARNING, logger="privpipe"):
@@ -101,7 +101,7 @@ def test_inside_a_flow_the_stages_leave_the_warning_to_the_flow(params_file, cap
     """The pipeline flow warns once at its start (flows/pipeline.py); its stages do not repeat it."""
     import tasks.common
     from tasks.common import warn_insecure_rng
-    from tasks.removal.head import noise_for
+    from tasks.removal.noise import noise_for
 
     params = params_file(False)
     monkeypatch.setattr(tasks.common, "_in_prefect_run", lambda: True)

@@ -44,6 +44,8 @@ EXITS: tuple[Exit, ...] = (
     Exit("argparse", "ArgumentError", 2, ERROR),  # an option's value found wrong after parsing
     # the privacy budget would be exceeded: refused before spending
     Exit("privpipe.privacy", "BudgetExceeded", 1, REFUSED),
+    # a model that used a record erased while its run went on, without any guarantee: not registered
+    Exit("tasks.removal.coverage", "ErasedDuringRun", 1, REFUSED),
     # `privpipe serve`: not this project's Prefect server (a subclass of the next), or none could start
     Exit("flows.deploy", "ForeignPrefectServer", 1, REFUSED),
     Exit("flows.deploy", "PrefectServerError", 1, ERROR),

@@ -33,8 +33,8 @@ from tasks import paths, tracking
 from tasks.removal.record_use import pipeline_uses, text_uses
 from tasks.removal.store import head_model_name
 
-__all__ = ["MANIFEST_TAG", "log_manifest", "log_version_manifest", "coverage_audit", "flag_uncovered", "ACTIONS",
-           "UNCOVERED"]
+__all__ = ["MANIFEST_TAG", "log_manifest", "version_uses", "requested_since_data",
+           "ErasedDuringRun", "coverage_audit", "flag_uncovered", "ACTIONS", "UNCOVERED"]
 
 MANIFEST_TAG = "privacy.record_manifest"
 FORMAT = "privpipe.record_use/1"
@@ -65,20 +65,48 @@ def log_manifest(params: Params, run_id: str, name: str, version: str, *, kind: 
     return path
 
 
-def log_version_manifest(params: Params, run_id: str, name: str, version: str) -> None:
-    """The manifest of a version ``release.register_logged_model`` just registered: the federated
-    text flow's model or the pipeline's deployed model, told apart by the run's flow tag."""
+def version_uses(params: Params, run_id: str) -> tuple[str, list[dict[str, Any]]] | None:
+    """(kind, uses) of the model ``run_id`` is about to register: the federated text flow's or the
+    pipeline's deployed model, told apart by the run's flow tag; None where its data is not on disk."""
     text = tracking.mlflow_client(params).get_run(run_id).data.tags.get("privpipe.flow") == "federated-text"
     needed = paths.TEXT / "train_ids.npy" if text else paths.SENSITIVE / "ids.npy"
     if not needed.is_file():  # a model registered outside a run of the stages: its coverage will read "unknown"
-        log.warning("record manifest of %s version %s: %s is missing; erasure audits will report the version as "
-                    "of unknown training data", name, version, needed)
-        return
+        log.warning("record manifest of the model of run %s: %s is missing; erasure audits will report the "
+                    "version as of unknown training data", run_id, needed)
+        return None
     queue = RequestQueue(paths.REQUESTS)
     if text:
-        log_manifest(params, run_id, name, version, kind="text", uses=text_uses(queue, private=params.federated.private))
-    else:
-        log_manifest(params, run_id, name, version, kind="model", uses=pipeline_uses(params, queue))
+        return "text", text_uses(queue, private=params.federated.private)
+    return "model", pipeline_uses(params, queue)
+
+
+class ErasedDuringRun(RuntimeError):
+    """A model would be registered that used, without any guarantee, a record whose deletion was
+    requested (or done) after its run read the data: refused."""
+
+
+def requested_since_data(uses: Sequence[dict[str, Any]], *, model: str) -> dict[str, str]:
+    """At registration: the deletion requests accepted since the run read its data (any record of its
+    training sets has one: prepare leaves out every record requested before) against the version's sets.
+    Raises ErasedDuringRun where a set used without any guarantee holds one; else the tags that record
+    that the version predates those erasures and what covers each record (its DP, or a removal)."""
+    requested = RequestQueue(paths.REQUESTS).withheld_record_hashes()
+    hit = {use["name"]: (use, requested & set(use["hashes"])) for use in uses if use["hashes"]}
+    hit = {name: (use, hashes) for name, (use, hashes) in hit.items() if hashes}
+    plain = {name: len(hashes) for name, (use, hashes) in hit.items() if use["coverage"] == "none"}
+    if plain:
+        sets = ", ".join(f"{n} in {name}" for name, n in plain.items())
+        raise ErasedDuringRun(f"{model}: not registered: {sum(plain.values())} record(s) whose deletion was "
+                              f"requested while this run went on were used without any guarantee ({sets}); run "
+                              "again: prepare leaves them out")
+    if not hit:
+        return {}
+    records = len(set().union(*(hashes for _use, hashes in hit.values())))
+    covered = "; ".join(f"{len(hashes)} in {name}: {use['coverage']}" for name, (use, hashes) in hit.items())
+    return {"privacy.erasure.requested_since_data": str(records),
+            "privacy.erasure.note": f"trained on data read before the deletion of {records} of its records was "
+                                    f"requested; they are not removed but covered ({covered}); a retrain "
+                                    "leaves them out"}
 
 
 # -- the audit of a batch ---------------------------------------------------------------------------

@@ -27,34 +27,20 @@ from torch import nn
 from privpipe.config import Params
 from privpipe.data import DATASET_CLASSES, Records
 from privpipe.models import load_released
-from privpipe.privacy import Ledger, NoiseSource
+from privpipe.privacy import Ledger
 from privpipe.removal import RemovableHead, RemovalGuarantee, combined_guarantee
 from privpipe.removal.features import feature_extractor, head_features, stored_rows
-from privpipe.requests import RequestQueue
+from privpipe.requests import RequestQueue, base_id
 from tasks import paths
-from tasks.common import read_json, seed_for, skip_stage, stage_logger, staged_dir, warn_insecure_rng, write_json
+from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_json
 from tasks.dp_pca import load_projection
 from tasks.features import feature_transform, transform_spec
+from tasks.removal.noise import noise_for
 from tasks.removal.record_use import extractor_uses
 from tasks.removal.store import save_head
 
-__all__ = ["run_head", "head_task", "noise_for"]
+__all__ = ["run_head", "head_task"]
 
-
-
-def noise_for(params: Params, *, retrain: int) -> NoiseSource:
-    """The perturbation b of the head's ``retrain``-th training (0: the pipeline's own).
-
-    Without ``privacy.secure_rng`` it warns: b is what the certified-removal guarantee rests
-    on (the Newton updates' included), and a seeded b can be recomputed. The pipeline's own
-    training (0) stays quiet inside a flow, which warned at its start; a removal run's
-    (``retrain`` ≥ 1) always warns, as the removal flow does not.
-    """
-    what = ("the head's loss perturbation b comes" if retrain == 0 else
-            "the loss perturbation b of any retrain these removals force comes (and the Newton updates' "
-            "certificate rests on the b drawn the same way)")
-    warn_insecure_rng(params, "head" if retrain == 0 else "removals", what, flow_warns=retrain == 0)
-    return NoiseSource(seed=seed_for(params.run.seed, "head", retrain), secure=params.privacy.secure_rng)
 
 
 def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir: Path,
@@ -93,11 +79,12 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
     log = stage_logger("head")
     cfg = params.head
     model_dir = Path(model_dir if model_dir is not None else paths.deployed_dir(params))
-    records, test_set = Records.load(sensitive), Records.load(test)
+    all_records, test_set = Records.load(sensitive), Records.load(test)
     guarantee = RemovalGuarantee(epsilon=cfg.epsilon, delta=cfg.delta, sigma=cfg.sigma)
     classes = DATASET_CLASSES[params.prepare.dataset]
     queue = RequestQueue(paths.REQUESTS)
     with queue.processing(wait=True), staged_dir(out) as staging:  # never beside a removal run
+        records = _without_requested(all_records, queue, log)
         extractor, dp = _extractor_files(params, staging, model_dir, dp_pca_dir, records.features.shape[1])
         X = stored_rows(head_features(extractor, records.features))
         head = RemovableHead.train(X, records.labels, classes=classes, lam=cfg.lam, guarantee=guarantee,
@@ -108,7 +95,7 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
         summary["feature_extractor"]["accountant"] = dp["accountant"]
         # names this training's served graph: its registered versions differ only in the linear weights
         meta = {"training_id": uuid.uuid4().hex, "features": cfg.features, "model_dir": str(model_dir),
-                "applied_batches": {}, "removed_by": {},
+                "applied_batches": {}, "removed_by": {}, "left_out_at_training": len(all_records) - len(records),
                 "input_dim": int(records.features.shape[1]), "classes": classes}
         save_head(staging, head, ids=records.ids, meta=meta)
         write_json(staging / "guarantee.json", summary)
@@ -127,12 +114,25 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
     return {"dir": str(out), **figures}
 
 
+def _without_requested(records: Records, queue: RequestQueue, log) -> Records:
+    """The sensitive records less those whose deletion was requested since prepare read them (while this
+    run went on): the head trains without them, which removes them exactly. The DP model trained on
+    them is covered by its DP, and its registration says so (tasks.removal.coverage)."""
+    requested = queue.withheld_record_hashes()
+    keep = np.array([queue.hash_record_id(base_id(str(i))) not in requested for i in records.ids], dtype=bool)
+    if keep.all():
+        return records
+    log.warning("head: %d record(s) whose deletion was requested while this run went on are left out of the head",
+                int((~keep).sum()))
+    return records.subset(np.flatnonzero(keep))
+
+
 @task(name="head", cache_policy=NO_CACHE)
 def head_task(params: Params, run_id: str, sensitive: str, test: str, model_dir: str, dp_pca_dir: str) -> dict[str, Any]:
-    from tasks.removal import registry  # deferred: MLflow is slow to import, untracked runs skip it
+    from tasks.removal.steps import register_pipeline_head  # deferred: MLflow is slow to import, untracked runs skip it
 
     out = run_head(params, sensitive=Path(sensitive), test=Path(test), model_dir=Path(model_dir),
                    dp_pca_dir=Path(dp_pca_dir))
     if out.get("skipped"):
         return out
-    return {**out, **registry.log_head(params, run_id, Path(out["dir"]), out)}
+    return {**out, **register_pipeline_head(params, run_id, out, folder=Path(out["dir"]))}

@@ -125,8 +125,10 @@ def latest_version(params: Params) -> str | None:
     return str(max(versions)) if versions else None
 
 
-def log_head(params: Params, run_id: str, folder: Path, out: dict[str, Any]) -> dict[str, Any]:
-    """The head stage's figures and guarantee in the pipeline run; register version one of this training."""
+def log_head(params: Params, run_id: str, folder: Path, out: dict[str, Any], *,
+             tags: dict[str, str] | None = None) -> dict[str, Any]:
+    """The head stage's figures and guarantee in the pipeline run; register version one of this training
+    (with ``tags`` besides its own)."""
     client = tracking.mlflow_client(params)
     tracking.log_batch(client, run_id, metrics={
         "head.accuracy_test": out["accuracy_test"], "removal.epsilon": out["removal_epsilon"],
@@ -142,7 +144,7 @@ def log_head(params: Params, run_id: str, folder: Path, out: dict[str, Any]) -> 
         version = register_head(params, run_id, folder, tags={
             "dvc.data_version": run.data.tags.get("dvc.data_version", "unknown"), "removal.requests_applied": "0",
             "removal.retrained": "false", "removal.budget_used": f"{out['budget_used']:.6g}",
-            "removal.budget_left": f"{out['gradient_budget'] - out['budget_used']:.6g}"})
+            "removal.budget_left": f"{out['gradient_budget'] - out['budget_used']:.6g}", **(tags or {})})
         registered = {"head_model_name": head_model_name(params), "head_model_version": version}
         client.set_tag(run_id, "registered_head", f"{head_model_name(params)}/{version}")
     return registered

@@ -34,19 +34,21 @@ from privpipe.requests import Request, RequestQueue, base_id, hashes_in
 from tasks import paths
 from tasks.common import stage_logger, staged_dir
 from tasks.removal import registry
-from tasks.removal.coverage import UNCOVERED, coverage_audit
+from tasks.removal.coverage import UNCOVERED, coverage_audit, requested_since_data
 from tasks.removal.erase import TEXT_NOT_REWRITTEN, erase_from_source, pipeline_ids, source_version
-from tasks.removal.head import noise_for
-from tasks.removal.store import load_head, save_head
+from tasks.removal.noise import noise_for
+from tasks.removal.record_use import head_uses
+from tasks.removal.store import head_model_name, load_head, save_head
 
-__all__ = ["ensure_head_for", "head_present", "apply_batch", "skip_head", "register_batch", "erase_batch",
-           "audit_records", "apply_task", "register_task", "erase_task", "coverage_task"]
+__all__ = ["ensure_head_for", "head_present", "apply_batch", "register_pipeline_head", "skip_head",
+           "register_batch", "erase_batch", "audit_records", "apply_task", "register_task", "erase_task", "coverage_task"]
 
 MECHANISMS = {
     "newton": "Newton-update removal (Guo et al. 2020), gradient residual within the certified-removal budget",
     "retrain": "head retrained from scratch without the record, fresh loss perturbation (exact removal)",
-    "absent": "not in the head's training rows (a public, target, test or text record, or one an earlier request "
-              "removed); the coverage list says how every model version that used it covers it",
+    "absent": "not in the head's training rows (a public, target, test or text record, one an earlier request "
+              "removed, or one left out or removed by the pipeline run it was requested during); the coverage "
+              "list says how every model version that used it covers it",
     "no_head": "no removal-enabled head in this project (head.enabled is false, or no head trained): nothing to "
                "update; the coverage list says how every model version that used the record covers it",
 }
@@ -125,6 +127,29 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
     log.info("removals: %s: %d rows removed (%s); budget used %.4g of %.4g", batch_id, len(live), how,
              head.used_total, head.budget)
     return record
+
+
+def register_pipeline_head(params: Params, run_id: str, out: dict[str, Any], *,
+                           folder: Path = paths.HEAD) -> dict[str, Any]:
+    """Register the head a pipeline run trained, less every record whose deletion was requested since the
+    head trained (a Newton update, as a removal run makes), with the journal read under the removal lock:
+    no version is registered with a record whose erasure was asked for, or done, while the run went on.
+    The head's extractor may have used such records under its DP (a record of the DP model's sensitive
+    set): the version says so; used without any guarantee, it is refused (ErasedDuringRun)."""
+    queue = RequestQueue(paths.REQUESTS)
+    with queue.processing(wait=True):  # no removal run between the check and the registration
+        head, ids, meta = load_head(folder)
+        active = {queue.hash_record_id(base_id(str(i))) for i, live in zip(ids, head.active) if live}
+        late = [r for r in queue.read() if r.record_hash in active]
+        if late:
+            applied = apply_batch(params, f"before-registration-{meta['training_id'][:12]}", late, folder=folder,
+                                  queue=queue)
+            stage_logger("head").warning("head: %d record(s) whose deletion was requested after the head trained "
+                                         "removed before registration (%s)", applied["rows_removed"],
+                                         "retrained" if applied["retrained"] else "Newton update")
+            out = {**out, "budget_used": applied["budget_used"]}
+        tags = requested_since_data(head_uses(queue, folder=folder), model=head_model_name(params))
+        return registry.log_head(params, run_id, folder, out, tags=tags)
 
 
 def skip_head(params: Params, requests: Sequence[Request]) -> dict[str, Any]:

@@ -1,0 +1,121 @@
+"""A record erased while a pipeline run is in progress does not come back in what the run registers.
+
+The reproduction, in the order it happened: a run reads its data (prepare); then the record is
+forgotten and a removal run completes (head version 1 → 2, the record gone from the CSV) while
+the run goes on; the run then trains and registers its head and its DP model. Before, the head
+it registered (version 3) held the record, active. Now the head is trained without it, a
+request that comes after the head trained is removed from it by a Newton update before it is
+registered, and the DP model's version says which of its records it predates the erasure of,
+and that its DP covers them; a record used without any guarantee refuses the registration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import trained_dvc_project
+from privpipe.config import load_params
+from privpipe.data import Records
+from privpipe.requests import RequestQueue
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+QUICK = dict(student={"enabled": False}, finetune={"epochs": 2, "hidden_units": [32]},
+             run={"model_name": "erasure-test"}, head={"features": "model"})
+HEAD = "erasure-test-head"
+
+
+@pytest.fixture
+def inside(tmp_path, monkeypatch):
+    trained_dvc_project(tmp_path, ("prepare", "dp_pca", "finetune", "head"), **QUICK)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _forget(record_id: str) -> None:
+    from tasks.removal.erase import current_record_ids
+
+    params = load_params("params.yaml")
+    queue = RequestQueue(Path("data/requests"))
+    assert len(queue.submit([record_id], known=current_record_ids(params, queue).__contains__)) == 1
+
+
+def _manifest_coverage(client: MlflowClient, name: str, version: str, record_id: str) -> dict[str, str]:
+    """{use: coverage} of the record's sets in the version's manifest."""
+    import json
+
+    found = client.get_model_version(name, version)
+    local = client.download_artifacts(found.run_id, found.tags["privacy.record_manifest"], "dl")
+    record = RequestQueue(Path("data/requests")).hash_record_id(record_id)
+    return {u["name"]: u["coverage"] for u in json.loads(Path(local).read_text())["uses"]
+            if u["hashes"] and record in u["hashes"]}
+
+
+def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_harness, inside):
+    from flows.removals import removals
+    from tasks import tracking
+    from tasks.evaluate import run_evaluate
+    from tasks.release import track_evaluation
+    from tasks.removal.head import run_head
+    from tasks.removal.steps import register_pipeline_head
+    from tasks.removal.store import load_head
+
+    params = load_params("params.yaml")
+    client = MlflowClient(tracking_uri=f"sqlite:///{inside / 'mlflow.db'}")
+    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
+        first = register_pipeline_head(params, run_id, run_head(params))  # an earlier run's head: version 1
+    assert first["head_model_version"] == "1"
+
+    # the run in progress has read its data (data/prepared holds the record); the erasure completes
+    sensitive = Records.load(inside / "data/prepared/sensitive").ids.tolist()
+    erased, late = sensitive[7], sensitive[11]
+    _forget(erased)
+    (done,) = removals(params_file="params.yaml")
+    assert done["head_version"] == "2" and erased not in (inside / "data/raw/digits.csv").read_text()
+
+    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
+        head = run_head(params)  # the run goes on: its head stage, on the data it read
+        _, ids, meta = load_head(Path("artifacts/head"))
+        assert erased not in ids.tolist() and meta["left_out_at_training"] == 1  # trained without it: exact
+        _forget(late)  # requested after the head trained, before it is registered
+        registered = register_pipeline_head(params, run_id, head)
+        released = track_evaluation(params, run_id, run_evaluate(params))
+
+    version = registered["head_model_version"]
+    assert version == "3"
+    live, ids, _ = load_head(Path("artifacts/head"))
+    assert not live.active[ids.tolist().index(late)]  # removed by a Newton update before registration
+    assert _manifest_coverage(client, HEAD, version, erased) == {"extractor_sensitive": "dp"}
+    assert _manifest_coverage(client, HEAD, version, late) == {"head_removed_newton": "certified_removal",
+                                                               "extractor_sensitive": "dp"}
+    tags = client.get_model_version(HEAD, version).tags
+    assert tags["privacy.erasure.requested_since_data"] == "2" and "not removed but covered" in tags[
+        "privacy.erasure.note"]
+    # the DP model trained on both: its version says it predates their erasure and its DP covers them
+    model = client.get_model_version("erasure-test", released["model_version"])
+    assert model.tags["privacy.erasure.requested_since_data"] == "2"
+    assert "2 in sensitive: dp" in model.tags["privacy.erasure.note"]
+    # the late request, processed later, finds nothing left to remove from the head
+    (after,) = removals(params_file="params.yaml")
+    assert [r.audit["mechanism"] for r in RequestQueue(Path("data/requests")).read()] == ["newton", "absent"]
+    assert np.array_equal(load_head(Path("artifacts/head"))[0].active, live.active)
+    assert after["rows_removed"] == 0
+
+
+def test_a_record_used_without_any_guarantee_refuses_the_registration(project):
+    from tasks.removal.coverage import ErasedDuringRun, requested_since_data
+
+    queue = RequestQueue(project / "data/requests")
+    queue.submit(["digits-0003"], known=lambda _: True)
+    hashed = queue.hash_record_id("digits-0003")
+    dp = {"name": "sensitive", "coverage": "dp", "hashes": [hashed, "sha256:other"]}
+    plain = {"name": "public_queries", "coverage": "none", "hashes": [hashed]}
+    assert requested_since_data([{**dp, "hashes": ["sha256:other"]}], model="m") == {}
+    assert requested_since_data([dp], model="m")["privacy.erasure.requested_since_data"] == "1"
+    with pytest.raises(ErasedDuringRun, match="m: not registered: 1 record.s. whose deletion was requested while "
+                                              "this run went on were used without any guarantee .1 in public_queries"):
+        requested_since_data([dp, plain], model="m")
