@@ -26,39 +26,11 @@ from tasks.privacy import budget
 
 REPO = Path(__file__).resolve().parents[1]
 
-# one run: wait for `go`, ask for admission, say how it went, hold the reservation until `charge`
-# (or forever: `hold`), then charge privacy.epsilon_budget; `published` marks it released first
-RUN = """
-import sys, time
-from datetime import datetime, timezone
-from pathlib import Path
-from privpipe.config import load_params
-from privpipe.data import DataError
-from privpipe.privacy import LifetimeBudgetExceeded, RunSpend
-from tasks.privacy import budget
-
-name, mode = sys.argv[1], sys.argv[2]
-params = load_params("params.yaml")
-while not Path("go").exists():
-    time.sleep(0.01)
-try:
-    with budget.admitted(params, "digits", what=f"run {name}", flow="pipeline") as admission:
-        if mode == "published":
-            admission.mark_published()
-        Path(f"admitted-{name}").write_text(admission.reservation.run)
-        while mode != "charge" or not Path("charge").exists():
-            time.sleep(0.01)
-        admission.charge(RunSpend(run=name, flow="pipeline", recorded_at=datetime.now(timezone.utc).isoformat(),
-                                  data_version="v1", epsilon=params.privacy.epsilon_budget,
-                                  delta=params.privacy.delta, accountant="pld"))
-except LifetimeBudgetExceeded as exc:
-    Path(f"refused-{name}").write_text(str(exc))
-    sys.exit(1)
-"""
+RACER = Path(__file__).with_name("budget_racer.py")  # one run asking for admission, in its own process
 
 
 def _start(folder: Path, name: str, mode: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", RUN, name, mode], cwd=folder,
+    return subprocess.Popen([sys.executable, str(RACER), name, mode], cwd=folder,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -240,3 +212,13 @@ def test_two_federated_runs_at_once_sharing_a_budget_directory_cannot_both_spend
     (entry,) = ledger["entries"]
     assert 3.0 < entry["epsilon"] <= ledger["spent"]["epsilon"] <= 8.0
     assert json.loads((shared / ".texts.reservations.json").read_text())["reservations"] == []
+
+
+def test_a_ledger_folder_that_is_a_file_refuses_the_check_instead_of_skipping_it(project, capsys):
+    from flows.cli import main
+
+    write_params(project, lifetime={"ledger_dir": "ledger-file"})
+    (project / "ledger-file").write_text("not a folder")
+    assert main(["run"]) == 2
+    assert capsys.readouterr().err.strip() == "privpipe: error: ledger-file: lifetime.ledger_dir is not a directory"
+    assert not (project / "mlflow.db").exists() and not (project / ".prefect").exists()

@@ -219,32 +219,27 @@ class LifetimeLedger:
     @classmethod
     def from_dict(cls, raw: Any, *, epsilon_budget: float, delta_budget: float) -> "LifetimeLedger":
         """Rebuild from :meth:`to_dict` output (the stored sums are recomputed); ValueError if malformed."""
-        if not isinstance(raw, dict) or raw.get("format") != LIFETIME_FORMAT:
-            raise ValueError(f"not a lifetime ledger (expected format {LIFETIME_FORMAT!r})")
-        entries = raw.get("entries")
-        if not isinstance(entries, list):
-            raise ValueError("entries: expected a list")
-        parsed = []
-        for i, item in enumerate(entries):
-            try:
-                parsed.append(RunSpend(**item))
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"entries[{i}]: {exc}") from None
+        entries = _parse(raw, LIFETIME_FORMAT, "a lifetime ledger", "entries", RunSpend)
         return cls(dataset=str(raw.get("dataset", "")), epsilon_budget=epsilon_budget, delta_budget=delta_budget,
-                   entries=parsed)
+                   entries=entries)
 
     @staticmethod
     def reservations_from_dict(raw: Any) -> list[Reservation]:
         """Rebuild :meth:`reservations_to_dict` output; ValueError if malformed."""
-        if not isinstance(raw, dict) or raw.get("format") != RESERVATIONS_FORMAT:
-            raise ValueError(f"not a reservations file (expected format {RESERVATIONS_FORMAT!r})")
-        items = raw.get("reservations")
-        if not isinstance(items, list):
-            raise ValueError("reservations: expected a list")
-        parsed = []
-        for i, item in enumerate(items):
-            try:
-                parsed.append(Reservation(**item))
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"reservations[{i}]: {exc}") from None
-        return parsed
+        return _parse(raw, RESERVATIONS_FORMAT, "a reservations file", "reservations", Reservation)
+
+
+def _parse(raw: Any, format: str, what: str, key: str, kind: type) -> list:
+    """The ``key`` list of a stored file of ``format``, each item a ``kind``; ValueError naming the item."""
+    if not isinstance(raw, dict) or raw.get("format") != format:
+        raise ValueError(f"not {what} (expected format {format!r})")
+    items = raw.get(key)
+    if not isinstance(items, list):
+        raise ValueError(f"{key}: expected a list")
+    parsed = []
+    for i, item in enumerate(items):
+        try:
+            parsed.append(kind(**item))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{key}[{i}]: {exc}") from None
+    return parsed

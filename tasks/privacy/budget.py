@@ -67,8 +67,10 @@ def reservations_path(params: Params, dataset: str) -> Path:
 
 def load_lifetime(params: Params, dataset: str) -> LifetimeLedger:
     """The dataset's ledger with the runs in progress (empty if it has none yet); DataError naming the
-    file if it is damaged."""
+    file if it is damaged, or the folder if it is not one (a check that cannot read its ledger refuses)."""
     path, held = ledger_path(params, dataset), reservations_path(params, dataset)
+    if path.parent.exists() and not path.parent.is_dir():
+        raise DataError(f"{path.parent}: lifetime.ledger_dir is not a directory")
     budgets = {"epsilon_budget": params.lifetime.epsilon_budget, "delta_budget": params.lifetime.delta_budget}
     entries = _read(path, lambda raw: LifetimeLedger.from_dict(raw, **budgets).entries,
                     f"damaged lifetime ledger ({{}}); restore it with `dvc checkout {path}`")
