@@ -188,6 +188,13 @@ CASES = [
          setup=params(privacy={"epsilon_budget": -1})),
     Case("delta-one", ("run",), "privpipe: error: privacy.delta: must be in (0, 1)",
          setup=params(privacy={"delta": 1})),
+    # a name the model registry refuses: before, the run trained, was charged, then failed to register
+    Case("model-name-with-slash", ("run",), "privpipe: error: run.model_name: 'team/digits' contains '/', which "
+         "MLflow's model registry refuses in a registered-model name (use e.g. '-')",
+         setup=params(run={"model_name": "team/digits"})),
+    Case("text-model-name-with-colon", ("federated",), "privpipe: error: text.model_name: 'text:v1' contains ':', "
+         "which MLflow's model registry refuses in a registered-model name (use e.g. '-')",
+         setup=params(text={"model_name": "text:v1"})),
     # an accountant that cannot account for a stage: refused where the pipeline's stages run
     Case("accountant-pld-with-data-dependent-pate", ("stage", "aggregate"),
          "privpipe: error: privacy.accountant: pld cannot account for aggregate.analysis: data_dependent: "

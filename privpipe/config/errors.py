@@ -1,8 +1,8 @@
-"""ConfigError and the three one-line checks every section is written with."""
+"""ConfigError and the one-line checks every section is written with."""
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "require", "one_of", "noise_or_epsilon"]
+__all__ = ["ConfigError", "require", "one_of", "noise_or_epsilon", "registered_model_name"]
 
 
 class ConfigError(ValueError):
@@ -27,3 +27,12 @@ def noise_or_epsilon(section: str, noise: float | None, epsilon_key: str, epsilo
         require(noise > 0, f"{section}.noise_multiplier", "must be > 0")
     if epsilon is not None:
         require(epsilon > 0, f"{section}.{epsilon_key}", "must be > 0")
+
+
+def registered_model_name(name: str, key: str) -> None:
+    """A name MLflow's model registry takes: checked here, so that a run is not trained (and charged)
+    only to be refused when it registers. The registry refuses '/' and ':' and an empty name."""
+    require(bool(name.strip()), key, "must not be empty (the MLflow registered-model name)")
+    bad = [c for c in ("/", ":") if c in name]
+    require(not bad, key, f"{name!r} contains {' and '.join(repr(c) for c in bad)}, which MLflow's model registry "
+                          "refuses in a registered-model name (use e.g. '-')")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from privpipe.config.errors import one_of, require
+from privpipe.config.errors import one_of, registered_model_name, require
 
 DEVICES = ("auto", "cpu", "cuda")  # privpipe.device.DEVICES (config does not import torch)
 
@@ -22,3 +22,4 @@ class RunConfig:
 def check(run: RunConfig) -> None:
     require(run.torch_threads >= 0, "run.torch_threads", "must be >= 0 (0 = torch's default, one per core)")
     one_of(run.device, DEVICES, "run.device")
+    registered_model_name(run.model_name, "run.model_name")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from privpipe.config.errors import one_of, require
+from privpipe.config.errors import one_of, registered_model_name, require
 
 TEXT_FORMATS = ("auto", "jsonl", "csv", "20newsgroups")
 ENCODER_MODES = ("frozen", "lora")
@@ -35,6 +35,7 @@ class TextConfig:
 
 def check(text: TextConfig) -> None:
     one_of(text.format, TEXT_FORMATS, "text.format")
+    registered_model_name(text.model_name, "text.model_name")
     require(0 < text.test_fraction < 1, "text.test_fraction", "must be in (0, 1)")
     one_of(text.mode, ENCODER_MODES, "text.mode")
     one_of(text.head_init, HEAD_INITS, "text.head_init")
