@@ -144,7 +144,7 @@ def test_a_killed_runs_reservation_goes_only_if_it_released_nothing(project, cap
     assert "no reservation" in capsys.readouterr().err
 
 
-def test_a_run_that_fails_before_releasing_gives_its_reservation_back(project):
+def test_a_failed_run_gives_its_reservation_back_or_is_charged_it_once_it_may_have_released(project):
     write_params(project, privacy={"epsilon_budget": 3.0}, lifetime={"epsilon_budget": 9.0})
     params = load_params("params.yaml")
     with pytest.raises(RuntimeError):
@@ -155,8 +155,10 @@ def test_a_run_that_fails_before_releasing_gives_its_reservation_back(project):
         with budget.admitted(params, "digits", what="run", flow="pipeline") as admission:
             admission.mark_published()
             raise RuntimeError("a stage failed after the run logged figures")
-    (kept,) = budget.load_lifetime(params, "digits").reservations
-    assert kept.published and kept.epsilon == 3.0
+    lifetime = budget.load_lifetime(params, "digits")  # charged the most it could have released
+    (entry,) = lifetime.entries
+    assert (entry.flow, entry.epsilon, entry.run) == ("pipeline (failed)", 3.0, admission.reservation.run)
+    assert lifetime.reservations == []
 
 
 def test_dvc_repro_stages_share_one_reservation_that_evaluate_settles(project):
@@ -222,3 +224,17 @@ def test_a_ledger_folder_that_is_a_file_refuses_the_check_instead_of_skipping_it
     assert main(["run"]) == 2
     assert capsys.readouterr().err.strip() == "privpipe: error: ledger-file: lifetime.ledger_dir is not a directory"
     assert not (project / "mlflow.db").exists() and not (project / ".prefect").exists()
+
+
+def test_a_ledger_outside_a_dvc_project_is_charged_and_left_unversioned(tmp_path, monkeypatch):
+    """Before, `dvc add` of a ledger outside the repository failed with an empty message after the charge."""
+    project, shared = tmp_path / "project", tmp_path / "shared-budget"
+    project.mkdir()
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=project, check=True)
+    monkeypatch.chdir(project)
+    write_params(project, lifetime={"ledger_dir": str(shared)})
+    params = load_params("params.yaml")
+    with budget.admitted(params, "digits", what="run", flow="pipeline") as admission:
+        admission.charge(_spend("run-1", 1.0))
+    assert json.loads((shared / "digits.json").read_text())["spent"]["epsilon"] == 1.0
+    assert not list(shared.glob("*.dvc")) and not list(project.rglob("digits.json*"))

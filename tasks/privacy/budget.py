@@ -13,7 +13,9 @@ A client-level run (the federated text flow) costs more per record than its own 
 once its rounds are planned it resizes its reservation to their record-level cost
 (:meth:`Admission.resize`). When the run has released its model, :meth:`Admission.charge`
 replaces the reservation with what it actually spent, record-level. A run that ends without
-spending releases its reservation; one that ends after releasing anything keeps it counted.
+spending releases its reservation; one that fails after it may have released private output
+(MLflow figures of a spending stage, from DP-PCA on) is charged its reservation, an upper bound
+of what it released, so that nothing leaves a run uncharged.
 A run that was killed cannot do either: the next update of the ledger drops its
 reservation if its process is gone and it never released anything, and otherwise keeps it
 counted (over-count, never under-count) until a person says otherwise
@@ -69,8 +71,7 @@ def load_lifetime(params: Params, dataset: str) -> LifetimeLedger:
     """The dataset's ledger with the runs in progress (empty if it has none yet); DataError naming the
     file if it is damaged, or the folder if it is not one (a check that cannot read its ledger refuses)."""
     path, held = ledger_path(params, dataset), reservations_path(params, dataset)
-    if path.parent.exists() and not path.parent.is_dir():
-        raise DataError(f"{path.parent}: lifetime.ledger_dir is not a directory")
+    _check_folder(path.parent)
     budgets = {"epsilon_budget": params.lifetime.epsilon_budget, "delta_budget": params.lifetime.delta_budget}
     entries = _read(path, lambda raw: LifetimeLedger.from_dict(raw, **budgets).entries,
                     f"damaged lifetime ledger ({{}}); restore it with `dvc checkout {path}`")
@@ -79,6 +80,16 @@ def load_lifetime(params: Params, dataset: str) -> LifetimeLedger:
                          "admitted until it is repaired or removed (runs still holding a reservation then go "
                          "uncounted: check `ps` first)")
     return LifetimeLedger(dataset=dataset, entries=entries, reservations=reservations, **budgets)
+
+
+def _check_folder(folder: Path) -> None:
+    """The ledger folder must be one this process can write (or create): a check that could read but not
+    record would let runs through that are never charged."""
+    if folder.exists() and not folder.is_dir():
+        raise DataError(f"{folder}: lifetime.ledger_dir is not a directory")
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DataError(f"{existing}: not writable, so lifetime.ledger_dir ({folder}) cannot record a charge")
 
 
 def _read(path: Path, parse, problem: str) -> list:
@@ -229,16 +240,22 @@ class Admission:
 
     def end(self) -> None:
         """The run is over: a charged run holds nothing; one that released nothing gives its reservation
-        back; one that released something keeps it counted."""
+        back; one that may have released something is charged its reservation, the most it could have
+        spent (what it did release is not known stage by stage: a stage may fail while it logs)."""
         if self.charged:
             return
-        if self.reservation.published:
-            stage_logger("budget").warning(
-                "budget: the run ended after it released private output, before its charge: its reservation %s "
-                "(ε = %.4g) stays counted on dataset %r", self.reservation.run, self.reservation.epsilon, self.dataset)
-            return
         with _updating(self.params, self.dataset) as ledger:
-            ledger.release(self.reservation.run)
+            if not self.reservation.published:
+                ledger.release(self.reservation.run)
+                return
+            held = self.reservation
+            ledger.settle(RunSpend(run=held.run, flow=f"{held.flow} (failed)", recorded_at=_now(),
+                                   data_version="", epsilon=held.epsilon, delta=held.delta,
+                                   accountant="its reservation (an upper bound)", reservation=held.run),
+                          what=self.what)
+        stage_logger("budget").warning(
+            "budget: the run failed after it may have released private output: dataset %r is charged its "
+            "reservation, ε = %.4g, δ = %g (%s)", self.dataset, held.epsilon, held.delta, held.run)
 
 
 @contextmanager
@@ -338,6 +355,9 @@ def spend_of_run(*, run_id: str, flow: str, data_version: str, ledger: Ledger) -
 
 def _version(path: Path) -> None:
     if not Path(".dvc").is_dir():
+        return
+    if not path.resolve().is_relative_to(Path.cwd().resolve()):  # `dvc add` refuses a file outside the repo
+        stage_logger("budget").info("budget: %s is outside this project, so its DVC does not version it", path)
         return
     if "DVC_STAGE" in os.environ:  # inside dvc repro, which holds DVC's repository lock
         stage_logger("budget").info("budget: %s written; `make repro` versions it with dvc add after the run", path)
