@@ -86,6 +86,12 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     assert float(version.tags["privacy.record_epsilon"]) == pytest.approx(record.epsilon, rel=1e-5)
     model = mlflow.pyfunc.load_model(f"models:/privpipe-text/{out['model_version']}")
     assert set(model.predict(["apple banana with plum", "gear and clutch"])) <= {"engine", "fruit"}
+    # what an auditor loads holds no pickle: the loader's code as a file, weights as .npy, the spec as JSON
+    files = Path(mlflow.artifacts.download_artifacts(f"models:/privpipe-text/{out['model_version']}",
+                                                     dst_path=str(project / "version")))
+    names = {p.name for p in files.rglob("*") if p.is_file()}
+    assert {"served_model.py", "weights.npy", "spec.json"} <= names
+    assert not [n for n in names if n.endswith((".pkl", ".pickle", ".bin", ".pt", ".pth"))], names
     # charged to the text file's lifetime ledger, which composes records: the record-level form
     (entry,) = json.loads((project / "data/budget/texts.json").read_text())["entries"]
     assert (entry["run"], entry["flow"]) == (out["run_id"], "federated-text")

@@ -18,10 +18,11 @@ from tasks.common import read_json
 from tasks.federated.tracking import log_rounds
 from tasks.privacy import membership_audit
 from tasks.release import register_logged_model
-from tasks.text.serving import FederatedTextClassifier
 from tasks.tracking import log_data_input, log_figures, log_stage_figures, mlflow_client
 
 __all__ = ["log_text_prepare", "log_text_features", "log_federated", "register_text_model"]
+
+SERVED_MODEL_CODE = Path(__file__).with_name("served_model.py")  # what MLflow runs to load a version
 
 
 def log_text_prepare(params: Params, run_id: str, out: dict[str, Any]) -> None:
@@ -74,7 +75,8 @@ def register_text_model(params: Params, run_id: str, out: dict[str, Any], encode
     tags.update(membership_audit.version_tags(out.get("privacy_audit", {})))
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
-            name="model", python_model=FederatedTextClassifier(),
+            # the code as a file, not a pickle: loading a version runs nothing that was not written here
+            name="model", python_model=str(SERVED_MODEL_CODE),
             artifacts={"model": str(Path(out["dir"]).resolve()), "encoder": str(Path(encoder).resolve())},
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}",
                               f"transformers=={version('transformers')}", "privpipe"],
