@@ -29,6 +29,7 @@ from tasks import paths, tracking
 from tasks.privacy import budget
 from tasks.removal import registry
 from tasks.removal.coverage import flag_uncovered
+from tasks.removal.erase import ensure_can_erase
 from tasks.removal.steps import (apply_task, audit_records, coverage_task, ensure_head_for, erase_task, head_present,
                                  register_task, skip_head)
 
@@ -89,6 +90,7 @@ def removals(params_file: str = "params.yaml") -> list[dict[str, Any]]:
     results = []
     with queue.processing():
         ensure_head_for(params, queue)
+        ensure_can_erase(params, queue)
         while (batch := _next_batch(queue)) is not None:
             out = _process(params, params_file, queue, *batch)
             log.info("removals: %s done: %d requests, head version %s, data version %s%s", out["batch_id"],

@@ -296,6 +296,11 @@ CASES = [
     Case("removals-without-head", ("removals",),
          "privpipe: error: artifacts/head: no removal-enabled head (run the pipeline with head.enabled)",
          setup=queue_request),
+    # before, the CSV was rewritten and then `dvc add` failed with a traceback
+    Case("removals-without-dvc-repository", ("removals",),
+         f"privpipe: error: {DIGITS_CSV}.dvc: the raw data is DVC-tracked, but this project folder is not a DVC "
+         "repository (no .dvc/: run `dvc init`); nothing was erased and every request stays queued",
+         setup=steps(queue_request, write("artifacts/head/meta.json", "{}"))),
 
     # -- the lifetime budget
     Case("lifetime-exhausted-run", ("run",),

@@ -69,10 +69,12 @@ def removals(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     # deferred until the params are known good: the removal steps and their flow import Prefect, MLflow and torch
     from flows.removals import removals as removals_flow
+    from tasks.removal.erase import ensure_can_erase
     from tasks.removal.steps import ensure_head_for
 
     # before the flow starts: a damaged journal, or requests with no head, fail here (the flow checks again)
     ensure_head_for(params, RequestQueue(paths.REQUESTS))
+    ensure_can_erase(params, RequestQueue(paths.REQUESTS))
     results = removals_flow(params_file=args.params)
     if not results:
         print("no pending deletion requests")

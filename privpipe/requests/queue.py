@@ -351,7 +351,8 @@ class RequestQueue:
         try:
             fd = _lock(path, blocking=wait)
         except BlockingIOError:
-            raise QueueBusy(f"another removal run holds {path}") from None
+            raise QueueBusy(f"{path}: held by another removal run, or by a pipeline run's head stage while it "
+                            "trains or registers the head; try again when it ends") from None
         try:
             yield
         finally:

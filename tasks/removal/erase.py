@@ -42,7 +42,7 @@ from tasks.common import write_text
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version, dvc
 
-__all__ = ["current_record_ids", "erase_from_source", "source_version", "pipeline_ids", "text_ids",
+__all__ = ["current_record_ids", "ensure_can_erase", "erase_from_source", "source_version", "pipeline_ids", "text_ids",
            "TEXT_NOT_REWRITTEN"]
 
 TEXT_NOT_REWRITTEN = ("the text file is not rewritten (the operator's own file; identical rows are told apart by "
@@ -109,6 +109,21 @@ def _rewrite_csv(path: Path, drop: set[str], queue: RequestQueue) -> int:
         csv.writer(buffer, lineterminator="\n").writerows(kept)
         write_text(path, buffer.getvalue())  # temporary file and rename: never half a data file
     return removed
+
+
+def ensure_can_erase(params: Params, queue: RequestQueue) -> None:
+    """DataError before any request is touched when requests wait for records of the raw CSV and the
+    rewritten CSV could not be versioned: it is DVC-tracked (its ``.dvc`` pointer is there) in a folder
+    that is not a DVC repository."""
+    source = _source(params)
+    pointer = source.with_name(f"{source.name}.dvc")
+    if params.prepare.dataset != "digits" or not pointer.is_file() or Path(".dvc").is_dir():
+        return
+    batch = queue.open_batch()
+    waiting = {r.record_hash for r in queue.pending() + (batch[1] if batch else [])}
+    if waiting & {queue.hash_record_id(i) for i in pipeline_ids(params)}:
+        raise DataError(f"{pointer}: the raw data is DVC-tracked, but this project folder is not a DVC repository "
+                        "(no .dvc/: run `dvc init`); nothing was erased and every request stays queued")
 
 
 def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: RequestQueue) -> dict[str, Any]:
