@@ -228,13 +228,17 @@ def test_of_the_runs_missed_while_not_served_only_the_latest_is_kept(prefect_api
         missed = [client.create_flow_run_from_deployment(removals, state=Scheduled(scheduled_time=now("UTC") - ago))
                   for ago in (timedelta(weeks=3), timedelta(weeks=2), timedelta(weeks=1))]
         (line,) = cancel_missed_runs(deployments)
-        assert line.startswith("privpipe-removals/deletion-processing: 3 run(s) came due while not served (the latest "
-                               f"due {missed[2].expected_start_time:%Y-%m-%d %H:%M}")
-        assert line.endswith("that one runs now, the 2 older cancelled")
-        states = [client.read_flow_run(run.id).state for run in missed]
-        assert [s.type.value for s in states] == ["CANCELLED", "CANCELLED", "SCHEDULED"]
-        assert cancel_missed_runs(deployments) == [line.replace("3 run(s)", "1 run(s)").removesuffix(
-            ", the 2 older cancelled")]
+        states = [client.read_flow_run(run.id).state.type.value for run in missed]
+        # a run the deployment's event trigger makes for an earlier test's `forget` may come due meanwhile (now,
+        # after ours): then it is the latest, kept, and all three of ours are cancelled
+        stray = "4 run(s)" in line
+        latest = "" if stray else f"{missed[2].expected_start_time:%Y-%m-%d %H:%M}"
+        assert line.startswith(f"privpipe-removals/deletion-processing: {4 if stray else 3} run(s) came due while "
+                               f"not served (the latest due {latest}"), line
+        assert line.endswith(f"that one runs now, the {3 if stray else 2} older cancelled")
+        assert states == ["CANCELLED", "CANCELLED", "CANCELLED" if stray else "SCHEDULED"]
+        assert cancel_missed_runs(deployments) == [line.replace("4 run(s)" if stray else "3 run(s)", "1 run(s)")
+                                                   .removesuffix(f", the {3 if stray else 2} older cancelled")]
 
 
 def test_the_prefect_api_url_must_name_the_api():
