@@ -166,9 +166,11 @@ def test_dvc_repro_stages_share_one_reservation_that_evaluate_settles(project):
     params = load_params("params.yaml")
     first = budget.reserve_for_stages(params, "digits", what="stage dp_pca")
     assert budget.reserve_for_stages(params, "digits", what="stage finetune") == first  # the same, not twice
+    entered = []
     with pytest.raises(LifetimeBudgetExceeded):  # a `privpipe run` beside the repro: 3 + 3 > 5
         with budget.admitted(params, "digits", what="pipeline run", flow="pipeline"):
-            pass
+            entered.append("pipeline run")
+    assert entered == []
     lifetime = budget.charge_stages(params, "digits", _spend("mlflow-run", 2.0), what="dvc-repro run")
     assert lifetime.spent()[0] == 2.0 and lifetime.reservations == []
     assert _ledger(project)["entries"][0]["reservation"] == first.run

@@ -318,6 +318,11 @@ class RequestQueue:
         waiting = [r for r in self.read() if r.status == "pending"]
         return sorted(waiting, key=lambda r: r.received_at)  # stable: ties keep journal order
 
+    def waiting(self) -> list[Request]:
+        """Requests not done yet: the pending ones and those of the open batch."""
+        batch = self.open_batch()
+        return self.pending() + (batch[1] if batch else [])
+
     def open_batch(self) -> tuple[str, list[Request]] | None:
         """The first batch with requests not yet done (what a re-run must finish first), with those requests."""
         requests, members = self._fold()

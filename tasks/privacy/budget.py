@@ -263,10 +263,9 @@ def admitted(params: Params, dataset: str, *, what: str, flow: str, private: boo
              client_level: bool = False) -> Iterator[Admission]:
     """Reserve the most the run may spend before any work, for the block; refused
     (LifetimeBudgetExceeded, nothing held) if the dataset cannot pay it beside what others hold."""
-    epsilon, delta, basis = _most(params, private=private, client_level=client_level)
-    if not private:
-        load_lifetime(params, dataset).ensure_affordable(epsilon=epsilon, delta=delta, what=f"{what} (not private)",
-                                                         basis=basis)
+    if not private:  # no finite ε to reserve: refused as the command line's check refuses it
+        check_lifetime(params, dataset, what=what, private=False)
+    epsilon, delta, basis = _most(params, private=True, client_level=client_level)
     reservation = Reservation(run=f"{flow}-{uuid.uuid4().hex[:12]}", flow=flow, reserved_at=_now(), epsilon=epsilon,
                               delta=delta, basis=basis, holder=_this_process())
     with _updating(params, dataset) as ledger:
@@ -329,8 +328,8 @@ def release_reservation(params: Params, run: str) -> tuple[str, Reservation]:
     """A person's word that a run which holds a reservation released nothing: drop it. Refused
     (DataError) while its process is alive, and for a reservation that does not exist."""
     folder = Path(params.lifetime.ledger_dir)
-    for held in sorted(folder.glob(".*.reservations.json")) if folder.is_dir() else []:
-        dataset = held.name[1:-len(".reservations.json")]
+    for dataset in _datasets_with_reservations(folder):
+        held = reservations_path(params, dataset)
         with _updating(params, dataset) as ledger:
             reservation = ledger.reservation(run)
             if reservation is None:
@@ -370,5 +369,10 @@ def all_lifetimes(params: Params) -> list[LifetimeLedger]:
     if not folder.is_dir():
         return []
     datasets = {p.stem for p in folder.glob("*.json") if not p.name.startswith(".")}
-    datasets |= {p.name[1:-len(".reservations.json")] for p in folder.glob(".*.reservations.json")}
-    return [load_lifetime(params, dataset) for dataset in sorted(datasets)]
+    return [load_lifetime(params, dataset) for dataset in sorted(datasets | set(_datasets_with_reservations(folder)))]
+
+
+def _datasets_with_reservations(folder: Path) -> list[str]:
+    """The datasets that have a reservations file in ``folder`` (``.<dataset>.reservations.json``)."""
+    suffix = ".reservations.json"
+    return sorted(p.name[1:-len(suffix)] for p in folder.glob(f".*{suffix}")) if folder.is_dir() else []

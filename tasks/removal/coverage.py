@@ -91,8 +91,7 @@ def requested_since_data(uses: Sequence[dict[str, Any]], *, model: str) -> dict[
     Raises ErasedDuringRun where a set used without any guarantee holds one; else the tags that record
     that the version predates those erasures and what covers each record (its DP, or a removal)."""
     requested = RequestQueue(paths.REQUESTS).withheld_record_hashes()
-    hit = {use["name"]: (use, requested & set(use["hashes"])) for use in uses if use["hashes"]}
-    hit = {name: (use, hashes) for name, (use, hashes) in hit.items() if hashes}
+    hit = {use["name"]: (use, hashes) for use in uses if use["hashes"] and (hashes := requested & set(use["hashes"]))}
     plain = {name: len(hashes) for name, (use, hashes) in hit.items() if use["coverage"] == "none"}
     if plain:
         sets = ", ".join(f"{n} in {name}" for name, n in plain.items())

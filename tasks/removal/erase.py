@@ -119,8 +119,7 @@ def ensure_can_erase(params: Params, queue: RequestQueue) -> None:
     pointer = source.with_name(f"{source.name}.dvc")
     if params.prepare.dataset != "digits" or not pointer.is_file() or Path(".dvc").is_dir():
         return
-    batch = queue.open_batch()
-    waiting = {r.record_hash for r in queue.pending() + (batch[1] if batch else [])}
+    waiting = {r.record_hash for r in queue.waiting()}
     if waiting & {queue.hash_record_id(i) for i in pipeline_ids(params)}:
         raise DataError(f"{pointer}: the raw data is DVC-tracked, but this project folder is not a DVC repository "
                         "(no .dvc/: run `dvc init`); nothing was erased and every request stays queued")

@@ -67,8 +67,7 @@ def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path = paths
     """DataError when requests wait (pending or in an open batch) for records of the pipeline's
     data, ``head.enabled`` is true and no head was trained: checked before a batch is announced, so the
     requests stay pending rather than stuck in a batch. Text records need no head."""
-    batch = queue.open_batch()
-    waiting = queue.pending() + (batch[1] if batch else [])
+    waiting = queue.waiting()
     if not waiting or head_present(folder) or not params.head.enabled:
         return
     pipeline = hashes_in(queue, pipeline_ids(params))
