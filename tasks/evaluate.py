@@ -2,7 +2,8 @@
 
     privpipe stage evaluate [--track]       # what dvc repro runs
 
-Writes metrics/evaluate.json and metrics/privacy.json (the ledger's summary). With
+Writes metrics/evaluate.json (without the figures ε does not cover: ``tasks.privacy.uncovered``) and
+metrics/privacy.json (the ledger's summary). With
 ``privacy_audit.enabled`` it first attacks the released model (``tasks.privacy.membership_audit``): an
 empirical ε lower bound above the claimed ε stops the run before anything is written or
 registered. In a flow run (or with ``--track``) it also logs and registers the model in MLflow.
@@ -23,6 +24,7 @@ from privpipe.models import load_released
 from privpipe.privacy import Ledger
 from tasks import paths
 from tasks.common import read_json, stage_logger, use_torch_threads, write_json
+from tasks.privacy import uncovered
 from tasks.privacy.membership_audit import audit_figures, audit_released_model
 
 __all__ = ["run_evaluate", "evaluate_task", "release_task", "accuracy"]
@@ -55,10 +57,10 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
                                      # digits: a seeded stratified split; MNIST: its fixed test set
                                      exchangeable=params.prepare.dataset == "digits")
         figures["privacy_audit"] = audit_figures(audit, claimed_epsilon=spend.epsilon)
-    write_json(paths.metrics_file("evaluate"), figures)
+    write_json(paths.metrics_file("evaluate"), uncovered.without(params, figures, "accuracy_train", "privacy_audit"))
     write_json(paths.metrics_file("privacy"), ledger.summary())
-    log.info("evaluate: test accuracy %.4f (train %.4f); run total %s", figures["accuracy_test"],
-             figures["accuracy_train"], spend)
+    train = f" (train {figures['accuracy_train']:.4f})" if uncovered.recorded(params) else ""
+    log.info("evaluate: test accuracy %.4f%s; run total %s", figures["accuracy_test"], train, spend)
     return {**figures, "epsilon": spend.epsilon, "delta": spend.delta, "accountant": spend.accountant,
             "model_dir": str(model_dir), "ledger": str(model_dir / "ledger.json")}
 

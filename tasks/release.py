@@ -50,7 +50,7 @@ def log_released_model(params: Params, run_id: str, out: dict[str, Any], ledger:
     spend = ledger.epsilon()
     privacy_tags = {"privacy.epsilon": f"{spend.epsilon:.6g}", "privacy.delta": f"{spend.delta:g}",
                     "privacy.accountant": spend.accountant}
-    privacy_tags.update(membership_audit.version_tags(out.get("privacy_audit", {})))
+    privacy_tags.update(membership_audit.version_tags(params, out.get("privacy_audit", {})))
     with mlflow.start_run(run_id=run_id):
         # pt2 (torch.export) is a graph, not pickled code: loading it runs nothing of ours
         info = mlflow.pytorch.log_model(

@@ -7,7 +7,8 @@ and Prefect may run tasks on other threads). Metric names an auditor looks for:
 - ``privacy.epsilon`` / ``privacy.delta``: the run's total, by the ledger's accountant
 - ``privacy.<stage>.epsilon``: each stage alone (its δ is the tag ``privacy.<stage>.delta``)
 - ``privacy.finetune.epsilon_by_step``: the stage's ε as DP-SGD went on (a curve)
-- ``accuracy.train`` / ``accuracy.test``
+- ``accuracy.test`` (and ``accuracy.train``, ``finetune.loss``: ε does not cover them, so only with
+  ``privacy.log_uncovered``; :mod:`tasks.privacy.uncovered`)
 
 One-point figures that a chart would not explain (counts, noise multipliers, budgets) are tags,
 6 significant digits (:func:`tasks.run_view.chart_worthy`); curves and ε/accuracy figures are metrics.
@@ -34,7 +35,7 @@ from privpipe.config import Params, redact_url
 from privpipe.privacy import Ledger
 from tasks import run_view
 from tasks.common import stage_threads, task_threads
-from tasks.privacy import membership_audit
+from tasks.privacy import membership_audit, uncovered
 from tasks.run_view import resolve_tracking_uri
 from tasks.versioning import git_commit
 
@@ -267,7 +268,7 @@ def log_dp_pca(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger)
 def log_finetune(params: Params, run_id: str, out: dict[str, Any], ledger: Ledger,
                  history: list[dict[str, float]], curve: list[dict[str, float]]) -> None:
     client = mlflow_client(params)
-    metrics = [("finetune.loss", h["loss"], h["step"]) for h in history]
+    metrics = [("finetune.loss", h["loss"], h["step"]) for h in history] if uncovered.recorded(params) else []
     metrics += [("finetune.learning_rate", h["lr"], h["step"]) for h in history]
     metrics += [("privacy.finetune.epsilon_by_step", c["epsilon"], c["step"]) for c in curve]
     log_batch(client, run_id, metrics=metrics)
@@ -275,20 +276,16 @@ def log_finetune(params: Params, run_id: str, out: dict[str, Any], ledger: Ledge
     log_privacy(params, run_id, ledger)
 
 
-#: the figures computed on sensitive records without noise (for the data owner, not for publication)
-NOT_COVERED = ("accuracy.train, finetune.loss and the membership audit's privacy.audit.* figures are computed on "
-               "the sensitive data without noise: for the data owner, not covered by ε; the released model and the "
-               "other privacy.* metrics are")
-
-
 def log_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> None:
-    """Accuracy metrics, the membership audit's figures, and what ε does not cover."""
+    """Accuracy metrics, the membership audit's figures (:mod:`tasks.privacy.uncovered`: only when the
+    user asks), and what ε does not cover."""
     client = mlflow_client(params)
-    log_batch(client, run_id, metrics={f"accuracy.{k.removeprefix('accuracy_')}": v for k, v in out.items()
+    shown = uncovered.without(params, out, "accuracy_train", "privacy_audit")
+    log_batch(client, run_id, metrics={f"accuracy.{k.removeprefix('accuracy_')}": v for k, v in shown.items()
                                        if k.startswith("accuracy_")})
-    client.set_tag(run_id, "privacy.not_covered", NOT_COVERED)
+    client.set_tag(run_id, "privacy.not_covered", uncovered.note(params))
     audit = out.get("privacy_audit", {})
     if membership_audit.metric_items(audit):  # the empirical lower bound and the attacks' AUC, next to the claimed ε
-        log_figures(client, run_id, membership_audit.metric_items(audit))
-        client.set_tag(run_id, "privacy.audit", "membership inference (loss, reference-calibrated): "
-                       "privacy.audit.epsilon_lower_bound is what the attacks prove, privacy.epsilon what is claimed")
+        client.set_tag(run_id, "privacy.audit", membership_audit.AUDIT_TAG)
+        if uncovered.recorded(params):
+            log_figures(client, run_id, membership_audit.metric_items(audit))

@@ -15,9 +15,8 @@ from privpipe.data import Records
 from privpipe.models import make_mlp, released_model, save_released
 from privpipe.pate.teachers import TeacherConfig, train_classifier
 from privpipe.privacy import GaussianEvent, Ledger
-from privpipe.privacy.membership import (AttackScores, PrivacyAuditFailed, attack_scores, audit_membership,
-                                         attack_result, check_claim, max_provable_epsilon, reference_model,
-                                         roc_auc)
+from privpipe.privacy.membership import (AttackScores, PrivacyAuditFailed, attack_result, attack_scores,
+                                         audit_membership, check_claim, max_provable_epsilon, reference_model, roc_auc)
 from tasks.evaluate import run_evaluate
 
 
@@ -118,12 +117,17 @@ def test_evaluate_stops_a_run_whose_claim_the_audit_contradicts(overfit, project
         run_evaluate(params, sensitive=project / "sensitive", test=project / "test", model_dir=folder)
     assert not (project / "metrics").exists()
 
-    # the same model with an honest (non-private) claim passes, and the figures are written
+    # the same model with an honest (non-private) claim passes; its figures are stored only when asked
     (folder / "ledger.json").write_text(Ledger(epsilon_budget=100.0, delta=1e-5, events=[
         GaussianEvent(stage="finetune", noise_multiplier=0.3)]).to_json())
     out = run_evaluate(params, sensitive=project / "sensitive", test=project / "test", model_dir=folder)
+    assert "privacy_audit" not in json.loads((project / "metrics/evaluate.json").read_text())
+    write_params(project, privacy={"log_uncovered": True}, privacy_audit={"records": 100, "reference_fraction": 0.3})
+    out = run_evaluate(load_params("params.yaml"), sensitive=project / "sensitive", test=project / "test",
+                       model_dir=folder)
     audit = json.loads((project / "metrics/evaluate.json").read_text())["privacy_audit"]
-    assert audit["privacy.audit.members"] == 100 and audit["claimed_epsilon"] == pytest.approx(out["epsilon"])
+    assert audit == out["privacy_audit"] and audit["privacy.audit.members"] == 100
+    assert audit["claimed_epsilon"] == pytest.approx(out["epsilon"])
     assert audit["privacy.audit.epsilon_lower_bound"] <= out["epsilon"]
 
 

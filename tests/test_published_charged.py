@@ -30,3 +30,30 @@ def test_a_run_refused_at_finetune_is_charged_for_what_it_published(project, pre
     assert (entry["flow"], entry["epsilon"]) == ("pipeline (failed)", 3.0)
     assert json.loads((project / "data/budget/.digits.reservations.json").read_text())["reservations"] == []
     assert main(["budget"]) == 0 and "pipeline (failed)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_figures_not_covered_by_epsilon_reach_mlflow_only_when_asked(project, asked):
+    from privpipe.config import load_params
+    from privpipe.privacy import GaussianEvent, Ledger
+    from tasks import tracking
+
+    write_params(project, privacy={"log_uncovered": asked})
+    params = load_params("params.yaml")
+    ledger = Ledger(epsilon_budget=3.0, delta=1e-5)
+    ledger.record(GaussianEvent(stage="finetune", noise_multiplier=4.0))
+    audit = {"privacy.audit.loss.auc": 0.55, "privacy.audit.epsilon_lower_bound": 0.1,
+             "privacy.audit.max_provable_epsilon": 3.3, "claimed_epsilon": 0.5}
+    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
+        tracking.log_evaluation(params, run_id, {"accuracy_test": 0.9, "accuracy_train": 0.95,
+                                                 "privacy_audit": audit})
+        tracking.log_finetune(params, run_id, {"noise_multiplier": 4.0, "sample_rate": 0.1, "steps": 2}, ledger,
+                              [{"step": 1, "loss": 2.3, "lr": 0.1}], [{"step": 1, "epsilon": 0.5}])
+    import mlflow
+
+    run = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}").get_run(run_id)
+    uncovered = {"accuracy.train", "finetune.loss", "privacy.audit.loss.auc", "privacy.audit.epsilon_lower_bound"}
+    assert {"accuracy.test", "finetune.learning_rate", "privacy.epsilon"} <= set(run.data.metrics)
+    assert (uncovered <= set(run.data.metrics)) is asked and (uncovered & set(run.data.metrics) == set()) is not asked
+    assert ("not recorded" in run.data.tags["privacy.not_covered"]) is not asked
+    assert run.data.tags["privacy.audit"].startswith("membership inference")

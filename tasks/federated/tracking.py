@@ -1,8 +1,9 @@
 """MLflow curves of a federated training stage (step = round).
 
-``<stage>.accuracy_test``, ``<stage>.clients_sampled``, ``<stage>.clients_dropped`` per
-round, ``privacy.<stage>.epsilon_by_round`` (the run's total ε after that round, by the
-ledger's accountant), and the privacy totals with the ledger.
+``<stage>.accuracy_test``, ``<stage>.clients_sampled`` (and ``<stage>.clients_dropped``
+with ``privacy.log_uncovered``: :mod:`tasks.privacy.uncovered`) per round,
+``privacy.<stage>.epsilon_by_round`` (the run's total ε after that round, by the ledger's
+accountant), and the privacy totals with the ledger.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger
+from tasks.privacy import uncovered
 from tasks.tracking import log_batch, log_privacy, mlflow_client
 
 __all__ = ["log_rounds"]
@@ -19,8 +21,8 @@ __all__ = ["log_rounds"]
 def log_rounds(params: Params, run_id: str, stage: str, history: dict[str, Any], ledger: Ledger | None,
                *, sampling: str, record_level: bool) -> None:
     client = mlflow_client(params)
-    metrics = [(f"{stage}.{k}", v, record["round"]) for record in history["rounds"] for k, v in record.items()
-               if k != "round"]
+    metrics = [(f"{stage}.{k}", v, record["round"]) for record in history["rounds"]
+               for k, v in uncovered.without(params, record, "clients_dropped").items() if k != "round"]
     metrics += [(f"privacy.{stage}.epsilon_by_round", c["epsilon"], c["round"]) for c in history["epsilon_by_round"]]
     log_batch(client, run_id, metrics=metrics)
     client.set_tag(run_id, f"{stage}.sampling", sampling)

@@ -20,6 +20,7 @@ from privpipe.federated import (ClientNoise, ClientUpdates, FedAvgConfig, FedAvg
 from privpipe.privacy import Event, Ledger, NoiseSource
 from tasks.common import seed_for
 from tasks.federated.clients import ClientJob, client_sizes, sequential_updates
+from tasks.privacy import uncovered
 from tasks.privacy.ledger import calibrate_for
 from tasks.progress import progress
 
@@ -134,8 +135,9 @@ def train_federated(params: Params, job: ClientJob, *, initial: np.ndarray, ledg
 
     def report(record: dict[str, float]) -> None:
         shown = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if k.startswith("accuracy"))
-        log.info("%s: round %d/%d, %d clients (%d dropped)%s", stage, record["round"], config.rounds,
-                 record["clients_sampled"], record["clients_dropped"], f", {shown}" if shown else "")
+        dropped = f" ({record['clients_dropped']} dropped)" if uncovered.recorded(params) else ""
+        log.info("%s: round %d/%d, %d clients%s%s", stage, record["round"], config.rounds,
+                 record["clients_sampled"], dropped, f", {shown}" if shown else "")
         bar.update()
 
     with progress(config.rounds, f"{stage} (federated rounds)") as bar:

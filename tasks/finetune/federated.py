@@ -28,6 +28,7 @@ from tasks.device import training_device
 from tasks.federated.clients import ClientData, ClientJob, ModelSpec, forget_arrays, sequential_updates
 from tasks.federated.training import assign_clients, train_federated
 from tasks.finetune.start import finetune_start
+from tasks.privacy import uncovered
 
 __all__ = ["run_finetune_federated"]
 
@@ -89,7 +90,8 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
                                               "stopped": run.result.stopped})
         write_text(staging / "ledger.json", ledger.to_json())
     spend = ledger.stage_epsilon("finetune")
-    figures = {**{k: v for k, v in run.figures().items() if k not in ("private", "stopped")}, "mode": "federated",
+    run_figures = uncovered.without(params, run.figures(), "clients_dropped_total")
+    figures = {**{k: v for k, v in run_figures.items() if k not in ("private", "stopped")}, "mode": "federated",
                "epsilon": spend.epsilon, "accuracy_test_last_round": run.result.history[-1]["accuracy_test"]}
     write_json(paths.metrics_file("finetune"), figures)
     log.info("finetune: federated done, %d rounds, stage %s (record-level); run total %s", run.result.rounds_run,

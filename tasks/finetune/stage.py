@@ -30,6 +30,7 @@ from tasks.device import training_device
 from tasks.federated.clients import ClientJob, sequential_updates
 from tasks.finetune.federated import run_finetune_federated
 from tasks.finetune.start import finetune_start
+from tasks.privacy import uncovered
 from tasks.privacy.ledger import calibrate_for
 from tasks.progress import progress
 
@@ -77,7 +78,8 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     device = training_device(params)
     log.info("finetune: training on %s (run.device: %s)", device, params.run.device)
     def report(h: dict[str, float]) -> None:
-        log.info("finetune: epoch %d/%d, loss %.4f", h["epoch"], cfg.epochs, h["loss"])
+        loss = f", loss {h['loss']:.4f}" if uncovered.recorded(params) else ""
+        log.info("finetune: epoch %d/%d%s", h["epoch"], cfg.epochs, loss)
         bar.update()
 
     with warnings.catch_warnings(), progress(cfg.epochs, "finetune (DP-SGD epochs)") as bar:
@@ -108,7 +110,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     spend = ledger.stage_epsilon("finetune")
     figures = {"noise_multiplier": sigma, "sample_rate": schedule.sample_rate, "steps": schedule.steps,
                "epsilon": spend.epsilon, "final_loss": result.history[-1]["loss"]}
-    write_json(paths.metrics_file("finetune"), figures)
+    write_json(paths.metrics_file("finetune"), uncovered.without(params, figures, "final_loss"))
     log.info("finetune: done, stage %s; run total %s", spend, ledger.epsilon())
     return {"model_dir": str(out), "ledger": str(out / "ledger.json"), "history": str(out / "history.json"),
             **figures}

@@ -18,9 +18,15 @@ from torch import nn
 from privpipe.config import Params
 from privpipe.privacy.membership import AuditResult, attack_scores, audit_membership, check_claim, reference_model
 from tasks.common import seed_for, stage_logger
+from tasks.privacy import uncovered
 
 __all__ = ["audit_released_model", "membership_rows", "audit_figures", "metric_items", "version_tags",
-           "MIN_AUDITED"]
+           "MIN_AUDITED", "AUDIT_TAG"]
+
+#: the run's ``privacy.audit`` tag
+AUDIT_TAG = ("membership inference (loss, reference-calibrated) ran and did not prove more than privacy.epsilon; "
+             "its figures (privacy.audit.*) are computed on sensitive records without noise: recorded only with "
+             "privacy.log_uncovered")
 
 #: fewer audited members (or non-members) than this and the audit is skipped: its figures would mean nothing
 MIN_AUDITED = 10
@@ -56,8 +62,13 @@ def metric_items(figures: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in figures.items() if k.startswith("privacy.audit.")}
 
 
-def version_tags(figures: dict[str, Any]) -> dict[str, str]:
-    """The AUCs and the bound, for the registered version's tags (beside privacy.epsilon)."""
+def version_tags(params: Params, figures: dict[str, Any]) -> dict[str, str]:
+    """For the registered version's tags (beside privacy.epsilon): that the audit ran, and its AUCs and
+    bound when the user records figures ε does not cover (:mod:`tasks.privacy.uncovered`)."""
+    if not metric_items(figures):
+        return {}
+    if not uncovered.recorded(params):
+        return {"privacy.audit": "passed (figures not covered by ε, not recorded)"}
     return {k: f"{v:.4g}" for k, v in metric_items(figures).items()
             if k.endswith((".auc", "audit.epsilon_lower_bound", "audit.max_provable_epsilon"))}
 
@@ -97,7 +108,7 @@ def audit_released_model(params: Params, model: nn.Module, *, sensitive: Data, t
                                     seed=seed)
     scores = attack_scores(model, members, non_members, reference=reference)
     result = audit_membership(scores, delta=delta, confidence=cfg.confidence, seed=seed)
-    for name, attack in result.attacks.items():
+    for name, attack in result.attacks.items() if uncovered.recorded(params) else ():
         log.info("%s: %s membership attack: AUC %.3f, empirical ε ≥ %.3f (claimed ε = %.3f; %d members, "
                  "%d non-members)", stage, name, attack.auc, attack.epsilon_lower_bound, claimed_epsilon,
                  result.members, result.non_members)

@@ -16,7 +16,7 @@ from privpipe.config import Params
 from privpipe.privacy import Ledger
 from tasks.common import read_json
 from tasks.federated.tracking import log_rounds
-from tasks.privacy import membership_audit
+from tasks.privacy import membership_audit, uncovered
 from tasks.release import register_logged_model
 from tasks.tracking import log_data_input, log_figures, log_stage_figures, mlflow_client
 
@@ -55,12 +55,13 @@ def log_federated(params: Params, run_id: str, out: dict[str, Any]) -> None:
     record = {"privacy.record_epsilon": out["record_epsilon"]} if params.federated.private else {}
     if params.federated.private:
         client.set_tag(run_id, "privacy.record_accountant", out["record_accountant"])
+    audit = out.get("privacy_audit", {})
     log_figures(client, run_id, {"accuracy.test": out["accuracy_test"], **record,
-                                 **membership_audit.metric_items(out.get("privacy_audit", {}))})
+                                 **(membership_audit.metric_items(audit) if uncovered.recorded(params) else {})})
+    if membership_audit.metric_items(audit):
+        client.set_tag(run_id, "privacy.audit", membership_audit.AUDIT_TAG)
     client.set_tag(run_id, "privacy.private", str(params.federated.private).lower())
-    client.set_tag(run_id, "privacy.not_covered",
-                   "federated.clients_dropped counts clients whose update failed, and the membership audit's "
-                   "privacy.audit.* figures are computed on the records without noise: not covered by ε")
+    client.set_tag(run_id, "privacy.not_covered", uncovered.note(params))
 
 
 def register_text_model(params: Params, run_id: str, out: dict[str, Any], encoder: str) -> dict[str, Any]:
@@ -72,7 +73,7 @@ def register_text_model(params: Params, run_id: str, out: dict[str, Any], encode
                 "privacy.record_accountant": out["record_accountant"]}
     else:
         tags = {"privacy.epsilon": "inf", "privacy.private": "false"}
-    tags.update(membership_audit.version_tags(out.get("privacy_audit", {})))
+    tags.update(membership_audit.version_tags(params, out.get("privacy_audit", {})))
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
             # the code as a file, not a pickle: loading a version runs nothing that was not written here

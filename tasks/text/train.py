@@ -32,6 +32,7 @@ from tasks.common import read_json, stage_logger, staged_dir, task_threads, use_
 from tasks.device import training_device
 from tasks.federated.clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays, sequential_updates
 from tasks.federated.training import train_federated
+from tasks.privacy import uncovered
 from tasks.privacy.membership_audit import audit_figures, audit_released_model
 from tasks.text.features import input_names
 from tasks.text.model import predict_batches
@@ -142,7 +143,8 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
         write_json(staging / "history.json", {"rounds": run.result.history, "epsilon_by_round": run.curve,
                                               "stopped": run.result.stopped})
         write_text(staging / "ledger.json", ledger.to_json())
-    figures = {**run.figures(), "accuracy_test": final["accuracy_test"], "privacy_audit": audit}
+    figures = {**uncovered.without(params, run.figures(), "clients_dropped_total"),
+               "accuracy_test": final["accuracy_test"], "privacy_audit": audit}
     if params.federated.private:
         spend = ledger.epsilon()
         figures.update(epsilon=spend.epsilon, delta=spend.delta, accountant=spend.accountant,
