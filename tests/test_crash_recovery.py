@@ -201,7 +201,7 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
         step: str, template: Template, killed: dict[str, Killed], reference: Reference,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from tasks.removal.erase import source_version
-    from tasks.removal.store import load_head
+    from tasks.removal.store import load_head, row_hashes
 
     run = killed[step]
     folder = run.folder
@@ -227,8 +227,12 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     assert list(meta["applied_batches"]) == [batch_id]
     assert sum(h["rows"] for h in meta["history"] if h["batch_id"] == batch_id) == 3
     assert meta["applied_batches"][batch_id]["rows_removed"] == 3
-    rows = [ids.tolist().index(t) for t in template.targets[:3]]
+    queue = RequestQueue(folder / "data/requests")
+    hashes = row_hashes(queue, ids)
+    rows = [hashes.index(queue.hash_record_id(t)) for t in template.targets[:3]]
     assert not head.active[rows].any() and head.active.sum() == len(ids) - 3
+    # nothing of the removed records left in the head: their ids hashed, their features and labels zeros
+    assert all(str(ids[r]).startswith("erased:sha256:") for r in rows) and not head.X[rows].any()
     # counted once: as much as the uninterrupted run (a second count would at least double it; the
     # tolerance only allows for a BLAS that sums in another order)
     used = pytest.approx(reference.used_total, rel=1e-9, abs=0)

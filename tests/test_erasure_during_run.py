@@ -58,11 +58,12 @@ def _manifest_coverage(client: MlflowClient, name: str, version: str, record_id:
 def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_harness, inside):
     from flows.removals import removals
     from tasks import tracking
+    from tasks.common import one_pipeline_at_a_time
     from tasks.evaluate import run_evaluate
     from tasks.release import track_evaluation
     from tasks.removal.head import run_head
     from tasks.removal.steps import register_pipeline_head
-    from tasks.removal.store import load_head
+    from tasks.removal.store import load_head, row_hashes
 
     params = load_params("params.yaml")
     client = MlflowClient(tracking_uri=f"sqlite:///{inside / 'mlflow.db'}")
@@ -74,8 +75,11 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
     sensitive = Records.load(inside / "data/prepared/sensitive").ids.tolist()
     erased, late = sensitive[7], sensitive[11]
     _forget(erased)
-    (done,) = removals(params_file="params.yaml")
+    with one_pipeline_at_a_time():  # what the run holds: the removal run leaves data/prepared as it is
+        (done,) = removals(params_file="params.yaml")
     assert done["head_version"] == "2" and erased not in (inside / "data/raw/digits.csv").read_text()
+    (request,) = RequestQueue(Path("data/requests")).read()
+    assert request.audit["erasure"]["copies"]["prepared"]["done"] is False
 
     with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
         head = run_head(params)  # the run goes on: its head stage, on the data it read
@@ -88,7 +92,9 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
     version = registered["head_model_version"]
     assert version == "3"
     live, ids, _ = load_head(Path("artifacts/head"))
-    assert not live.active[ids.tolist().index(late)]  # removed by a Newton update before registration
+    queue = RequestQueue(Path("data/requests"))
+    row = row_hashes(queue, ids).index(queue.hash_record_id(late))
+    assert not live.active[row] and ids[row].startswith("erased:")  # removed by a Newton update before registration
     assert _manifest_coverage(client, HEAD, version, erased) == {"extractor_sensitive": "dp"}
     assert _manifest_coverage(client, HEAD, version, late) == {"head_removed_newton": "certified_removal",
                                                                "extractor_sensitive": "dp"}
@@ -104,6 +110,10 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
     assert [r.audit["mechanism"] for r in RequestQueue(Path("data/requests")).read()] == ["newton", "absent"]
     assert np.array_equal(load_head(Path("artifacts/head"))[0].active, live.active)
     assert after["rows_removed"] == 0
+    # no run holds data/prepared now: both records are scrubbed from it, their hashes kept for manifests
+    late_audit = RequestQueue(Path("data/requests")).read()[1].audit
+    assert late_audit["erasure"]["copies"]["prepared"] == {"done": True, "rows_removed": {"sensitive": 2}}
+    assert not {erased, late} & set(Records.load(inside / "data/prepared/sensitive").ids.tolist())
 
 
 def test_a_record_used_without_any_guarantee_refuses_the_registration(project):

@@ -435,6 +435,34 @@ def test_state_round_trip_then_removal() -> None:
     np.testing.assert_array_equal(arrays["active"][10:16], True)  # the saved arrays are copies
 
 
+@pytest.mark.parametrize("refresh_every", [0, 4])
+def test_forget_removed_keeps_nothing_of_removed_rows_and_stays_certified(refresh_every: int) -> None:
+    """After forget_removed a removed row's features and label are zeros in the saved state; the bound did
+    not rise, the state reloads, and later removals from it stay certified and agree with the head that
+    kept the rows up to both certified residuals (the reference moved, so the Newton steps differ)."""
+    head, kept = make_head(3, refresh_every=refresh_every), make_head(3, refresh_every=refresh_every)
+    for rows in ([1, 2, 3], [7], [20, 21, 22, 23, 24]):
+        head.remove(rows, noise=noise(1))
+        kept.remove(rows, noise=noise(1))
+        before = head.used_total
+        head.forget_removed()
+        assert head.used_total <= before and head.removed_since_reference == 0
+        assert_certified(head)
+    gone = ~head.active
+    arrays, meta = head.state()
+    assert gone.sum() == 9 and not arrays["X"][gone].any() and not arrays["y"][gone].any()
+    assert arrays["X"][head.active].any(axis=1).all()
+    loaded = RemovableHead.from_state({k: np.array(v) for k, v in arrays.items()}, json.loads(json.dumps(meta)))
+    for r in (30, 31, 32):
+        step = loaded.remove([r], noise=noise(2))
+        kept.remove([r], noise=noise(2))
+        assert step.mechanism == "newton"
+        assert_certified(loaded)
+    # both near the one optimum on the remaining rows: ‖w − w*‖ ≤ residual / Λ (Λ-strongly convex)
+    gap = np.linalg.norm(loaded.W - kept.W, axis=1)
+    assert np.all(gap <= (loaded.used + kept.used) / loaded.reg), (gap, loaded.used, kept.used)
+
+
 def test_a_state_saved_before_the_reference_point_loads_as_its_own_reference() -> None:
     """A head saved by the earlier format (no ref_* arrays, no Λ: the L2 weight was λ·n_now) loads with
     Λ = λ·(rows remaining) and its weights as the reference certified at its saved bound, and removes soundly."""

@@ -76,7 +76,8 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
     from privpipe.removal.features import head_features
     from tasks.prepare import run_prepare
     from tasks.removal.erase import current_record_ids
-    from tasks.removal.store import extractor_from, load_head
+    from tasks.removal.scrub import erased_in
+    from tasks.removal.store import extractor_from, load_head, row_hashes
 
     params = load_params("params.yaml")
     queue = RequestQueue(Path("data/requests"))
@@ -101,9 +102,21 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
         [("removal-test-head", result["head_version"], "not_trained_on")]]
     assert all(r.audit["uncovered"] == [] for r in requests)
     head, ids, meta = load_head(Path("artifacts/head"))
-    rows = [ids.tolist().index(t) for t in targets[:2]]
+    hashes = row_hashes(queue, ids)
+    rows = [hashes.index(queue.hash_record_id(t)) for t in targets[:2]]
     assert not head.active[rows].any() and head.active.sum() == len(ids) - 2
     assert head.gradient_residual() <= head.used_total <= head.budget
+    # nothing of an erased record left in the copies privpipe keeps: the head's rows, the prepared sets
+    assert not set(targets) & set(ids.tolist()) and not head.X[rows].any()
+    erased = {queue.hash_record_id(t) for t in targets}
+    for name in ("sensitive", "test"):
+        folder = inside / "data/prepared" / name
+        assert not set(Records.load(folder).ids.tolist()) & set(targets)
+        assert erased_in(folder) == {queue.hash_record_id(t) for t in (targets[:2] if name == "sensitive" else
+                                                                        targets[2:])}
+    copies = requests[0].audit["erasure"]["copies"]
+    assert copies["prepared"] == {"done": True, "rows_removed": {"sensitive": 2, "test": 1}}
+    assert any("dvc gc" in line for line in copies["unreachable"]) and erased
     # the next data version has none of them, and DVC recorded it
     csv_ids = {line.split(",", 1)[0] for line in (inside / "data/raw/digits.csv").read_text().splitlines()}
     assert not csv_ids & set(targets)

@@ -49,6 +49,8 @@ def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_facto
     corpus = _corpus(params)
     in_train, in_test, later = str(corpus.train.ids[4]), str(corpus.test.ids[0]), str(corpus.train.ids[7])
     text_before = corpus_file.read_bytes()
+    copies = ("artifacts/text", "artifacts/text_features", "artifacts/cache/embeddings")
+    assert all((project / p).is_dir() for p in copies)
 
     code, _, err = cli("forget", "text-no-such-record")
     assert code == 2 and "record id 'text-no-such-record': not in the current data" in err
@@ -71,6 +73,9 @@ def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_facto
         assert request.audit["mechanism"] == "no_head" and request.audit["uncovered"] == []
         assert request.audit["erasure"]["text_source"] == TEXT_NOT_REWRITTEN
     assert corpus_file.read_bytes() == text_before  # not rewritten
+    # the text flow's prepared texts, their vectors and the embedding cache held them: gone
+    assert not [p for p in copies if (project / p).exists()]
+    assert train_request.audit["erasure"]["copies"]["text"]["done"] is True
 
     # a request still pending withholds its record as well
     assert cli("forget", later)[0] == 0

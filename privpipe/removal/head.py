@@ -2,6 +2,7 @@
 
     head = RemovableHead.train(X, y, classes=10, lam=1e-3, guarantee=g, noise=noise)
     step = head.remove([17, 42], noise=noise)       # one Newton update, or a retrain when the budget is spent
+    head.forget_removed()                           # then nothing of rows 17 and 42 stays in the state
 
 Guo et al. 2020, with the bound taken from a fixed *reference point* instead of accumulated
 step by step. Each class (one-vs-rest; one model when there are two classes) minimises
@@ -192,6 +193,17 @@ class RemovableHead:
             kinds.append(certificate)
         return RemovalStep(todo, "newton", self.used_total, self.budget,
                            certificate="rows" if "rows" in kinds else "gram", updates=len(kinds))
+
+    def forget_removed(self) -> None:
+        """Keep nothing of a removed row: make the current weights the reference (its bound needs the
+        features of the rows removed since the last one; afterwards none are), then zero the removed
+        rows' features and labels. Row positions stay, so ids still line up. The bound never rises
+        (the refreshed reference is certified at the tighter per-row bound)."""
+        gone = ~self.active
+        if (self.ref_active & gone).any():
+            self._refresh()
+        self.X[gone] = 0.0
+        self.y[gone] = 0
 
     def _update(self, new: np.ndarray) -> tuple[str | None, float]:
         """The Newton update removing rows ``new``, applied if its bound fits the budget: (the certificate

@@ -16,10 +16,10 @@ from typing import Any, Iterable
 import numpy as np
 
 from privpipe.config import Params
-from privpipe.requests import RequestQueue, base_id, hashes_in
+from privpipe.requests import RequestQueue, hashes_in
 from tasks import paths
-from tasks.pate.teachers import query_records
-from tasks.removal.store import load_head
+from tasks.removal.scrub import erased_in, set_hashes
+from tasks.removal.store import load_head, row_hashes
 
 __all__ = ["pipeline_uses", "text_uses", "head_uses", "extractor_uses"]
 
@@ -39,15 +39,19 @@ def pipeline_uses(params: Params, queue: RequestQueue, *, prepared: Path = paths
     """The sets the pipeline's deployed model trained on: the sensitive set under DP and, when PATE
     ran, the student's public queries and unlabeled pool without DP."""
     prepared = Path(prepared)
-    uses = [_use("sensitive", "dp", hashes_in(queue, _ids(prepared / paths.SENSITIVE.name)),
+    uses = [_use("sensitive", "dp", set_hashes(queue, prepared / paths.SENSITIVE.name),
                  "in the DP-protected sensitive set", epsilon_tag=epsilon_tag, delta_tag=delta_tag)]
     if params.student.enabled:
         public = prepared / paths.PUBLIC.name
-        uses.append(_use("public_queries", "none", hashes_in(queue, query_records(params, public).ids),
+        # the first aggregate.queries records were asked; records scrubbed since (tasks.removal.scrub) may
+        # have been: counted as asked (an erased record's coverage errs towards "not covered")
+        ids = _ids(public)
+        asked = ids[:min(params.aggregate.queries or len(ids), len(ids))]
+        uses.append(_use("public_queries", "none", hashes_in(queue, asked) | erased_in(public),
                          "in the public pool: a PATE query the student trained on without DP"))
         target = prepared / paths.TARGET.name
         pool, what = (target, "the target-domain pool") if target.is_dir() else (public, "the public pool")
-        uses.append(_use(f"{pool.name}_unlabeled", "none", hashes_in(queue, _ids(pool)),
+        uses.append(_use(f"{pool.name}_unlabeled", "none", set_hashes(queue, pool),
                          f"in {what}: unlabeled data the student trained on without DP"))
     return uses
 
@@ -71,7 +75,7 @@ def extractor_uses(params: Params, queue: RequestQueue, *, prepared: Path = path
     if params.head.features == "model":
         uses = pipeline_uses(params, queue, prepared=prepared, **tags)
     elif params.head.features == "dp_pca":
-        uses = [_use("sensitive", "dp", hashes_in(queue, _ids(Path(prepared) / paths.SENSITIVE.name)),
+        uses = [_use("sensitive", "dp", set_hashes(queue, Path(prepared) / paths.SENSITIVE.name),
                      "in the DP-protected sensitive set", **tags)]
     else:
         uses = []
@@ -83,7 +87,7 @@ def head_uses(queue: RequestQueue, *, folder: Path = paths.HEAD) -> list[dict[st
     """The head's rows as they stand (trained on, removed by Newton update, removed by retrain) and
     its extractor's sets (unknown for a head trained before extractors recorded them)."""
     head, ids, meta = load_head(folder)
-    hashed = [queue.hash_record_id(base_id(str(i))) for i in ids]  # row by row, beside head.active
+    hashed = row_hashes(queue, ids)  # row by row, beside head.active
     removed_by = meta.get("removed_by", {})
     # a row removed before the head recorded how: a Newton update at least (a later retrain is stronger still)
     how = ["active" if active else removed_by.get(str(row), "newton") for row, active in enumerate(head.active)]

@@ -9,7 +9,8 @@
   head (``head.enabled: false``, or only text records waiting) the step is skipped.
 - **register**: a new head version in MLflow, tagged ``removal.batch_id``, with its record
   manifest; a re-run that finds a version with that tag reuses it.
-- **erase**: a new data version without the records (see ``tasks.removal.erase``); idempotent.
+- **erase**: a new data version without the records (see ``tasks.removal.erase``), and the copies
+  privpipe keeps scrubbed, those it cannot reach listed (``tasks.removal.scrub``); idempotent.
 - **coverage**: every registered version of the DP model, the head and the text model, and
   how each covers each record (``tasks.removal.coverage``); versions that do not are tagged.
 
@@ -30,18 +31,20 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
 from privpipe.data import DataError
-from privpipe.requests import Request, RequestQueue, base_id, hashes_in
+from privpipe.requests import Request, RequestQueue, hashes_in
 from tasks import paths
 from tasks.common import stage_logger, staged_dir
 from tasks.removal import registry
 from tasks.removal.coverage import UNCOVERED, coverage_audit, requested_since_data
-from tasks.removal.erase import TEXT_NOT_REWRITTEN, erase_from_source, pipeline_ids, source_version
+from tasks.removal.erase import TEXT_NOT_REWRITTEN, erase_from_source, pipeline_ids, source_version, text_ids
 from tasks.removal.noise import noise_for
 from tasks.removal.record_use import head_uses
-from tasks.removal.store import head_model_name, load_head, save_head
+from tasks.removal.scrub import UNREACHABLE, scrub_prepared, scrub_text
+from tasks.removal.store import forget_removed, head_model_name, load_head, row_hashes, save_head
 
 __all__ = ["ensure_head_for", "head_present", "apply_batch", "register_pipeline_head", "skip_head",
-           "register_batch", "erase_batch", "audit_records", "apply_task", "register_task", "erase_task", "coverage_task"]
+           "register_batch", "erase_batch", "scrub_copies",
+           "audit_records", "apply_task", "register_task", "erase_task", "coverage_task"]
 
 MECHANISMS = {
     "newton": "Newton-update removal (Guo et al. 2020), gradient residual within the certified-removal budget",
@@ -94,12 +97,13 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
     if batch_id in meta["applied_batches"]:
         log.info("removals: %s already applied to the head; reusing its record", batch_id)
         return meta["applied_batches"][batch_id]
-    row_of = {queue.hash_record_id(base_id(str(record_id))): row for row, record_id in enumerate(ids)}
+    row_of = {record_hash: row for row, record_hash in enumerate(row_hashes(queue, ids))}
     rows = {r.request_id: row_of.get(r.record_hash) for r in requests}
     # distinct rows: two requests for one record (an old journal) remove it once and count it once
     live = list(dict.fromkeys(row for row in rows.values() if row is not None and head.active[row]))
     before = head.active.copy()
     step = head.remove(live, noise=noise_for(params, retrain=head.retrains + 1))  # the whole batch in one update
+    ids = forget_removed(head, ids, queue)  # every removed row's features, label and id gone from the state
     mechanism_of_row = {row: step.mechanism for row in step.rows} if step else {}
     retrains = [step.reason] if step and step.mechanism == "retrain" else []
     record = {
@@ -138,7 +142,7 @@ def register_pipeline_head(params: Params, run_id: str, out: dict[str, Any], *,
     queue = RequestQueue(paths.REQUESTS)
     with queue.processing(wait=True):  # no removal run between the check and the registration
         head, ids, meta = load_head(folder)
-        active = {queue.hash_record_id(base_id(str(i))) for i, live in zip(ids, head.active) if live}
+        active = {h for h, live in zip(row_hashes(queue, ids), head.active) if live}
         late = [r for r in queue.read() if r.record_hash in active]
         if late:
             applied = apply_batch(params, f"before-registration-{meta['training_id'][:12]}", late, folder=folder,
@@ -176,7 +180,22 @@ def register_batch(params: Params, run_id: str, batch_id: str, applied: dict[str
 
 
 def erase_batch(params: Params, requests: Sequence[Request]) -> dict[str, Any]:
-    return erase_from_source(params, [r.record_hash for r in requests], queue=RequestQueue(paths.REQUESTS))
+    """The batch's records out of the raw data (a new data version), then out of every copy privpipe keeps
+    (``copies``: tasks.removal.scrub; the head's rows went in :func:`apply_batch`)."""
+    batch = {r.record_hash for r in requests}
+    erased = erase_from_source(params, batch, queue=RequestQueue(paths.REQUESTS))
+    return {**erased, "copies": scrub_copies(params, batch)}
+
+
+def scrub_copies(params: Params, batch: set[str]) -> dict[str, Any]:
+    """Every erased record (this ``batch`` and those done before: a scrub an earlier run could not do is
+    done now) out of the copies privpipe keeps; what was done and what it cannot reach."""
+    queue = RequestQueue(paths.REQUESTS)
+    text = bool(batch & {queue.hash_record_id(str(i)) for i in text_ids(params)}) if batch else False
+    head = ("removed rows' features and labels are zeros, their ids hashed, in artifacts/head" if head_present()
+            else "no head")
+    return {"head": head, "prepared": scrub_prepared(queue, queue.erased_record_hashes() | batch),
+            "text": scrub_text(text), "unreachable": UNREACHABLE}
 
 
 def _guarantee(params: Params, mechanism: str) -> str:
@@ -207,7 +226,8 @@ def audit_records(params: Params, batch_id: str, requests: Sequence[Request], ap
             "data_version_after": erased["data_version"], "mechanism": mechanism,
             "mechanism_detail": MECHANISMS[mechanism], "guarantee": _guarantee(params, mechanism),
             "budget_used": applied["budget_used"], "budget": applied["budget"],
-            "erasure": {"pipeline_source": erased, "text_source": text_source},
+            "erasure": {"pipeline_source": {k: v for k, v in erased.items() if k != "copies"},
+                        "text_source": text_source, "copies": erased["copies"]},
             "coverage": entries,
             "uncovered": [f"{e['model']}/{e['version']}" for e in entries if e["coverage"] in UNCOVERED],
         }

@@ -17,9 +17,14 @@ from privpipe.features import make_transform
 from privpipe.models import load_released
 from privpipe.removal import RemovableHead
 from privpipe.removal.features import feature_extractor, head_model
+from privpipe.requests import RequestQueue, base_id
 from tasks.common import read_json, write_json
 
-__all__ = ["head_model_name", "extractor_from", "served_model", "save_head", "load_head"]
+__all__ = ["head_model_name", "extractor_from", "served_model", "save_head", "load_head", "row_hashes",
+           "forget_removed", "ERASED"]
+
+#: a removed row's entry in ids.npy: ``erased:`` and its hashed id (the deletion queue's HMAC), never the id
+ERASED = "erased:"
 
 
 def head_model_name(params: Params) -> str:
@@ -52,6 +57,20 @@ def save_head(folder: Path, head: RemovableHead, *, ids: np.ndarray, meta: dict[
     np.savez(folder / "state.npz", **arrays)
     np.save(folder / "ids.npy", ids.astype(str))
     write_json(folder / "meta.json", {**meta, "head": head_meta})
+
+
+def row_hashes(queue: RequestQueue, ids: np.ndarray) -> list[str]:
+    """The hashed record id of each row (a removed row's entry holds it already)."""
+    return [i.removeprefix(ERASED) if i.startswith(ERASED) else queue.hash_record_id(base_id(i))
+            for i in map(str, ids)]
+
+
+def forget_removed(head: RemovableHead, ids: np.ndarray, queue: RequestQueue) -> np.ndarray:
+    """After a removal: nothing of a removed row stays in the head (:meth:`RemovableHead.forget_removed`)
+    and its id gives way to its hash (what the deletion audit matches on); the ids to save."""
+    head.forget_removed()
+    return np.array([i if live else ERASED + h for i, h, live in zip(map(str, ids), row_hashes(queue, ids),
+                                                                       head.active)], dtype=str)
 
 
 def load_head(folder: Path) -> tuple[RemovableHead, np.ndarray, dict[str, Any]]:

@@ -1,0 +1,112 @@
+"""After an erasure: the copies of erased records that privpipe keeps outside the head, scrubbed,
+and the ones it cannot reach, listed.
+
+- ``data/prepared/<set>/`` (the last prepare's record sets): rewritten without every erased
+  record; their hashed ids (the deletion queue's HMAC, never the ids) go to ``erased.json`` beside
+  the arrays, so the manifest of a model trained on the set before (``evaluate --track``) still
+  lists them. Only while no pipeline run or stage reads the sets: under the pipeline lock, taken
+  without waiting; a run that holds it leaves the work to the next removal run (or its own next
+  prepare, which leaves every erased record out anyway).
+- ``artifacts/text``, ``artifacts/text_features`` and the embedding cache (the federated text
+  flow's prepared texts and their vectors): removed when a text record was erased; while a text
+  run holds its lock, by the next removal run. The next text run rebuilds them without the record.
+- The head's rows are the removal's own work (:func:`tasks.removal.store.forget_removed`).
+
+What privpipe cannot reach is :data:`UNREACHABLE`: each audit record carries it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from privpipe.data import Records
+from privpipe.requests import RequestQueue, base_id, hashes_in
+from tasks import paths
+from tasks.common import exclusive_lock, staged_dir, write_json
+
+__all__ = ["ERASED_FILE", "erased_in", "set_hashes", "scrub_prepared", "scrub_text", "UNREACHABLE"]
+
+ERASED_FILE = "erased.json"  # in a prepared set's folder: hashed ids of the records scrubbed from it
+PREPARED_SETS = (paths.SENSITIVE, paths.TEST, paths.PUBLIC, paths.TARGET, paths.TARGET_TEST)
+TEXT_COPIES = (paths.TEXT, paths.TEXT_FEATURES, paths.EMBEDDING_CACHE)
+TEXT_PENDING = paths.REQUESTS / "text-scrub.pending"  # beside the journal: the text copies were not removed yet
+
+#: copies of an erased record that privpipe does not hold and cannot remove; said in every audit record
+UNREACHABLE = [
+    "the DVC cache (.dvc/cache) keeps every committed version of data/ and artifacts/: remove unused "
+    "entries with `dvc gc --workspace` once no branch or commit needs them",
+    "a DVC remote keeps what was pushed: `dvc gc --workspace --cloud` (or the remote's own tools)",
+    "the artifacts of model versions registered before the erasure (MLflow): coverage says which hold the "
+    "record and what to do with each",
+    "the raw data when it is not privpipe's to rewrite: MNIST's IDX files and the text file (every prepare "
+    "leaves erased records out), and any copy outside this project",
+    "freed disk blocks of rewritten files (no secure overwrite; keep the project on encrypted storage)",
+]
+
+
+def erased_in(folder: Path) -> set[str]:
+    """The hashed ids scrubbed from a prepared set (none when it never was)."""
+    file = Path(folder) / ERASED_FILE
+    return set(json.loads(file.read_text())["hashes"]) if file.is_file() else set()
+
+
+def set_hashes(queue: RequestQueue, folder: Path) -> set[str]:
+    """Every record a prepared set held when a model trained on it: its ids now and those scrubbed since."""
+    return hashes_in(queue, np.load(Path(folder) / "ids.npy", allow_pickle=False)) | erased_in(folder)
+
+
+def scrub_prepared(queue: RequestQueue, erased: Iterable[str]) -> dict[str, Any]:
+    """Rewrite each prepared set without the records whose hashed id is in ``erased``; how many rows
+    went, or why nothing was done."""
+    erased = set(erased)
+    try:
+        with exclusive_lock(paths.PIPELINE_LOCK, blocking=False):
+            removed = {}
+            for folder in PREPARED_SETS:
+                if (folder / "ids.npy").is_file():
+                    removed[folder.name] = _scrub_set(folder, queue, erased)
+    except BlockingIOError:
+        return {"done": False, "rows_removed": {},
+                "note": "a pipeline run or stage was reading data/prepared: left to the next removal run "
+                        "(or that run's next prepare)"}
+    return {"done": True, "rows_removed": {name: n for name, n in removed.items() if n}}
+
+
+def _scrub_set(folder: Path, queue: RequestQueue, erased: set[str]) -> int:
+    records = Records.load(folder)
+    hashes = [queue.hash_record_id(base_id(str(i))) for i in records.ids]
+    drop = np.array([h in erased for h in hashes], dtype=bool)
+    if not drop.any():
+        return 0
+    with staged_dir(folder) as staging:
+        for extra in folder.iterdir():  # anything else the set holds, unchanged
+            if extra.name not in ("features.npy", "labels.npy", "ids.npy", ERASED_FILE):
+                (shutil.copytree if extra.is_dir() else shutil.copy2)(extra, staging / extra.name)
+        records.subset(~drop).save(staging)
+        scrubbed = erased_in(folder) | {h for h, gone in zip(hashes, drop) if gone}
+        write_json(staging / ERASED_FILE, {"hashes": sorted(scrubbed)})
+    return int(drop.sum())
+
+
+def scrub_text(erased_text: bool) -> dict[str, Any]:
+    """Remove the text flow's prepared corpus, its features and the embedding cache when this batch
+    erased a text record (``erased_text``) or an earlier one could not (a text run held its lock then:
+    a marker beside the deletion journal remembers it); what was done."""
+    if not erased_text and not TEXT_PENDING.exists():
+        return {"done": True, "removed": []}
+    try:
+        with exclusive_lock(paths.TEXT_LOCK, blocking=False):
+            gone = [str(p) for p in TEXT_COPIES if p.exists()]
+            for path in TEXT_COPIES:
+                shutil.rmtree(path, ignore_errors=True)
+            TEXT_PENDING.unlink(missing_ok=True)
+    except BlockingIOError:
+        write_json(TEXT_PENDING, {"why": "a text record was erased while a federated text run held its lock"})
+        return {"done": False, "removed": [],
+                "note": "a federated text run was using artifacts/text: left to the next removal run"}
+    return {"done": True, "removed": gone}
