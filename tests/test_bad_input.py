@@ -254,10 +254,29 @@ CASES = [
          f"privpipe: error: {TEXTS}:3: not valid JSON (Expecting value: column 29)",
          setup=lambda folder: write_texts(folder, '{"text": "cut off", "label": ')),
     # a file in another encoding: one line naming it, not a UnicodeDecodeError's traceback
-    Case("params-not-utf8", ("run",), "privpipe: error: params.yaml: not UTF-8 text (byte 5)",
-         setup=lambda folder: prepend(folder / "params.yaml", b"# caf\xe9\n")),
-    Case("csv-not-utf8", ("stage", "prepare"), f"privpipe: error: {DIGITS_CSV}: not UTF-8 text (byte 0: b'\\xe9')",
+    Case("params-not-utf8", ("run",), "privpipe: error: params.yaml: line 2, column 6: not UTF-8 text (byte 0xe9)",
+         setup=lambda folder: prepend(folder / "params.yaml", b"# ok\n# caf\xe9\n")),
+    Case("csv-not-utf8", ("stage", "prepare"),
+         f"privpipe: error: {DIGITS_CSV}: line 1, column 1: not UTF-8 text (byte 0xe9)",
          setup=lambda folder: prepend(folder / DIGITS_CSV, b"\xe9")),
+    Case("text-not-utf8", ("federated",), f"privpipe: error: {TEXTS}: line 3, column 11: not UTF-8 text (byte 0xff)",
+         setup=steps(lambda folder: write_texts(folder, '{"text": "XX", "label": 1}'),
+                     lambda folder: (folder / TEXTS).write_bytes((folder / TEXTS).read_bytes().replace(
+                         b"XX", b"\xff\xfe")))),
+    # YAML that attacks the loader: aliases expand to gigabytes when walked, deep nesting recurses
+    Case("params-yaml-aliases", ("run",), "privpipe: error: params.yaml: line 2: YAML alias *a (aliases and anchors "
+         "are not accepted in a params file)",
+         setup=write("params.yaml", 'run: {experiment: &a "lol"}\nprivacy: {accountant: *a}\n')),
+    Case("params-nested-deep", ("run",), "privpipe: error: params.yaml: line 1: nested deeper than 8 levels",
+         setup=write("params.yaml", "run: {seed: " + "[" * 500 + "]" * 500 + "}\n")),
+    Case("params-file-is-a-folder", ("run", "--params", "data"), "privpipe: error: data: is a folder, not a file"),
+    # nonsense a loader used to accept: one class trains to "accuracy 1.0"
+    Case("text-one-class", ("federated",),
+         f"privpipe: error: {TEXTS}: every training record has the label '1' (column 'label'): a classifier needs "
+         "at least two classes",
+         setup=lambda folder: (folder / TEXTS).write_text("\n".join(
+             json.dumps({"text": f"text {i}", "label": 1, "split": "test" if i % 4 == 0 else "train"})
+             for i in range(12)) + "\n")),
     # a stage run before the one that writes its input (dvc repro keeps the order; a person may not)
     Case("teachers-before-partition", ("stage", "teachers"),
          "privpipe: error: artifacts/partition/shards.npy: missing (run the earlier stages first)",

@@ -32,7 +32,12 @@ def test_privacy_dpsgd_refuses_bad_numbers():
     assert done.stderr.strip() == "privpipe: error: --sample-rate: must be in (0, 1], got 2.0"
     done = privpipe("privacy", "dpsgd", "--noise-multiplier", "-1", "--sample-rate", "0.1", "--steps", "10",
                     "--delta", "1e-5")
-    assert done.returncode == 2 and "--noise-multiplier: must be > 0" in done.stderr
+    assert done.returncode == 2 and "--noise-multiplier: must be a finite number > 0, got -1" in done.stderr
+    # infinite noise is not "no privacy loss": refused, as nan is
+    for bad in ("inf", "nan"):
+        done = privpipe("privacy", "dpsgd", "--noise-multiplier", bad, "--sample-rate", "0.1", "--steps", "10",
+                        "--delta", "1e-5")
+        assert done.returncode == 2 and last_line(done.stderr).endswith(f"must be a finite number > 0, got {bad}")
 
 
 def test_bad_params_give_one_line_and_exit_2(project):

@@ -160,3 +160,19 @@ def test_best_splits_delta_between_pld_and_a_custom_curve():
         [20.0], [0.5], 1e-5 * s - 1e-7)[0] for s in SPLIT_DELTA_SHARES)
     assert best.accountant == "pld+rdp" and best.epsilon == pytest.approx(by_hand, rel=1e-9)
     assert best.epsilon < joint.epsilon
+
+
+@pytest.mark.parametrize("sigma, steps", [(1e-300, 100), (0.01, 1000), (1.1, 10**9)])
+def test_a_pld_that_would_take_minutes_or_terabytes_gives_way_to_rdp(sigma: float, steps: int):
+    """σ so small that σ² underflows (RDP: no finite order; before, ZeroDivisionError), a loss span past
+    the PLD grid (σ = 0.01 took 4.6 minutes), 10⁹ steps (terabytes): RDP's sound bound, named rdp."""
+    import time
+
+    event = PoissonGaussianEvent(stage="x", noise_multiplier=sigma, sample_rate=0.01, steps=steps)
+    start = time.perf_counter()
+    for accountant in ("best", "pld"):
+        spend = compute_epsilon([event], delta=1e-5, accountant=accountant)
+        assert spend.accountant == "rdp" and spend.epsilon > 200
+    assert time.perf_counter() - start < 30  # seconds, not minutes (a generous bound for a busy host)
+    assert compute_epsilon([event], delta=1e-5).epsilon == (float("inf") if sigma < 1e-100 else pytest.approx(
+        compute_epsilon([event], delta=1e-5, accountant="rdp").epsilon))

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 __all__ = ["positive_float", "positive_int"]
 
 
 def positive_float(text: str) -> float:
-    """A number > 0."""
+    """A finite number > 0 (``inf`` would read as "no privacy loss at all", ``nan`` as anything)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 
@@ -27,3 +28,4 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
+

@@ -12,19 +12,53 @@ import yaml
 
 from privpipe.config.errors import ConfigError
 from privpipe.config.params import Params, check_all
+from privpipe.files import read_user_text
 
 __all__ = ["load_params", "parse_params"]
+
+
+#: deeper than any section needs (a section's mapping, a list in it): more is an attack on the loader
+MAX_DEPTH = 8
+
+
+class _UnsafeYaml(yaml.YAMLError):
+    """A params file that attacks the loader: an alias (a billion laughs) or nesting past MAX_DEPTH."""
+
+    def __init__(self, line: int, what: str) -> None:
+        super().__init__(what)
+        self.line, self.what = line, what
+
+
+class _ParamsLoader(yaml.SafeLoader):
+    """safe_load without aliases and with a depth cap: a 275-byte file of nested aliases expands to
+    gigabytes once anything walks it, and deep nesting ends in a RecursionError."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise _UnsafeYaml(event.start_mark.line + 1, f"YAML alias *{event.anchor} (aliases and anchors are "
+                                                         "not accepted in a params file)")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _UnsafeYaml(event.start_mark.line + 1, f"nested deeper than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def load_params(path: str | Path) -> Params:
     """Read and validate a params file; raise :class:`ConfigError` on any problem."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{path}: params file not found")
+    text = read_user_text(path, error=ConfigError)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raw = yaml.load(text, Loader=_ParamsLoader)  # noqa: S506 (a SafeLoader without aliases)
+    except _UnsafeYaml as exc:
+        raise ConfigError(f"{path}: line {exc.line}: {exc.what}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""

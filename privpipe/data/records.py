@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from privpipe.files import read_user_text
+
 __all__ = ["Records", "DataError", "DATASET_CLASSES", "check_labels"]
 
 #: classes of each dataset's task: public facts, never read off the (sensitive) labels, so that
@@ -25,11 +27,9 @@ class DataError(ValueError):
 
 def read_text(path: Path) -> str:
     """A text file's content as UTF-8, newlines as they are (wrap it in ``io.StringIO(text, newline=...)``
-    as :func:`open` would be called); DataError naming the file and the first bad byte otherwise."""
-    try:
-        return Path(path).read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
+    as :func:`open` would be called); DataError naming the file and the first bad byte's line and column,
+    or why it cannot be read, otherwise."""
+    return read_user_text(path, error=DataError)
 
 
 @dataclass(frozen=True)

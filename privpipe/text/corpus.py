@@ -97,7 +97,9 @@ def _label_text(value: object) -> str:
 
 
 def _sorted_classes(values: set[str]) -> tuple[str, ...]:
-    numeric = all(v.lstrip("-").isdigit() for v in values)
+    """Numeric labels in numeric order (ASCII digits only: ``"²".isdigit()`` holds, ``int("²")`` fails),
+    any other set of labels as text."""
+    numeric = all(re.fullmatch(r"-?[0-9]+", v) for v in values)
     return tuple(sorted(values, key=int if numeric else str))
 
 
@@ -150,6 +152,10 @@ def _table(path: Path, fmt: str, *, text_column: str, label_column: str, client_
     corpus = Corpus(part(~is_test), part(is_test), classes, str(path))
     if not len(corpus.train) or not len(corpus.test):
         raise DataError(f"{path}: the {'train' if not len(corpus.train) else 'test'} split is empty")
+    if len(np.unique(corpus.train.labels)) < 2:  # one class "trains" to accuracy 1.0 and means nothing
+        only = classes[int(corpus.train.labels[0])]
+        raise DataError(f"{path}: every training record has the label {only!r} (column {label_column!r}): "
+                        "a classifier needs at least two classes")
     return corpus
 
 
