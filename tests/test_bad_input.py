@@ -106,6 +106,26 @@ def queue_request(folder: Path, record_id: str = "digits-0001") -> None:
     RequestQueue(folder / "data/requests").submit([record_id], reason="test", known=lambda _: True)
 
 
+def write_head(folder: Path, *, truncate: bool = False) -> None:
+    """A small trained head in artifacts/head (rows = the first digits ids); ``truncate``: its state.npz
+    cut in half, as a full disk or a killed copy leaves it."""
+    from privpipe.privacy import NoiseSource
+    from privpipe.removal import RemovableHead, RemovalGuarantee
+    from tasks.removal.store import save_head
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 4))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    head = RemovableHead.train(X, np.arange(40) % 10, classes=10, lam=1e-2, noise=NoiseSource(seed=0, secure=False),
+                               guarantee=RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0))
+    target = folder / "artifacts/head"
+    target.mkdir(parents=True, exist_ok=True)
+    save_head(target, head, ids=np.array([f"digits-{i:04d}" for i in range(40)]), meta={"applied_batches": {}})
+    if truncate:
+        state = target / "state.npz"
+        state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+
+
 def write_ledger(folder: Path, epsilon: float) -> None:
     """A lifetime ledger for digits with one recorded run that spent ``epsilon``."""
     entry = {"run": "0" * 32, "flow": "pipeline", "recorded_at": "2026-01-01T00:00:00+00:00",
@@ -319,7 +339,12 @@ CASES = [
     Case("removals-without-dvc-repository", ("removals",),
          f"privpipe: error: {DIGITS_CSV}.dvc: the raw data is DVC-tracked, but this project folder is not a DVC "
          "repository (no .dvc/: run `dvc init`); nothing was erased and every request stays queued",
-         setup=steps(queue_request, write("artifacts/head/meta.json", "{}"))),
+         setup=steps(queue_request, write_head)),
+    # before, the run announced its batch in the journal, then failed loading the head: requests stuck
+    Case("removals-head-state-truncated", ("removals",),
+         "privpipe: error: artifacts/head: the head's files are damaged (BadZipFile: File is not a zip file); "
+         "nothing was changed and every request stays pending (`privpipe stage head` retrains it)",
+         setup=steps(queue_request, lambda folder: write_head(folder, truncate=True))),
 
     # -- the lifetime budget
     Case("lifetime-exhausted-run", ("run",),

@@ -21,6 +21,7 @@ ids, the CSV's ids and the manifests' sets are hashed under the same salt.
 from __future__ import annotations
 
 import shutil
+import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -71,11 +72,31 @@ def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path = paths
     data, ``head.enabled`` is true and no head was trained: checked before a batch is announced, so the
     requests stay pending rather than stuck in a batch. Text records need no head."""
     waiting = queue.waiting()
-    if not waiting or head_present(folder) or not params.head.enabled:
+    if not waiting:
+        return
+    if head_present(folder):
+        _ensure_head_loads(folder)
+        return
+    if not params.head.enabled:
         return
     pipeline = hashes_in(queue, pipeline_ids(params))
     if any(r.record_hash in pipeline for r in waiting):
         raise DataError(f"{folder}: no removal-enabled head (run the pipeline with head.enabled)")
+
+
+def _ensure_head_loads(folder: Path) -> None:
+    """DataError, before the journal is touched, when the head's files cannot be read back whole
+    (a truncated state.npz failed the run after it had announced its batch)."""
+    try:
+        head, ids, _ = load_head(folder)
+    except DataError:  # a missing file: already one line naming it
+        raise
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{folder}: the head's files are damaged ({type(exc).__name__}: {exc}); nothing was "
+                        "changed and every request stays pending (`privpipe stage head` retrains it)") from None
+    if len(ids) != len(head.y):
+        raise DataError(f"{folder}: ids.npy has {len(ids)} rows, state.npz {len(head.y)}; nothing was changed "
+                        "and every request stays pending (`privpipe stage head` retrains it)")
 
 
 def _removed_by(meta: dict[str, Any], before: np.ndarray, step: Any) -> None:
