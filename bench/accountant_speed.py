@@ -1,31 +1,168 @@
-"""Time to compute ε for long DP-SGD runs with the PLD and RDP accountants.
+"""How long privacy accounting takes, and its share of the default run's finetune stage.
 
-    .venv/bin/python bench/accountant_speed.py
+    .venv/bin/python bench/accountant_speed.py                          # ~2 min; bench/out/accounting/speed.{md,json}
+    PYTHONPATH=<checkout of an older commit> .venv/bin/python bench/accountant_speed.py --label before
 
-Abadi et al.'s setting (q = 0.01, σ = 4, δ = 1e-5) at 40,000 steps; median of 5
-fresh computations each (no caching between them). Goal: PLD ≤ 100 ms.
+Part 1: ε of DP-SGD at q = 0.01, δ = 1e-5, 40,000 steps, σ ∈ {0.5, 1.1, 4}: ``compute_epsilon``
+(accountant best, its cache cleared each time) against the tight value (dp_accounting's PLD at
+h = 1e-5); three timings each, min/median/max, with ``torch.set_num_threads(1)``.
+
+Part 2: the finetune stage of the default params (digits, prepare and DP-PCA run first, in a
+temporary project), three times: the stage's wall time and the part spent in accounting (the
+ledger's calibrate / ensure_affordable / record / epsilon / stage_epsilon and the ε-by-step curve,
+each timed once at the outermost call).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import functools
+import json
+import os
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
-from privpipe.privacy import PoissonGaussianEvent, compute_epsilon
+import torch
+import yaml
 
-STEPS = 40_000
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench/out/accounting"
+SIGMAS, STEPS, RATE, DELTA = (0.5, 1.1, 4.0), 40_000, 0.01, 1e-5
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def part_epsilon() -> list[dict]:
+    from dp_accounting.pld import pld_privacy_accountant
+
+    import privpipe.privacy.ledger as ledger
+    from privpipe.privacy import PoissonGaussianEvent, compute_epsilon
+
+    rows = []
+    for sigma in SIGMAS:
+        event = PoissonGaussianEvent(stage="finetune", noise_multiplier=sigma, sample_rate=RATE, steps=STEPS)
+        times = []
+        for _ in range(3):
+            if hasattr(ledger, "_composed"):
+                ledger._composed.cache_clear()
+            start = time.perf_counter()
+            spend = compute_epsilon([event], delta=DELTA)
+            times.append(time.perf_counter() - start)
+        reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-5)
+        reference.compose(event.to_dp_event())
+        tight = reference.get_epsilon(DELTA)
+        rows.append({"sigma": sigma, "epsilon": spend.epsilon, "accountant": spend.accountant, "tight_pld": tight,
+                     "excess_percent": 100 * (spend.epsilon / tight - 1), "ms": spread([t * 1000 for t in times])})
+        print(rows[-1], flush=True)
+    return rows
+
+
+class Stopwatch:
+    """Seconds spent inside the wrapped functions, counted once at the outermost call."""
+
+    def __init__(self) -> None:
+        self.seconds, self.depth = 0.0, 0
+
+    def wrap(self, function):
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            self.depth += 1
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.depth -= 1
+                if self.depth == 0:
+                    self.seconds += time.perf_counter() - start
+        return timed
+
+
+@contextlib.contextmanager
+def project() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="accounting-"))
+    (folder / "data/raw").mkdir(parents=True)
+    shutil.copy(ROOT / "params.yaml", folder / "params.yaml")
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield folder
+    finally:
+        os.chdir(previous)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def part_stage() -> list[dict]:
+    import tasks.finetune.stage as stage
+    from privpipe.config import load_params
+    from privpipe.privacy import Ledger
+    from tasks.dp_pca import run_dp_pca
+    from tasks.prepare import run_prepare
+
+    rows = []
+    with project():
+        params = load_params("params.yaml")
+        run_prepare(params)
+        run_dp_pca(params)
+        for _ in range(3):
+            watch = Stopwatch()
+            originals = {name: getattr(Ledger, name) for name in
+                         ("calibrate", "ensure_affordable", "record", "epsilon", "stage_epsilon")}
+            curve_name = "epsilon_curve" if hasattr(stage, "epsilon_curve") else "compute_epsilon"
+            original_curve = getattr(stage, curve_name)
+            for name, function in originals.items():
+                setattr(Ledger, name, watch.wrap(function))
+            setattr(stage, curve_name, watch.wrap(original_curve))
+            try:
+                import privpipe.privacy.ledger as ledger
+                if hasattr(ledger, "_composed"):
+                    ledger._composed.cache_clear()
+                start = time.perf_counter()
+                out = stage.run_finetune(params)
+                wall = time.perf_counter() - start
+            finally:
+                for name, function in originals.items():
+                    setattr(Ledger, name, function)
+                setattr(stage, curve_name, original_curve)
+            rows.append({"stage_s": wall, "accounting_s": watch.seconds, "share": watch.seconds / wall,
+                         "noise_multiplier": out["noise_multiplier"], "epsilon": out["epsilon"]})
+            print(rows[-1], flush=True)
+    return rows
 
 
 def main() -> None:
-    event = PoissonGaussianEvent(stage="finetune", noise_multiplier=4.0, sample_rate=0.01, steps=STEPS)
-    for accountant in ("pld", "rdp"):
-        times, spend = [], None
-        for _ in range(5):
-            start = time.perf_counter()
-            spend = compute_epsilon([event], delta=1e-5, accountant=accountant)
-            times.append(time.perf_counter() - start)
-        print(f"{accountant.upper()}: ε = {spend.epsilon:.4f} for {STEPS} steps in "
-              f"{statistics.median(times) * 1000:.0f} ms (median of 5)")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--label", default="", help="suffix of the output files (e.g. before)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    report = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "torch_threads": 1,
+              "epsilon_40000_steps": part_epsilon(), "finetune_stage": part_stage(),
+              "params": yaml.safe_load((ROOT / "params.yaml").read_text())["finetune"]}
+    OUT.mkdir(parents=True, exist_ok=True)
+    name = f"speed{'_' + args.label if args.label else ''}"
+    (OUT / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [f"# Accounting time ({report['date']}, `bench/accountant_speed.py`, 2 cores, torch 1 thread)", "",
+             "| σ (q = 0.01, 40,000 steps, δ = 1e-5) | ε | accountant | tight PLD (h = 1e-5) | excess | ms min / median / max |",
+             "|---|---|---|---|---|---|"]
+    for r in report["epsilon_40000_steps"]:
+        lines.append(f"| {r['sigma']} | {r['epsilon']:.4f} | {r['accountant']} | {r['tight_pld']:.4f} | "
+                     f"{r['excess_percent']:.3f} % | {r['ms']['min']:.0f} / {r['ms']['median']:.0f} / "
+                     f"{r['ms']['max']:.0f} |")
+    stage = report["finetune_stage"]
+    shares = spread([100 * r["share"] for r in stage])
+    walls = ", ".join(f"{r['stage_s']:.2f}" for r in stage)
+    spent = ", ".join(f"{r['accounting_s']:.2f}" for r in stage)
+    lines += ["", "Default finetune stage (digits, prepare and DP-PCA first), three runs:", "",
+              f"- stage wall {walls} s; accounting {spent} s",
+              f"- accounting share min / median / max: {shares['min']:.1f} / {shares['median']:.1f} / "
+              f"{shares['max']:.1f} %; σ = {stage[0]['noise_multiplier']:.4f}, stage ε = {stage[0]['epsilon']:.4f}"]
+    (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

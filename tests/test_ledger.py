@@ -145,15 +145,17 @@ def test_best_splits_delta_between_pld_and_a_custom_curve():
     from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    from privpipe.privacy.ledger import PLD_DISCRETIZATION, SPLIT_DELTA_SHARES
+    from privpipe.privacy.ledger import SPLIT_DELTA_SHARES, refined_pld
 
     standard = [GaussianEvent(stage="dp_pca", noise_multiplier=8.0),
                 PoissonGaussianEvent(stage="finetune", noise_multiplier=3.0, sample_rate=0.06, steps=500)]
     curve = RdpCurveEvent(stage="aggregate", orders=(20.0,), rdp=(0.5,), delta=1e-7)
     best = compute_epsilon([*standard, curve], delta=1e-5)
     joint = compute_epsilon([*standard, curve], delta=1e-5, accountant="rdp")
-    # by hand: basic composition of PLD (standard events, δ₁) and RDP at order 20 (the curve, δ₂ − its own δ)
-    pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    # by hand: basic composition of PLD (standard events, δ₁) and RDP at order 20 (the curve, δ₂ − its own δ),
+    # the PLD at the discretisation the ledger refined to
+    interval = refined_pld(standard, 1e-5 / 2, span=max(joint.epsilon, 1.0))[2]
+    pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=interval)
     for event in standard:
         pld.compose(event.to_dp_event())
     by_hand = min(pld.get_epsilon(1e-5 * (1 - s)) + rdp_privacy_accountant.compute_epsilon(
@@ -164,15 +166,44 @@ def test_best_splits_delta_between_pld_and_a_custom_curve():
 
 @pytest.mark.parametrize("sigma, steps", [(1e-300, 100), (0.01, 1000), (1.1, 10**9)])
 def test_a_pld_that_would_take_minutes_or_terabytes_gives_way_to_rdp(sigma: float, steps: int):
-    """σ so small that σ² underflows (RDP: no finite order; before, ZeroDivisionError), a loss span past
-    the PLD grid (σ = 0.01 took 4.6 minutes), 10⁹ steps (terabytes): RDP's sound bound, named rdp."""
+    """σ so small that σ² underflows (RDP: no finite order; before, ZeroDivisionError), 10⁹ steps
+    (terabytes): RDP's sound bound, named rdp; σ = 0.01 (4.6 minutes at the old fixed grid): a PLD on a
+    grid its loss span allows."""
     import time
 
     event = PoissonGaussianEvent(stage="x", noise_multiplier=sigma, sample_rate=0.01, steps=steps)
     start = time.perf_counter()
     for accountant in ("best", "pld"):
         spend = compute_epsilon([event], delta=1e-5, accountant=accountant)
-        assert spend.accountant == "rdp" and spend.epsilon > 200
+        assert spend.accountant == ("pld" if sigma == 0.01 else "rdp") and spend.epsilon > 200
+        assert spend.epsilon <= compute_epsilon([event], delta=1e-5, accountant="rdp").epsilon
     assert time.perf_counter() - start < 30  # seconds, not minutes (a generous bound for a busy host)
-    assert compute_epsilon([event], delta=1e-5).epsilon == (float("inf") if sigma < 1e-100 else pytest.approx(
-        compute_epsilon([event], delta=1e-5, accountant="rdp").epsilon))
+    assert math.isinf(compute_epsilon([event], delta=1e-5).epsilon) is (sigma < 1e-100)
+
+
+@pytest.mark.parametrize("sigma, sample_rate, steps", [(0.8, 0.05, 200), (2.0, 0.0625, 480), (4.0, 0.01, 3000)])
+def test_the_refined_pld_is_an_upper_bound_within_0_2_percent_of_the_tight_one(sigma, sample_rate, steps):
+    """Against dp_accounting at a 10× finer grid than the fixed one used before (h = 1e-5): never below
+    it by more than rounding (pessimistic at every h), never more than 0.2 % above."""
+    from dp_accounting.pld import pld_privacy_accountant
+
+    event = PoissonGaussianEvent(stage="x", noise_multiplier=sigma, sample_rate=sample_rate, steps=steps)
+    reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-5)
+    reference.compose(event.to_dp_event())
+    tight = reference.get_epsilon(1e-5)
+    spend = compute_epsilon([event], delta=1e-5, accountant="pld")
+    assert tight * (1 - 1e-6) <= spend.epsilon <= tight * 1.002
+
+
+def test_the_epsilon_curve_rises_to_the_stage_figure_and_bounds_each_step():
+    from privpipe.privacy import epsilon_curve
+
+    def event_at(steps: int) -> PoissonGaussianEvent:
+        return PoissonGaussianEvent(stage="x", noise_multiplier=1.5, sample_rate=0.05, steps=steps)
+
+    steps = [1, 50, 100, 150, 200]
+    curve = epsilon_curve(event_at, steps, delta=1e-5)
+    assert curve == sorted(curve) and curve[-1] == compute_epsilon([event_at(200)], delta=1e-5).epsilon
+    for s, epsilon in zip(steps, curve):  # each point an upper bound, and a tight one
+        exact = compute_epsilon([event_at(s)], delta=1e-5).epsilon
+        assert exact * (1 - 2e-3) <= epsilon <= exact * 1.01 or epsilon == pytest.approx(exact, abs=1e-3)

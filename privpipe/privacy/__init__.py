@@ -16,6 +16,7 @@ from privpipe.privacy.ledger import (
     Spend,
     classic_rdp_epsilon,
     compute_epsilon,
+    epsilon_curve,
 )
 from privpipe.privacy.group import group_of_two_rdp, record_level_event, record_level_ledger
 from privpipe.privacy.lifetime import LifetimeBudgetExceeded, LifetimeLedger, Reservation, RunSpend
@@ -32,6 +33,7 @@ __all__ = [
     "Spend",
     "BudgetExceeded",
     "compute_epsilon",
+    "epsilon_curve",
     "classic_rdp_epsilon",
     "calibrate_noise_multiplier",
     "secure_normal",

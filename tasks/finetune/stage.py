@@ -22,7 +22,7 @@ from privpipe.config import ConfigError, Params
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
 from privpipe.federated import ClientUpdates
 from privpipe.models import released_model, save_released
-from privpipe.privacy import compute_epsilon
+from privpipe.privacy import epsilon_curve
 from tasks import paths
 from tasks.common import (skip_stage, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng, write_json,
                           write_text)
@@ -98,9 +98,9 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     ledger.record(result.event)
 
     steps = np.unique(np.linspace(1, schedule.steps, cfg.epsilon_curve_points).round().astype(int))
-    curve = [{"step": int(s), "epsilon": compute_epsilon([schedule.event(noise_multiplier=sigma, steps=int(s))],
-                                                         delta=ledger.delta, accountant=ledger.accountant).epsilon}
-             for s in steps]
+    epsilons = epsilon_curve(lambda s: schedule.event(noise_multiplier=sigma, steps=s), steps, delta=ledger.delta,
+                             accountant=ledger.accountant)
+    curve = [{"step": int(s), "epsilon": e} for s, e in zip(steps, epsilons)]
     model = released_model(result.model, begin.projection, input_scale=cfg.input_scale, kind=cfg.model,
                            transform=begin.transform)
     with staged_dir(out) as staging:
