@@ -34,9 +34,9 @@ from privpipe.privacy import Ledger
 from tasks import paths, run_view, tracking
 from tasks.common import one_pipeline_at_a_time, read_json, use_torch_threads
 from tasks.device import training_device
-from tasks.dp_pca import dp_pca_task
+from tasks.dp_pca import check_components, dp_pca_task
 from tasks.evaluate import evaluate_task, release_task
-from tasks.finetune.stage import finetune_task, run_finetune, start_dir
+from tasks.finetune.stage import check_lot_size, finetune_task, run_finetune, start_dir
 from tasks.finetune.tracking import log_finetune_outputs
 from tasks.pate.aggregate import aggregate_task, run_aggregate
 from tasks.pate.partition import partition_task, run_partition, shard_assignment
@@ -122,6 +122,9 @@ def preflight(params: Params) -> None:
     sets, *_ = prepared_sets(params)
     if params.student.enabled:
         shard_assignment(params, sets["sensitive"], source=params.prepare.path)
+    # each stage's own checks against the data, made here too: mid-run they would fail after MLflow wrote
+    check_components(params, sets["sensitive"].features.shape[1])
+    check_lot_size(params, len(sets["sensitive"]))
 
 
 @flow(name="privpipe-pipeline")

@@ -27,7 +27,7 @@ from privpipe.features import make_transform
 
 __all__ = ["apply_front", "UnitNorm", "Projection", "Scale", "Reshape", "make_mlp", "make_cnn", "make_scatter_cnn",
            "make_network", "front_layers", "network_maps",
-           "released_model", "save_released", "load_released", "seeded", "MODELS"]
+           "released_model", "save_released", "load_released", "seeded", "MODELS", "weights_finite", "DIVERGED"]
 
 MODELS = ("mlp", "cnn")
 _BuildT = TypeVar("_BuildT")
@@ -169,6 +169,15 @@ def released_model(network: nn.Module, projection: np.ndarray | None, *, input_s
     """Chain the frozen front for ``kind`` and the trained network."""
     return nn.Sequential(*front_layers(kind, projection, input_scale=input_scale, transform=transform),
                          network).eval()
+
+
+#: what a stage says when training left a weight NaN or infinite ({key}: the knob to lower)
+DIVERGED = "{key}: training diverged (a weight is NaN or infinite); lower it. Nothing was saved or registered"
+
+
+def weights_finite(model: nn.Module) -> bool:
+    """Whether every weight is finite: a diverged model must never be saved or registered."""
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
 def save_released(model: nn.Sequential, folder: Path, *, spec: dict) -> None:

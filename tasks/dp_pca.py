@@ -26,7 +26,15 @@ from tasks.common import (seed_for, stage_logger, staged_dir, use_torch_threads,
                           write_text)
 from tasks.privacy.ledger import calibrate_for, new_ledger
 
-__all__ = ["run_dp_pca", "dp_pca_task", "load_projection", "projection_digest", "check_projection"]
+__all__ = ["run_dp_pca", "dp_pca_task", "load_projection", "projection_digest", "check_projection",
+           "check_components"]
+
+
+def check_components(params: Params, dim: int) -> None:
+    """ConfigError when the projection asks for more components than the data has dimensions (``privpipe
+    run``'s preflight calls it with the prepared sets' dimension, before any work)."""
+    if params.dp_pca.enabled and params.dp_pca.components > dim:
+        raise ConfigError(f"dp_pca.components: {params.dp_pca.components} exceeds the feature dimension {dim}")
 
 
 def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.DP_PCA) -> dict[str, Any]:
@@ -39,8 +47,7 @@ def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path =
     projection = sigma = None
     if cfg.enabled:
         dim = records.features.shape[1]
-        if cfg.components > dim:
-            raise ConfigError(f"dp_pca.components: {cfg.components} exceeds the feature dimension {dim}")
+        check_components(params, dim)
         sigma = cfg.noise_multiplier
         if sigma is None:
             sigma = calibrate_for(ledger, dp_pca_event, target_epsilon=cfg.epsilon, key="dp_pca.epsilon")

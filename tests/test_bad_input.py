@@ -258,6 +258,20 @@ CASES = [
     Case("params-wrong-type", ("run",), "privpipe: error: finetune.epochs: expected an integer, got 'ten'",
          setup=params(finetune={"epochs": "ten"})),
     Case("params-file-missing", ("run", "--params", "nope.yaml"), "privpipe: error: nope.yaml: params file not found"),
+    # checks that used to run mid-run, after Prefect and MLflow had written files
+    Case("seed-negative", ("run",), "privpipe: error: run.seed: must be in 0..4294967295",
+         setup=params(run={"seed": -1})),
+    Case("seed-past-32-bits", ("run",), "privpipe: error: run.seed: must be in 0..4294967295",
+         setup=params(run={"seed": 2**32})),
+    Case("tracking-uri-unknown-scheme", ("run",), "privpipe: error: run.tracking_uri: unknown scheme 'ftp' (MLflow "
+         "stores: sqlite, file, http, https, postgresql, mysql, mssql, databricks, or a folder path)",
+         setup=params(run={"tracking_uri": "ftp://example.org/mlflow"})),
+    Case("dp-pca-more-components-than-features", ("run",),
+         "privpipe: error: dp_pca.components: 100 exceeds the feature dimension 64",
+         setup=params(dp_pca={"components": 100})),
+    Case("lot-larger-than-the-sensitive-set", ("run",),
+         "privpipe: error: finetune.lot_size: 5000 exceeds the 1024 sensitive records",
+         setup=params(finetune={"lot_size": 5000})),
 
     # -- data files
     Case("mnist-gz-truncated", ("stage", "prepare"),

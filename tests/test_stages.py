@@ -131,6 +131,21 @@ def test_without_the_student_finetune_starts_from_scratch(project):
     assert all(torch.equal(first[k], again[k]) for k in first)
 
 
+
+def test_a_diverged_model_is_refused_by_name_and_never_saved(project):
+    """A learning rate that turns the weights NaN: one line naming the key, the last good model kept."""
+    write_params(project, finetune={"epochs": 2})
+    params = load_params("params.yaml")
+    run_prepare(params)
+    run_dp_pca(params)
+    run_finetune(params)
+    good = torch.load(project / "artifacts/finetune/model.pt")
+    write_params(project, finetune={"epochs": 2, "learning_rate": 1e37})
+    with pytest.raises(ConfigError, match=r"^finetune.learning_rate: training diverged"):
+        run_finetune(load_params("params.yaml"))
+    assert all(torch.equal(good[k], v) for k, v in torch.load(project / "artifacts/finetune/model.pt").items())
+
+
 def test_a_local_usps_folder_as_the_mnist_target_domain(project):
     from test_domains import write_usps
 

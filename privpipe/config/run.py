@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from privpipe.config.errors import one_of, registered_model_name, require
 
 DEVICES = ("auto", "cpu", "cuda")  # privpipe.device.DEVICES (config does not import torch)
+#: the tracking stores MLflow has (a database's may name its driver: postgresql+psycopg2); a plain path is a file store
+TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+SEED_MAX = 2**32 - 1  # scikit-learn's and numpy's legacy seeds are 32-bit
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,11 @@ class RunConfig:
 
 
 def check(run: RunConfig) -> None:
+    require(0 <= run.seed <= SEED_MAX, "run.seed", f"must be in 0..{SEED_MAX}")
     require(run.torch_threads >= 0, "run.torch_threads", "must be >= 0 (0 = torch's default, one per core)")
+    if "://" in run.tracking_uri:
+        scheme = run.tracking_uri.split("://", 1)[0].split("+", 1)[0]
+        require(scheme in TRACKING_SCHEMES, "run.tracking_uri",
+                f"unknown scheme {scheme!r} (MLflow stores: {', '.join(TRACKING_SCHEMES)}, or a folder path)")
     one_of(run.device, DEVICES, "run.device")
     registered_model_name(run.model_name, "run.model_name")

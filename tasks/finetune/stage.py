@@ -10,6 +10,7 @@ Output: artifacts/finetune/{model.pt, model.json, history.json, ledger.json}.
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -21,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from privpipe.config import ConfigError, Params
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
 from privpipe.federated import ClientUpdates
-from privpipe.models import released_model, save_released
+from privpipe.models import DIVERGED, released_model, save_released, weights_finite
 from privpipe.privacy import epsilon_curve
 from tasks import paths
 from tasks.common import (skip_stage, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng, write_json,
@@ -34,12 +35,20 @@ from tasks.privacy import uncovered
 from tasks.privacy.ledger import calibrate_for
 from tasks.progress import progress
 
-__all__ = ["run_finetune", "finetune_task", "start_dir"]
+__all__ = ["run_finetune", "finetune_task", "start_dir", "check_lot_size"]
 
 
 def start_dir(params: Params) -> Path:
     """Where finetune starts: the student (weights and ledger) when PATE ran, else DP-PCA's ledger."""
     return paths.STUDENT if params.student.enabled else paths.DP_PCA
+
+
+def check_lot_size(params: Params, records: int) -> None:
+    """ConfigError when a DP-SGD lot would be larger than the sensitive set (q > 1: no Poisson sampling
+    to amplify by); ``privpipe run``'s preflight calls it before any work."""
+    cfg = params.finetune
+    if cfg.enabled and cfg.mode == "dpsgd" and cfg.lot_size > records:
+        raise ConfigError(f"finetune.lot_size: {cfg.lot_size} exceeds the {records} sensitive records")
 
 
 def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
@@ -62,8 +71,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     cfg = params.finetune
     begin = finetune_start(params, sensitive=Path(sensitive), dp_pca_dir=Path(dp_pca_dir), start=start)
     ledger, records, features = begin.ledger, begin.records, begin.features
-    if cfg.lot_size > len(records):
-        raise ConfigError(f"finetune.lot_size: {cfg.lot_size} exceeds the {len(records)} sensitive records")
+    check_lot_size(params, len(records))
     schedule = dpsgd_schedule(n=len(records), lot_size=cfg.lot_size, epochs=cfg.epochs)
     sigma = cfg.noise_multiplier
     if sigma is None:
@@ -101,6 +109,9 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     epsilons = epsilon_curve(lambda s: schedule.event(noise_multiplier=sigma, steps=s), steps, delta=ledger.delta,
                              accountant=ledger.accountant)
     curve = [{"step": int(s), "epsilon": e} for s, e in zip(steps, epsilons)]
+    # a diverged model (NaN weights, or a NaN loss from overflowing ones) is never saved, let alone registered
+    if not weights_finite(result.model) or not math.isfinite(result.history[-1]["loss"]):
+        raise ConfigError(DIVERGED.format(key="finetune.learning_rate"))
     model = released_model(result.model, begin.projection, input_scale=cfg.input_scale, kind=cfg.model,
                            transform=begin.transform)
     with staged_dir(out) as staging:
