@@ -344,6 +344,12 @@ CASES = [
          QUEUE_ERROR, setup=write(QUEUE, BROKEN_QUEUE)),
     Case("queue-invalid-json-removals", ("removals",),
          QUEUE_ERROR, setup=write(QUEUE, BROKEN_QUEUE)),
+    # a folder where a file should be: one line naming it, never an empty journal or ledger
+    Case("queue-journal-is-a-folder", ("forget", "digits-0001"),
+         f"privpipe: error: {QUEUE}: Is a directory; the journal is unchanged",
+         setup=lambda folder: (folder / QUEUE).mkdir(parents=True)),
+    Case("lifetime-ledger-is-a-folder", ("run",), f"privpipe: error: {LEDGER}: is a folder, not a file",
+         setup=lambda folder: (folder / LEDGER).mkdir(parents=True)),
     # no command takes a model version as input; the removal run consumes the deployed head
     # (artifacts/head, registered as <model_name>-head): a queued request without it is refused
     Case("removals-without-head", ("removals",),

@@ -115,6 +115,19 @@ def _lock(path: Path, *, blocking: bool = True) -> int:
     return fd
 
 
+@contextmanager
+def _os_errors(path: Path) -> Iterator[None]:
+    """An OS error on the request folder (a folder where the journal should be, a permission, a full
+    disk) as one QueueError naming the file. The journal is never left half-written (:meth:`_write`
+    takes a partial line back), so whatever was being queued or marked was not."""
+    try:
+        yield
+    except BlockingIOError:  # a busy lock, for the caller to say so
+        raise
+    except OSError as exc:
+        raise QueueError(f"{exc.filename or path}: {exc.strerror or exc}; the journal is unchanged") from None
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -260,19 +273,20 @@ class RequestQueue:
     @contextmanager
     def _locked(self) -> Iterator[int]:
         """queue.lock held, and the journal open for appending (its torn tail cut); yields its fd."""
-        lock = _lock(self.folder / "queue.lock")
-        try:
-            created = not self.path.exists()
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        with _os_errors(self.path):  # around the caller's writes too: a full disk is one line
+            lock = _lock(self.folder / "queue.lock")
             try:
-                self._cut_torn_tail(fd)
-                if created:
-                    _fsync_dir(self.folder)  # so the new file's name survives a crash too
-                yield fd
+                created = not self.path.exists()
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+                try:
+                    self._cut_torn_tail(fd)
+                    if created:
+                        _fsync_dir(self.folder)  # so the new file's name survives a crash too
+                    yield fd
+                finally:
+                    os.close(fd)
             finally:
-                os.close(fd)
-        finally:
-            os.close(lock)
+                os.close(lock)
 
     def _append(self, lines: list[dict[str, Any]]) -> None:
         """Append whole lines durably: under queue.lock, after cutting a torn tail, in one O_APPEND write."""
@@ -369,10 +383,10 @@ class RequestQueue:
             size = os.fstat(fd).st_size
             data = os.pread(fd, size, 0) if size else b""
         else:
-            try:
-                data = self.path.read_bytes()
-            except FileNotFoundError:
+            if not self.path.exists():  # (a journal is never deleted: no request yet)
                 return {}, {}
+            with _os_errors(self.path):
+                data = self.path.read_bytes()
         lines = data.split(b"\n")
         lines.pop()  # after the last newline: empty, or a torn write that was never acknowledged
         requests: dict[str, Request] = {}

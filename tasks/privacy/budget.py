@@ -43,6 +43,7 @@ from typing import Any, Iterator
 
 from privpipe.config import Params
 from privpipe.data import DataError
+from privpipe.files import read_user_text
 from privpipe.privacy import Event, Ledger, LifetimeLedger, Reservation, RunSpend, record_level_ledger
 from tasks.common import exclusive_lock, stage_logger, write_text
 from tasks.versioning import dvc
@@ -93,10 +94,11 @@ def _check_folder(folder: Path) -> None:
 
 
 def _read(path: Path, parse, problem: str) -> list:
-    if not path.is_file():
+    if not path.exists():
         return []
+    text = read_user_text(path, error=DataError)  # a folder in its place, a permission: one line, never "empty"
     try:
-        return parse(json.loads(path.read_text()))
+        return parse(json.loads(text))
     except (json.JSONDecodeError, ValueError) as exc:
         raise DataError(f"{path}: {problem.format(exc)}") from None
 
