@@ -395,3 +395,45 @@ def test_pipeline_run_killed_mid_stage_releases_and_charges_nothing(
     assert closed.info.status == "KILLED" and closed.data.tags["privpipe.ended"].startswith("killed")
     entries = json.loads(ledger.read_text())["entries"]
     assert [e["run"] for e in entries] == [first.run_id, versions["2"].run_id]
+
+
+def _processes_in(folder: Path) -> list[str]:
+    """Command lines of the processes whose working directory is ``folder``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == folder.resolve():
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_run_leaves_no_process_behind(tmp_path: Path) -> None:
+    """With no PREFECT_API_URL Prefect starts a temporary API server (uvicorn) for the run; SIGKILL used to
+    leave it running in the project folder. It now dies with the run (flows/children.py)."""
+    (tmp_path / "data/raw").mkdir(parents=True)
+    write_digits_pointer(tmp_path)
+    write_params(tmp_path, **PIPELINE_PARAMS)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    log = tmp_path / "run.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "flows.cli", "run"], cwd=tmp_path, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while "Task run 'prepare-" not in log.read_text():  # the server answers: the flow is running on it
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        assert any("uvicorn" in p for p in _processes_in(tmp_path))
+        process.send_signal(signal.SIGKILL)
+        assert process.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while _processes_in(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_in(tmp_path) == []

@@ -18,6 +18,7 @@ __all__ = ["run", "federated"]
 def run(args: argparse.Namespace) -> int:
     params = load_params(args.params)  # validate before Prefect starts anything
     # deferred until the params are known good: Prefect, MLflow and torch take seconds to import
+    from flows.children import end_with_us
     from flows.cli.run_report import let_prefect_record, print_audit
     from flows.pipeline import pipeline, preflight
     from tasks import tracking
@@ -26,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     preflight(params)  # bad data, δ ≥ 1/n, an impossible partition: refused before any run state exists
     budget.check_lifetime(params, budget.dataset_name(params), what="pipeline run")  # the flow checks again
 
+    end_with_us()  # a SIGKILLed run leaves no Prefect server behind
     result = pipeline(params_file=args.params)
     params = load_params(args.params)
     print()
@@ -68,10 +70,12 @@ def federated(args: argparse.Namespace) -> int:
     budget.check_lifetime(params, budget.dataset_name(params, flow="federated-text"), what="federated text run",
                           private=params.federated.private, client_level=params.federated.noise == "server")
     # deferred until the input is known good and the budget allows the run: Prefect and MLflow take seconds
+    from flows.children import end_with_us
     from flows.cli.run_report import let_prefect_record, print_audit
     from flows.federated import federated_text
     from tasks import tracking
 
+    end_with_us()
     out = federated_text(params_file=args.params)
     print()
     print(f"test accuracy   {out['accuracy_test']:.4f}   after {out['rounds']} rounds, K = {out['clients']} clients "

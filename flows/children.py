@@ -1,0 +1,48 @@
+"""What privpipe starts ends with it: Prefect's temporary API server dies with the run that started it.
+
+A flow run with no ``PREFECT_API_URL`` makes Prefect start a temporary API server, a uvicorn
+child process. A run killed with SIGKILL never stops it: each kill left one such process running
+in the project folder. :func:`end_with_us` makes Prefect start it with ``PR_SET_PDEATHSIG``
+(Linux): the kernel sends it SIGTERM when the process that started it dies, however it dies.
+(``privpipe serve``'s own server does the same: :func:`flows.deploy._stop_with_parent`.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+__all__ = ["end_with_us"]
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs uvicorn: SIGTERM when its parent dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+class _Subprocess:
+    """The ``subprocess`` module as Prefect's server module sees it, but Popen sets the death signal."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen:  # noqa: N802 (the name Prefect calls)
+        kwargs.setdefault("preexec_fn", _die_with_parent)
+        return subprocess.Popen(*args, **kwargs)
+
+
+def end_with_us() -> None:
+    """Before a flow runs: a temporary Prefect server, if one will be started, ends with this process.
+    (The death signal is tied to the thread that starts the server: Prefect's client starts it from
+    the thread that runs the flow, which lives as long as the command.)"""
+    if os.environ.get("PREFECT_API_URL") or not sys.platform.startswith("linux"):
+        return  # a server of the user's, or no prctl: nothing to tie
+    import prefect.server.api.server as server  # deferred: a second of imports, paid by the flow anyway
+
+    if not isinstance(server.subprocess, _Subprocess):
+        server.subprocess = _Subprocess()
