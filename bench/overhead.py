@@ -1,34 +1,32 @@
-"""Orchestration overhead of the default run: Prefect + MLflow + DVC time over the stages' own code.
+"""Orchestration overhead of the default run: its wall time over the stages' own seconds, in the same run.
 
-    .venv/bin/python bench/overhead.py        # goal: overhead <= 10 %
+    .venv/bin/python bench/overhead.py        # ~4 min; goal: wall / stage seconds <= 1.25
 
-Fresh project folders, the embedded digits, the default params.yaml, each path a subprocess
-timed from start to exit (interpreter and imports included on both sides):
+Fresh project folders, the embedded digits, the default params.yaml. Each `privpipe run` is a
+subprocess timed from start to exit (interpreter, imports, Prefect, MLflow, DVC all included);
+its stages' own seconds are what the same run recorded (the flow times each stage and logs it as
+``stage.seconds`` on the stage's MLflow child run). Three paths, interleaved, three rounds:
 
-1. **code only**: every stage's ``run_<stage>(params)`` in order (what the tasks call), the
-   teachers on a thread pool as wide as the flow's (one per core); no Prefect flow, no
-   MLflow. Each stage is also timed on its own.
-2. **privpipe run**: the product as a user starts it: Prefect's temporary API (started per
-   process), the flow and its tasks, MLflow logging and model registration, the lifetime
-   ledger, the audit plots and child runs.
-3. **privpipe run, Prefect server already up**: as a deployment served by ``privpipe serve``
-   runs, against a Prefect server started beforehand (its start-up not counted);
-4. **the same again in that folder**: a scheduled retrain's steady state (MLflow's database
-   and the experiment exist; the lifetime ledger has one run).
+1. **privpipe run**: as a user starts it, Prefect's temporary API started by the process;
+2. **against a running Prefect server**: as a deployment served by ``privpipe serve`` runs (the
+   server's start-up not counted), in a fresh folder;
+3. **the same again in that folder**: a scheduled retrain's steady state.
 
-overhead = (path − code only) / code only. Prints a table and writes
-bench/out/operations/overhead.json.
+ratio = wall / Σ stage seconds (min / median / max). Before, the baseline was a code-only
+subprocess whose stages ran in the main thread; on a busy host two OpenMP threads there ran small
+matrix products far slower than in the flow's worker threads, so it measured that, not the
+orchestration. Prints a table and writes bench/out/operations/overhead.{json,txt}.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,42 +40,17 @@ def _project() -> Path:
     return folder
 
 
-def code_only() -> dict[str, float]:
-    """(the --code-only child process) run the stages; print each one's seconds as JSON."""
-    sys.path.insert(0, str(ROOT))
-    from flows.env import configure
+def stage_seconds(folder: Path) -> dict[str, float]:
+    """The newest pipeline run's stage seconds, as that run recorded them in the folder's MLflow store."""
+    from mlflow.tracking import MlflowClient
 
-    configure()
-    from privpipe.config import load_params
-    from tasks.pate.aggregate import run_aggregate
-    from tasks.dp_pca import run_dp_pca
-    from tasks.evaluate import run_evaluate
-    from tasks.finetune.stage import run_finetune
-    from tasks.removal.head import run_head
-    from tasks.pate.partition import run_partition
-    from tasks.prepare import run_prepare
-    from tasks.pate.student import run_student
-    from tasks.pate.teachers import clear_partial_votes, collect_votes, train_teacher
-
-    params = load_params("params.yaml")
-
-    def teachers(p) -> None:
-        if not p.student.enabled:  # the PATE stages are off in the default run
-            return
-        clear_partial_votes()
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            list(pool.map(lambda k: train_teacher(p, k), range(p.partition.shards)))
-        collect_votes(p)
-
-    seconds = {}
-    for name, run in (("prepare", run_prepare), ("partition", run_partition), ("dp_pca", run_dp_pca),
-                      ("teachers", teachers), ("aggregate", run_aggregate), ("student", run_student),
-                      ("finetune", run_finetune), ("head", run_head), ("evaluate", run_evaluate)):
-        start = time.perf_counter()
-        run(params)
-        seconds[name] = time.perf_counter() - start
-    print(json.dumps(seconds))
-    return seconds
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("privpipe").experiment_id
+    (parent,) = client.search_runs([experiment], filter_string="tags.`privpipe.flow` = 'pipeline'",
+                                   order_by=["attributes.start_time DESC"], max_results=1)
+    children = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    return {c.data.tags["privpipe.stage"]: c.data.metrics["stage.seconds"] for c in children
+            if "stage.seconds" in c.data.metrics}
 
 
 def _timed(command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[float, str]:
@@ -91,15 +64,7 @@ def _timed(command: list[str], env: dict[str, str] | None = None, cwd: Path | No
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--code-only"]:
-        code_only()
-        return
-    python, privpipe = str(ROOT / ".venv/bin/python"), str(ROOT / ".venv/bin/privpipe")
-    code, out = _timed([python, str(Path(__file__).resolve()), "--code-only"])
-    stages = json.loads(out.strip().splitlines()[-1])
-    print(f"code only: {code:.1f} s ({sum(stages.values()):.1f} s in the stages)", flush=True)
-    ephemeral, _ = _timed([privpipe, "run"])
-    print(f"privpipe run: {ephemeral:.1f} s", flush=True)
+    privpipe = str(ROOT / ".venv/bin/privpipe")
     sys.path.insert(0, str(ROOT))
     from flows.env import configure
 
@@ -107,26 +72,35 @@ def main() -> None:
     from flows.deploy import prefect_server
 
     url = "http://127.0.0.1:4299/api"
-    folder = _project()
+    rounds: dict[str, list[dict]] = {"temporary API": [], "server up": [], "server up, again": []}
     with prefect_server(url):
-        served, _ = _timed([privpipe, "run"], env={"PREFECT_API_URL": url}, cwd=folder)
-        print(f"privpipe run, server up: {served:.1f} s", flush=True)
-        again, _ = _timed([privpipe, "run"], env={"PREFECT_API_URL": url}, cwd=folder)
-    print(f"privpipe run, server up, second run in the folder: {again:.1f} s", flush=True)
-    rows = [("stages' own code (subprocess, imports included)", code),
-            ("`privpipe run` (temporary Prefect API)", ephemeral),
-            ("`privpipe run` against a running Prefect server", served),
-            ("… the same again in that folder (steady state)", again)]
-    print("\n| path | seconds | overhead |\n|---|---|---|")
-    for name, wall in rows:
-        print(f"| {name} | {wall:.1f} | {(wall - code) / code:+.0%} |")
-    print("\nper stage, code only: " + ", ".join(f"{k} {v:.1f} s" for k, v in stages.items()))
-    out = ROOT / "bench/out/operations/overhead.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"stages_s": stages, "code_only_s": code, "privpipe_run_s": ephemeral,
-                               "privpipe_run_server_up_s": served, "privpipe_run_server_up_again_s": again,
-                               "overhead": (ephemeral - code) / code, "overhead_server_up": (served - code) / code,
-                               "overhead_steady": (again - code) / code, "cores": os.cpu_count()}, indent=2))
+        for _ in range(3):
+            folder = _project()
+            wall, _ = _timed([privpipe, "run"], cwd=folder)
+            rounds["temporary API"].append({"wall_s": wall, "stages_s": stage_seconds(folder)})
+            folder = _project()
+            for name in ("server up", "server up, again"):
+                wall, _ = _timed([privpipe, "run"], env={"PREFECT_API_URL": url}, cwd=folder)
+                rounds[name].append({"wall_s": wall, "stages_s": stage_seconds(folder)})
+            print({k: [round(r["wall_s"] / sum(r["stages_s"].values()), 2) for r in v] for k, v in rounds.items()},
+                  flush=True)
+    lines = ["| path | wall s | stage s | wall / stage s (min / median / max) |", "|---|---|---|---|"]
+    summary = {}
+    for name, runs in rounds.items():
+        ratios = sorted(r["wall_s"] / sum(r["stages_s"].values()) for r in runs)
+        summary[name] = {"min": ratios[0], "median": ratios[1], "max": ratios[2]}
+        lines.append(f"| {name} | {statistics.median(r['wall_s'] for r in runs):.1f} | "
+                     f"{statistics.median(sum(r['stages_s'].values()) for r in runs):.1f} | "
+                     f"{ratios[0]:.2f} / {ratios[1]:.2f} / {ratios[2]:.2f} |")
+    stages = rounds["temporary API"][-1]["stages_s"]
+    lines.append("\nper stage (last temporary-API run): " + ", ".join(f"{k} {v:.1f} s" for k, v in stages.items()))
+    text = "\n".join(lines)
+    print(text)
+    out = ROOT / "bench/out/operations"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "overhead.txt").write_text(text + "\n")
+    (out / "overhead.json").write_text(json.dumps({"rounds": rounds, "ratio": summary, "cores": os.cpu_count(),
+                                                   "date": time.strftime("%Y-%m-%d")}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
