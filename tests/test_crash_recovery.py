@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import yaml
@@ -332,22 +332,21 @@ def _model_versions(folder: Path) -> dict[str, Any]:
     return {str(v.version): v for v in sorted(versions, key=lambda v: int(v.version))}
 
 
-def _kill_in_teachers_stage(folder: Path, api_url: str) -> str:
-    """Start `privpipe run`, SIGKILL it once the teachers stage is under way; return its output."""
+def _run_and_kill(folder: Path, env: dict[str, str], ready: Callable[[str], bool], *, what: str,
+                  before_kill: Callable[[], None] = lambda: None) -> str:
+    """Start `privpipe run` in ``folder``, SIGKILL it once ``ready`` holds of its output; return the output."""
     log = folder / "killed-run.log"
     with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "flows.cli", "run"], cwd=folder, env=_env(api_url),
-                                   stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([sys.executable, "-m", "flows.cli", "run"], cwd=folder, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
-        # dp_pca is the stage before the teachers: once it finished, the teachers are training
-        while not any("Task run 'dp_pca-" in line and "Finished in state" in line
-                      for line in log.read_text().splitlines()):
-            assert process.poll() is None, f"the run ended (rc {process.returncode}) before its teachers:\n" \
+        while not ready(log.read_text()):
+            assert process.poll() is None, f"the run ended (rc {process.returncode}) before {what}:\n" \
                                            f"{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
-        time.sleep(0.3)
+        before_kill()
         process.send_signal(signal.SIGKILL)
         assert process.wait(timeout=60) == -signal.SIGKILL
     finally:
@@ -355,6 +354,14 @@ def _kill_in_teachers_stage(folder: Path, api_url: str) -> str:
             process.kill()
             process.wait(timeout=60)
     return log.read_text()
+
+
+def _kill_in_teachers_stage(folder: Path, api_url: str) -> str:
+    """Start `privpipe run`, SIGKILL it once the teachers stage is under way; return its output."""
+    # dp_pca is the stage before the teachers: once it finished, the teachers are training
+    return _run_and_kill(folder, _env(api_url), lambda text: any(
+        "Task run 'dp_pca-" in line and "Finished in state" in line for line in text.splitlines()),
+        what="its teachers", before_kill=lambda: time.sleep(0.3))
 
 
 def test_pipeline_run_killed_mid_stage_releases_and_charges_nothing(
@@ -417,22 +424,13 @@ def test_a_killed_run_leaves_no_process_behind(tmp_path: Path) -> None:
     write_digits_pointer(tmp_path)
     write_params(tmp_path, **PIPELINE_PARAMS)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    log = tmp_path / "run.log"
-    with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "flows.cli", "run"], cwd=tmp_path, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while "Task run 'prepare-" not in log.read_text():  # the server answers: the flow is running on it
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+
+    def server_is_up() -> None:
         assert any("uvicorn" in p for p in _processes_in(tmp_path))
-        process.send_signal(signal.SIGKILL)
-        assert process.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=60)
+
+    # its first task ran: the temporary server answers
+    _run_and_kill(tmp_path, env, lambda text: "Task run 'prepare-" in text, what="its first task",
+                  before_kill=server_is_up)
     deadline = time.monotonic() + 30
     while _processes_in(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.2)
