@@ -348,6 +348,9 @@ CASES = [
     Case("queue-journal-is-a-folder", ("forget", "digits-0001"),
          f"privpipe: error: {QUEUE}: Is a directory; the journal is unchanged",
          setup=lambda folder: (folder / QUEUE).mkdir(parents=True)),
+    Case("queue-salt-is-a-folder", ("forget", "digits-0001"),
+         "privpipe: error: data/requests/salt: Is a directory; the journal is unchanged",
+         setup=lambda folder: (folder / "data/requests/salt").mkdir(parents=True)),
     Case("lifetime-ledger-is-a-folder", ("run",), f"privpipe: error: {LEDGER}: is a folder, not a file",
          setup=lambda folder: (folder / LEDGER).mkdir(parents=True)),
     # no command takes a model version as input; the removal run consumes the deployed head

@@ -164,6 +164,7 @@ class RequestQueue:
         # checked before the lock too, so that a refusal creates nothing (not even the lock or the salt)
         if not self._new_ids(distinct, self.read(), known):
             return []
+        self._salt_bytes()  # a salt that cannot be read or made: refused before the journal's lock exists
         with self._locked() as fd:
             new = self._new_ids(distinct, list(self._fold(fd)[0].values()), known)  # what came in meanwhile
             moment = _utcnow()
@@ -402,28 +403,32 @@ class RequestQueue:
         """The queue's HMAC key, created once (atomically, mode 0600) on first use."""
         if self._salt is None:
             path = self.folder / "salt"
-            if not path.exists():
-                self.folder.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".salt.")  # mkstemp: mode 0600
-                try:
-                    with os.fdopen(fd, "w") as handle:
-                        handle.write(secrets.token_hex(32) + "\n")
-                        handle.flush()
-                        os.fsync(handle.fileno())
-                    with suppress(FileExistsError):  # of two racing creators the first wins
-                        os.link(tmp, path)  # never replaces
-                        _fsync_dir(self.folder)
-                finally:
-                    Path(tmp).unlink(missing_ok=True)
-            text = path.read_text().strip()
-            try:
-                salt = bytes.fromhex(text)
-            except ValueError:
-                salt = b""
-            if len(salt) != 32:
-                raise QueueError(f"{path}: not a salt (expected 64 hex digits)")
-            self._salt = salt
+            with _os_errors(path):  # a read-only project, a folder in its place: one line, nothing queued
+                self._salt = self._read_or_create_salt(path)
         return self._salt
+
+    def _read_or_create_salt(self, path: Path) -> bytes:
+        if not path.exists():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".salt.")  # mkstemp: mode 0600
+            try:
+                with os.fdopen(fd, "w") as handle:
+                    handle.write(secrets.token_hex(32) + "\n")
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                with suppress(FileExistsError):  # of two racing creators the first wins
+                    os.link(tmp, path)  # never replaces
+                    _fsync_dir(self.folder)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        text = path.read_text().strip()
+        try:
+            salt = bytes.fromhex(text)
+        except ValueError:
+            salt = b""
+        if len(salt) != 32:
+            raise QueueError(f"{path}: not a salt (expected 64 hex digits)")
+        return salt
 
 
 class _Invalid(Exception):
