@@ -4,7 +4,7 @@ A flow run with no ``PREFECT_API_URL`` makes Prefect start a temporary API serve
 child process. A run killed with SIGKILL never stops it: each kill left one such process running
 in the project folder. :func:`end_with_us` makes Prefect start it with ``PR_SET_PDEATHSIG``
 (Linux): the kernel sends it SIGTERM when the process that started it dies, however it dies.
-(``privpipe serve``'s own server does the same: :func:`flows.deploy._stop_with_parent`.)
+(``privpipe serve``'s own server is started with the same :func:`stop_with_parent`.)
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["end_with_us"]
+__all__ = ["end_with_us", "stop_with_parent"]
 
 
-def _die_with_parent() -> None:
-    """In the child, before it runs uvicorn: SIGTERM when its parent dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+def stop_with_parent() -> None:
+    """In a child process before it runs (``preexec_fn``): SIGTERM when its parent dies (Linux; elsewhere
+    nothing)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 class _Subprocess:
@@ -32,7 +34,7 @@ class _Subprocess:
 
     @staticmethod
     def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen:  # noqa: N802 (the name Prefect calls)
-        kwargs.setdefault("preexec_fn", _die_with_parent)
+        kwargs.setdefault("preexec_fn", stop_with_parent)
         return subprocess.Popen(*args, **kwargs)
 
 

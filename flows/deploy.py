@@ -20,9 +20,7 @@ deployment's one slot for good), and of the runs missed while nothing served, on
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -45,6 +43,7 @@ from prefect.settings import PREFECT_HOME
 from prefect.states import Cancelled, Crashed
 from prefect.types._datetime import now
 
+from flows.children import stop_with_parent
 from flows.notify import DELETION_EVENT, server_answers, whose_server
 from flows.pipeline import pipeline
 from flows.removals import removals
@@ -139,7 +138,7 @@ def prefect_server(api_url: str, *, use_running: bool = False) -> Iterator[Prefe
         # last; and it stops when privpipe dies, however privpipe dies
         server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                  preexec_fn=_stop_with_parent,
+                                  preexec_fn=stop_with_parent,
                                   env=_server_env(f"http://{where.hostname}:{port}/api", log.parent))
     try:
         deadline = time.monotonic() + _SERVER_START_SECONDS
@@ -159,12 +158,6 @@ def prefect_server(api_url: str, *, use_running: bool = False) -> Iterator[Prefe
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=30)
-
-
-def _stop_with_parent() -> None:
-    """In the server's process before it runs: SIGTERM when its parent dies (Linux; elsewhere nothing)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def _server_env(api_url: str, home: Path) -> dict[str, str]:

@@ -57,7 +57,7 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
                                      # digits: a seeded stratified split; MNIST: its fixed test set
                                      exchangeable=params.prepare.dataset == "digits")
         figures["privacy_audit"] = audit_figures(audit, claimed_epsilon=spend.epsilon)
-    write_json(paths.metrics_file("evaluate"), uncovered.without(params, figures, "accuracy_train", "privacy_audit"))
+    write_json(paths.metrics_file("evaluate"), uncovered.without(params, figures))
     write_json(paths.metrics_file("privacy"), ledger.summary())
     train = f" (train {figures['accuracy_train']:.4f})" if uncovered.recorded(params) else ""
     log.info("evaluate: test accuracy %.4f%s; run total %s", figures["accuracy_test"], train, spend)

@@ -280,7 +280,7 @@ def log_evaluation(params: Params, run_id: str, out: dict[str, Any]) -> None:
     """Accuracy metrics, the membership audit's figures (:mod:`tasks.privacy.uncovered`: only when the
     user asks), and what ε does not cover."""
     client = mlflow_client(params)
-    shown = uncovered.without(params, out, "accuracy_train", "privacy_audit")
+    shown = uncovered.without(params, out)
     log_batch(client, run_id, metrics={f"accuracy.{k.removeprefix('accuracy_')}": v for k, v in shown.items()
                                        if k.startswith("accuracy_")})
     client.set_tag(run_id, "privacy.not_covered", uncovered.note(params))

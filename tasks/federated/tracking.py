@@ -22,7 +22,7 @@ def log_rounds(params: Params, run_id: str, stage: str, history: dict[str, Any],
                *, sampling: str, record_level: bool) -> None:
     client = mlflow_client(params)
     metrics = [(f"{stage}.{k}", v, record["round"]) for record in history["rounds"]
-               for k, v in uncovered.without(params, record, "clients_dropped").items() if k != "round"]
+               for k, v in uncovered.without(params, record).items() if k != "round"]
     metrics += [(f"privacy.{stage}.epsilon_by_round", c["epsilon"], c["round"]) for c in history["epsilon_by_round"]]
     log_batch(client, run_id, metrics=metrics)
     client.set_tag(run_id, f"{stage}.sampling", sampling)

@@ -90,7 +90,7 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
                                               "stopped": run.result.stopped})
         write_text(staging / "ledger.json", ledger.to_json())
     spend = ledger.stage_epsilon("finetune")
-    run_figures = uncovered.without(params, run.figures(), "clients_dropped_total")
+    run_figures = uncovered.without(params, run.figures())
     figures = {**{k: v for k, v in run_figures.items() if k not in ("private", "stopped")}, "mode": "federated",
                "epsilon": spend.epsilon, "accuracy_test_last_round": run.result.history[-1]["accuracy_test"]}
     write_json(paths.metrics_file("finetune"), figures)

@@ -121,7 +121,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     spend = ledger.stage_epsilon("finetune")
     figures = {"noise_multiplier": sigma, "sample_rate": schedule.sample_rate, "steps": schedule.steps,
                "epsilon": spend.epsilon, "final_loss": result.history[-1]["loss"]}
-    write_json(paths.metrics_file("finetune"), uncovered.without(params, figures, "final_loss"))
+    write_json(paths.metrics_file("finetune"), uncovered.without(params, figures))
     log.info("finetune: done, stage %s; run total %s", spend, ledger.epsilon())
     return {"model_dir": str(out), "ledger": str(out / "ledger.json"), "history": str(out / "history.json"),
             **figures}

@@ -16,9 +16,11 @@ from typing import Any, Mapping
 
 from privpipe.config import Params
 
-__all__ = ["FIGURES", "recorded", "note", "without"]
+__all__ = ["FIGURES", "KEYS", "recorded", "note", "without"]
 
 FIGURES = "accuracy.train, finetune.loss (and final_loss), privacy.audit.*, federated rounds' clients_dropped"
+#: their keys in the figures a stage returns (what metrics/*.json, MLflow and the federated curves get)
+KEYS = frozenset({"accuracy_train", "final_loss", "privacy_audit", "clients_dropped", "clients_dropped_total"})
 
 
 def recorded(params: Params) -> bool:
@@ -35,6 +37,6 @@ def note(params: Params) -> str:
            "(privacy.log_uncovered: false); every other figure is covered by the run's ε"
 
 
-def without(params: Params, figures: Mapping[str, Any], *uncovered: str) -> dict[str, Any]:
-    """``figures`` less the ``uncovered`` keys, unless the user asked to record them."""
-    return {k: v for k, v in figures.items() if recorded(params) or k not in uncovered}
+def without(params: Params, figures: Mapping[str, Any]) -> dict[str, Any]:
+    """``figures`` less the uncovered ones (:data:`KEYS`), unless the user asked to record them."""
+    return {k: v for k, v in figures.items() if recorded(params) or k not in KEYS}

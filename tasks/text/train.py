@@ -143,7 +143,7 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
         write_json(staging / "history.json", {"rounds": run.result.history, "epsilon_by_round": run.curve,
                                               "stopped": run.result.stopped})
         write_text(staging / "ledger.json", ledger.to_json())
-    figures = {**uncovered.without(params, run.figures(), "clients_dropped_total"),
+    figures = {**uncovered.without(params, run.figures()),
                "accuracy_test": final["accuracy_test"], "privacy_audit": audit}
     if params.federated.private:
         spend = ledger.epsilon()
