@@ -27,10 +27,12 @@ def abadi(epochs: int) -> list[PoissonGaussianEvent]:
     return [PoissonGaussianEvent(stage="finetune", noise_multiplier=4.0, sample_rate=0.01, steps=100 * epochs)]
 
 
-@pytest.mark.parametrize("epochs, low, high", [(100, 0.9458, 0.9480), (400, 2.0319, 2.0345)])
-def test_pld_matches_published_abadi_setting(epochs, low, high):
+@pytest.mark.parametrize("epochs, tight", [(100, 0.94687), (400, 2.03307)])
+def test_pld_matches_published_abadi_setting(epochs, tight):
+    """Abadi et al.'s setting (σ = 4, q = 0.01): the tight PLD value is dp_accounting's at h = 1e-5
+    (0.94687 and 2.03307 at 100 and 400 epochs); the ledger's figure is an upper bound within 0.2 %."""
     spend = compute_epsilon(abadi(epochs), delta=DELTA, accountant="pld")
-    assert low <= spend.epsilon <= high
+    assert tight * (1 - 1e-5) <= spend.epsilon <= tight * 1.002
     assert spend.accountant == "pld"
 
 
@@ -120,7 +122,7 @@ def test_calibrate_finds_the_smallest_noise_within_target():
 
     sigma = ledger.calibrate(event, target_epsilon=2.0)
     assert ledger.epsilon([event(sigma)]).epsilon <= 2.0
-    assert ledger.epsilon([event(sigma * 0.99)]).epsilon > 2.0
+    assert ledger.epsilon([event(sigma * 0.995)]).epsilon > 2.0  # the least σ, to within 0.5 %
 
 
 @pytest.mark.parametrize("bad", [

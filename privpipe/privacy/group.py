@@ -34,6 +34,7 @@ direct curve is larger or cannot be computed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -63,12 +64,23 @@ def record_level_event(event: Event) -> Event:
     """``event`` (client-level) in its record-level form, same stage."""
     if isinstance(event, (GaussianEvent, LaplaceEvent)):
         return dataclasses.replace(event, noise_multiplier=event.noise_multiplier / 2)
-    curve = group_of_two_rdp(event)
-    if isinstance(event, PoissonGaussianEvent):
-        direct = event.steps * substitution_rdp(noise_multiplier=event.noise_multiplier,
-                                                sample_rate=event.sample_rate, orders=RDP_ORDERS)
-        curve = np.minimum(curve, direct)
+    if isinstance(event, PoissonGaussianEvent):  # RDP composes by addition: steps × one step's curve
+        curve = event.steps * _record_level_step(event.noise_multiplier, event.sample_rate)
+    else:
+        curve = group_of_two_rdp(event)
     return RdpCurveEvent(stage=event.stage, orders=RDP_ORDERS, rdp=tuple(curve))
+
+
+@functools.lru_cache(maxsize=64)
+def _record_level_step(noise_multiplier: float, sample_rate: float) -> np.ndarray:
+    """One round's record-level RDP: the smaller of the triangle's and the direct substitution's at each
+    order. Computed once per (σ, q): the σ search and the ε-by-round curve ask for many round counts."""
+    step = PoissonGaussianEvent(stage="record_level", noise_multiplier=noise_multiplier, sample_rate=sample_rate,
+                                steps=1)
+    curve = np.minimum(group_of_two_rdp(step),
+                       substitution_rdp(noise_multiplier=noise_multiplier, sample_rate=sample_rate, orders=RDP_ORDERS))
+    curve.flags.writeable = False
+    return curve
 
 
 def record_level_ledger(ledger: Ledger) -> Ledger:
