@@ -8,9 +8,14 @@ Part 1: ε of DP-SGD at q = 0.01, δ = 1e-5, 40,000 steps, σ ∈ {0.5, 1.1, 4}:
 h = 1e-5); three timings each, min/median/max, with ``torch.set_num_threads(1)``.
 
 Part 2: the finetune stage of the default params (digits, prepare and DP-PCA run first, in a
-temporary project), three times: the stage's wall time and the part spent in accounting (the
-ledger's calibrate / ensure_affordable / record / epsilon / stage_epsilon and the ε-by-step curve,
-each timed once at the outermost call).
+temporary project), three times, then the same with ``finetune.mode: federated`` (DP-FedAvg, 100
+clients):
+the stage's wall time and the part spent in accounting (the ledger's calibrate /
+ensure_affordable / record / epsilon / stage_epsilon and the ε-by-step or by-round curve, each
+timed once at the outermost call).
+
+Part 3: the same accounting calls alone for the MNIST frontier-eps3 setting, against the training
+seconds bench/mnist_dpsgd.py recorded for it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
 import statistics
@@ -49,8 +55,7 @@ def part_epsilon() -> list[dict]:
         event = PoissonGaussianEvent(stage="finetune", noise_multiplier=sigma, sample_rate=RATE, steps=STEPS)
         times = []
         for _ in range(3):
-            if hasattr(ledger, "_composed"):
-                ledger._composed.cache_clear()
+            clear_caches(ledger)
             start = time.perf_counter()
             spend = compute_epsilon([event], delta=DELTA)
             times.append(time.perf_counter() - start)
@@ -61,6 +66,53 @@ def part_epsilon() -> list[dict]:
                      "excess_percent": 100 * (spend.epsilon / tight - 1), "ms": spread([t * 1000 for t in times])})
         print(rows[-1], flush=True)
     return rows
+
+
+def clear_caches(ledger) -> None:
+    """Start cold: this privpipe's caches (an older one may have only ``_composed``, or none)."""
+    import privpipe.privacy.group as group
+
+    if hasattr(ledger, "clear_caches"):
+        ledger.clear_caches()
+    elif hasattr(ledger, "_composed"):
+        ledger._composed.cache_clear()
+    if hasattr(group, "_record_level_step"):
+        group._record_level_step.cache_clear()
+
+
+def part_mnist() -> dict:
+    """The finetune stage's accounting alone (σ search to ε = 3, the budget check, the 20-point curve, the
+    stage's figure) for the MNIST frontier-eps3 setting of bench/mnist_dpsgd.py, against the training
+    seconds that run recorded in bench/out/dpsgd/mnist_dpsgd.json."""
+    import numpy as np
+
+    import privpipe.privacy.ledger as ledger
+    from privpipe.privacy import Ledger, PoissonGaussianEvent, epsilon_curve
+
+    recorded = json.loads((ROOT / "bench/out/dpsgd/mnist_dpsgd.json").read_text())["frontier-eps3"]
+    lot, epochs, n = recorded["config"]["lot"], recorded["epochs"], 60_000
+    steps = epochs * math.ceil(n / lot)
+    rate = 1 / math.ceil(n / lot)
+
+    def event(noise_multiplier: float, steps: int = steps) -> PoissonGaussianEvent:
+        return PoissonGaussianEvent(stage="finetune", noise_multiplier=noise_multiplier, sample_rate=rate, steps=steps)
+
+    times = []
+    for _ in range(3):
+        clear_caches(ledger)
+        start = time.perf_counter()
+        book = Ledger(epsilon_budget=3.0, delta=recorded["delta"])
+        sigma = book.calibrate(event, target_epsilon=3.0)
+        book.record(event(sigma))
+        marks = np.unique(np.linspace(1, steps, 20).round().astype(int))
+        epsilon_curve(lambda s: event(sigma, s), marks, delta=book.delta)
+        spend = book.stage_epsilon("finetune")
+        times.append(time.perf_counter() - start)
+    row = {"sample_rate": rate, "steps": steps, "sigma": sigma, "epsilon": spend.epsilon,
+           "accounting_s": spread(times), "training_s_recorded": recorded["seconds"],
+           "share_percent": 100 * statistics.median(times) / recorded["seconds"]}
+    print(row, flush=True)
+    return row
 
 
 class Stopwatch:
@@ -97,15 +149,23 @@ def project() -> Path:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def part_stage() -> list[dict]:
+def part_stage(mode: str) -> list[dict]:
+    """Three runs of the finetune stage with ``finetune.mode: mode`` (dpsgd or federated)."""
+    import tasks.federated.training as federated
     import tasks.finetune.stage as stage
     from privpipe.config import load_params
     from privpipe.privacy import Ledger
     from tasks.dp_pca import run_dp_pca
     from tasks.prepare import run_prepare
 
+    curve_module = federated if mode == "federated" else stage
     rows = []
-    with project():
+    with project() as folder:
+        raw = yaml.safe_load((folder / "params.yaml").read_text())
+        raw["finetune"]["mode"] = mode
+        if mode == "federated":  # the 1,024 sensitive digits leave some of the default 500 clients empty
+            raw["federated"]["clients"] = 100
+        (folder / "params.yaml").write_text(yaml.safe_dump(raw))
         params = load_params("params.yaml")
         run_prepare(params)
         run_dp_pca(params)
@@ -113,25 +173,24 @@ def part_stage() -> list[dict]:
             watch = Stopwatch()
             originals = {name: getattr(Ledger, name) for name in
                          ("calibrate", "ensure_affordable", "record", "epsilon", "stage_epsilon")}
-            curve_name = "epsilon_curve" if hasattr(stage, "epsilon_curve") else "compute_epsilon"
-            original_curve = getattr(stage, curve_name)
+            curve_name = "epsilon_curve" if hasattr(curve_module, "epsilon_curve") else "compute_epsilon"
+            original_curve = getattr(curve_module, curve_name)
             for name, function in originals.items():
                 setattr(Ledger, name, watch.wrap(function))
-            setattr(stage, curve_name, watch.wrap(original_curve))
+            setattr(curve_module, curve_name, watch.wrap(original_curve))
             try:
                 import privpipe.privacy.ledger as ledger
-                if hasattr(ledger, "_composed"):
-                    ledger._composed.cache_clear()
+                clear_caches(ledger)
                 start = time.perf_counter()
                 out = stage.run_finetune(params)
                 wall = time.perf_counter() - start
             finally:
                 for name, function in originals.items():
                     setattr(Ledger, name, function)
-                setattr(stage, curve_name, original_curve)
+                setattr(curve_module, curve_name, original_curve)
             rows.append({"stage_s": wall, "accounting_s": watch.seconds, "share": watch.seconds / wall,
                          "noise_multiplier": out["noise_multiplier"], "epsilon": out["epsilon"]})
-            print(rows[-1], flush=True)
+            print(mode, rows[-1], flush=True)
     return rows
 
 
@@ -141,8 +200,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     report = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "torch_threads": 1,
-              "epsilon_40000_steps": part_epsilon(), "finetune_stage": part_stage(),
-              "params": yaml.safe_load((ROOT / "params.yaml").read_text())["finetune"]}
+              "epsilon_40000_steps": part_epsilon(),
+              "finetune_stage": part_stage("dpsgd"), "federated_finetune_stage": part_stage("federated"),
+              "mnist_finetune": part_mnist(),
+              "params": {key: yaml.safe_load((ROOT / "params.yaml").read_text())[key]
+                         for key in ("finetune", "federated")}}
     OUT.mkdir(parents=True, exist_ok=True)
     name = f"speed{'_' + args.label if args.label else ''}"
     (OUT / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -153,14 +215,22 @@ def main() -> None:
         lines.append(f"| {r['sigma']} | {r['epsilon']:.4f} | {r['accountant']} | {r['tight_pld']:.4f} | "
                      f"{r['excess_percent']:.3f} % | {r['ms']['min']:.0f} / {r['ms']['median']:.0f} / "
                      f"{r['ms']['max']:.0f} |")
-    stage = report["finetune_stage"]
-    shares = spread([100 * r["share"] for r in stage])
-    walls = ", ".join(f"{r['stage_s']:.2f}" for r in stage)
-    spent = ", ".join(f"{r['accounting_s']:.2f}" for r in stage)
-    lines += ["", "Default finetune stage (digits, prepare and DP-PCA first), three runs:", "",
-              f"- stage wall {walls} s; accounting {spent} s",
-              f"- accounting share min / median / max: {shares['min']:.1f} / {shares['median']:.1f} / "
-              f"{shares['max']:.1f} %; σ = {stage[0]['noise_multiplier']:.4f}, stage ε = {stage[0]['epsilon']:.4f}"]
+    for key, title in (("finetune_stage", "Default finetune stage (DP-SGD"),
+                       ("federated_finetune_stage", "Finetune stage with `finetune.mode: federated` (DP-FedAvg")):
+        stage = report[key]
+        shares = spread([100 * r["share"] for r in stage])
+        walls = ", ".join(f"{r['stage_s']:.2f}" for r in stage)
+        spent = ", ".join(f"{r['accounting_s']:.2f}" for r in stage)
+        lines += ["", f"{title} on digits, prepare and DP-PCA first), three runs:", "",
+                  f"- stage wall {walls} s; accounting {spent} s",
+                  f"- accounting share min / median / max: {shares['min']:.1f} / {shares['median']:.1f} / "
+                  f"{shares['max']:.1f} %; σ = {stage[0]['noise_multiplier']:.4f}, stage ε = {stage[0]['epsilon']:.4f}"]
+    mnist = report["mnist_finetune"]
+    lines += ["", f"MNIST (bench/mnist_dpsgd.py frontier-eps3: q = {mnist['sample_rate']:.4g}, {mnist['steps']} steps, "
+              f"ε = 3): the stage's accounting alone takes {mnist['accounting_s']['min']:.2f} / "
+              f"{mnist['accounting_s']['median']:.2f} / {mnist['accounting_s']['max']:.2f} s (min / median / max), "
+              f"{mnist['share_percent']:.3f} % of the {mnist['training_s_recorded']:.0f} s that run recorded; "
+              f"σ = {mnist['sigma']:.4f}, ε = {mnist['epsilon']:.4f}"]
     (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
