@@ -312,3 +312,40 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
     log = tmp_path / "server.log"
     assert message.startswith(f"the Prefect server for {url} exited with code 1; its log {log} ends:")
     assert "already in use" in message
+
+
+def test_a_run_records_to_this_projects_running_server_and_says_so(prefect_api, project):
+    """`privpipe removals` (here with nothing queued) with this project's server up at
+    schedule.prefect_api_url: one line says so, no temporary server starts, and the flow run is on that
+    server. Another project's server at that address is not used."""
+    import os
+    import subprocess
+    import sys
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from conftest import write_params
+    from flows.prefect_api import flow_api
+
+    def completed_runs() -> int:
+        with temporary_settings(updates={PREFECT_API_URL: url}), get_client(sync_client=True) as client:
+            return sum(r.state.is_completed() for r in client.read_flow_runs())
+
+    url = prefect_api.api_url
+    write_params(project, schedule={"prefect_api_url": url})
+    before = completed_runs()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "removals"], cwd=project, capture_output=True, text=True,
+                          env={**env, "PREFECT_HOME": str(prefect_api.log.parent)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[0] == (f"Prefect         this project's server at {url} "
+                                           "(already running: no temporary server)")
+    assert "Starting temporary server" not in done.stdout + done.stderr
+    assert completed_runs() == before + 1  # the removals flow run, recorded there
+
+    params = parse_params({"schedule": {"prefect_api_url": url}})
+    with pytest.MonkeyPatch.context() as patch, temporary_settings(updates={PREFECT_HOME: project / ".prefect"}):
+        patch.delenv("PREFECT_API_URL", raising=False)
+        with flow_api(params) as where:  # another project's server: Prefect's temporary one, as before
+            assert where is None and PREFECT_API_URL.value() != url

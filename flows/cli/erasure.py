@@ -68,7 +68,7 @@ def requests(args: argparse.Namespace) -> int:
 def removals(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     # deferred until the params are known good: the removal steps and their flow import Prefect, MLflow and torch
-    from flows.children import end_with_us
+    from flows.prefect_api import flow_api
     from flows.removals import removals as removals_flow
     from tasks.removal.erase import ensure_can_erase
     from tasks.removal.steps import ensure_head_for
@@ -76,8 +76,10 @@ def removals(args: argparse.Namespace) -> int:
     # before the flow starts: a damaged journal, or requests with no head, fail here (the flow checks again)
     ensure_head_for(params, RequestQueue(paths.REQUESTS))
     ensure_can_erase(params, RequestQueue(paths.REQUESTS))
-    end_with_us()  # a SIGKILLed run leaves no Prefect server behind
-    results = removals_flow(params_file=args.params)
+    with flow_api(params) as where:
+        if where:
+            print(where, flush=True)
+        results = removals_flow(params_file=args.params)
     if not results:
         print("no pending deletion requests")
     for out in results:

@@ -18,18 +18,27 @@ __all__ = ["run", "federated"]
 def run(args: argparse.Namespace) -> int:
     params = load_params(args.params)  # validate before Prefect starts anything
     # deferred until the params are known good: Prefect, MLflow and torch take seconds to import
-    from flows.children import end_with_us
-    from flows.cli.run_report import let_prefect_record, print_audit
+    from flows.cli.run_report import let_prefect_record
     from flows.pipeline import pipeline, preflight
-    from tasks import tracking
+    from flows.prefect_api import flow_api
     from tasks.privacy import budget
 
     preflight(params)  # bad data, δ ≥ 1/n, an impossible partition: refused before any run state exists
     budget.check_lifetime(params, budget.dataset_name(params), what="pipeline run")  # the flow checks again
 
-    end_with_us()  # a SIGKILLed run leaves no Prefect server behind
-    result = pipeline(params_file=args.params)
-    params = load_params(args.params)
+    with flow_api(params) as where:
+        if where:
+            print(where, flush=True)
+        result = pipeline(params_file=args.params)
+        _report_run(load_params(args.params), result)
+        let_prefect_record(result["flow_run_id"])
+    return 0
+
+
+def _report_run(params: Params, result: dict) -> None:
+    from flows.cli.run_report import print_audit  # (deferred like every import above: the run has made them)
+    from tasks import tracking
+
     print()
     print(f"test accuracy   {result['accuracy_test']:.4f}   (train {result['accuracy_train']:.4f})")
     if "accuracy_target" in result:
@@ -52,8 +61,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"                {result['head_model_name']} version {result['head_model_version']} "
                   "(not DP: serve it for erasure, the model above for DP)")
     print(f"MLflow          {tracking.run_url_hint(params, result['run_id'])}", flush=True)
-    let_prefect_record(result["flow_run_id"])
-    return 0
 
 
 def federated(args: argparse.Namespace) -> int:
@@ -70,13 +77,23 @@ def federated(args: argparse.Namespace) -> int:
     budget.check_lifetime(params, budget.dataset_name(params, flow="federated-text"), what="federated text run",
                           private=params.federated.private, client_level=params.federated.noise == "server")
     # deferred until the input is known good and the budget allows the run: Prefect and MLflow take seconds
-    from flows.children import end_with_us
-    from flows.cli.run_report import let_prefect_record, print_audit
+    from flows.cli.run_report import let_prefect_record
     from flows.federated import federated_text
+    from flows.prefect_api import flow_api
+
+    with flow_api(params) as where:
+        if where:
+            print(where, flush=True)
+        out = federated_text(params_file=args.params)
+        _report_federated(params, out)
+        let_prefect_record(out["flow_run_id"])
+    return 0
+
+
+def _report_federated(params: Params, out: dict) -> None:
+    from flows.cli.run_report import print_audit
     from tasks import tracking
 
-    end_with_us()
-    out = federated_text(params_file=args.params)
     print()
     print(f"test accuracy   {out['accuracy_test']:.4f}   after {out['rounds']} rounds, K = {out['clients']} clients "
           f"({params.text.mode} encoder)")
@@ -98,8 +115,6 @@ def federated(args: argparse.Namespace) -> int:
     if "model_version" in out:
         print(f"model           {out['model_name']} version {out['model_version']} (MLflow registry)")
     print(f"MLflow          {tracking.run_url_hint(params, out['run_id'])}", flush=True)
-    let_prefect_record(out["flow_run_id"])
-    return 0
 
 
 def _read_text_file(params: Params) -> None:
