@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
+import os
 import sys
+import threading
 import warnings
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from flows.cli.app import build_parser
 from flows.cli.exits import exit_for
@@ -15,7 +18,15 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``privpipe ARGS``: the exit code (argparse itself exits 2 on a malformed command line)."""
+    """``privpipe ARGS``: the exit code (argparse itself exits 2 on a malformed command line). As the
+    command itself (``argv`` None) the process then ends at once: see :func:`_leave`."""
+    code = _run(argv)
+    if argv is None:
+        _leave(code)
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         with warnings.catch_warnings():
@@ -27,6 +38,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"{outcome.prefix}{exc}", file=sys.stderr)
         return outcome.code
+
+
+def _leave(code: int) -> NoReturn:
+    """End the process as the interpreter would, without its teardown: after a run, freeing what torch,
+    Prefect and MLflow hold took 2-3 s (bench/overhead.py, "exit"), and a scheduled retrain waits for it.
+    What a normal exit does first is done here too: other non-daemon threads are joined, the atexit
+    handlers run (Prefect stops its temporary server and sends its last logs, logging flushes its files),
+    and stdout and stderr are flushed. (privpipe's own files are written and closed before this.)"""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
+            pass
+    os._exit(code)
 
 
 def _command(runs: str) -> Callable[[argparse.Namespace], int]:
