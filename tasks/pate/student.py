@@ -13,6 +13,7 @@ Output: artifacts/student/{model.pt, model.json, history.json, ledger.json}.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,8 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
                            config=config, seed=seed,
                            on_log=lambda h: log.info("student: step %d/%d, loss %.4f (the association terms' floor: %.4f)",
                                                      h["step"], cfg.steps, h["loss"], h["floor"]))
-    if not weights_finite(result.network):  # a diverged model is never saved, let alone registered
+    # a diverged model (NaN weights, or a NaN loss from overflowing ones) is never saved, let alone registered
+    if not weights_finite(result.network) or not math.isfinite(result.history[-1]["loss"]):
         raise ConfigError(DIVERGED.format(key="student.learning_rate"))
     projection = load_projection(dp_pca_dir)
     model = released_model(result.network.cpu(), projection, input_scale=params.finetune.input_scale,
