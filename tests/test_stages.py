@@ -146,6 +146,18 @@ def test_a_diverged_model_is_refused_by_name_and_never_saved(project):
     assert all(torch.equal(good[k], v) for k, v in torch.load(project / "artifacts/finetune/model.pt").items())
 
 
+def test_a_diverged_student_is_refused_by_name_and_never_saved(project):
+    """The PATE student at a rate that overflows its weights (bench/student_loss.py: before, it was saved)."""
+    write_params(project, student={"enabled": True, "steps": 20, "delay_steps": 5, "ramp_steps": 5,
+                                   "learning_rate": 1e36})
+    params = load_params("params.yaml")
+    for run in (run_prepare, run_partition, run_dp_pca, run_teachers, run_aggregate):
+        run(params)
+    with pytest.raises(ConfigError, match=r"^student.learning_rate: training diverged"):
+        run_student(params)
+    assert not (project / "artifacts/student").exists()
+
+
 def test_a_local_usps_folder_as_the_mnist_target_domain(project):
     from test_domains import write_usps
 
