@@ -1,15 +1,17 @@
 """Orchestration overhead of the default run: its wall time over the stages' own seconds, in the same run.
 
-    .venv/bin/python bench/overhead.py        # ~4 min; goal: wall / stage seconds <= 1.25
+    .venv/bin/python bench/overhead.py        # ~5 min; goal: wall / stage seconds <= 1.25
 
 Fresh project folders, the embedded digits, the default params.yaml. Each `privpipe run` is a
 subprocess timed from start to exit (interpreter, imports, Prefect, MLflow, DVC all included);
 its stages' own seconds are what the same run recorded (the flow times each stage and logs it as
-``stage.seconds`` on the stage's MLflow child run). Three paths, interleaved, three rounds:
+``stage.seconds`` on the stage's MLflow child run). Four paths, interleaved, three rounds:
 
-1. **privpipe run**: as a user starts it, Prefect's temporary API started by the process;
-2. **against a running Prefect server**: as a deployment served by ``privpipe serve`` runs (the
-   server's start-up not counted), in a fresh folder;
+1. **privpipe run**: as a user starts it, Prefect's temporary API started by the process, in a
+   fresh folder (its database created), then **again in that folder** (the database there);
+2. **against a running Prefect server**: as a deployment served by ``privpipe serve`` runs, or
+   ``privpipe run`` while this project's server is up (the server's start-up not counted), in a
+   fresh folder;
 3. **the same again in that folder**: a scheduled retrain's steady state.
 
 ratio = wall / Σ stage seconds (min / median / max). Before, the baseline was a code-only
@@ -53,14 +55,38 @@ def stage_seconds(folder: Path) -> dict[str, float]:
             if "stage.seconds" in c.data.metrics}
 
 
-def _timed(command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[float, str]:
+def _timed(command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[float, dict]:
+    """(wall seconds, where they went: see :func:`phases`)."""
+    started = time.time()
     start = time.perf_counter()
     done = subprocess.run(command, cwd=cwd or _project(), capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
-    return wall, done.stdout
+    return wall, phases(done.stdout + done.stderr, started=started, wall=wall)
+
+
+def phases(log: str, *, started: float, wall: float) -> dict[str, float]:
+    """Seconds from the process's start to Prefect's first line about the run (imports and checks), to the
+    flow's start (the temporary server's start-up, if one), to the flow's end, and to the process's exit,
+    from the run's own Prefect log lines (HH:MM:SS.mmm, local time)."""
+    import datetime
+    import re
+
+    def at(pattern: str) -> float | None:
+        found = re.search(r"^(\d\d:\d\d:\d\d\.\d{3}) \|.*" + pattern, log, re.MULTILINE)
+        if not found:
+            return None
+        clock = datetime.datetime.combine(datetime.date.fromtimestamp(started),
+                                          datetime.time.fromisoformat(found.group(1)))
+        return clock.timestamp() - started
+
+    server, flow = at("Starting temporary server"), at("Beginning flow run")
+    finished = at(r"Flow run '[^']*' - Finished in state")
+    first = server if server is not None else flow
+    return {"start_up_s": first, "prefect_server_s": (flow - server) if server is not None else 0.0,
+            "flow_s": finished - flow, "exit_s": wall - finished}
 
 
 def main() -> None:
@@ -72,16 +98,18 @@ def main() -> None:
     from flows.deploy import prefect_server
 
     url = "http://127.0.0.1:4299/api"
-    rounds: dict[str, list[dict]] = {"temporary API": [], "server up": [], "server up, again": []}
+    rounds: dict[str, list[dict]] = {"temporary API": [], "temporary API, again": [], "server up": [],
+                                     "server up, again": []}
     with prefect_server(url):
         for _ in range(3):
             folder = _project()
-            wall, _ = _timed([privpipe, "run"], cwd=folder)
-            rounds["temporary API"].append({"wall_s": wall, "stages_s": stage_seconds(folder)})
+            for name in ("temporary API", "temporary API, again"):
+                wall, where = _timed([privpipe, "run"], cwd=folder)
+                rounds[name].append({"wall_s": wall, "stages_s": stage_seconds(folder), "phases": where})
             folder = _project()
             for name in ("server up", "server up, again"):
-                wall, _ = _timed([privpipe, "run"], env={"PREFECT_API_URL": url}, cwd=folder)
-                rounds[name].append({"wall_s": wall, "stages_s": stage_seconds(folder)})
+                wall, where = _timed([privpipe, "run"], env={"PREFECT_API_URL": url}, cwd=folder)
+                rounds[name].append({"wall_s": wall, "stages_s": stage_seconds(folder), "phases": where})
             print({k: [round(r["wall_s"] / sum(r["stages_s"].values()), 2) for r in v] for k, v in rounds.items()},
                   flush=True)
     lines = ["| path | wall s | stage s | wall / stage s (min / median / max) |", "|---|---|---|---|"]
@@ -94,6 +122,14 @@ def main() -> None:
                      f"{ratios[0]:.2f} / {ratios[1]:.2f} / {ratios[2]:.2f} |")
     stages = rounds["temporary API"][-1]["stages_s"]
     lines.append("\nper stage (last temporary-API run): " + ", ".join(f"{k} {v:.1f} s" for k, v in stages.items()))
+    lines += ["", "where the wall time goes (medians, s): start-up = interpreter, imports, checks; server = the "
+              "temporary API's start-up; flow = the flow run, its stages included; exit = after the flow",
+              "", "| path | start-up | server | flow | of which stages | exit |", "|---|---|---|---|---|---|"]
+    for name, runs in rounds.items():
+        median = {key: statistics.median(r["phases"][key] for r in runs) for key in runs[0]["phases"]}
+        lines.append(f"| {name} | {median['start_up_s']:.1f} | {median['prefect_server_s']:.1f} | "
+                     f"{median['flow_s']:.1f} | {statistics.median(sum(r['stages_s'].values()) for r in runs):.1f} | "
+                     f"{median['exit_s']:.1f} |")
     text = "\n".join(lines)
     print(text)
     out = ROOT / "bench/out/operations"

@@ -142,12 +142,14 @@ def refined_pld(events: Sequence[Event], delta: float, *,
     """(the PLD, its ε at ``delta``, its h): h refined until the ε is within PLD_TOLERANCE of the tight
     value (see PLD_TOLERANCE); the ε is the smallest of the levels tried (each is an upper bound).
     ``span``: about the largest privacy loss that matters (RDP's ε), which bounds the grid."""
-    return _refined_pld(tuple(events), delta, span)
+    events = tuple(events)
+    best, interval = _refined_pld(events, delta, span)
+    return _pld(events, interval), best, interval  # (the last PLD built: cached, unless evicted since)
 
 
-@functools.lru_cache(maxsize=64)
-def _refined_pld(events: tuple[Event, ...], delta: float,
-                 span: float) -> tuple[pld_privacy_accountant.PLDAccountant, float, float]:
+@functools.lru_cache(maxsize=512)
+def _refined_pld(events: tuple[Event, ...], delta: float, span: float) -> tuple[float, float]:
+    """(ε, h) of :func:`refined_pld`; the PLDs themselves stay in _pld's small cache (up to 32 MB each)."""
     finest = max(PLD_FINEST, span / PLD_MAX_POINTS)
     interval, best = max(PLD_COARSEST, finest), math.inf
     previous = None  # (h, ε) of the level before
@@ -161,10 +163,10 @@ def _refined_pld(events: tuple[Event, ...], delta: float,
             ratio = previous[0] / interval
             excess = max(previous[1] - epsilon, 0.0) / (ratio ** 2 - 1)  # ε(h) - tight, if excess ∝ h²
             if excess <= PLD_TOLERANCE * epsilon:
-                return pld, best, interval
+                return best, interval
             finer = interval * min(math.sqrt(PLD_TOLERANCE / 2 * epsilon / excess), 1 / 1.5)
         if interval <= finest:
-            return pld, best, interval
+            return best, interval
         previous, interval = (interval, epsilon), max(finer, finest)
 
 
