@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report_run(params: Params, result: dict) -> None:
-    from flows.cli.run_report import print_audit  # (deferred like every import above: the run has made them)
+    # deferred like the imports above (Prefect and MLflow take seconds); the run has made them by now
+    from flows.cli.run_report import print_audit
     from tasks import tracking
 
     print()
@@ -91,6 +92,7 @@ def federated(args: argparse.Namespace) -> int:
 
 
 def _report_federated(params: Params, out: dict) -> None:
+    # deferred like the imports above (Prefect and MLflow take seconds); the run has made them by now
     from flows.cli.run_report import print_audit
     from tasks import tracking
 
