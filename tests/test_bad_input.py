@@ -346,10 +346,11 @@ CASES = [
          QUEUE_ERROR, setup=write(QUEUE, BROKEN_QUEUE)),
     # a folder where a file should be: one line naming it, never an empty journal or ledger
     Case("queue-journal-is-a-folder", ("forget", "digits-0001"),
-         f"privpipe: error: {QUEUE}: Is a directory; the journal is unchanged",
+         f"privpipe: error: {QUEUE}: Is a directory; the journal is unchanged (nothing was queued or marked)",
          setup=lambda folder: (folder / QUEUE).mkdir(parents=True)),
     Case("queue-salt-is-a-folder", ("forget", "digits-0001"),
-         "privpipe: error: data/requests/salt: Is a directory; the journal is unchanged",
+         "privpipe: error: data/requests/salt: Is a directory; the journal is unchanged (nothing was queued or "
+         "marked)",
          setup=lambda folder: (folder / "data/requests/salt").mkdir(parents=True)),
     Case("lifetime-ledger-is-a-folder", ("run",), f"privpipe: error: {LEDGER}: is a folder, not a file",
          setup=lambda folder: (folder / LEDGER).mkdir(parents=True)),

@@ -345,3 +345,35 @@ def test_concurrent_submits_of_the_same_records_queue_each_once(tmp_path: Path) 
         assert worker.returncode == 0, stderr
     requests = RequestQueue(tmp_path).read()
     assert len(requests) == 50 and len({r.record_hash for r in requests}) == 50
+
+
+@pytest.mark.parametrize("failure", ["short write", "no space", "read-only"])
+def test_forget_on_a_full_or_read_only_disk_is_one_line_and_queues_nothing(project, capsys, monkeypatch,
+                                                                           failure: str) -> None:
+    """`privpipe forget` when the journal cannot be written (a full disk writes part of the line or refuses
+    it; a read-only project refuses it): exit 1, one line naming the journal and saying nothing was queued,
+    the journal byte-identical (it was already a traceback after a kept journal; now it is one line)."""
+    import errno
+
+    import privpipe.requests.queue as queue
+    from conftest import write_params
+    from flows.cli import main
+
+    write_params(project, schedule={"prefect_api_url": "http://127.0.0.1:9/api"})  # nothing listens on port 9
+    assert main(["init-data"]) == 0 and main(["forget", "digits-0001"]) == 0
+    journal = project / "data/requests/queue.jsonl"
+    before = journal.read_bytes()
+    capsys.readouterr()
+
+    def write(fd: int, data: bytes) -> int:
+        if failure == "short write":
+            return real_write(fd, data[: len(data) // 2])
+        code = errno.ENOSPC if failure == "no space" else errno.EROFS
+        raise OSError(code, os.strerror(code))
+
+    real_write = os.write
+    monkeypatch.setattr(queue.os, "write", write)
+    assert main(["forget", "digits-0002"]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data/requests/queue.jsonl" in err and "nothing was queued" in err, err
+    assert journal.read_bytes() == before

@@ -32,6 +32,7 @@ id and none for an id that already has one (pending, in a batch or done).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import hmac
@@ -125,7 +126,8 @@ def _os_errors(path: Path) -> Iterator[None]:
     except BlockingIOError:  # a busy lock, for the caller to say so
         raise
     except OSError as exc:
-        raise QueueError(f"{exc.filename or path}: {exc.strerror or exc}; the journal is unchanged") from None
+        raise QueueError(f"{exc.filename or path}: {exc.strerror or exc}; the journal is unchanged (nothing was "
+                         "queued or marked)") from None
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -304,7 +306,7 @@ class RequestQueue:
             raise
         if written != len(data):  # disk full or similar: take the partial line back
             os.ftruncate(fd, size)
-            raise OSError(f"{self.path}: short write ({written} of {len(data)} bytes)")
+            raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)", str(self.path))
         os.fsync(fd)
 
     def _cut_torn_tail(self, fd: int) -> int:
