@@ -140,3 +140,21 @@ def test_each_command_names_a_function_that_exists(argv):
 def test_the_console_script_is_this_main():
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "privpipe"]
     assert script.value == "flows.cli:main" and script.load() is main
+
+
+def test_the_command_ends_like_a_normal_exit_without_the_teardown():
+    """The privpipe command leaves through os._exit (the interpreter's teardown took 2-3 s after a run),
+    but first does what a normal exit does: an idle thread pool left open is shut down and its worker
+    joined (joining before telling it to stop waited forever after `privpipe removals`), the atexit
+    handlers run, buffered output is flushed, and the exit code is the command's."""
+    code = ("import atexit, sys\n"
+            "from concurrent.futures import ThreadPoolExecutor\n"
+            "pool = ThreadPoolExecutor(1)\n"
+            "pool.submit(print, 'work done').result()  # its worker now idles, waiting for more\n"
+            "atexit.register(lambda: print('atexit ran'))\n"
+            "sys.stdout.write('buffered, no newline')\n"
+            "from flows.cli.dispatch import _leave\n"
+            "_leave(3)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.splitlines() == ["work done", "buffered, no newlineatexit ran"]

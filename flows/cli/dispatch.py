@@ -43,12 +43,11 @@ def _run(argv: Sequence[str] | None) -> int:
 def _leave(code: int) -> NoReturn:
     """End the process as the interpreter would, without its teardown: after a run, freeing what torch,
     Prefect and MLflow hold took 2-3 s (bench/overhead.py, "exit"), and a scheduled retrain waits for it.
-    What a normal exit does first is done here too: other non-daemon threads are joined, the atexit
-    handlers run (Prefect stops its temporary server and sends its last logs, logging flushes its files),
-    and stdout and stderr are flushed. (privpipe's own files are written and closed before this.)"""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    What a normal exit does first is done here too, in its order: threading's own shutdown (thread pools
+    told to stop, then every non-daemon thread joined; joining first would wait forever on an idle pool's
+    workers), the atexit handlers (Prefect stops its temporary server and sends its last logs, logging
+    flushes its files), stdout and stderr flushed. (privpipe's own files are written and closed before.)"""
+    threading._shutdown()  # what the interpreter calls first on exit (CPython; private, no public twin)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
