@@ -3,8 +3,8 @@
 1. ``PREFECT_API_URL`` set: the user's server, as Prefect would.
 2. Else this project's own server, when one answers at ``schedule.prefect_api_url`` (the server
    ``privpipe serve`` starts; "this project's": its PREFECT_HOME is ours): the run is recorded with
-   the scheduled ones, and does not wait the 6–7 s a temporary server takes to start
-   (bench/overhead.py). The command says so before the flow starts.
+   the scheduled ones, and does not wait the seconds a temporary server takes to start
+   (3.5 s, bench/overhead.py). The command says so before the flow starts.
 3. Else Prefect's temporary server, started by the flow and ending with this process
    (:func:`flows.children.end_with_us`).
 """
