@@ -106,7 +106,7 @@ def test_help_and_a_bad_option_import_nothing_heavy():
             "             '--delta', '1e-5'])\n"
             "heavy = ('numpy', 'torch', 'prefect', 'mlflow', 'privpipe.config', 'privpipe.privacy')\n"
             "print(code, sorted(m for m in heavy if m in sys.modules))\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, timeout=120)
+    done = _python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "2 []"
     assert done.stderr == "privpipe: error: --sample-rate: must be in (0, 1], got 2.0\n"
@@ -155,6 +155,11 @@ def test_the_command_ends_like_a_normal_exit_without_the_teardown():
             "sys.stdout.write('buffered, no newline')\n"
             "from flows.cli.dispatch import _leave\n"
             "_leave(3)\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, timeout=60)
+    done = _python(code)
     assert done.returncode == 3, done.stderr
     assert done.stdout.splitlines() == ["work done", "buffered, no newlineatexit ran"]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter in the project folder (a hang fails after two minutes)."""
+    return subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, timeout=120)
