@@ -42,7 +42,7 @@ def _run(argv: Sequence[str] | None) -> int:
 
 def _leave(code: int) -> NoReturn:
     """End the process as the interpreter would, without its teardown: after a run, freeing what torch,
-    Prefect and MLflow hold took 2-3 s (bench/overhead.py, "exit"), and a scheduled retrain waits for it.
+    Prefect and MLflow hold took seconds, and a scheduled retrain or a script waited for it.
     What a normal exit does first is done here too, in its order: threading's own shutdown (thread pools
     told to stop, then every non-daemon thread joined; joining first would wait forever on an idle pool's
     workers), the atexit handlers (Prefect stops its temporary server and sends its last logs, logging
