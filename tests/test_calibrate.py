@@ -53,3 +53,14 @@ def test_an_unreachable_target_is_refused_and_one_that_fits_at_the_floor_returns
     assert calibrate_noise_multiplier(lambda s: 0.0, target_epsilon=1.0, start=start) == 1e-2
     with pytest.raises(ValueError, match="target_epsilon must be > 0"):
         calibrate_noise_multiplier(kinked, target_epsilon=0.0, start=start)
+
+
+def test_a_start_above_the_range_with_its_epsilon_is_not_taken_for_the_clamped_end():
+    """The ε given for a start beyond ``high`` belongs to that start, not to ``high``: the search
+    evaluates ``high`` itself (before, a start of 1e6 made it return σ = 10 at ε = 0.1 for a target of
+    0.05 that no σ <= 10 reaches)."""
+    epsilon_of = lambda sigma: 1 / sigma  # noqa: E731
+    found = calibrate_noise_multiplier(epsilon_of, target_epsilon=0.05, high=100, start=1e6, start_epsilon=1e-6)
+    assert found == pytest.approx(20, rel=2e-3) and epsilon_of(found) <= 0.05
+    with pytest.raises(ValueError, match="cannot be reached at any noise multiplier <= 10$"):
+        calibrate_noise_multiplier(epsilon_of, target_epsilon=0.05, high=10, start=1e6, start_epsilon=1e-6)

@@ -209,3 +209,22 @@ def test_the_epsilon_curve_rises_to_the_stage_figure_and_bounds_each_step():
     for s, epsilon in zip(steps, curve):  # each point an upper bound, and a tight one
         exact = compute_epsilon([event_at(s)], delta=1e-5).epsilon
         assert exact * (1 - 2e-3) <= epsilon <= exact * 1.01 or epsilon == pytest.approx(exact, abs=1e-3)
+
+
+def test_a_pld_whose_grid_cannot_hold_the_losses_reports_infinity_and_best_turns_to_rdp():
+    """σ = 0.126 over 1,000 steps: every PLD grid gives ε = inf (a sound bound); the refinement stops
+    after two such grids instead of failing on inf − inf, and ``best`` reports RDP's finite bound."""
+    event = PoissonGaussianEvent(stage="x", noise_multiplier=0.126, sample_rate=0.01, steps=1000)
+    assert math.isinf(compute_epsilon([event], delta=DELTA, accountant="pld").epsilon)
+    best = compute_epsilon([event], delta=DELTA)
+    assert best.accountant == "rdp" and math.isfinite(best.epsilon)
+
+
+def test_cached_rdp_curves_cannot_be_changed_in_place():
+    """The per-event RDP cache is shared by every figure: a caller writing into a curve must fail loudly,
+    not lower the next ε."""
+    from privpipe.privacy.ledger import _event_rdp
+
+    for event in (abadi(1)[0], RdpCurveEvent(stage="x", orders=(2.0,), rdp=(0.5,))):
+        with pytest.raises(ValueError, match="read-only"):
+            _event_rdp(event, RDP_ORDERS)[:] = 0

@@ -48,8 +48,9 @@ __all__ = ["Ledger", "Spend", "BudgetExceeded", "compute_epsilon", "epsilon_curv
 ACCOUNTANTS = ("best", "pld", "rdp")
 #: The RDP orders every event is evaluated at; custom curves must use these.
 RDP_ORDERS: tuple[float, ...] = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
-#: the orders the σ search brackets with before its PLD steps: a quarter of RDP_ORDERS' time, and an
-#: ε within about 0.1 % of theirs (any subset gives an upper bound)
+#: the orders the σ search brackets with before its PLD steps: a quarter of RDP_ORDERS' time; an ε within
+#: about 0.1 % of theirs at moderate ε, far looser at large ε (no orders below 2), an upper bound always.
+#: Only the search's start and the PLD grid's span come from it, never a reported figure.
 SEARCH_ORDERS: tuple[float, ...] = tuple(a for a in RDP_ORDERS if a.is_integer() and (a <= 32 or a % 8 == 0 or a > 64))
 #: PLD discretisation interval h: pessimistic rounding makes the ε of every h an upper bound, and its
 #: excess over the tight value falls as h² (×8.6–9 per 3× finer at σ = 4, 40,000 steps, measured). So
@@ -109,11 +110,13 @@ def _compose_rdp(events: Sequence[Event], orders: tuple[float, ...]) -> np.ndarr
 def _event_rdp(event: Event, orders: tuple[float, ...]) -> np.ndarray:
     """One event's RDP curve (RDP composes by addition, so a total and a stage alone share it)."""
     if isinstance(event, RdpCurveEvent):
-        return event.rdp_at(orders)
-    accountant = rdp_privacy_accountant.RdpAccountant(orders=orders)
-    accountant.compose(event.to_dp_event())
-    accountant.rdp.flags.writeable = False  # shared by every caller of the cache
-    return accountant.rdp
+        curve = event.rdp_at(orders)
+    else:
+        accountant = rdp_privacy_accountant.RdpAccountant(orders=orders)
+        accountant.compose(event.to_dp_event())
+        curve = accountant.rdp  # (a copy each time it is read)
+    curve.flags.writeable = False  # shared by every caller of the cache: changed in place, ε would be wrong
+    return curve
 
 
 @functools.lru_cache(maxsize=512)
@@ -141,7 +144,8 @@ def refined_pld(events: Sequence[Event], delta: float, *,
                 span: float) -> tuple[pld_privacy_accountant.PLDAccountant, float, float]:
     """(the PLD, its ε at ``delta``, its h): h refined until the ε is within PLD_TOLERANCE of the tight
     value (see PLD_TOLERANCE); the ε is the smallest of the levels tried (each is an upper bound).
-    ``span``: about the largest privacy loss that matters (RDP's ε), which bounds the grid."""
+    ``span``: about the largest privacy loss that matters (RDP's ε), which bounds the grid. The PLD is
+    cached and shared: read it, never compose onto it."""
     events = tuple(events)
     best, interval = _refined_pld(events, delta, span)
     return _pld(events, interval), best, interval  # (the last PLD built: cached, unless evicted since)
@@ -158,6 +162,10 @@ def _refined_pld(events: tuple[Event, ...], delta: float, span: float) -> tuple[
         epsilon = float(pld.get_epsilon(delta))
         best = min(best, epsilon)
         if previous is None:
+            finer = interval / 3
+        elif math.isinf(epsilon):  # (ε = inf, a sound bound) the grid cannot hold the losses that matter
+            if math.isinf(previous[1]):  # twice running: a finer grid will not either
+                return best, interval
             finer = interval / 3
         else:
             ratio = previous[0] / interval
