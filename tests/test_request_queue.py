@@ -347,11 +347,11 @@ def test_concurrent_submits_of_the_same_records_queue_each_once(tmp_path: Path) 
     assert len(requests) == 50 and len({r.record_hash for r in requests}) == 50
 
 
-@pytest.mark.parametrize("failure", ["short write", "no space", "read-only"])
+@pytest.mark.parametrize("failure", ["short write", "no space", "read-only", "fsync fails"])
 def test_forget_on_a_full_or_read_only_disk_is_one_line_and_queues_nothing(project, capsys, monkeypatch,
                                                                            failure: str) -> None:
     """`privpipe forget` when the journal cannot be written (a full disk writes part of the line or refuses
-    it; a read-only project refuses it): exit 1, one line naming the journal and saying nothing was queued,
+    it; a read-only project refuses it; the disk fails to sync it): exit 1, one line naming the journal and saying nothing was queued,
     the journal byte-identical (it was already a traceback after a kept journal; now it is one line)."""
     import errno
 
@@ -371,8 +371,14 @@ def test_forget_on_a_full_or_read_only_disk_is_one_line_and_queues_nothing(proje
         code = errno.ENOSPC if failure == "no space" else errno.EROFS
         raise OSError(code, os.strerror(code))
 
+    def fsync(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
     real_write = os.write
-    monkeypatch.setattr(queue.os, "write", write)
+    if failure == "fsync fails":  # the whole line written, but not known to be on disk: taken back too
+        monkeypatch.setattr(queue.os, "fsync", fsync)
+    else:
+        monkeypatch.setattr(queue.os, "write", write)
     assert main(["forget", "digits-0002"]) != 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "data/requests/queue.jsonl" in err and "nothing was queued" in err, err

@@ -307,7 +307,11 @@ class RequestQueue:
         if written != len(data):  # disk full or similar: take the partial line back
             os.ftruncate(fd, size)
             raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)", str(self.path))
-        os.fsync(fd)
+        try:
+            os.fsync(fd)
+        except OSError:  # not known to be on disk: take it back, so "nothing was queued or marked" holds
+            os.ftruncate(fd, size)
+            raise
 
     def _cut_torn_tail(self, fd: int) -> int:
         """Truncate an unterminated last line (a write that was never acknowledged); returns the size."""
