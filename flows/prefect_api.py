@@ -1,6 +1,6 @@
 """Which Prefect API a command's flow run records to.
 
-1. ``PREFECT_API_URL`` set: the user's server, as Prefect would.
+1. ``PREFECT_API_URL`` set (in the environment or a Prefect profile): the user's server, as Prefect would.
 2. Else this project's own server, when one answers at ``schedule.prefect_api_url`` (the server
    ``privpipe serve`` starts; "this project's": its PREFECT_HOME is ours): the run is recorded with
    the scheduled ones, and does not wait the seconds a temporary server takes to start
@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -31,7 +30,7 @@ PROBE_SECONDS = 0.5
 def flow_api(params: Params) -> Iterator[str | None]:
     """The Prefect API for the flow run inside the block; yields the line to print when it is this
     project's running server (None otherwise: Prefect names its temporary server itself)."""
-    if os.environ.get("PREFECT_API_URL"):
+    if PREFECT_API_URL.value():  # the user's, from the environment or a Prefect profile
         yield None
         return
     url = params.schedule.prefect_api_url
