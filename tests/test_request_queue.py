@@ -351,8 +351,8 @@ def test_concurrent_submits_of_the_same_records_queue_each_once(tmp_path: Path) 
 def test_forget_on_a_full_or_read_only_disk_is_one_line_and_queues_nothing(project, capsys, monkeypatch,
                                                                            failure: str) -> None:
     """`privpipe forget` when the journal cannot be written (a full disk writes part of the line or refuses
-    it; a read-only project refuses it; the disk fails to sync it): exit 1, one line naming the journal and saying nothing was queued,
-    the journal byte-identical (it was already a traceback after a kept journal; now it is one line)."""
+    it; a read-only project refuses it; the disk fails to sync it): exit 1, one line naming the journal
+    and saying nothing was queued, the journal byte-identical (before: a traceback)."""
     import errno
 
     import privpipe.requests.queue as queue
