@@ -15,6 +15,7 @@ training.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
@@ -27,7 +28,7 @@ from privpipe.features import make_transform
 
 __all__ = ["apply_front", "UnitNorm", "Projection", "Scale", "Reshape", "make_mlp", "make_cnn", "make_scatter_cnn",
            "make_network", "front_layers", "network_maps",
-           "released_model", "save_released", "load_released", "seeded", "MODELS", "weights_finite", "DIVERGED"]
+           "released_model", "save_released", "load_released", "seeded", "MODELS", "diverged", "DIVERGED"]
 
 MODELS = ("mlp", "cnn")
 _BuildT = TypeVar("_BuildT")
@@ -175,9 +176,10 @@ def released_model(network: nn.Module, projection: np.ndarray | None, *, input_s
 DIVERGED = "{key}: training diverged (a weight is NaN or infinite); lower it. Nothing was saved or registered"
 
 
-def weights_finite(model: nn.Module) -> bool:
-    """Whether every weight is finite: a diverged model must never be saved or registered."""
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+def diverged(model: nn.Module, final_loss: float) -> bool:
+    """Whether training diverged: a weight NaN or infinite, or a NaN loss from overflowing weights. Such a
+    model must never be saved or registered."""
+    return not math.isfinite(final_loss) or not all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
 def save_released(model: nn.Sequential, folder: Path, *, spec: dict) -> None:

@@ -10,7 +10,6 @@ Output: artifacts/finetune/{model.pt, model.json, history.json, ledger.json}.
 
 from __future__ import annotations
 
-import math
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from privpipe.config import ConfigError, Params
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
 from privpipe.federated import ClientUpdates
-from privpipe.models import DIVERGED, released_model, save_released, weights_finite
+from privpipe.models import DIVERGED, diverged, released_model, save_released
 from privpipe.privacy import epsilon_curve
 from tasks import paths
 from tasks.common import (skip_stage, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng, write_json,
@@ -105,13 +104,12 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
         raise RuntimeError(f"DP-SGD ran {result.event}, not the planned {planned}; refusing to mis-account")
     ledger.record(result.event)
 
+    if diverged(result.model, result.history[-1]["loss"]):  # never saved, let alone registered
+        raise ConfigError(DIVERGED.format(key="finetune.learning_rate"))
     steps = np.unique(np.linspace(1, schedule.steps, cfg.epsilon_curve_points).round().astype(int))
     epsilons = epsilon_curve(lambda s: schedule.event(noise_multiplier=sigma, steps=s), steps, delta=ledger.delta,
                              accountant=ledger.accountant)
     curve = [{"step": int(s), "epsilon": e} for s, e in zip(steps, epsilons)]
-    # a diverged model (NaN weights, or a NaN loss from overflowing ones) is never saved, let alone registered
-    if not weights_finite(result.model) or not math.isfinite(result.history[-1]["loss"]):
-        raise ConfigError(DIVERGED.format(key="finetune.learning_rate"))
     model = released_model(result.model, begin.projection, input_scale=cfg.input_scale, kind=cfg.model,
                            transform=begin.transform)
     with staged_dir(out) as staging:

@@ -13,7 +13,6 @@ Output: artifacts/student/{model.pt, model.json, history.json, ledger.json}.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, DataError, Records
-from privpipe.models import DIVERGED, make_network, network_maps, released_model, save_released, seeded, weights_finite
+from privpipe.models import DIVERGED, diverged, make_network, network_maps, released_model, save_released, seeded
 from privpipe.pate.student import StudentConfig, train_student
 from tasks import paths
 from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, use_torch_threads, write_json,
@@ -100,8 +99,7 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
                            config=config, seed=seed,
                            on_log=lambda h: log.info("student: step %d/%d, loss %.4f (the association terms' floor: %.4f)",
                                                      h["step"], cfg.steps, h["loss"], h["floor"]))
-    # a diverged model (NaN weights, or a NaN loss from overflowing ones) is never saved, let alone registered
-    if not weights_finite(result.network) or not math.isfinite(result.history[-1]["loss"]):
+    if diverged(result.network, result.history[-1]["loss"]):  # never saved, let alone registered
         raise ConfigError(DIVERGED.format(key="student.learning_rate"))
     projection = load_projection(dp_pca_dir)
     model = released_model(result.network.cpu(), projection, input_scale=params.finetune.input_scale,
