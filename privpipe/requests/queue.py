@@ -299,17 +299,13 @@ class RequestQueue:
 
     def _write(self, fd: int, data: bytes) -> None:
         size = os.fstat(fd).st_size
+        # a line cut short (disk full) or not known to be on disk is taken back: "nothing was queued or marked"
         try:
             written = os.write(fd, data)  # one write: a reader sees whole lines or a torn last one
-        except BaseException:
-            os.ftruncate(fd, size)
-            raise
-        if written != len(data):  # disk full or similar: take the partial line back
-            os.ftruncate(fd, size)
-            raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)", str(self.path))
-        try:
+            if written != len(data):
+                raise OSError(errno.EIO, f"short write ({written} of {len(data)} bytes)", str(self.path))
             os.fsync(fd)
-        except OSError:  # not known to be on disk: take it back, so "nothing was queued or marked" holds
+        except BaseException:
             os.ftruncate(fd, size)
             raise
 
