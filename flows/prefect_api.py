@@ -28,15 +28,18 @@ PROBE_SECONDS = 0.5
 
 @contextmanager
 def flow_api(params: Params) -> Iterator[str | None]:
-    """The Prefect API for the flow run inside the block; yields the line to print when it is this
-    project's running server (None otherwise: Prefect names its temporary server itself)."""
+    """The Prefect API for the flow run inside the block. When it is this project's running server, one
+    line on stdout says so, and is what the block gets (None otherwise: Prefect names its temporary
+    server itself)."""
     if PREFECT_API_URL.value():  # the user's, from the environment or a Prefect profile
         yield None
         return
     url = params.schedule.prefect_api_url
     if server_answers(url, timeout=PROBE_SECONDS) and whose_server(url) is None:
+        where = f"Prefect         this project's server at {redact_url(url)} (already running: no temporary server)"
+        print(where, flush=True)
         with temporary_settings(updates={PREFECT_API_URL: url}):
-            yield f"Prefect         this project's server at {redact_url(url)} (already running: no temporary server)"
+            yield where
         return
     end_with_us()  # a SIGKILLed run leaves no temporary server behind
     yield None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import importlib
 import os
 import sys
@@ -50,10 +51,8 @@ def _leave(code: int) -> NoReturn:
     threading._shutdown()  # what the interpreter calls first on exit (CPython; private, no public twin)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
             stream.flush()
-        except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
-            pass
     os._exit(code)
 
 

@@ -76,9 +76,7 @@ def removals(args: argparse.Namespace) -> int:
     # before the flow starts: a damaged journal, or requests with no head, fail here (the flow checks again)
     ensure_head_for(params, RequestQueue(paths.REQUESTS))
     ensure_can_erase(params, RequestQueue(paths.REQUESTS))
-    with flow_api(params) as where:
-        if where:
-            print(where, flush=True)
+    with flow_api(params):
         results = removals_flow(params_file=args.params)
     if not results:
         print("no pending deletion requests")

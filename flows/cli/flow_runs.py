@@ -26,9 +26,7 @@ def run(args: argparse.Namespace) -> int:
     preflight(params)  # bad data, δ ≥ 1/n, an impossible partition: refused before any run state exists
     budget.check_lifetime(params, budget.dataset_name(params), what="pipeline run")  # the flow checks again
 
-    with flow_api(params) as where:
-        if where:
-            print(where, flush=True)
+    with flow_api(params):
         result = pipeline(params_file=args.params)
         _report_run(load_params(args.params), result)
         let_prefect_record(result["flow_run_id"])
@@ -82,9 +80,7 @@ def federated(args: argparse.Namespace) -> int:
     from flows.federated import federated_text
     from flows.prefect_api import flow_api
 
-    with flow_api(params) as where:
-        if where:
-            print(where, flush=True)
+    with flow_api(params):
         out = federated_text(params_file=args.params)
         _report_federated(params, out)
         let_prefect_record(out["flow_run_id"])
