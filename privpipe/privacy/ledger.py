@@ -185,7 +185,8 @@ def pld_epsilon_at(events: Sequence[Event], delta: float, interval: float) -> fl
 
 
 def clear_caches() -> None:
-    """Forget every cached RDP curve, PLD and ε (for timings that must start cold)."""
+    """Forget the ledger's cached RDP curves, PLDs and ε (for timings that must start cold; the
+    record-level curves of :mod:`privpipe.privacy.group` have their own cache)."""
     for cached in (_event_rdp, _rdp_epsilon, _pld, _refined_pld, _composed):
         cached.cache_clear()
 
@@ -221,7 +222,7 @@ def _composed(events: tuple[Event, ...], delta: float, accountant: str) -> Spend
     span = max(rdp.epsilon, 1.0)
     if pld_ok:
         try:
-            candidates.append(Spend(refined_pld(events, delta, span=span)[1], delta, "pld"))
+            candidates.append(Spend(_refined_pld(events, delta, span)[0], delta, "pld"))
         except (ValueError, MemoryError):
             # very little noise over many steps needs a PLD larger than dp_accounting allows
             # (or than memory holds); ``best`` then reports the (also sound) RDP bound alone
@@ -243,7 +244,7 @@ def epsilon_curve(event_at: Callable[[int], Event], steps: Sequence[int], *, del
     if final.accountant != "pld":
         return [compute_epsilon([event_at(s)], delta=delta, accountant="rdp").epsilon for s in steps[:-1]] + \
             [final.epsilon]
-    interval = refined_pld([last], delta, span=max(_rdp_epsilon((last,), delta), 1.0))[2]
+    interval = _refined_pld((last,), delta, max(_rdp_epsilon((last,), delta), 1.0))[1]
     if isinstance(last, PoissonGaussianEvent):
         points = _composed_incrementally(last, steps[:-1], delta, interval)
     else:
