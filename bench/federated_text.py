@@ -72,8 +72,8 @@ def text_params(raw: dict, text_file: Path) -> Any:
 
 def run_text(raw: dict, text_file: Path, tag: str) -> dict[str, Any]:
     from tasks.text.features import run_text_features
-    from tasks.text.train import run_federated_text
     from tasks.text.prepare import run_prepare_text
+    from tasks.text.train import run_federated_text
 
     params = text_params(raw, text_file)
     work = OUT / "work" / tag

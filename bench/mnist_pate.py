@@ -30,16 +30,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from dp_accounting.rdp import rdp_privacy_accountant
 
 from privpipe.data import Records, load_mnist
 from privpipe.data.partition import assign_shards
+from privpipe.features import scatter_features
 from privpipe.models import Reshape, make_cnn
 from privpipe.pate.aggregate import aggregate
-from dp_accounting.rdp import rdp_privacy_accountant
-
-from privpipe.features import scatter_features
-from privpipe.pate.linear_teacher import standardised_linear
 from privpipe.pate.analysis import AggregatorSpec, data_dependent_rdp, data_independent_events, sanitise
+from privpipe.pate.linear_teacher import standardised_linear
 from privpipe.pate.student import StudentConfig, train_student
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier, vote_histograms
 from privpipe.privacy import RDP_ORDERS, NoiseSource, compute_epsilon

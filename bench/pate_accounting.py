@@ -28,8 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from privpipe.data import load_mnist  # noqa: E402
 from privpipe.pate.aggregate import aggregate  # noqa: E402
-from privpipe.pate.analysis import (AggregatorSpec, choose_analysis, data_independent_events,  # noqa: E402
-                                    sanitise)
+from privpipe.pate.analysis import AggregatorSpec, choose_analysis, data_independent_events, sanitise  # noqa: E402
 from privpipe.pate.teachers import vote_histograms  # noqa: E402
 from privpipe.privacy import NoiseSource, compute_epsilon  # noqa: E402
 

@@ -28,10 +28,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import mnist_dpsgd
 import numpy as np
 import torch
 
-import mnist_dpsgd
 from privpipe.data import load_mnist
 from privpipe.models import make_network, released_model
 from privpipe.pate.teachers import TeacherConfig, train_classifier

@@ -55,12 +55,12 @@ def main() -> None:
     from prefect import flow
 
     from flows.pipeline import _teachers
+    from flows.runner import mapping_runner
     from privpipe.config import load_params
     from tasks import paths
     from tasks.dp_pca import run_dp_pca
     from tasks.pate.partition import run_partition
     from tasks.prepare import run_prepare
-    from flows.runner import mapping_runner
 
     rows = []
     for kind, workers in (("threads", 2), ("dask", 1), ("dask", 2)):

@@ -32,8 +32,8 @@ RATES = (0.001, 1e36)
 
 def run_once(rate: float, source: Path) -> dict:
     """``source``: the checkout whose privpipe runs (its params.yaml is the one its loader knows)."""
-    from privpipe.config import load_params
     import tasks.pate.student as student_stage
+    from privpipe.config import load_params
     from tasks.dp_pca import run_dp_pca
     from tasks.pate.aggregate import run_aggregate
     from tasks.pate.partition import run_partition

@@ -17,9 +17,9 @@ bench/out/operations/threads.json (threads-busy.json with --busy).
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import statistics

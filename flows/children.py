@@ -33,7 +33,7 @@ class _Subprocess:
         return getattr(subprocess, name)
 
     @staticmethod
-    def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen:  # noqa: N802 (the name Prefect calls)
+    def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen:
         kwargs.setdefault("preexec_fn", stop_with_parent)
         return subprocess.Popen(*args, **kwargs)
 

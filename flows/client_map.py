@@ -6,7 +6,7 @@ server's noise and fixed denominator do not change, so the round's guarantee hol
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from prefect import get_run_logger, unmapped

@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from prefect.settings import PREFECT_API_URL, temporary_settings
 

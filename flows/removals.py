@@ -30,8 +30,17 @@ from tasks.privacy import budget
 from tasks.removal import registry
 from tasks.removal.coverage import flag_uncovered
 from tasks.removal.erase import ensure_can_erase
-from tasks.removal.steps import (apply_task, audit_records, coverage_task, ensure_head_for, erase_task, head_present,
-                                 register_task, scrub_copies, skip_head)
+from tasks.removal.steps import (
+    apply_task,
+    audit_records,
+    coverage_task,
+    ensure_head_for,
+    erase_task,
+    head_present,
+    register_task,
+    scrub_copies,
+    skip_head,
+)
 
 __all__ = ["removals"]
 

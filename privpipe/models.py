@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch

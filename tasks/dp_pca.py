@@ -22,8 +22,15 @@ from privpipe.data import DataError, Records
 from privpipe.dp_pca import dp_pca, dp_pca_event
 from privpipe.privacy import Ledger
 from tasks import paths
-from tasks.common import (seed_for, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng, write_json,
-                          write_text)
+from tasks.common import (
+    seed_for,
+    stage_logger,
+    staged_dir,
+    use_torch_threads,
+    warn_insecure_rng,
+    write_json,
+    write_text,
+)
 from tasks.privacy.ledger import calibrate_for, new_ledger
 
 __all__ = ["run_dp_pca", "dp_pca_task", "load_projection", "projection_digest", "check_projection",

@@ -33,8 +33,16 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import (DATASET_CLASSES, DataError, Records, check_labels, load_labeled_csv, load_mnist,
-                           split_by_shares, subsample)
+from privpipe.data import (
+    DATASET_CLASSES,
+    DataError,
+    Records,
+    check_labels,
+    load_labeled_csv,
+    load_mnist,
+    split_by_shares,
+    subsample,
+)
 from privpipe.data.domains import MNIST_BOX, MNIST_SIDE, as_mnist_canvas, digits_target_transform, uci_digits_as_mnist
 from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
 from privpipe.data.mnist import mnist_files

@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import socket
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import mlflow
 from mlflow.data.dataset_source_registry import get_registered_sources

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from privpipe.config import load_params
@@ -32,7 +32,7 @@ def main(name: str, mode: str) -> int:
             Path(f"admitted-{name}").write_text(admission.reservation.run)
             while mode != "charge" or not Path("charge").exists():
                 time.sleep(0.005)
-            admission.charge(RunSpend(run=name, flow="pipeline", recorded_at=datetime.now(timezone.utc).isoformat(),
+            admission.charge(RunSpend(run=name, flow="pipeline", recorded_at=datetime.now(UTC).isoformat(),
                                       data_version="v1", epsilon=params.privacy.epsilon_budget,
                                       delta=params.privacy.delta, accountant="pld"))
     except LifetimeBudgetExceeded as exc:

@@ -28,7 +28,7 @@ os.environ.update({
 # closed when that test ends. (`import prefect` alone is lazy: prefect.main, which the first
 # flow or task loads, sets up Prefect's logging.)
 import mlflow  # noqa: E402,F401
-import prefect  # noqa: E402,F401
+import prefect  # noqa: E402
 import prefect.main  # noqa: E402,F401
 
 import privpipe.privacy  # noqa: E402,F401

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from functools import wraps
-from typing import Any, Callable
+from typing import Any
 
 #: step → (module, attribute, when): kill right after the function returns, or just before it runs
 STEPS: dict[str, tuple[str, str, str]] = {

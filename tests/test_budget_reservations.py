@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from text_fixtures import write_corpus, write_tiny_encoder
 
 from conftest import write_params
 from privpipe.config import load_params
@@ -23,6 +22,7 @@ from privpipe.data import DataError
 from privpipe.privacy import LifetimeBudgetExceeded, LifetimeLedger, Reservation, RunSpend
 from tasks.common import exclusive_lock
 from tasks.privacy import budget
+from text_fixtures import write_corpus, write_tiny_encoder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -147,14 +147,12 @@ def test_a_killed_runs_reservation_goes_only_if_it_released_nothing(project, cap
 def test_a_failed_run_gives_its_reservation_back_or_is_charged_it_once_it_may_have_released(project):
     write_params(project, privacy={"epsilon_budget": 3.0}, lifetime={"epsilon_budget": 9.0})
     params = load_params("params.yaml")
-    with pytest.raises(RuntimeError):
-        with budget.admitted(params, "digits", what="run", flow="pipeline"):
-            raise RuntimeError("a stage failed")
+    with pytest.raises(RuntimeError), budget.admitted(params, "digits", what="run", flow="pipeline"):
+        raise RuntimeError("a stage failed")
     assert budget.load_lifetime(params, "digits").reservations == []
-    with pytest.raises(RuntimeError):
-        with budget.admitted(params, "digits", what="run", flow="pipeline") as admission:
-            admission.mark_published()
-            raise RuntimeError("a stage failed after the run logged figures")
+    with pytest.raises(RuntimeError), budget.admitted(params, "digits", what="run", flow="pipeline") as admission:
+        admission.mark_published()
+        raise RuntimeError("a stage failed after the run logged figures")
     lifetime = budget.load_lifetime(params, "digits")  # charged the most it could have released
     (entry,) = lifetime.entries
     assert (entry.flow, entry.epsilon, entry.run) == ("pipeline (failed)", 3.0, admission.reservation.run)

@@ -9,13 +9,21 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from text_fixtures import write_corpus, write_tiny_encoder
 
 from conftest import write_params
 from privpipe.config import ConfigError, check_text_use, parse_params
-from privpipe.federated import (ClientNoise, FedAvgConfig, LocalConfig, client_schedule, private_local_update,
-                                run_fedavg, trainable_vector, worst_client_event)
+from privpipe.federated import (
+    ClientNoise,
+    FedAvgConfig,
+    LocalConfig,
+    client_schedule,
+    private_local_update,
+    run_fedavg,
+    trainable_vector,
+    worst_client_event,
+)
 from privpipe.privacy import Ledger, NoiseSource, PoissonGaussianEvent, compute_epsilon
+from text_fixtures import write_corpus, write_tiny_encoder
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -21,16 +21,17 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
-from crash_removals import STEPS
 from mlflow.tracking import MlflowClient
 
 from conftest import trained_dvc_project, write_digits_pointer, write_params
+from crash_removals import STEPS
 from privpipe.config import load_params
 from privpipe.data import Records
 from privpipe.requests import RequestQueue

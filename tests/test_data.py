@@ -9,8 +9,16 @@ import struct
 import numpy as np
 import pytest
 
-from privpipe.data import (DataError, Records, export_digits_csv, load_labeled_csv, load_mnist, read_idx, split_by_shares,
-                           subsample)
+from privpipe.data import (
+    DataError,
+    Records,
+    export_digits_csv,
+    load_labeled_csv,
+    load_mnist,
+    read_idx,
+    split_by_shares,
+    subsample,
+)
 from privpipe.data.digits import EMBEDDED_DIGITS_MD5, EMBEDDED_DIGITS_SIZE
 
 
@@ -32,7 +40,7 @@ def test_mnist_from_idx_files(tmp_path):
     splits = load_mnist(tmp_path)
     assert len(splits["train"]) == 20 and len(splits["test"]) == 10
     assert splits["train"].features.shape == (20, 784)
-    assert 0.0 <= splits["train"].features.min() and splits["train"].features.max() <= 1.0
+    assert splits["train"].features.min() >= 0.0 and splits["train"].features.max() <= 1.0
     assert splits["train"].ids[0] == "mnist-train-00000"
 
 

@@ -29,7 +29,7 @@ def test_target_transform_is_deterministic_and_changes_the_data():
     a, b = digits_target_transform(x), digits_target_transform(x.copy())
     assert a.shape == x.shape and a.dtype == np.float32
     np.testing.assert_array_equal(a, b)
-    assert 0.0 <= a.min() and a.max() <= 16.0
+    assert a.min() >= 0.0 and a.max() <= 16.0
     assert np.abs(a - x).mean() > 1.0
     # stroke thickening: more lit pixels than before
     assert (a > 1.0).sum() > (x > 1.0).sum()
@@ -44,7 +44,7 @@ def test_uci_digits_as_mnist_is_centred_with_a_zero_border():
     x = digits()
     out = uci_digits_as_mnist(x)
     assert out.shape == (len(x), 784) and out.dtype == np.float32
-    assert 0.0 <= out.min() and out.max() <= 1.0
+    assert out.min() >= 0.0 and out.max() <= 1.0
     images = out.reshape(-1, 28, 28)
     border = np.ones((28, 28), bool)
     border[4:24, 4:24] = False
@@ -73,7 +73,7 @@ def test_svhn_grayscale_and_rgb(tmp_path):
     splits = load_svhn(tmp_path)
     train = splits["train"]
     assert train.features.shape == (6, 1024) and train.features.dtype == np.float32
-    assert 0.0 <= train.features.min() and train.features.max() <= 1.0
+    assert train.features.min() >= 0.0 and train.features.max() <= 1.0
     assert train.labels.tolist() == [0, 1, 5, 9, 0, 3]
     assert train.ids[0] == "svhn-train-000000" and len(set(train.ids)) == 6
     assert splits["test"].ids.tolist() == load_svhn(tmp_path)["test"].ids.tolist()
@@ -189,7 +189,7 @@ def test_mnist_m_grayscale_rgb_and_ids(tmp_path):
     splits = load_mnist_m(tmp_path)
     train = splits["train"]
     assert train.features.shape == (3, 784) and train.features.dtype == np.float32
-    assert 0.0 <= train.features.min() and train.features.max() <= 1.0
+    assert train.features.min() >= 0.0 and train.features.max() <= 1.0
     assert train.labels.tolist() == [3, 0, 7]
     assert train.ids.tolist() == ["mnistm-train-00000000", "mnistm-train-00000001", "mnistm-train-00000002"]
     # the mnist_m folder itself works too, and gives the same records

@@ -7,9 +7,23 @@ import numpy as np
 import pytest
 import torch
 
-from privpipe.federated import (ClientSampler, FedAvgConfig, LocalConfig, ServerOptimizer, check_client_delta,
-                                clip_update, denominator, epsilon_curve, load_vector, local_update, plain_mean, private_mean,
-                                round_event, run_fedavg, trainable_vector)
+from privpipe.federated import (
+    ClientSampler,
+    FedAvgConfig,
+    LocalConfig,
+    ServerOptimizer,
+    check_client_delta,
+    clip_update,
+    denominator,
+    epsilon_curve,
+    load_vector,
+    local_update,
+    plain_mean,
+    private_mean,
+    round_event,
+    run_fedavg,
+    trainable_vector,
+)
 from privpipe.privacy import GaussianEvent, Ledger, NoiseSource, PoissonGaussianEvent
 
 

@@ -11,7 +11,6 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from text_fixtures import write_corpus, write_tiny_encoder
 
 from conftest import write_params
 from privpipe.config import ConfigError, load_params
@@ -23,6 +22,7 @@ from tasks.text.features import run_text_features
 from tasks.text.model import load_text_model
 from tasks.text.prepare import run_prepare_text
 from tasks.text.train import run_federated_text
+from text_fixtures import write_corpus, write_tiny_encoder
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_data import write_mnist
 
 from conftest import write_params
 from privpipe.config import ConfigError, load_params
@@ -14,6 +13,7 @@ from tasks.dp_pca import run_dp_pca
 from tasks.evaluate import run_evaluate
 from tasks.finetune.stage import run_finetune
 from tasks.prepare import run_prepare
+from test_data import write_mnist
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -11,10 +11,10 @@ from scipy import stats
 
 from privpipe.federated import FedAvgConfig
 from privpipe.privacy import (
+    RDP_ORDERS,
     GaussianEvent,
     LaplaceEvent,
     Ledger,
-    RDP_ORDERS,
     PoissonGaussianEvent,
     RdpCurveEvent,
     compute_epsilon,

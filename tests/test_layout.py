@@ -50,7 +50,7 @@ def _in_repo(name: str) -> str | None:
 
 
 def _is_prefect_task(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    return any(isinstance(d, ast.Name) and d.id == "task" or isinstance(d, ast.Call) and getattr(d.func, "id", "") == "task"
+    return any((isinstance(d, ast.Name) and d.id == "task") or (isinstance(d, ast.Call) and getattr(d.func, "id", "") == "task")
                for d in function.decorator_list)
 
 

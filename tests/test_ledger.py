@@ -8,13 +8,13 @@ import pytest
 from scipy.stats import norm
 
 from privpipe.privacy import (
+    RDP_ORDERS,
     BudgetExceeded,
     GaussianEvent,
     LaplaceEvent,
     Ledger,
     PoissonGaussianEvent,
     RdpCurveEvent,
-    RDP_ORDERS,
     classic_rdp_epsilon,
     compute_epsilon,
 )

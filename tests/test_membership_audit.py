@@ -15,8 +15,17 @@ from privpipe.data import Records
 from privpipe.models import make_mlp, released_model, save_released
 from privpipe.pate.teachers import TeacherConfig, train_classifier
 from privpipe.privacy import GaussianEvent, Ledger
-from privpipe.privacy.membership import (AttackScores, PrivacyAuditFailed, attack_result, attack_scores,
-                                         audit_membership, check_claim, max_provable_epsilon, reference_model, roc_auc)
+from privpipe.privacy.membership import (
+    AttackScores,
+    PrivacyAuditFailed,
+    attack_result,
+    attack_scores,
+    audit_membership,
+    check_claim,
+    max_provable_epsilon,
+    reference_model,
+    roc_auc,
+)
 from tasks.evaluate import run_evaluate
 
 

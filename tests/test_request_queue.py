@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ def run_python(code: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def test_submit_then_read_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(queue_module, "_utcnow", lambda: datetime(2024, 5, 6, 7, 8, 9, 123456, timezone.utc))
+    monkeypatch.setattr(queue_module, "_utcnow", lambda: datetime(2024, 5, 6, 7, 8, 9, 123456, UTC))
     queue = RequestQueue(tmp_path / "q")
     accepted = queue.submit(["rec-1", "rec-2", "rec-1"], reason="asked by e-mail", known=ANY)
     # a repeated id is one request
@@ -238,8 +238,8 @@ def test_batch_flow_resume_and_idempotent_mark_done(tmp_path: Path) -> None:
 
 def test_pending_is_oldest_first_and_excludes_batched_and_done(tmp_path: Path, monkeypatch) -> None:
     queue = RequestQueue(tmp_path)
-    times = iter([datetime(2024, 1, 2, tzinfo=timezone.utc), datetime(2024, 1, 1, tzinfo=timezone.utc)])
-    monkeypatch.setattr(queue_module, "_utcnow", lambda: next(times, datetime(2024, 1, 3, tzinfo=timezone.utc)))
+    times = iter([datetime(2024, 1, 2, tzinfo=UTC), datetime(2024, 1, 1, tzinfo=UTC)])
+    monkeypatch.setattr(queue_module, "_utcnow", lambda: next(times, datetime(2024, 1, 3, tzinfo=UTC)))
     later = queue.submit(["rec-later"], known=ANY)[0]
     earlier = queue.submit(["rec-earlier"], known=ANY)[0]
     batched, done = queue.submit(["rec-batched", "rec-done"], known=ANY)

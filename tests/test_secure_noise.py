@@ -14,10 +14,10 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import opacus.optimizers.optimizer
@@ -32,8 +32,7 @@ from privpipe.federated import FedAvgConfig, run_fedavg
 from privpipe.federated.sampling import ClientSampler
 from privpipe.pate.aggregate import UNANSWERED, confident_gnmax, gnmax, lnmax
 from privpipe.pate.analysis import AggregatorSpec, sanitise
-from privpipe.privacy import Ledger, NoiseSource, secure_laplace, secure_normal, secure_uniform
-from privpipe.privacy import secure_noise
+from privpipe.privacy import Ledger, NoiseSource, secure_laplace, secure_noise, secure_normal, secure_uniform
 from privpipe.removal import RemovableHead, RemovalGuarantee
 
 SEED = 7

@@ -3,9 +3,9 @@ from the moment they are accepted: through the real prepare stage, on a temporar
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-import re
 import numpy as np
 
 from conftest import write_params

@@ -9,7 +9,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from test_data import write_mnist
 
 from conftest import write_params
 from privpipe.config import ConfigError, load_params
@@ -23,6 +22,7 @@ from tasks.pate.partition import load_shards, run_partition
 from tasks.pate.student import run_student
 from tasks.pate.teachers import run_teachers
 from tasks.prepare import run_prepare
+from test_data import write_mnist
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -170,7 +170,7 @@ def test_a_local_usps_folder_as_the_mnist_target_domain(project):
     prepared = run_prepare(load_params("params.yaml"))
     target = Records.load(project / "data/prepared/target")
     test = Records.load(project / "data/prepared/target_test")
-    assert target.features.shape[1] == test.features.shape[1] == 784 and 0.0 <= target.features.min()
+    assert target.features.shape[1] == test.features.shape[1] == 784 and target.features.min() >= 0.0
     assert target.features.max() <= 1.0 and target.ids[0].startswith("usps-train-")
     # the 16×16 digit sits in MNIST's central 20×20 box
     assert not target.features.reshape(-1, 28, 28)[:, :4].any()

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from privpipe.data.records import DataError
-from privpipe.text import load_corpus
 from privpipe.text import corpus as corpus_module
+from privpipe.text import load_corpus
 
 GROUPS = ("sci.space", "comp.graphics", "rec.autos")  # not in sorted order: the classes must come out sorted
 TRAIN_POSTS, TEST_POSTS = 3, 2

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
-from text_fixtures import write_corpus, write_tiny_encoder
 
 from conftest import cli, write_params
 from privpipe.config import load_params
 from privpipe.requests import RequestQueue
 from privpipe.text import load_corpus
+from text_fixtures import write_corpus, write_tiny_encoder
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -55,8 +55,14 @@ def tiny_encoder_dir(root: Path, kind: str = "bert", seed: int = 0) -> Path:
     single letters (any lowercase word tokenizes) and 512 positions (any text.max_length up to BERT's),
     saved with its tokenizer in ``root/tiny-<kind>``."""
     import torch
-    from transformers import (BertConfig, BertModel, BertTokenizerFast, DistilBertConfig, DistilBertModel,
-                              DistilBertTokenizerFast)
+    from transformers import (
+        BertConfig,
+        BertModel,
+        BertTokenizerFast,
+        DistilBertConfig,
+        DistilBertModel,
+        DistilBertTokenizerFast,
+    )
 
     folder = root / f"tiny-{kind}"
     folder.mkdir(parents=True, exist_ok=True)

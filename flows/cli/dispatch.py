@@ -10,7 +10,8 @@ import os
 import sys
 import threading
 import warnings
-from typing import Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from flows.cli.app import build_parser
 from flows.cli.exits import exit_for

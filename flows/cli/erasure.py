@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from collections.abc import Sequence
 
 from privpipe.config import load_params
 from privpipe.requests import Request, RequestQueue

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from privpipe.config import load_params
@@ -81,4 +81,4 @@ def _day(text: str | None, option: str) -> datetime | None:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentError(None, f"{option}: expected a date like 2026-11-23, got {text!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

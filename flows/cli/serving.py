@@ -15,8 +15,14 @@ def serve(args: argparse.Namespace) -> int:
     # deferred until the params are known good: Prefect takes seconds to import
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.deploy import (build_deployments, cancel_missed_runs, crash_orphaned_runs, describe_deployment,
-                              prefect_server, serve_deployments)
+    from flows.deploy import (
+        build_deployments,
+        cancel_missed_runs,
+        crash_orphaned_runs,
+        describe_deployment,
+        prefect_server,
+        serve_deployments,
+    )
 
     if args.list:
         for deployment in build_deployments(params, params_file=args.params):

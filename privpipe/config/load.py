@@ -4,9 +4,10 @@ type) → every section's checks (:func:`~privpipe.config.params.check_all`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -56,7 +57,7 @@ def load_params(path: str | Path) -> Params:
         raise ConfigError(f"{path}: params file not found")
     text = read_user_text(path, error=ConfigError)
     try:
-        raw = yaml.load(text, Loader=_ParamsLoader)  # noqa: S506 (a SafeLoader without aliases)
+        raw = yaml.load(text, Loader=_ParamsLoader)
     except _UnsafeYaml as exc:
         raise ConfigError(f"{path}: line {exc.line}: {exc.what}") from None
     except yaml.YAMLError as exc:

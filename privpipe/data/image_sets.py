@@ -64,7 +64,7 @@ def _read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         mat = loadmat(path, variable_names=["X", "y"])
     # scipy's reader raises OSError, ValueError, IndexError, TypeError, ... on corrupt input
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise DataError(f"{path}: unreadable .mat file ({type(exc).__name__}: {exc})") from None
     if "X" not in mat or "y" not in mat:
         raise DataError(f"{path}: expected variables X and y, found {sorted(k for k in mat if not k.startswith('__'))}")

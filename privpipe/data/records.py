@@ -52,7 +52,7 @@ class Records:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def subset(self, index: np.ndarray) -> "Records":
+    def subset(self, index: np.ndarray) -> Records:
         return Records(self.features[index], self.labels[index], self.ids[index])
 
     def save(self, folder: Path) -> None:
@@ -62,7 +62,7 @@ class Records:
         np.save(folder / "ids.npy", self.ids.astype(str))
 
     @classmethod
-    def load(cls, folder: Path, rows: np.ndarray | None = None) -> "Records":
+    def load(cls, folder: Path, rows: np.ndarray | None = None) -> Records:
         """Read a saved set; with ``rows``, only those records (the arrays are memory-mapped, so a
         teacher reading its shard of a large set holds only the shard in memory)."""
         try:

@@ -22,7 +22,7 @@ record would have ``u`` above the test share and the low shards would be empty.
 from __future__ import annotations
 
 import hashlib
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -21,8 +21,8 @@ clipping runs a second backward pass; this runs one.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -164,10 +164,8 @@ def _check_supported(model: nn.Module) -> list[nn.Linear | nn.Conv2d]:
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         if not own:
             continue
-        if type(module) is nn.Linear:
-            layers.append(module)
-        elif type(module) is nn.Conv2d and module.groups == 1 and module.padding_mode == "zeros" \
-                and not isinstance(module.padding, str):
+        if type(module) is nn.Linear or (type(module) is nn.Conv2d and module.groups == 1 and module.padding_mode == "zeros" \
+                and not isinstance(module.padding, str)):
             layers.append(module)
         else:
             raise UnsupportedLayer(f"grad_sample_mode bk clips Linear and Conv2d layers (zero padding, groups 1) "

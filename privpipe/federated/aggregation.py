@@ -12,7 +12,7 @@ radius S, zero included, so the calibration holds.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -21,8 +21,8 @@ client is a group of n_k records), which is what the server-noise mode protects 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

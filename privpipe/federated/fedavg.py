@@ -17,8 +17,8 @@ noise or accounting (FedAvg / FedProx / FedAdam baselines).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 

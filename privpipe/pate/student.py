@@ -28,8 +28,8 @@ unanswered public queries (semi-supervised), or nothing (plain supervised traini
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch

@@ -9,6 +9,7 @@ from privpipe.privacy.events import (
     RdpCurveEvent,
     event_from_dict,
 )
+from privpipe.privacy.group import group_of_two_rdp, record_level_event, record_level_ledger
 from privpipe.privacy.ledger import (
     RDP_ORDERS,
     BudgetExceeded,
@@ -18,7 +19,6 @@ from privpipe.privacy.ledger import (
     compute_epsilon,
     epsilon_curve,
 )
-from privpipe.privacy.group import group_of_two_rdp, record_level_event, record_level_ledger
 from privpipe.privacy.lifetime import LifetimeBudgetExceeded, LifetimeLedger, Reservation, RunSpend
 from privpipe.privacy.secure_noise import NoiseSource, secure_laplace, secure_normal, secure_uniform
 

@@ -8,7 +8,7 @@ always satisfies ε(σ) ≤ target.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["calibrate_noise_multiplier"]
 

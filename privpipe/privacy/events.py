@@ -11,8 +11,9 @@ Larger multipliers mean smaller ε.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 from dp_accounting import dp_event

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant

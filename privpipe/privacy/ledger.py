@@ -30,9 +30,10 @@ import functools
 import json
 import logging
 import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
@@ -423,7 +424,7 @@ class Ledger:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "Ledger":
+    def from_dict(cls, raw: dict[str, Any]) -> Ledger:
         """Rebuild from :meth:`to_dict` output; the stored summary is ignored and recomputed."""
         if raw.get("format") != LEDGER_FORMAT:
             raise ValueError(f"unsupported ledger format {raw.get('format')!r} (expected {LEDGER_FORMAT})")
@@ -434,7 +435,7 @@ class Ledger:
             raise ValueError(f"ledger is missing field {exc.args[0]!r}") from None
 
     @classmethod
-    def from_json(cls, text: str) -> "Ledger":
+    def from_json(cls, text: str) -> Ledger:
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:

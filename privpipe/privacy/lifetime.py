@@ -21,8 +21,9 @@ cost is known before it starts: its own budget bounds what it may spend, which i
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from privpipe.privacy.ledger import BudgetExceeded
 
@@ -217,7 +218,7 @@ class LifetimeLedger:
                 "reservations": [asdict(r) for r in self.reservations]}
 
     @classmethod
-    def from_dict(cls, raw: Any, *, epsilon_budget: float, delta_budget: float) -> "LifetimeLedger":
+    def from_dict(cls, raw: Any, *, epsilon_budget: float, delta_budget: float) -> LifetimeLedger:
         """Rebuild from :meth:`to_dict` output (the stored sums are recomputed); ValueError if malformed."""
         entries = _parse(raw, LIFETIME_FORMAT, "a lifetime ledger", "entries", RunSpend)
         return cls(dataset=str(raw.get("dataset", "")), epsilon_budget=epsilon_budget, delta_budget=delta_budget,

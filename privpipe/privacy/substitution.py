@@ -27,7 +27,7 @@ below the group-of-two bound (Mironov's weak triangle inequality), order by orde
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -38,8 +38,9 @@ The classes are one joint model: the budget test is on ‖(β_1 … β_K)‖₂.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.linalg import eigh
@@ -108,7 +109,7 @@ class RemovableHead:
     # -- construction -------------------------------------------------------
     @classmethod
     def train(cls, X: np.ndarray, y: np.ndarray, *, classes: int, lam: float, guarantee: RemovalGuarantee,
-              noise: NoiseSource, refresh_every: int = 0) -> "RemovableHead":
+              noise: NoiseSource, refresh_every: int = 0) -> RemovableHead:
         """Fit on (X, y) with a fresh perturbation b ~ N(0, σ²I) per class; Λ = λ·len(y) from now on."""
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y, dtype=np.int64)
@@ -353,7 +354,7 @@ class RemovableHead:
         return arrays, meta
 
     @classmethod
-    def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> "RemovableHead":
+    def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> RemovableHead:
         guarantee = RemovalGuarantee(epsilon=meta["epsilon"], delta=meta["delta"], sigma=meta["sigma"])
         active = np.array(arrays["active"], dtype=bool)
         W, used = np.array(arrays["W"], dtype=np.float64), np.array(arrays["used"], dtype=np.float64)

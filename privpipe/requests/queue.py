@@ -42,11 +42,12 @@ import os
 import re
 import secrets
 import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 __all__ = ["RequestQueue", "Request", "QueueError", "UnknownRecord", "QueueBusy"]
 
@@ -92,16 +93,16 @@ class Request:
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _iso(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _new_id(prefix: str, moment: datetime, hex_bytes: int) -> str:
     # the timestamp first, so ids sort by time; the random tail keeps concurrent ids apart
-    return f"{prefix}-{moment.astimezone(timezone.utc):%Y%m%dT%H%M%S%f}-{secrets.token_hex(hex_bytes)}"
+    return f"{prefix}-{moment.astimezone(UTC):%Y%m%dT%H%M%S%f}-{secrets.token_hex(hex_bytes)}"
 
 
 def _lock(path: Path, *, blocking: bool = True) -> int:

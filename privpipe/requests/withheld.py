@@ -9,7 +9,7 @@ share a name.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 from privpipe.requests.queue import RequestQueue
 

@@ -14,8 +14,8 @@ or its dotted suffix), or the one-line error lists the linear layers there are.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import nn

@@ -34,9 +34,9 @@ import os
 import pickle
 import re
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable
 
 import numpy as np
 
@@ -172,8 +172,11 @@ Post = tuple[str, str, str]  # newsgroup, file name, raw text (headers and all)
 def _strippers() -> tuple[Callable[[str], str], ...]:
     """scikit-learn's header, footer and quote removal, in the order its ``remove=`` applies them."""
     try:  # deferred: sklearn.datasets takes ~2 s
-        from sklearn.datasets._twenty_newsgroups import (strip_newsgroup_footer, strip_newsgroup_header,
-                                                          strip_newsgroup_quoting)
+        from sklearn.datasets._twenty_newsgroups import (
+            strip_newsgroup_footer,
+            strip_newsgroup_header,
+            strip_newsgroup_quoting,
+        )
     except ImportError:  # a private module: a later scikit-learn may move it; these are its 1.x definitions
         return _strip_header, _strip_footer, _strip_quoting
     return strip_newsgroup_header, strip_newsgroup_footer, strip_newsgroup_quoting

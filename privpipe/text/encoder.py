@@ -14,8 +14,8 @@ normalised (what sentence-transformers computes for MiniLM).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from privpipe.config import ConfigError, Params
 from privpipe.data.partition import assign_shards
-from privpipe.federated import (ClientNoise, ClientUpdates, FedAvgConfig, FedAvgResult, LocalConfig, check_client_delta,
-                                epsilon_curve, run_fedavg)
+from privpipe.federated import (
+    ClientNoise,
+    ClientUpdates,
+    FedAvgConfig,
+    FedAvgResult,
+    LocalConfig,
+    check_client_delta,
+    epsilon_curve,
+    run_fedavg,
+)
 from privpipe.privacy import Event, Ledger, NoiseSource
 from tasks.common import seed_for
 from tasks.federated.clients import ClientJob, client_sizes, sequential_updates

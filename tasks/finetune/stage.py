@@ -11,8 +11,9 @@ Output: artifacts/finetune/{model.pt, model.json, history.json, ledger.json}.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from prefect import task
@@ -24,8 +25,15 @@ from privpipe.federated import ClientUpdates
 from privpipe.models import DIVERGED, diverged, released_model, save_released
 from privpipe.privacy import epsilon_curve
 from tasks import paths
-from tasks.common import (skip_stage, stage_logger, staged_dir, use_torch_threads, warn_insecure_rng, write_json,
-                          write_text)
+from tasks.common import (
+    skip_stage,
+    stage_logger,
+    staged_dir,
+    use_torch_threads,
+    warn_insecure_rng,
+    write_json,
+    write_text,
+)
 from tasks.device import training_device
 from tasks.federated.clients import ClientJob, sequential_updates
 from tasks.finetune.federated import run_finetune_federated
@@ -128,8 +136,9 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
 @task(name="finetune", cache_policy=NO_CACHE)
 def finetune_task(params: Params, run_id: str, sensitive: str, test: str, dp_pca_dir: str,
                   start: str) -> dict[str, Any]:
-    from tasks.finetune.tracking import \
-        log_finetune_outputs  # deferred: MLflow is slow to import, untracked runs skip it
+    from tasks.finetune.tracking import (
+        log_finetune_outputs,  # deferred: MLflow is slow to import, untracked runs skip it
+    )
 
     out = run_finetune(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir),
                        start=Path(start))

@@ -29,13 +29,29 @@ from prefect.cache_policies import NO_CACHE
 from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, DataError
 from privpipe.pate.aggregate import aggregate
-from privpipe.pate.analysis import (AggregatorSpec, AnalysisChoice, choose_analysis, data_dependent_rdp,
-                                    data_independent_events, planned_release_event, sanitise)
+from privpipe.pate.analysis import (
+    AggregatorSpec,
+    AnalysisChoice,
+    choose_analysis,
+    data_dependent_rdp,
+    data_independent_events,
+    planned_release_event,
+    sanitise,
+)
 from privpipe.pate.teachers import vote_histograms
 from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_epsilon
 from tasks import paths
-from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, use_torch_threads,
-                          warn_insecure_rng, write_json, write_text)
+from tasks.common import (
+    read_json,
+    seed_for,
+    skip_stage,
+    stage_logger,
+    staged_dir,
+    use_torch_threads,
+    warn_insecure_rng,
+    write_json,
+    write_text,
+)
 from tasks.dp_pca import check_projection
 from tasks.pate.teachers import query_records
 from tasks.privacy.ledger import load_ledger

@@ -26,8 +26,16 @@ from privpipe.data import DATASET_CLASSES, DataError, Records
 from privpipe.models import DIVERGED, diverged, make_network, network_maps, released_model, save_released, seeded
 from privpipe.pate.student import StudentConfig, train_student
 from tasks import paths
-from tasks.common import (read_json, seed_for, skip_stage, stage_logger, staged_dir, use_torch_threads, write_json,
-                          write_text)
+from tasks.common import (
+    read_json,
+    seed_for,
+    skip_stage,
+    stage_logger,
+    staged_dir,
+    use_torch_threads,
+    write_json,
+    write_text,
+)
 from tasks.device import training_device
 from tasks.dp_pca import load_projection, projection_digest
 from tasks.features import feature_transform, transform_spec

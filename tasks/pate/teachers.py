@@ -27,8 +27,16 @@ from privpipe.data import DATASET_CLASSES, DataError, Records
 from privpipe.models import apply_front, front_layers, make_network, network_maps, seeded
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier
 from tasks import paths
-from tasks.common import (apply_torch_threads, load_array, seed_for, skip_stage, stage_logger, staged_dir, task_threads,
-                          write_json)
+from tasks.common import (
+    apply_torch_threads,
+    load_array,
+    seed_for,
+    skip_stage,
+    stage_logger,
+    staged_dir,
+    task_threads,
+    write_json,
+)
 from tasks.device import training_device
 from tasks.dp_pca import load_projection, projection_digest
 from tasks.features import feature_transform

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,7 @@ def _row(run) -> dict[str, Any]:
     tags, metrics = run.data.tags, run.data.metrics
     stages = _stage_epsilons(metrics)
     return {
-        "date": datetime.fromtimestamp(run.info.start_time / 1000, timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.fromtimestamp(run.info.start_time / 1000, UTC).isoformat(timespec="seconds"),
         "run": run.info.run_id, "flow": tags.get("privpipe.flow", ""), "dataset": tags.get("privpipe.dataset", ""),
         "data_version": tags.get("dvc.data_version", ""),
         "stages": "; ".join(f"{stage} {eps:.4g}" for stage, eps in stages.items()),

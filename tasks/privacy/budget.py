@@ -35,11 +35,12 @@ import json
 import os
 import socket
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from privpipe.config import Params
 from privpipe.data import DataError
@@ -196,7 +197,7 @@ def holder_gone(holder: dict[str, Any]) -> bool:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 # -- a run's admission, from reservation to charge --------------------------------------------------------

@@ -3,8 +3,8 @@ that spends (aggregate, finetune, the federated text flow), and checked against 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DataError

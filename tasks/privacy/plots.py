@@ -15,10 +15,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
-from privpipe.privacy import Ledger, LifetimeLedger, compute_epsilon  # noqa: E402
+from privpipe.privacy import Ledger, LifetimeLedger, compute_epsilon
 
 __all__ = ["epsilon_by_stage_figure", "frontier_figure", "lifetime_figure", "frontier"]
 

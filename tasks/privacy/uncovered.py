@@ -12,7 +12,8 @@ Either way the run's ``privacy.not_covered`` tag names them.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from privpipe.config import Params
 

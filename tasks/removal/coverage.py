@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from privpipe.config import Params
 from privpipe.requests import Request, RequestQueue

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from privpipe.config import Params
 from privpipe.data import DataError, load_labeled_csv

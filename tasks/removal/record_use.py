@@ -10,8 +10,9 @@ carry these sets into the model registry, and the audit that reads them back, ar
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import tempfile
 import zipfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import mlflow
@@ -66,7 +66,7 @@ def log_swapped(client: MlflowClient, *, experiment_id: str, run_id: str, templa
         spec = yaml.safe_load((local / "MLmodel").read_text())
         spec.update(model_id=model.model_id, model_uuid=model.model_id, run_id=run_id,
                     artifact_path=model.artifact_location,
-                    utc_time_created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"))
+                    utc_time_created=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f"))
         (local / "MLmodel").write_text(yaml.safe_dump(spec, sort_keys=False))
         client.log_model_artifacts(model.model_id, str(local))
         client.finalize_logged_model(model.model_id, "READY")

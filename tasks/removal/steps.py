@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import shutil
 import zipfile
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from prefect import task
@@ -59,7 +60,7 @@ MECHANISMS = {
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def head_present(folder: Path = paths.HEAD) -> bool:
