@@ -189,7 +189,7 @@ def part_stage(mode: str) -> list[dict]:
                     setattr(Ledger, name, function)
                 setattr(curve_module, curve_name, original_curve)
             rows.append({"stage_s": wall, "accounting_s": watch.seconds, "share": watch.seconds / wall,
-                         "noise_multiplier": out["noise_multiplier"], "epsilon": out["epsilon"]})
+                         "noise_multiplier": out.noise_multiplier, "epsilon": out.epsilon})
             print(mode, rows[-1], flush=True)
     return rows
 

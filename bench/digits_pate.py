@@ -148,12 +148,13 @@ def one_run(sigma: float | None, seed: int) -> dict:
     taught = run_student(params)
     tuned = run_finetune(params)
     result = run_evaluate(params)
-    row = {"student": student, "sigma": sigma, "seed": seed, "accuracy_test": result["accuracy_test"], "epsilon": result["epsilon"],
-           "finetune_noise_multiplier": tuned["noise_multiplier"], "seconds": time.perf_counter() - started}
+    row = {"student": student, "sigma": sigma, "seed": seed, "accuracy_test": result.accuracy_test,
+           "epsilon": result.epsilon, "finetune_noise_multiplier": tuned.noise_multiplier,
+           "seconds": time.perf_counter() - started}
     if student:
-        row |= {"aggregate_epsilon": aggregated["epsilon"], "analysis": aggregated["analysis"],
-                "answered": aggregated["answered"], "label_accuracy": aggregated["label_accuracy"],
-                "student_accuracy_test": taught["accuracy_test"]}
+        row |= {"aggregate_epsilon": aggregated.epsilon, "analysis": aggregated.analysis,
+                "answered": aggregated.answered, "label_accuracy": aggregated.label_accuracy,
+                "student_accuracy_test": taught.accuracy_test}
     print(json.dumps(row))
     return row
 

@@ -85,12 +85,13 @@ def run_text(raw: dict, text_file: Path, tag: str) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     history = json.loads((work / "model" / "history.json").read_text())
     dim = len(np.load(work / "model" / "weights.npy"))
-    return {"tag": tag, "accuracy": out["accuracy_test"], "epsilon": out.get("epsilon"),
-            "record_epsilon": out.get("record_epsilon"), "rounds": out["rounds"],
-            "noise_multiplier": out.get("noise_multiplier"), "seconds": seconds,
+    spend = out.private
+    return {"tag": tag, "accuracy": out.accuracy_test, "epsilon": spend.epsilon if spend else None,
+            "record_epsilon": spend.record_epsilon if spend else None, "rounds": out.rounds,
+            "noise_multiplier": spend.noise_multiplier if spend else None, "seconds": seconds,
             "seconds_per_round": float(np.median([r["seconds"] for r in history["rounds"]])),
-            "clients": out["clients"],
-            "by_round": [r["accuracy_test"] for r in history["rounds"]], "stopped": out.get("stopped"), "dim": dim}
+            "clients": out.clients,
+            "by_round": [r["accuracy_test"] for r in history["rounds"]], "stopped": out.stopped, "dim": dim}
 
 
 def private(epsilon: float) -> dict:

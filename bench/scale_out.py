@@ -57,7 +57,6 @@ def main() -> None:
     from flows.pipeline import _teachers
     from flows.runner import mapping_runner
     from privpipe.config import load_params
-    from tasks import paths
     from tasks.dp_pca import run_dp_pca
     from tasks.pate.partition import run_partition
     from tasks.prepare import run_prepare
@@ -69,8 +68,8 @@ def main() -> None:
         params = load_params("params.yaml")
         if not rows:  # the teachers' inputs, once
             prepared = run_prepare(params)
-            run_partition(params)
-            run_dp_pca(params)
+            shards = run_partition(params)
+            projection = run_dp_pca(params)
         for repeat in range(args.repeats):
             timing = {}
 
@@ -82,7 +81,7 @@ def main() -> None:
                         runner.client.wait_for_workers(workers)
                     timing["startup_s"] = time.perf_counter() - start
                     begin = time.perf_counter()
-                    _teachers(params, runner, prepared, str(paths.PARTITION), str(paths.DP_PCA))
+                    _teachers(params, runner, prepared, shards, projection)
                     timing["teachers_s"] = time.perf_counter() - begin
 
             teachers_only()

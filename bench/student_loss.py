@@ -58,7 +58,7 @@ def run_once(rate: float, source: Path) -> dict:
         start = time.perf_counter()
         try:
             out = run_student(params)
-            outcome = {"saved": True, "accuracy_test": out["accuracy_test"]}
+            outcome = {"saved": True, "accuracy_test": out.accuracy_test}
         except Exception as exc:  # the refusal is the figure here
             outcome = {"saved": False, "refused": f"{type(exc).__name__}: {exc}"}
         finally:

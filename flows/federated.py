@@ -17,7 +17,7 @@ hold; its charge replaces the reservation (``privpipe budget``). A non-private r
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -29,36 +29,58 @@ from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, load_params
 from privpipe.privacy import Event, Ledger
 from tasks import paths, run_view, tracking
-from tasks.common import one_at_a_time, read_json, use_torch_threads
+from tasks.common import one_at_a_time, use_torch_threads
 from tasks.privacy import budget
 from tasks.privacy import tracking as audit_tracking
-from tasks.text import tracking as text_tracking
+from tasks.registered import RegisteredModel
 from tasks.text.features import text_features_task
 from tasks.text.prepare import prepare_text_task
+from tasks.text.tracking import register_text_model
 from tasks.text.train import record_ledger, run_federated_text
+from tasks.text.trained import FederatedTextModel
 
-__all__ = ["federated_text", "federated_markdown"]
+__all__ = ["federated_text", "federated_markdown", "FederatedTextResult"]
 
 
-def federated_markdown(out: dict[str, Any]) -> str:
+@dataclass(frozen=True)
+class FederatedTextResult:
+    """What a federated text run produced: the model and its figures, its registered version, and where the run
+    is recorded."""
+
+    model: FederatedTextModel
+    registered: RegisteredModel | None
+    run_id: str
+    flow_run_id: str
+    url_hint: str  # how to open the MLflow run
+
+    def headline(self, prefix: str) -> str:
+        spend = self.model.private
+        return run_view.headline(prefix, accuracy_test=self.model.accuracy_test,
+                                 epsilon=spend.epsilon if spend else None, delta=spend.delta if spend else None,
+                                 record_epsilon=spend.record_epsilon if spend else None,
+                                 models=[f"model {self.registered}"] if self.registered else [])
+
+
+def federated_markdown(model: FederatedTextModel) -> str:
     lines = ["# privpipe federated text run", "",
-             f"Test accuracy **{out['accuracy_test']:.4f}** after {out['rounds']} of {out['rounds_planned']} rounds, "
-             f"K = {out['clients']} clients, {out['sampling']} sampling at q = {out['sample_rate']:g}."]
-    if out["private"]:
-        lines.append(f"Client-level privacy: **ε = {out['epsilon']:.4f}**, δ = {out['delta']:g} "
-                     f"({out['accountant'].upper()} accountant; noise z = {out['noise_multiplier']:.4g}, "
-                     f"clip S = {out['clip_norm']:g}). For one record (two add-or-remove steps of one client): "
-                     f"ε = {out['record_epsilon']:.4f} ({out['record_accountant'].upper()}), what the dataset's "
+             f"Test accuracy **{model.accuracy_test:.4f}** after {model.rounds} of {model.rounds_planned} rounds, "
+             f"K = {model.clients} clients, {model.sampling} sampling at q = {model.sample_rate:g}."]
+    spend = model.private
+    if spend is not None:
+        lines.append(f"Client-level privacy: **ε = {spend.epsilon:.4f}**, δ = {spend.delta:g} "
+                     f"({spend.accountant.upper()} accountant; noise z = {spend.noise_multiplier:.4g}, "
+                     f"clip S = {spend.clip_norm:g}). For one record (two add-or-remove steps of one client): "
+                     f"ε = {spend.record_epsilon:.4f} ({spend.record_accountant.upper()}), what the dataset's "
                      "lifetime budget is charged.")
     else:
         lines.append("Not private (federated.private: false): no clipping, no noise, no guarantee.")
-    if out.get("stopped"):
-        lines.append(out["stopped"])
+    if model.stopped:
+        lines.append(model.stopped)
     return "\n".join(lines)
 
 
 @flow(name="privpipe-federated-text")
-def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
+def federated_text(params_file: str = "params.yaml") -> FederatedTextResult:
     params = load_params(params_file)
     log = get_run_logger()
     if not params.privacy.secure_rng:
@@ -72,14 +94,14 @@ def federated_text(params_file: str = "params.yaml") -> dict[str, Any]:
         return _run(params, params_file, dataset, log, admission)
 
 
-def _run(params: Params, params_file: str, dataset: str, log: logging.LoggerAdapter,
-         admission: budget.Admission) -> dict[str, Any]:
+def _run(params: Params, params_file: str, dataset: str, log: logging.Logger | logging.LoggerAdapter,
+         admission: budget.Admission) -> FederatedTextResult:
     client_noise = params.federated.noise == "client"
     with tracking.tracked_run(params, params_file=params_file, flow="federated-text",
-                              dataset=dataset) as run_id, mapping_runner(params) as runner:
+                              dataset=dataset) as run, mapping_runner(params) as runner:
         log.info("federated: client updates run on %s", describe_runner(params))
-        prepared = prepare_text_task(params, run_id)
-        features = text_features_task(params, run_id, prepared["dir"])
+        prepared = prepare_text_task(params, run)
+        encoded = text_features_task(params, run, prepared)
 
         def lifetime_can_pay(planned: Event) -> None:
             # hold the planned rounds' record-level cost instead of the client-level floor, then start
@@ -87,21 +109,23 @@ def _run(params: Params, params_file: str, dataset: str, log: logging.LoggerAdap
             admission.resize(epsilon=epsilon, delta=delta, basis=basis, before="its first round")
             admission.mark_published()  # the rounds log their curves as they go
 
-        out = run_federated_text(params, text_dir=prepared["dir"], features_dir=features["dir"],
-                                 updates_for=mapped_client_updates(runner), before_rounds=lifetime_can_pay)
-        text_tracking.log_federated(params, run_id, out)
-        ledger = Ledger.from_dict(read_json(out["ledger"]))
+        model = run_federated_text(params, text_dir=prepared.dir, features_dir=encoded.dir,
+                                   updates_for=mapped_client_updates(runner), before_rounds=lifetime_can_pay)
+        model.log(run, params)
+        ledger = Ledger.from_json(model.ledger_file.read_text())
         # the lifetime ledger composes records: charge the record-level form, before the model is released
-        audit_tracking.charge_run(params, run_id, flow="federated-text", dataset=dataset,
-                                  ledger=record_ledger(params, ledger), data_version=prepared["data_version"],
+        audit_tracking.charge_run(params, run, flow="federated-text", dataset=dataset,
+                                  ledger=record_ledger(params, ledger), data_version=prepared.data_version,
                                   admission=admission)
-        out.update(text_tracking.register_text_model(params, run_id, out, features["encoder"]))
-        audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger)
-        tracking.describe_run(params, run_id, run_view.headline(out, prefix=run_view.description(
-            params, flow="federated-text", dataset=dataset, params_file=params_file)))
-        url = tracking.run_url(params, run_id)
+        registered = register_text_model(params, run, model, encoded.encoder)
+        audit_tracking.log_audit_view(params, run, dataset=dataset, ledger=ledger)
+        result = FederatedTextResult(model=model, registered=registered, run_id=run.run_id,
+                                     flow_run_id=str(flow_run.id), url_hint=run.url_hint())
+        run.describe(result.headline(run_view.description(params, flow="federated-text", dataset=dataset,
+                                                          params_file=params_file)))
+        url = run.url()
         create_markdown_artifact(key="federated-summary",
-                                 markdown=f"{federated_markdown(out)}\n\nMLflow run: [{url}]({url})",
+                                 markdown=f"{federated_markdown(model)}\n\nMLflow run: [{url}]({url})",
                                  description="federated text run: accuracy and client-level privacy")
         log.info("federated: done")
-    return {**out, "run_id": run_id, "flow_run_id": str(flow_run.id)}
+    return result

@@ -19,36 +19,42 @@ tagged with the flow run: ``prefect.flow_run_id``).
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
+from prefect.task_runners import TaskRunner
 
 from flows.client_map import mapped_client_updates
 from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, check_pipeline_use, load_params
-from privpipe.privacy import Ledger
+from privpipe.privacy import Ledger, LifetimeLedger
 from tasks import paths, run_view, tracking
 from tasks.common import one_pipeline_at_a_time, read_json, use_torch_threads
 from tasks.device import training_device
 from tasks.dp_pca import check_components, dp_pca_task
 from tasks.evaluate import evaluate_task, release_task
+from tasks.evaluation import Evaluation
 from tasks.finetune.stage import check_lot_size, finetune_task, run_finetune, start_dir
-from tasks.finetune.tracking import log_finetune_outputs
 from tasks.pate.aggregate import aggregate_task, run_aggregate
-from tasks.pate.partition import partition_task, run_partition, shard_assignment
+from tasks.pate.partition import Shards, partition_task, run_partition, shard_assignment
 from tasks.pate.student import run_student, student_task
 from tasks.pate.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
 from tasks.prepare import prepare_task, prepared_sets
+from tasks.prepared import PreparedSets
 from tasks.privacy import budget
 from tasks.privacy import tracking as audit_tracking
 from tasks.progress import progress
+from tasks.projection import Projection
+from tasks.registered import RegisteredModel
 from tasks.removal.head import head_task, run_head
+from tasks.removal.store import HeadVersion
 
-__all__ = ["pipeline", "privacy_markdown"]
+__all__ = ["pipeline", "privacy_markdown", "RunResult", "StageClock"]
 
 
 INSECURE_RNG_WARNING = (
@@ -58,7 +64,30 @@ INSECURE_RNG_WARNING = (
 )
 
 
-def privacy_markdown(ledger: Ledger, result: dict[str, Any], *, mlflow_url: str | None = None) -> str:
+@dataclass(frozen=True)
+class RunResult:
+    """What a pipeline run produced: the evaluation of the released model, its registered version, the
+    removal head, the data version, the dataset's lifetime spend after the run, and where it is recorded."""
+
+    evaluation: Evaluation
+    model: RegisteredModel | None  # None when evaluate.register_model is false
+    head: HeadVersion | None  # None when head.enabled is false
+    data_version: str
+    lifetime: LifetimeLedger
+    run_id: str = ""
+    flow_run_id: str = ""
+    url_hint: str = ""  # how to open the MLflow run (the ``mlflow ui`` command and the run's address)
+
+    def headline(self, prefix: str) -> str:
+        """The run's one line in MLflow: what it was, test accuracy, ε and the registered models."""
+        models = [f"model {self.model}"] if self.model else []
+        if self.head is not None and self.head.registered is not None:
+            models.append(f"removal head {self.head.registered} (not DP)")
+        return run_view.headline(prefix, accuracy_test=self.evaluation.accuracy_test,
+                                 epsilon=self.evaluation.epsilon, delta=self.evaluation.delta, models=models)
+
+
+def privacy_markdown(ledger: Ledger, result: RunResult, *, mlflow_url: str | None = None) -> str:
     summary = ledger.summary()
     lines = [
         "# privpipe run: privacy summary", "",
@@ -69,49 +98,50 @@ def privacy_markdown(ledger: Ledger, result: dict[str, Any], *, mlflow_url: str 
     ]
     for stage, spend in summary["stages"].items():
         lines.append(f"| {stage} | {spend['epsilon']:.4f} | {spend['delta']:g} | {spend['accountant']} |")
-    lines += ["", f"Test accuracy {result['accuracy_test']:.4f}."]  # train accuracy: not covered by ε
-    if "accuracy_target" in result:
-        lines.append(f"Target-domain accuracy {result['accuracy_target']:.4f}.")
+    evaluation = result.evaluation
+    lines += ["", f"Test accuracy {evaluation.accuracy_test:.4f}."]  # train accuracy: not covered by ε
+    if evaluation.accuracy_target is not None:
+        lines.append(f"Target-domain accuracy {evaluation.accuracy_target:.4f}.")
     if "aggregate" in summary["stages"]:
         lines.append("PATE teachers were trained on the sensitive data and are never released; "
                      "only the student (and what was built on it) is.")
-    if "model_version" in result:
-        lines.append(f"Registered model: `{result['model_name']}` version {result['model_version']}.")
-    lines.append(f"Data version: `{result['data_version']}`.")
-    if "lifetime" in result:
-        life = result["lifetime"]
-        lines.append(f"Lifetime budget of dataset `{life['dataset']}` after this run: spent ε = {life['spent']:.4g} "
-                     f"(δ = {life['spent_delta']:.3g}) over {life['runs']} run(s), left ε = {life['left']:.4g} of "
-                     f"{life['budget']:g} (basic composition).")
+    if result.model is not None:
+        lines.append(f"Registered model: `{result.model.name}` version {result.model.version}.")
+    lines.append(f"Data version: `{result.data_version}`.")
+    life = result.lifetime.summary()
+    lines.append(f"Lifetime budget of dataset `{life['dataset']}` after this run: spent ε = {life['spent']:.4g} "
+                 f"(δ = {life['spent_delta']:.3g}) over {life['runs']} run(s), left ε = {life['left']:.4g} of "
+                 f"{life['budget']:g} (basic composition).")
     if mlflow_url:
         lines += ["", f"MLflow run: [{mlflow_url}]({mlflow_url})"]
     return "\n".join(lines)
 
 
-class _Stopwatch:
+@dataclass
+class StageClock:
     """Wall seconds of each stage as the flow runs it (what the per-stage child runs record)."""
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
+    seconds: dict[str, float] = field(default_factory=dict)
 
-    def __call__(self, stage: str, run, *args, **kwargs):
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            return run(*args, **kwargs)
+            yield
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
-def _teachers(params, runner, prepared: dict[str, str], partition_dir: str, dp_pca_dir: str) -> list[str]:
+def _teachers(params: Params, runner: TaskRunner, prepared: PreparedSets, shards: Shards,
+              projection: Projection) -> list[object]:
     """One mapped task per teacher on the chosen runner; a bar on the terminal as they finish."""
     futures = runner.map(teacher_task, {
-        "params": unmapped(params), "teacher": range(params.partition.shards),
-        "sensitive": unmapped(prepared["sensitive"]), "partition_dir": unmapped(partition_dir),
-        "dp_pca_dir": unmapped(dp_pca_dir), "public": unmapped(prepared["public"])})
+        "params": unmapped(params), "teacher": range(params.partition.shards), "prepared": unmapped(prepared),
+        "shards": unmapped(shards), "projection": unmapped(projection)})
     with progress(len(futures), "teachers") as bar:
         for _ in as_completed(futures):
             bar.update()
-    return futures.result()
+    return list(futures.result())
 
 
 def preflight(params: Params) -> None:
@@ -128,8 +158,8 @@ def preflight(params: Params) -> None:
 
 
 @flow(name="privpipe-pipeline")
-def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
-    """Run every stage with the knobs in ``params_file``; return the evaluation figures and the run id.
+def pipeline(params_file: str = "params.yaml") -> RunResult:
+    """Run every stage with the knobs in ``params_file``; return what it produced and where it is recorded.
 
     One run at a time (a lock under artifacts/); refused before any work if the dataset's
     lifetime budget cannot pay for the run's ``privacy.epsilon_budget``."""
@@ -142,68 +172,77 @@ def pipeline(params_file: str = "params.yaml") -> dict[str, Any]:
     # the stages that run in this thread (prepare, partition, head) included; each stage sets it again
     use_torch_threads(params, "pipeline")
     dataset = budget.dataset_name(params)
+    clock = StageClock()
     with one_pipeline_at_a_time(), \
-            budget.admitted(params, dataset, what="pipeline run", flow="pipeline") as admission:
-        with tracking.tracked_run(params, params_file=params_file, flow="pipeline", dataset=dataset,
-                                  exclusive=True) as run_id, \
-                mapping_runner(params) as runner:
-            log.info("pipeline: mapped tasks run on %s", describe_runner(params))
-            result, seconds = _stages(params, run_id, runner, dataset, admission)
-            ledger = Ledger.from_dict(read_json(result["ledger"]))
-            tracking.describe_run(params, run_id, run_view.headline(result, prefix=run_view.description(
-                params, flow="pipeline", dataset=dataset, params_file=params_file)))
-            audit_tracking.log_audit_view(params, run_id, dataset=dataset, ledger=ledger, seconds=seconds)
-            markdown = privacy_markdown(ledger, result, mlflow_url=tracking.run_url(params, run_id))
-            create_markdown_artifact(key="privacy-summary", markdown=markdown, description="privacy spend of this run")
-    return {**result, "run_id": run_id, "flow_run_id": str(flow_run.id)}
+            budget.admitted(params, dataset, what="pipeline run", flow="pipeline") as admission, \
+            tracking.tracked_run(params, params_file=params_file, flow="pipeline", dataset=dataset,
+                                 exclusive=True) as run, \
+            mapping_runner(params) as runner:
+        log.info("pipeline: mapped tasks run on %s", describe_runner(params))
+        result = _stages(params, run, runner, dataset, admission, clock)
+        ledger = result.evaluation.ledger()
+        run.describe(result.headline(run_view.description(params, flow="pipeline", dataset=dataset,
+                                                          params_file=params_file)))
+        audit_tracking.log_audit_view(params, run, dataset=dataset, ledger=ledger, seconds=clock.seconds)
+        markdown = privacy_markdown(ledger, result, mlflow_url=run.url())
+        create_markdown_artifact(key="privacy-summary", markdown=markdown, description="privacy spend of this run")
+    return RunResult(evaluation=result.evaluation, model=result.model, head=result.head,
+                     data_version=result.data_version, lifetime=result.lifetime, run_id=run.run_id,
+                     flow_run_id=str(flow_run.id), url_hint=run.url_hint())
 
 
-def _stages(params, run_id: str, runner, dataset: str,
-            admission: budget.Admission) -> tuple[dict[str, Any], dict[str, float]]:
-    timed = _Stopwatch()
-    prepared = timed("prepare", prepare_task, params, run_id)
-    sensitive, test, public = prepared["sensitive"], prepared["test"], prepared["public"]
+def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, dataset: str,
+            admission: budget.Admission, clock: StageClock) -> RunResult:
+    with clock.timed("prepare"):
+        prepared = prepare_task(params, run)
     if params.student.enabled:
-        shards = timed("partition", partition_task, params, run_id, sensitive)
+        with clock.timed("partition"):
+            shards = partition_task(params, run, prepared)
     admission.mark_published()  # the spending stages log their figures as they go
-    pca = timed("dp_pca", dp_pca_task, params, run_id, sensitive)
+    with clock.timed("dp_pca"):
+        projection = dp_pca_task(params, run, prepared)
     if params.student.enabled:
         clear_partial_votes()
-        votes = timed("teachers", _teachers, params, runner, prepared, shards["dir"], pca["dir"])
-        teachers = timed("teachers", collect_votes_task, params, run_id, public, votes)
-        labels = timed("aggregate", aggregate_task, params, run_id, teachers["dir"], public, pca["dir"])
-        timed("student", student_task, params, run_id, labels["dir"], public, test, pca["dir"])
+        with clock.timed("teachers"):
+            vote_files = _teachers(params, runner, prepared, shards, projection)
+            votes = collect_votes_task(params, run, prepared, projection, vote_files)
+        with clock.timed("aggregate"):
+            labels = aggregate_task(params, run, votes, prepared, projection)
+        with clock.timed("student"):
+            student_task(params, run, labels, prepared, projection)
     else:  # switched-off stages replace their outputs with a note, as under dvc repro
-        for run in (run_partition, run_teachers, run_aggregate, run_student):
-            run(params)
+        for skip in (run_partition, run_teachers, run_aggregate, run_student):
+            skip(params)
+    start = start_dir(params)
     if params.finetune.enabled and params.finetune.mode == "federated":
-        # the rounds run here, in the flow, so each round's client updates are mapped tasks
-        out = timed("finetune", run_finetune, params, sensitive=Path(sensitive), test=Path(test),
-                    dp_pca_dir=Path(pca["dir"]), start=start_dir(params), updates_for=mapped_client_updates(runner))
-        log_finetune_outputs(params, run_id, out)
+        with clock.timed("finetune"):
+            # the rounds run here, in the flow, so each round's client updates are mapped tasks
+            deployed = run_finetune(params, sensitive=prepared.sensitive, test=prepared.test,
+                                    dp_pca_dir=projection.dir, start=start, updates_for=mapped_client_updates(runner))
+            deployed.log(run, params)
     elif params.finetune.enabled:
-        timed("finetune", finetune_task, params, run_id, sensitive, test, pca["dir"], str(start_dir(params)))
+        with clock.timed("finetune"):
+            finetune_task(params, run, prepared, projection, start)
     else:
         run_finetune(params)
+    model_dir = paths.deployed_dir(params)
     # the ledger is final: charge the dataset's lifetime budget before anything is released
     # (the evaluated model, then the head built on it)
-    lifetime = audit_tracking.charge_run(params, run_id, flow="pipeline", dataset=dataset,
-                                         ledger=Ledger.from_dict(read_json(paths.deployed_dir(params) / "ledger.json")),
-                                         data_version=prepared["data_version"], admission=admission)
+    lifetime = audit_tracking.charge_run(params, run, flow="pipeline", dataset=dataset,
+                                         ledger=Ledger.from_dict(read_json(model_dir / "ledger.json")),
+                                         data_version=prepared.data_version, admission=admission)
     # evaluate first: its privacy audit must pass before any model, or anything built on it, is registered
-    result = timed("evaluate", evaluate_task, params, run_id, sensitive, test, str(paths.deployed_dir(params)))
+    with clock.timed("evaluate"):
+        evaluation = evaluate_task(params, run, prepared, model_dir)
+    head = None
     if params.head.enabled:
-        head = timed("head", head_task, params, run_id, sensitive, test, str(paths.deployed_dir(params)), pca["dir"])
+        with clock.timed("head"):
+            head = head_task(params, run, prepared, model_dir, projection)
     else:
-        head = run_head(params)
+        run_head(params)
     # the DP model is logged last: MLflow lists an experiment's logged models newest first, so it comes
     # before the head (not DP) there, as in a dvc repro run's record
-    result = timed("evaluate", release_task, params, run_id, result)
-    result.update({k: v for k, v in head.items() if k.startswith("head_model")})
-    result["data_version"] = prepared["data_version"]
-    result["lifetime"] = lifetime.summary()
-    if not head.get("skipped"):
-        result["head"] = {k: head[k] for k in ("accuracy_test", "gradient_budget", "removal_epsilon",
-                                               "removal_delta", "features_epsilon",
-                                               "whole_certified_removal_epsilon")}
-    return result, timed.seconds
+    with clock.timed("evaluate"):
+        model = release_task(params, run, evaluation)
+    return RunResult(evaluation=evaluation, model=model, head=head, data_version=prepared.data_version,
+                     lifetime=lifetime)

@@ -19,16 +19,16 @@ retrained here, as a retrain spends privacy budget and is the pipeline's to run.
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
 
-from privpipe.config import load_params
-from privpipe.requests import RequestQueue
+from privpipe.config import Params, load_params
+from privpipe.requests import Request, RequestQueue
 from tasks import paths, tracking
 from tasks.privacy import budget
 from tasks.removal import registry
-from tasks.removal.coverage import flag_uncovered
+from tasks.removal.coverage import UncoveredVersion, flag_uncovered
 from tasks.removal.erase import ensure_can_erase
 from tasks.removal.steps import (
     apply_task,
@@ -42,7 +42,7 @@ from tasks.removal.steps import (
     skip_head,
 )
 
-__all__ = ["removals"]
+__all__ = ["removals", "BatchResult"]
 
 
 def _next_batch(queue: RequestQueue):
@@ -54,44 +54,62 @@ def _next_batch(queue: RequestQueue):
     return batch
 
 
-def _process(params, params_file: str, queue: RequestQueue, batch_id: str, todo) -> dict[str, Any]:
+@dataclass(frozen=True)
+class BatchResult:
+    """One processed batch: its requests, the head version and data version after it, the budget, and the
+    registered versions that still do not cover some request (each with what to do)."""
+
+    batch_id: str
+    requests: int
+    newly_marked: int  # requests marked done by this run (a re-run after a crash may find some done)
+    run_id: str
+    head_version: str | None
+    data_version: str
+    retrained: bool
+    rows_removed: int
+    budget_used: float | None  # None: no head
+    budget: float | None
+    uncovered: list[UncoveredVersion]
+
+
+def _process(params: Params, params_file: str, queue: RequestQueue, batch_id: str,
+             todo: list[Request]) -> BatchResult:
     with tracking.tracked_run(params, run_name=f"removals {batch_id}", params_file=params_file, flow="removals",
-                              dataset=budget.dataset_name(params), exclusive=True) as run_id:
-        applied = apply_task(params, batch_id, todo) if head_present() else skip_head(params, todo)
-        version = register_task(params, run_id, batch_id, applied)
+                              dataset=budget.dataset_name(params), exclusive=True) as run:
+        applied = apply_task(params, run, batch_id, todo) if head_present() else skip_head(params, todo)
+        version = register_task(params, run, batch_id, applied)
         erased = erase_task(params, todo)
         if version is not None:
             # registered before the erasure, perhaps by a run that then died: only now can the version
             # say which data version it matches and which run holds its audit
-            registry.tag_version(params, version, {"dvc.data_version": erased["data_version"],
-                                                        "removal.audit_run_id": run_id})
+            registry.tag_version(params, run.client, version, {"dvc.data_version": erased.data_version,
+                                                               "removal.audit_run_id": run.run_id})
         # after the registration, so the new head version is listed; the requests done before too, against
         # every version registered now (a later head version still rests on the same extractor)
         batch = {r.request_id for r in todo}
         earlier = [r for r in queue.read() if r.status == "done" and r.request_id not in batch]
-        coverage = coverage_task(params, [*todo, *earlier])
+        coverage = coverage_task(params, run, [*todo, *earlier])
         audits = audit_records(params, batch_id, todo, applied, version, erased, coverage)
-        uncovered = flag_uncovered(params, coverage, batch)
-        client = tracking.mlflow_client(params)
-        client.log_text(run_id, json.dumps(list(audits.values()), indent=2), "removals/audit.json")
-        figures = {"removal.requests": len(todo), "removal.rows_removed": applied["rows_removed"],
-                   "removal.retrained": float(applied["retrained"]),
+        uncovered = flag_uncovered(run.client, coverage, batch)
+        run.log_text(json.dumps(list(audits.values()), indent=2), "removals/audit.json")
+        figures = {"removal.requests": len(todo), "removal.rows_removed": applied.rows_removed,
+                   "removal.retrained": float(applied.retrained),
                    "removal.uncovered_versions": len(uncovered)}
-        if applied["budget"] is not None:
-            figures.update({"removal.budget_used": applied["budget_used"], "removal.gradient_budget": applied["budget"]})
-        tracking.log_batch(client, run_id, metrics=figures)
-        for key, value in {"removal.batch_id": batch_id, "dvc.data_version": erased["data_version"],
+        if applied.budget is not None and applied.budget_used is not None:
+            figures.update({"removal.budget_used": applied.budget_used, "removal.gradient_budget": applied.budget})
+        run.log_batch(metrics=figures)
+        for key, value in {"removal.batch_id": batch_id, "dvc.data_version": erased.data_version,
                            "registered_head": version or "not registered"}.items():
-            client.set_tag(run_id, key, value)
+            run.set_tag(key, value)
         marked = queue.mark_done(batch_id, audits)
-    return {"batch_id": batch_id, "requests": len(todo), "newly_marked": marked, "run_id": run_id,
-            "head_version": version, "data_version": erased["data_version"], "retrained": applied["retrained"],
-            "rows_removed": applied["rows_removed"], "budget_used": applied["budget_used"],
-            "budget": applied["budget"], "uncovered": uncovered}
+    return BatchResult(batch_id=batch_id, requests=len(todo), newly_marked=marked, run_id=run.run_id,
+                       head_version=version, data_version=erased.data_version, retrained=applied.retrained,
+                       rows_removed=applied.rows_removed, budget_used=applied.budget_used, budget=applied.budget,
+                       uncovered=uncovered)
 
 
 @flow(name="privpipe-removals")
-def removals(params_file: str = "params.yaml") -> list[dict[str, Any]]:
+def removals(params_file: str = "params.yaml") -> list[BatchResult]:
     """Process every pending deletion request, a crashed run's batch first; one result per batch."""
     params = load_params(params_file)
     log = get_run_logger()
@@ -102,17 +120,17 @@ def removals(params_file: str = "params.yaml") -> list[dict[str, Any]]:
         ensure_can_erase(params, queue)
         while (batch := _next_batch(queue)) is not None:
             out = _process(params, params_file, queue, *batch)
-            log.info("removals: %s done: %d requests, head version %s, data version %s%s", out["batch_id"],
-                     out["requests"], out["head_version"], out["data_version"],
-                     " (head retrained: budget spent)" if out["retrained"] else "")
-            for flagged in out["uncovered"]:
+            log.info("removals: %s done: %d requests, head version %s, data version %s%s", out.batch_id,
+                     out.requests, out.head_version, out.data_version,
+                     " (head retrained: budget spent)" if out.retrained else "")
+            for flagged in out.uncovered:
                 log.warning("removals: %s version %s does not cover %d deletion request(s), %d of this batch: %s",
-                            flagged["model"], flagged["version"], len(flagged["requests"]), len(flagged["in_batch"]),
-                            flagged["action"])
+                            flagged.model, flagged.version, len(flagged.requests), len(flagged.in_batch),
+                            flagged.action)
             results.append(out)
     if not results:
         left = scrub_copies(params, set())  # what an earlier run had to leave (a run held the data then)
-        done = sum(left["prepared"]["rows_removed"].values()) + len(left["text"]["removed"])
+        done = left.rows_scrubbed
         log.info("removals: no pending deletion requests%s",
                  f"; {done} leftover copies of erased records scrubbed" if done else "")
     return results

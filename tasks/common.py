@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,8 @@ from tasks import paths
 if TYPE_CHECKING:  # a type only: privpipe.config stays off this module's import path
     from privpipe.config import Params
 
-__all__ = ["write_json", "read_json", "load_array", "write_text", "staged_dir", "stage_logger", "skip_stage", "seed_for",
+__all__ = ["write_json", "read_json", "load_array", "write_text", "staged_dir", "stage_logger", "skip_stage",
+           "Skipped", "was_skipped", "seed_for",
            "SEED_STREAMS", "exclusive_lock", "one_at_a_time", "one_pipeline_at_a_time",
            "PipelineBusy", "warn_insecure_rng",
            "INSECURE_STAGE_WARNING", "stage_threads", "task_threads", "use_torch_threads", "apply_torch_threads"]
@@ -220,10 +222,24 @@ def use_torch_threads(params: Params, stage: str, *, quiet: bool = False) -> int
     return threads
 
 
-def skip_stage(stage: str, out: Path, reason: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Skipped:
+    """What a switched-off stage returns: its output folder holds only ``skipped.json``, saying why."""
+
+    stage: str
+    dir: Path
+    reason: str
+
+
+def skip_stage(stage: str, out: Path, reason: str) -> Skipped:
     """A switched-off stage still leaves its output folder and metrics (saying so), as ``dvc repro`` expects."""
     with staged_dir(out) as staging:
         write_json(staging / "skipped.json", {"stage": stage, "reason": reason})
     write_json(paths.metrics_file(stage), {"skipped": True})
     stage_logger(stage).info("%s: skipped (%s)", stage, reason)
-    return {"dir": str(out), "skipped": True}
+    return Skipped(stage=stage, dir=out, reason=reason)
+
+
+def was_skipped(stage: str) -> bool:
+    """Whether the stage's last run was switched off (its metrics file says so)."""
+    return bool(read_json(paths.metrics_file(stage)).get("skipped"))

@@ -9,18 +9,16 @@ Output: artifacts/dp_pca/{projection.npy, ledger.json}.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import DataError, Records
+from privpipe.data import Records
 from privpipe.dp_pca import dp_pca, dp_pca_event
-from privpipe.privacy import Ledger
 from tasks import paths
 from tasks.common import (
     seed_for,
@@ -28,13 +26,16 @@ from tasks.common import (
     staged_dir,
     use_torch_threads,
     warn_insecure_rng,
-    write_json,
     write_text,
 )
 from tasks.privacy.ledger import calibrate_for, new_ledger
+from tasks.projection import Projection, check_projection  # noqa: F401 (check_projection: until aggregate imports it from tasks.projection)
 
-__all__ = ["run_dp_pca", "dp_pca_task", "load_projection", "projection_digest", "check_projection",
-           "check_components"]
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.prepared import PreparedSets
+    from tasks.tracking import TrackedRun
+
+__all__ = ["run_dp_pca", "dp_pca_task", "check_components"]
 
 
 def check_components(params: Params, dim: int) -> None:
@@ -44,8 +45,8 @@ def check_components(params: Params, dim: int) -> None:
         raise ConfigError(f"dp_pca.components: {params.dp_pca.components} exceeds the feature dimension {dim}")
 
 
-def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.DP_PCA) -> dict[str, Any]:
-    """Write the projection (or none, if disabled) and the ledger; return paths and figures."""
+def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.DP_PCA) -> Projection:
+    """Write the projection (or none, if disabled) and the ledger."""
     log = stage_logger("dp_pca")
     use_torch_threads(params, "dp_pca")
     cfg = params.dp_pca
@@ -71,35 +72,14 @@ def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path =
         if projection is not None:
             np.save(staging / "projection.npy", projection)
         write_text(staging / "ledger.json", ledger.to_json())
-    figures = {"enabled": cfg.enabled, "noise_multiplier": sigma,
-               "epsilon": ledger.stage_epsilon("dp_pca").epsilon if cfg.enabled else 0.0}
-    write_json(paths.metrics_file("dp_pca"), figures)
-    return {"dir": str(out), "projection": str(out / "projection.npy") if cfg.enabled else None,
-            "ledger": str(out / "ledger.json"), **figures}
-
-
-def load_projection(dp_pca_dir: Path) -> np.ndarray | None:
-    """The released projection, or None when DP-PCA was off."""
-    file = Path(dp_pca_dir) / "projection.npy"
-    return np.load(file) if file.exists() else None
-
-
-def projection_digest(dp_pca_dir: Path) -> str:
-    """Identifies the DP-PCA release a later stage built on (its ledger accounts for exactly one)."""
-    file = Path(dp_pca_dir) / "projection.npy"
-    return hashlib.sha256(file.read_bytes()).hexdigest() if file.exists() else "none"
-
-
-def check_projection(recorded: str, dp_pca_dir: Path, *, source: Path, rerun: str) -> None:
-    """Refuse to mix outputs built on different DP-PCA releases: the ledger would count one of two."""
-    if recorded != projection_digest(dp_pca_dir):
-        raise DataError(f"{source}: built on another DP-PCA projection than {dp_pca_dir}; re-run the {rerun} stage")
+    release = Projection(dir=out, enabled=cfg.enabled, noise_multiplier=sigma,
+                         epsilon=ledger.stage_epsilon("dp_pca").epsilon if cfg.enabled else 0.0)
+    release.write_metrics()
+    return release
 
 
 @task(name="dp_pca", cache_policy=NO_CACHE)
-def dp_pca_task(params: Params, run_id: str, sensitive: str) -> dict[str, Any]:
-    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
-
-    out = run_dp_pca(params, sensitive=Path(sensitive))
-    tracking.log_dp_pca(params, run_id, out, Ledger.from_json(Path(out["ledger"]).read_text()))
-    return out
+def dp_pca_task(params: Params, run: TrackedRun, prepared: PreparedSets) -> Projection:
+    release = run_dp_pca(params, sensitive=prepared.sensitive)
+    release.log(run)
+    return release

@@ -12,7 +12,7 @@ registered. In a flow run (or with ``--track``) it also logs and registers the m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from prefect import task
@@ -24,8 +24,14 @@ from privpipe.models import load_released
 from privpipe.privacy import Ledger
 from tasks import paths
 from tasks.common import read_json, stage_logger, use_torch_threads, write_json
+from tasks.evaluation import Evaluation
 from tasks.privacy import uncovered
 from tasks.privacy.membership_audit import audit_figures, audit_released_model
+
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.prepared import PreparedSets
+    from tasks.registered import RegisteredModel
+    from tasks.tracking import TrackedRun
 
 __all__ = ["run_evaluate", "evaluate_task", "release_task", "accuracy"]
 
@@ -37,46 +43,45 @@ def accuracy(model: torch.nn.Module, records: Records) -> float:
 
 
 def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
-                 model_dir: Path | None = None) -> dict[str, Any]:
+                 model_dir: Path | None = None) -> Evaluation:
     log = stage_logger("evaluate")
     use_torch_threads(params, "evaluate")
     model_dir = Path(model_dir if model_dir is not None else paths.deployed_dir(params))
     ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))  # first: a missing model is one line (DataError)
     model = load_released(model_dir)
     sensitive_records, test_records = Records.load(sensitive), Records.load(test)
-    figures: dict[str, Any] = {"accuracy_train": accuracy(model, sensitive_records),
-                               "accuracy_test": accuracy(model, test_records)}
     target_test = Path(test).parent / paths.TARGET_TEST.name
-    if target_test.exists():
-        figures["accuracy_target"] = accuracy(model, Records.load(target_test))
     spend = ledger.epsilon()
+    audit = None
     if params.privacy_audit.enabled:  # raises, before anything is written, if the claim is contradicted
-        audit = audit_released_model(params, model, sensitive=(sensitive_records.features, sensitive_records.labels),
-                                     test=(test_records.features, test_records.labels), claimed_epsilon=spend.epsilon,
-                                     delta=spend.delta, stage="evaluate",
-                                     # digits: a seeded stratified split; MNIST: its fixed test set
-                                     exchangeable=params.prepare.dataset == "digits")
-        figures["privacy_audit"] = audit_figures(audit, claimed_epsilon=spend.epsilon)
-    write_json(paths.metrics_file("evaluate"), uncovered.without(params, figures))
+        result = audit_released_model(params, model, sensitive=(sensitive_records.features, sensitive_records.labels),
+                                      test=(test_records.features, test_records.labels),
+                                      claimed_epsilon=spend.epsilon, delta=spend.delta, stage="evaluate",
+                                      # digits: a seeded stratified split; MNIST: its fixed test set
+                                      exchangeable=params.prepare.dataset == "digits")
+        audit = audit_figures(result, claimed_epsilon=spend.epsilon)
+    target = accuracy(model, Records.load(target_test)) if target_test.exists() else None
+    evaluation = Evaluation(model_dir=model_dir, accuracy_train=accuracy(model, sensitive_records),
+                            accuracy_test=accuracy(model, test_records), accuracy_target=target,
+                            privacy_audit=audit, epsilon=spend.epsilon, delta=spend.delta,
+                            accountant=spend.accountant)
+    write_json(paths.metrics_file("evaluate"), evaluation.metrics(params))
     write_json(paths.metrics_file("privacy"), ledger.summary())
-    train = f" (train {figures['accuracy_train']:.4f})" if uncovered.recorded(params) else ""
-    log.info("evaluate: test accuracy %.4f%s; run total %s", figures["accuracy_test"], train, spend)
-    return {**figures, "epsilon": spend.epsilon, "delta": spend.delta, "accountant": spend.accountant,
-            "model_dir": str(model_dir), "ledger": str(model_dir / "ledger.json")}
+    train = f" (train {evaluation.accuracy_train:.4f})" if uncovered.recorded(params) else ""
+    log.info("evaluate: test accuracy %.4f%s; run total %s", evaluation.accuracy_test, train, spend)
+    return evaluation
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate_task(params: Params, run_id: str, sensitive: str, test: str, model_dir: str) -> dict[str, Any]:
+def evaluate_task(params: Params, run: TrackedRun, prepared: PreparedSets, model_dir: Path) -> Evaluation:
     """Evaluate and audit the model, and log the figures; :func:`release_task` logs and registers it."""
-    from tasks import release  # deferred: MLflow is slow to import, untracked runs skip it
-
-    out = run_evaluate(params, sensitive=Path(sensitive), test=Path(test), model_dir=Path(model_dir))
-    release.log_evaluation(params, run_id, out)
-    return out
+    evaluation = run_evaluate(params, sensitive=prepared.sensitive, test=prepared.test, model_dir=model_dir)
+    evaluation.log(run, params)
+    return evaluation
 
 
 @task(name="release-model", cache_policy=NO_CACHE)
-def release_task(params: Params, run_id: str, out: dict[str, Any]) -> dict[str, Any]:
+def release_task(params: Params, run: TrackedRun, evaluation: Evaluation) -> RegisteredModel | None:
     from tasks import release  # deferred: MLflow is slow to import, untracked runs skip it
 
-    return release.release_model(params, run_id, out)
+    return release.release_model(params, run, evaluation)

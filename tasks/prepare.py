@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prefect import task
@@ -48,9 +49,13 @@ from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
 from privpipe.data.mnist import mnist_files
 from privpipe.requests import RequestQueue, base_id, version_suffix
 from tasks import paths
-from tasks.common import stage_logger, staged_dir, write_json
+from tasks.common import stage_logger, staged_dir
+from tasks.prepared import PreparedSets
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version
+
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.tracking import TrackedRun
 
 __all__ = ["run_prepare", "prepare_task", "ensure_default_data", "prepared_sets", "Withheld"]
 
@@ -169,8 +174,8 @@ def prepared_sets(params: Params) -> tuple[dict[str, Records], list[Path], Withh
     return sets, sources, withheld
 
 
-def run_prepare(params: Params) -> dict[str, str]:
-    """Write data/prepared/*; return their paths and the data version."""
+def run_prepare(params: Params) -> PreparedSets:
+    """Write data/prepared/* and metrics/prepare.json."""
     log = stage_logger("prepare")
     sets, sources, withheld = prepared_sets(params)
     sensitive = sets["sensitive"]
@@ -183,23 +188,20 @@ def run_prepare(params: Params) -> dict[str, str]:
         version += version_suffix("erased", withheld.dropped_erased)
     if withheld.dropped_pending:  # requests accepted, the file not yet rewritten
         version += version_suffix("pending", withheld.dropped_pending)
-    summary = {f"n_{name}": len(records) for name, records in sets.items()}
-    summary["n_erased"] = len(withheld.erased)  # completed requests
-    summary["n_withheld_pending"] = len(withheld.pending)  # requests not yet done, already left out
-    summary.update({"n_features": int(sensitive.features.shape[1]), "data_version": version,
-                    "n_classes": DATASET_CLASSES[params.prepare.dataset]})
-    write_json(paths.metrics_file("prepare"), summary)
+    prepared = PreparedSets(folder=paths.PREPARED, sizes={name: len(records) for name, records in sets.items()},
+                            n_erased=len(withheld.erased), n_withheld_pending=len(withheld.pending),
+                            n_features=int(sensitive.features.shape[1]),
+                            n_classes=DATASET_CLASSES[params.prepare.dataset], data_version=version,
+                            source=params.prepare.path)
+    prepared.write_metrics()
     log.info("prepare: %s from %s (data version %s; %d records withheld for pending deletion requests)",
              ", ".join(f"{len(r)} {name}" for name, r in sets.items()), params.prepare.path, version,
              len(withheld.dropped_pending))
-    out = {name: str(paths.PREPARED / name) for name in sets}
-    return {**out, **{k: str(v) for k, v in summary.items()}}
+    return prepared
 
 
 @task(name="prepare", cache_policy=NO_CACHE)
-def prepare_task(params: Params, run_id: str) -> dict[str, str]:
-    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
-
-    out = run_prepare(params)
-    tracking.log_prepare(params, run_id, out)
-    return out
+def prepare_task(params: Params, run: TrackedRun) -> PreparedSets:
+    prepared = run_prepare(params)
+    prepared.log(run)
+    return prepared

@@ -58,7 +58,7 @@ class Progress:
 
 
 def _duration(seconds: float) -> str:
-    minutes, rest = divmod(int(round(seconds)), 60)
+    minutes, rest = divmod(round(seconds), 60)
     return f"{minutes}m {rest:02d}s" if minutes else f"{rest}s"
 
 

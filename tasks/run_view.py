@@ -9,17 +9,17 @@ hash router, so the query goes after the route, ``#/experiments/1/runs/<id>?work
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from prefect.context import FlowRunContext
 from prefect.settings import PREFECT_UI_URL
 
 from privpipe.config import Params, redact_url
 
-__all__ = ["LOCAL_UI", "format_value", "short_version", "run_name", "run_url", "source_tags",
+__all__ = ["LOCAL_UI", "format_value", "short_version", "run_name", "source_tags",
            "description", "prefect_links", "chart_worthy", "resolve_tracking_uri",
-           "headline"]
+           "headline", "ui_base", "WORKFLOW"]
 
 #: what ``make ui`` (``mlflow ui``) serves for a local store
 LOCAL_UI = "http://127.0.0.1:5000"
@@ -71,14 +71,10 @@ def resolve_tracking_uri(uri: str, root: Path = Path(".")) -> str:
     return uri
 
 
-def _ui_base(params: Params) -> str:
+def ui_base(params: Params) -> str:
+    """Where the MLflow UI of ``run.tracking_uri`` is: a tracking server's own address, else ``make ui``'s."""
     uri = resolve_tracking_uri(params.run.tracking_uri)
     return str(redact_url(uri)).rstrip("/") if uri.startswith(("http://", "https://")) else LOCAL_UI
-
-
-def run_url(params: Params, experiment_id: str, run_id: str) -> str:
-    """The run's page in the UI (a tracking server's own address, else ``make ui``'s), on the training-runs view."""
-    return f"{_ui_base(params)}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW}"
 
 
 def source_tags(flow: str, commit: str) -> dict[str, str]:
@@ -118,18 +114,16 @@ def prefect_links() -> dict[str, str]:
     return tags
 
 
-def headline(result: dict[str, Any], *, prefix: str) -> str:
-    """A finished run's one line: ``prefix`` (what it was), then test accuracy, ε and the registered models."""
+def headline(prefix: str, *, accuracy_test: float | None = None, epsilon: float | None = None,
+             delta: float | None = None, record_epsilon: float | None = None, models: Sequence[str] = ()) -> str:
+    """A finished run's one line: ``prefix`` (what it was), then test accuracy, ε and the registered models
+    (each as ``model NAME/VERSION``, or as its caller words it)."""
     parts = []
-    if "accuracy_test" in result:
-        parts.append(f"test accuracy {result['accuracy_test']:.4f}")
-    if result.get("record_epsilon") is not None:  # a federated text run: client-level, and for one record
-        parts.append(f"client-level ε = {result['epsilon']:.4g} (δ = {result['delta']:g}), one record's "
-                     f"ε = {result['record_epsilon']:.4g}")
-    elif result.get("epsilon") is not None:
-        parts.append(f"ε = {result['epsilon']:.4g} (δ = {result['delta']:g})")
-    if "model_version" in result:
-        parts.append(f"model {result['model_name']}/{result['model_version']}")
-    if "head_model_version" in result:
-        parts.append(f"removal head {result['head_model_name']}/{result['head_model_version']} (not DP)")
+    if accuracy_test is not None:
+        parts.append(f"test accuracy {accuracy_test:.4f}")
+    if record_epsilon is not None:  # a federated text run: client-level, and for one record
+        parts.append(f"client-level ε = {epsilon:.4g} (δ = {delta:g}), one record's ε = {record_epsilon:.4g}")
+    elif epsilon is not None:
+        parts.append(f"ε = {epsilon:.4g} (δ = {delta:g})")
+    parts += models
     return f"{prefix}: {', '.join(parts)}" if parts else prefix

@@ -178,8 +178,8 @@ def reference(template: Template, killed, prefect_harness, tmp_path_factory) -> 
     with pytest.MonkeyPatch.context() as monkeypatch:
         (result,) = _run_removals(folder, monkeypatch)
     head, _, meta = load_head(folder / "artifacts/head")
-    assert result["requests"] == 4 and head.used_total > 0
-    return Reference(head.used_total, meta["applied_batches"][result["batch_id"]], result["data_version"])
+    assert result.requests == 4 and head.used_total > 0
+    return Reference(head.used_total, meta["applied_batches"][result.batch_id], result.data_version)
 
 
 def _assert_left_by_the_kill(step: str, folder: Path, template: Template, batch_id: str) -> None:
@@ -213,7 +213,7 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     _assert_left_by_the_kill(step, folder, template, batch_id)
 
     (result,) = _run_removals(folder, monkeypatch)  # finishes the crashed batch
-    assert result["batch_id"] == batch_id and result["requests"] == 4
+    assert result.batch_id == batch_id and result.requests == 4
     assert _run_removals(folder, monkeypatch) == []  # and nothing is left to do
 
     # every request done exactly once, in the crashed batch
@@ -237,7 +237,7 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     # counted once: as much as the uninterrupted run (a second count would at least double it; the
     # tolerance only allows for a BLAS that sums in another order)
     used = pytest.approx(reference.used_total, rel=1e-9, abs=0)
-    assert head.used_total == used and result["budget_used"] == used
+    assert head.used_total == used and result.budget_used == used
     applied = meta["applied_batches"][batch_id]
     assert applied["budget_used"] == used
     assert {k: v for k, v in applied.items() if k not in ("applied_at", "budget_used")} == \
@@ -247,22 +247,22 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     versions = _head_versions(folder)
     assert [v.tags.get("removal.batch_id") for v in versions] == [batch_id]
     (version,) = versions
-    assert result["head_version"] == str(version.version)
+    assert result.head_version == str(version.version)
     assert version.tags["removal.budget_used"] == f"{reference.used_total:.6g}"
     assert version.tags["dvc.data_version_before"] == template.data_version
     assert version.tags["dvc.data_version"] == _pointer_md5(folder)  # the data it matches: after the erasure
-    assert version.tags["removal.audit_run_id"] == result["run_id"]  # the run with the audit, not the killed one
+    assert version.tags["removal.audit_run_id"] == result.run_id  # the run with the audit, not the killed one
     client = _mlflow(folder)
     assert client.get_experiment_by_name("privpipe").artifact_location.startswith(folder.resolve().as_uri())
     experiment = client.get_experiment_by_name("privpipe").experiment_id
     # a run the kill left RUNNING was closed as KILLED by the re-run
     assert not client.search_runs([experiment], filter_string="attributes.status = 'RUNNING'")
-    assert client.get_run(result["run_id"]).data.tags["dvc.data_version"] == result["data_version"]
+    assert client.get_run(result.run_id).data.tags["dvc.data_version"] == result.data_version
 
     # the data: the records gone, the audits' data version the raw data's current one (its DVC pointer)
     current = _pointer_md5(folder)
     assert not _csv_ids(folder) & set(template.targets)
-    assert current != template.data_version and current == reference.data_version == result["data_version"]
+    assert current != template.data_version and current == reference.data_version == result.data_version
     for request in requests:
         audit = request.audit
         assert (audit["data_version_before"], audit["data_version_after"]) == (template.data_version, current)

@@ -67,9 +67,9 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
 
     params = load_params("params.yaml")
     client = MlflowClient(tracking_uri=f"sqlite:///{inside / 'mlflow.db'}")
-    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
-        first = register_pipeline_head(params, run_id, run_head(params))  # an earlier run's head: version 1
-    assert first["head_model_version"] == "1"
+    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run:
+        first = register_pipeline_head(params, run, run_head(params))  # an earlier run's head: version 1
+    assert first.registered.version == "1"
 
     # the run in progress has read its data (data/prepared holds the record); the erasure completes
     sensitive = Records.load(inside / "data/prepared/sensitive").ids.tolist()
@@ -77,19 +77,19 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
     _forget(erased)
     with one_pipeline_at_a_time():  # what the run holds: the removal run leaves data/prepared as it is
         (done,) = removals(params_file="params.yaml")
-    assert done["head_version"] == "2" and erased not in (inside / "data/raw/digits.csv").read_text()
+    assert done.head_version == "2" and erased not in (inside / "data/raw/digits.csv").read_text()
     (request,) = RequestQueue(Path("data/requests")).read()
     assert request.audit["erasure"]["copies"]["prepared"]["done"] is False
 
-    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
+    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run:
         head = run_head(params)  # the run goes on: its head stage, on the data it read
         _, ids, meta = load_head(Path("artifacts/head"))
         assert erased not in ids.tolist() and meta["left_out_at_training"] == 1  # trained without it: exact
         _forget(late)  # requested after the head trained, before it is registered
-        registered = register_pipeline_head(params, run_id, head)
-        released = track_evaluation(params, run_id, run_evaluate(params))
+        registered = register_pipeline_head(params, run, head)
+        released = track_evaluation(params, run, run_evaluate(params))
 
-    version = registered["head_model_version"]
+    version = registered.registered.version
     assert version == "3"
     live, ids, _ = load_head(Path("artifacts/head"))
     queue = RequestQueue(Path("data/requests"))
@@ -102,14 +102,14 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
     assert tags["privacy.erasure.requested_since_data"] == "2" and "not removed but covered" in tags[
         "privacy.erasure.note"]
     # the DP model trained on both: its version says it predates their erasure and its DP covers them
-    model = client.get_model_version("erasure-test", released["model_version"])
+    model = client.get_model_version("erasure-test", released.version)
     assert model.tags["privacy.erasure.requested_since_data"] == "2"
     assert "2 in sensitive: dp" in model.tags["privacy.erasure.note"]
     # the late request, processed later, finds nothing left to remove from the head
     (after,) = removals(params_file="params.yaml")
     assert [r.audit["mechanism"] for r in RequestQueue(Path("data/requests")).read()] == ["newton", "absent"]
     assert np.array_equal(load_head(Path("artifacts/head"))[0].active, live.active)
-    assert after["rows_removed"] == 0
+    assert after.rows_removed == 0
     # no run holds data/prepared now: both records are scrubbed from it, their hashes kept for manifests
     late_audit = RequestQueue(Path("data/requests")).read()[1].audit
     assert late_audit["erasure"]["copies"]["prepared"] == {"done": True, "rows_removed": {"sensitive": 2}}

@@ -49,26 +49,26 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     out = federated_text(params_file="params.yaml")
     ledger = Ledger.from_json((project / "artifacts/federated/ledger.json").read_text())
     spend = ledger.epsilon()
-    assert out["epsilon"] == pytest.approx(spend.epsilon) and spend.epsilon <= 3.0
+    assert out.model.private.epsilon == pytest.approx(spend.epsilon) and spend.epsilon <= 3.0
     assert ledger.events[0].to_dict() | {} == {"mechanism": "poisson_gaussian", "stage": "federated",
-                                               "noise_multiplier": out["noise_multiplier"], "sample_rate": 0.5,
+                                               "noise_multiplier": out.model.private.noise_multiplier, "sample_rate": 0.5,
                                                "steps": 3}
     # one record moves one client's update: its bound (direct or group-of-two) is above the client-level ε
     record = record_level_ledger(ledger).epsilon()
-    assert out["record_epsilon"] == pytest.approx(record.epsilon) and record.epsilon > spend.epsilon
+    assert out.model.private.record_epsilon == pytest.approx(record.epsilon) and record.epsilon > spend.epsilon
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
-    run = client.get_run(out["run_id"])
+    run = client.get_run(out.run_id)
     assert run.info.status == "FINISHED"
     assert run.data.metrics["privacy.epsilon"] == pytest.approx(spend.epsilon)
-    by_round = client.get_metric_history(out["run_id"], "privacy.federated.epsilon_by_round")
+    by_round = client.get_metric_history(out.run_id, "privacy.federated.epsilon_by_round")
     assert [m.step for m in by_round] == [1, 2, 3] and by_round[-1].value == pytest.approx(spend.epsilon)
-    assert [m.step for m in client.get_metric_history(out["run_id"], "federated.accuracy_test")] == [1, 2, 3]
-    assert len(client.get_metric_history(out["run_id"], "federated.clients_sampled")) == 3
+    assert [m.step for m in client.get_metric_history(out.run_id, "federated.accuracy_test")] == [1, 2, 3]
+    assert len(client.get_metric_history(out.run_id, "federated.clients_sampled")) == 3
     assert run.data.tags["federated.sampling"] == "poisson"
     # the membership audit of the global model, next to the claimed (client-level) ε
     # 40 test texts: 12 train the reference, 28 are audited; the claim compared is the record-level one
-    audit = out["privacy_audit"]
+    audit = out.model.privacy_audit
     assert audit["privacy.audit.members"] == 28 and "privacy.audit.calibrated.auc" in audit
     assert audit["claimed_epsilon"] == pytest.approx(record.epsilon)
     assert audit["privacy.audit.epsilon_lower_bound"] <= record.epsilon
@@ -82,28 +82,31 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     assert f"client-level ε = {spend.epsilon:.4g}" in run.data.tags["mlflow.note.content"]
     (data,) = run.inputs.dataset_inputs
     assert (data.dataset.name, data.dataset.digest) == ("texts", version.removeprefix("untracked:"))
-    assert run.data.tags["prefect.flow_run_id"] == out["flow_run_id"]
+    assert run.data.tags["prefect.flow_run_id"] == out.flow_run_id
 
-    version = client.get_model_version("privpipe-text", out["model_version"])
+    version = client.get_model_version("privpipe-text", out.registered.version)
     assert float(version.tags["privacy.epsilon"]) == pytest.approx(spend.epsilon, rel=1e-5)
     assert version.tags["privacy.adjacency"] == "client"
     assert float(version.tags["privacy.record_epsilon"]) == pytest.approx(record.epsilon, rel=1e-5)
-    model = mlflow.pyfunc.load_model(f"models:/privpipe-text/{out['model_version']}")
+    model = mlflow.pyfunc.load_model(f"models:/privpipe-text/{out.registered.version}")
     assert set(model.predict(["apple banana with plum", "gear and clutch"])) <= {"engine", "fruit"}
     # what an auditor loads holds no pickle: the loader's code as a file, weights as .npy, the spec as JSON
-    files = Path(mlflow.artifacts.download_artifacts(f"models:/privpipe-text/{out['model_version']}",
+    files = Path(mlflow.artifacts.download_artifacts(f"models:/privpipe-text/{out.registered.version}",
                                                      dst_path=str(project / "version")))
     names = {p.name for p in files.rglob("*") if p.is_file()}
     assert {"served_model.py", "weights.npy", "spec.json"} <= names
     assert not [n for n in names if n.endswith((".pkl", ".pickle", ".bin", ".pt", ".pth"))], names
     # charged to the text file's lifetime ledger, which composes records: the record-level form
     (entry,) = json.loads((project / "data/budget/texts.json").read_text())["entries"]
-    assert (entry["run"], entry["flow"]) == (out["run_id"], "federated-text")
+    assert (entry["run"], entry["flow"]) == (out.run_id, "federated-text")
     assert (entry["epsilon"], entry["delta"]) == (pytest.approx(record.epsilon), spend.delta)
     # `privpipe audit` lists what the lifetime ledger adds up: the record-level ε and its accountant
     from tasks.privacy.audit import audit_rows
 
-    (row,) = audit_rows(load_params("params.yaml"), dataset="texts")
+    from tasks.tracking import open_store
+
+    params = load_params("params.yaml")
+    (row,) = audit_rows(params, open_store(params), dataset="texts")
     assert (row["epsilon"], row["accountant"]) == (pytest.approx(record.epsilon), record.accountant)
     assert run.data.tags["privpipe.dataset"] == "texts"
 
@@ -139,10 +142,10 @@ def test_lora_mode_trains_adapters_and_head_only(project, encoder):
     run_prepare_text(params)
     run_text_features(params)
     out = run_federated_text(params)
-    assert out["rounds"] == 1
+    assert out.rounds == 1
     # audited by the loss attack on token inputs; no calibrated attack (a fresh start would wipe the encoder)
-    assert "privacy.audit.loss.auc" in out["privacy_audit"] and "privacy.audit.calibrated.auc" not in out["privacy_audit"]
-    assert out["privacy_audit"]["privacy.audit.members"] == 40  # no reference model: no test texts set aside
+    assert "privacy.audit.loss.auc" in out.privacy_audit and "privacy.audit.calibrated.auc" not in out.privacy_audit
+    assert out.privacy_audit["privacy.audit.members"] == 40  # no reference model: no test texts set aside
     model, spec = load_text_model(project / "artifacts/federated")
     lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     head = sum(p.numel() for p in model.head.parameters())
@@ -158,21 +161,21 @@ def test_embeddings_are_cached_per_data_version(project, encoder):
     run_prepare_text(params)
     first = run_text_features(params)
     second = run_text_features(params)
-    assert not first["train_cached"] and second["train_cached"]
+    assert not first.train_cached and second.train_cached
     assert np.array_equal(np.load(project / "artifacts/text_features/train_embeddings.npy").shape, (120, 16))
     lines = (project / "texts.jsonl").read_text().splitlines()
     row = json.loads(lines[0]) | {"text": "mango mango mango"}
     (project / "texts.jsonl").write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
     run_prepare_text(params)
-    assert not run_text_features(params)["train_cached"]  # new data version: encoded again
-    assert run_text_features(params)["test_cached"]  # the test texts did not change
+    assert not run_text_features(params).train_cached  # new data version: encoded again
+    assert run_text_features(params).test_cached  # the test texts did not change
 
 
 def test_natural_clients_from_a_client_column(project, encoder):
     params = text_project(project, encoder, text={"client_column": "user"})
     write_corpus(project / "texts.jsonl", client_column="user")
     out = run_prepare_text(params)
-    assert out["clients"] == 7 and out["natural_clients"]
+    assert out.clients == 7 and out.natural_clients
 
 
 def test_client_level_delta_is_refused_at_or_above_one_over_k(project, capsys):

@@ -39,7 +39,7 @@ def test_federated_finetune_joins_the_run_ledger(project):
     ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
     assert ledger.stages() == ["dp_pca", "finetune"]
     # the run's ledger is record-level: the rounds are charged for two add-or-remove steps of one client
-    client_level = PoissonGaussianEvent(stage="finetune", noise_multiplier=out["noise_multiplier"],
+    client_level = PoissonGaussianEvent(stage="finetune", noise_multiplier=out.noise_multiplier,
                                         sample_rate=0.5, steps=4)
     assert ledger.events[-1] == record_level_event(client_level)
     assert 2.4 < ledger.epsilon().epsilon <= 2.5  # calibrated against the total, dp_pca included
@@ -50,13 +50,13 @@ def test_federated_finetune_joins_the_run_ledger(project):
     assert history["epsilon_by_round"][-1]["epsilon"] == pytest.approx(ledger.epsilon().epsilon)
     assert json.loads((project / "metrics/finetune.json").read_text())["mode"] == "federated"
     assert not (project / "artifacts/.finetune.clients").exists()  # the clients' scratch files are gone
-    assert 0.0 <= run_evaluate(params)["accuracy_test"] <= 1.0
+    assert 0.0 <= run_evaluate(params).accuracy_test <= 1.0
 
 
 def test_federated_finetune_stops_before_the_budget_and_says_so(project):
     params = prepared(project, rounds=500, noise_multiplier=3.0, target_epsilon=None)
     out = run_finetune(params)
-    assert 0 < out["rounds"] < 500 and "stopped before round" in out["stopped"]
+    assert 0 < out.rounds < 500 and "stopped before round" in out.stopped
     ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
     assert ledger.epsilon().epsilon <= params.privacy.epsilon_budget
 
@@ -115,4 +115,4 @@ def test_federated_finetune_trains_the_scatternet_cnn(project):
     model = load_released(project / "artifacts/finetune")
     assert type(model[0]).__name__ == "ScatterNet"
     assert json.loads((project / "artifacts/finetune/model.json").read_text())["mode"] == "federated"
-    assert 0.0 <= run_evaluate(params)["accuracy_test"] <= 1.0
+    assert 0.0 <= run_evaluate(params).accuracy_test <= 1.0

@@ -1,9 +1,11 @@
 """The code's layout holds: no import loops, each DVC stage's deps cover the code it runs,
 the library stays free of the orchestration stack, and importing a stage stays cheap.
 
-Run as a script, it prints the figures the layout issue's closing note quotes:
+Run as a script, it prints the figures the layout issue's closing note quotes, or brings dvc.yaml's code
+deps up to date with the imports:
 
-    .venv/bin/python tests/test_layout.py        # files per layer, import arrows, loops, deferred imports
+    .venv/bin/python tests/test_layout.py                     # files per layer, import arrows, loops, deferred imports
+    .venv/bin/python tests/test_layout.py --write-dvc-deps    # each stage's code deps = its import closure
 """
 
 from __future__ import annotations
@@ -54,14 +56,23 @@ def _is_prefect_task(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
                for d in function.decorator_list)
 
 
+def _is_type_checking(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING"
+
+
 @cache
 def imports(module: str) -> dict[str, list[tuple[str, int]]]:
     """What ``module`` imports, by target (in-repo modules, and third-party top-level packages), each with
-    where: ``top`` (module level), ``deferred`` (inside a function) or ``task`` (inside a Prefect @task,
-    which `privpipe stage` never calls: what the flows record), and the line."""
+    where: ``top`` (module level), ``type`` (under ``if TYPE_CHECKING:``: for annotations, never run),
+    ``deferred`` (inside a function) or ``task`` (inside a Prefect @task, which `privpipe stage` never calls:
+    what the flows record), and the line."""
     path = modules()[module]
     tree = ast.parse(path.read_text())
     where: dict[int, str] = {}
+    for block in tree.body:
+        if _is_type_checking(block):
+            for node in ast.walk(block):
+                where[id(node)] = "type"
     for function in ast.walk(tree):
         if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             kind = "task" if _is_prefect_task(function) else "deferred"
@@ -122,7 +133,8 @@ def loops() -> list[list[str]]:
 def closure(*starts: str) -> set[Path]:
     """The files Python runs importing ``starts``: their module-level in-repo imports, recursively, and each
     package's ``__init__``. (In tasks/ an import inside a function is only ever in a Prefect @task, which
-    `privpipe stage` does not call: see the next test but one.)"""
+    `privpipe stage` does not call: see the next test but one. Imports for type annotations only, under
+    ``if TYPE_CHECKING:``, never run. Loops count both.)"""
     seen: set[str] = set()
     todo = list(starts)
     while todo:
@@ -229,7 +241,48 @@ def test_importing_a_stage_module_does_not_import_mlflow():
     assert out.strip() == "[]"
 
 
+def code_deps(stage: str, command: str) -> list[str]:
+    """The code deps a stage needs (its import closure): a library package as its folder, the rest file by file."""
+    deps = set()
+    for file in closure(*stage_entry_points(stage, command)):
+        parts = file.relative_to(ROOT).parts
+        deps.add("/".join(parts[:2]) if parts[0] == "privpipe" and len(parts) > 2 else "/".join(parts))
+    return sorted(deps)
+
+
+def write_dvc_deps() -> list[str]:
+    """Rewrite each dvc.yaml stage's code deps to its import closure (data deps and comments kept); the stages
+    whose deps changed."""
+    lines = (ROOT / "dvc.yaml").read_text().splitlines()
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    out, changed, stage = [], [], None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("  ") and not line.startswith("   ") and line.rstrip().endswith(":"):
+            stage = line.strip()[:-1]
+        out.append(line)
+        if line.strip() == "deps:" and stage in stages:
+            i += 1
+            kept, old = [], []
+            while i < len(lines) and lines[i].startswith("      - "):
+                dep = lines[i].strip()[2:]
+                (old if dep.split("/")[0] in LAYERS else kept).append(dep)
+                i += 1
+            new = code_deps(stage, stages[stage]["cmd"])
+            out += [f"      - {d}" for d in kept + new]
+            if new != sorted(old):
+                changed.append(stage)
+            continue
+        i += 1
+    (ROOT / "dvc.yaml").write_text("\n".join(out) + "\n")
+    return changed
+
+
 def main() -> None:
+    if "--write-dvc-deps" in sys.argv:
+        print("dvc.yaml: code deps rewritten for", ", ".join(write_dvc_deps()) or "no stage")
+        return
     for layer in LAYERS:
         direct = len(list((ROOT / layer).glob("*.py")))
         within = sum(1 for a, b in arrows() if a.split(".")[0] == layer == b.split(".")[0])
@@ -237,7 +290,7 @@ def main() -> None:
               f"{within} import arrows between its modules")
     print(f"import arrows in all (privpipe/, tasks/, flows/): {len(arrows())}; loops: {len(loops())}")
     inside = [(m, t, kind) for m in modules() for t, places in imports(m).items() for kind, _ in places
-              if kind != "top"]
+              if kind not in ("top", "type")]
     print(f"imports inside functions: {len(inside)}, of in-repo modules {sum(t in modules() for _, t, _ in inside)}")
     for module, target, kind in inside:
         print(f"  {module} → {target}{' (in a Prefect task)' if kind == 'task' else ''}")

@@ -135,9 +135,9 @@ def test_evaluate_stops_a_run_whose_claim_the_audit_contradicts(overfit, project
     out = run_evaluate(load_params("params.yaml"), sensitive=project / "sensitive", test=project / "test",
                        model_dir=folder)
     audit = json.loads((project / "metrics/evaluate.json").read_text())["privacy_audit"]
-    assert audit == out["privacy_audit"] and audit["privacy.audit.members"] == 100
-    assert audit["claimed_epsilon"] == pytest.approx(out["epsilon"])
-    assert audit["privacy.audit.epsilon_lower_bound"] <= out["epsilon"]
+    assert audit == out.privacy_audit and audit["privacy.audit.members"] == 100
+    assert audit["claimed_epsilon"] == pytest.approx(out.epsilon)
+    assert audit["privacy.audit.epsilon_lower_bound"] <= out.epsilon
 
 
 def test_the_command_ends_loudly_with_exit_3(overfit, project):

@@ -252,7 +252,7 @@ def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
         for logger in loggers:
             logger.removeHandler(collect)
     captured = capfd.readouterr()
-    assert result["requests"] == 2 and result["head_version"]
+    assert result.requests == 2 and result.head_version
 
     queue = RequestQueue(trained / "data/requests")
     assert all(queue.reason_matches(r, REASON) for r in queue.read())  # only the reason's HMAC is kept, locally
@@ -284,7 +284,7 @@ def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
 
     # the scans see what they should: the run's tags, the audit artifact, the flow's logs; and the local
     # queue's journal holds the ids' HMACs, neither the ids nor the reason
-    assert any(result["batch_id"] in t for t in mlflow_texts)
+    assert any(result.batch_id in t for t in mlflow_texts)
     assert any(p.name == "audit.json" for p in artifacts) and any(p.name == "MLmodel" for p in artifacts)
     journal = (trained / "data/requests/queue.jsonl").read_bytes()
     assert all(h.encode() in journal for h in hashes) and not any(secret.encode() in journal for secret in secrets)
@@ -305,8 +305,8 @@ def test_credentials_in_a_url_parameter_never_reach_mlflow(project):
     write_params(project, schedule={"prefect_api_url": "http://ops:s3cret-token@127.0.0.1:4200/api"})
     params = load_params("params.yaml")
     assert params.schedule.prefect_api_url.endswith("s3cret-token@127.0.0.1:4200/api")  # still usable
-    run_id = tracking.start_run(params, params_file="params.yaml")
-    logged = MlflowClient(tracking_uri=tracking.resolve_tracking_uri(params.run.tracking_uri)).get_run(run_id).data
+    run = tracking.start_run(params, params_file="params.yaml")
+    logged = MlflowClient(tracking_uri=tracking.resolve_tracking_uri(params.run.tracking_uri)).get_run(run.run_id).data
     assert not [k for k, v in {**logged.params, **logged.tags}.items() if "s3cret-token" in v]
     assert logged.params["schedule.prefect_api_url"] == "http://ops:***@127.0.0.1:4200/api"
 

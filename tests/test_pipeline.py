@@ -38,7 +38,7 @@ def finished(prefect_harness, tmp_path_factory):
 def test_mlflow_epsilon_equals_the_ledger(finished):
     folder, result, client = finished
     ledger = Ledger.from_json((folder / "artifacts/finetune/ledger.json").read_text())
-    run = client.get_run(result["run_id"])
+    run = client.get_run(result.run_id)
     assert run.data.metrics["privacy.epsilon"] == pytest.approx(ledger.epsilon().epsilon, rel=1e-12)
     assert run.data.metrics["privacy.delta"] == ledger.delta
     for stage in ("dp_pca", "aggregate", "finetune"):
@@ -46,16 +46,16 @@ def test_mlflow_epsilon_equals_the_ledger(finished):
     assert run.data.tags["privacy.accountant"] == ledger.epsilon().accountant
     assert ledger.epsilon().epsilon <= 3.0 + 1e-9  # target_epsilon of the defaults
     # the logged ledger artifact alone recomputes the same figure
-    logged = client.download_artifacts(result["run_id"], "privacy/ledger.json", str(folder / "download"))
+    logged = client.download_artifacts(result.run_id, "privacy/ledger.json", str(folder / "download"))
     assert Ledger.from_json(open(logged).read()).epsilon() == ledger.epsilon()
 
 
 def test_accuracy_clears_a_floor_and_is_logged(finished):
     folder, result, client = finished
-    run = client.get_run(result["run_id"])
-    assert run.data.metrics["accuracy.test"] == result["accuracy_test"] > 0.6
+    run = client.get_run(result.run_id)
+    assert run.data.metrics["accuracy.test"] == result.evaluation.accuracy_test > 0.6
     # train accuracy and DP-SGD's loss are not covered by ε: the terminal gets them, no store does by default
-    assert 0 < result["accuracy_train"] <= 1
+    assert 0 < result.evaluation.accuracy_train <= 1
     assert "accuracy.train" not in run.data.metrics and "finetune.loss" not in run.data.metrics
     assert "accuracy_train" not in json.loads((folder / "metrics/evaluate.json").read_text())
     assert "final_loss" not in json.loads((folder / "metrics/finetune.json").read_text())
@@ -64,11 +64,11 @@ def test_accuracy_clears_a_floor_and_is_logged(finished):
 
 def test_run_records_params_curves_and_versions(finished):
     folder, result, client = finished
-    run = client.get_run(result["run_id"])
+    run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["finetune.epochs"] == "20"
     assert run.data.params["privacy.accountant"] == "best"
-    curve = client.get_metric_history(result["run_id"], "privacy.finetune.epsilon_by_step")
+    curve = client.get_metric_history(result.run_id, "privacy.finetune.epsilon_by_step")
     assert len(curve) >= 2
     values = [m.value for m in sorted(curve, key=lambda m: m.step)]
     assert values == sorted(values) and values[-1] == pytest.approx(run.data.metrics["privacy.finetune.epsilon"])
@@ -82,30 +82,30 @@ def test_run_records_params_curves_and_versions(finished):
 
 def test_model_is_registered_with_its_privacy_tags(finished):
     _, result, client = finished
-    version = client.get_model_version("test-model", result["model_version"])
-    assert float(version.tags["privacy.epsilon"]) == pytest.approx(result["epsilon"], rel=1e-5)
-    assert float(version.tags["privacy.delta"]) == result["delta"]
-    assert version.tags["mlflow.run_id"] == result["run_id"]
+    version = client.get_model_version("test-model", result.model.version)
+    assert float(version.tags["privacy.epsilon"]) == pytest.approx(result.evaluation.epsilon, rel=1e-5)
+    assert float(version.tags["privacy.delta"]) == result.evaluation.delta
+    assert version.tags["mlflow.run_id"] == result.run_id
 
 
 def test_the_membership_audit_runs_and_only_its_verdict_is_stored(finished):
     folder, result, client = finished
-    run = client.get_run(result["run_id"])
-    audit = result["privacy_audit"]  # in the process (the terminal's summary)
+    run = client.get_run(result.run_id)
+    audit = result.evaluation.privacy_audit  # in the process (the terminal's summary)
     for attack in ("loss", "calibrated"):
         assert 0.0 <= audit[f"privacy.audit.{attack}.auc"] <= 1.0
     # 30% of the test records train the reference; up to 250 of the rest are audited against as many members
     n_test = int(json.loads((folder / "metrics/prepare.json").read_text())["n_test"])
     audited = min(250, n_test - round(0.3 * n_test))
     assert audit["privacy.audit.members"] == audit["privacy.audit.non_members"] == audited
-    assert 0.0 <= audit["privacy.audit.epsilon_lower_bound"] <= result["epsilon"]
+    assert 0.0 <= audit["privacy.audit.epsilon_lower_bound"] <= result.evaluation.epsilon
     # the default audit can contradict the default claim: a perfect attack would prove more than it
-    assert audit["privacy.audit.max_provable_epsilon"] > result["epsilon"]
+    assert audit["privacy.audit.max_provable_epsilon"] > result.evaluation.epsilon
     # computed on sensitive records without noise: no store gets the figures, only that the audit passed
     assert not [k for k in run.data.metrics if k.startswith("privacy.audit")]
     assert not [k for k in run.data.tags if k.startswith("privacy.audit.")]
     assert run.data.tags["privacy.audit"].startswith("membership inference")
-    version = client.get_model_version("test-model", result["model_version"])
+    version = client.get_model_version("test-model", result.model.version)
     assert version.tags["privacy.audit"].startswith("passed")
     assert not [k for k in version.tags if k.startswith("privacy.audit.")]
     assert "privacy_audit" not in json.loads((folder / "metrics/evaluate.json").read_text())
@@ -114,9 +114,9 @@ def test_the_membership_audit_runs_and_only_its_verdict_is_stored(finished):
 def test_stage_outputs_for_dvc_metrics(finished):
     folder, result, _ = finished
     privacy = json.loads((folder / "metrics/privacy.json").read_text())
-    assert privacy["total"]["epsilon"] == pytest.approx(result["epsilon"])
+    assert privacy["total"]["epsilon"] == pytest.approx(result.evaluation.epsilon)
     assert set(privacy["stages"]) == {"dp_pca", "aggregate", "finetune"}
-    assert json.loads((folder / "metrics/evaluate.json").read_text())["accuracy_test"] == result["accuracy_test"]
+    assert json.loads((folder / "metrics/evaluate.json").read_text())["accuracy_test"] == result.evaluation.accuracy_test
 
 
 def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
@@ -130,7 +130,7 @@ def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
     (release,) = [e for e in ledger.events if e.stage == "aggregate"]
     assert release.mechanism == "gaussian" and release.count == analysis["queries"]
     assert analysis["epsilon"] == pytest.approx(analysis["epsilon_data_independent"])
-    run = client.get_run(result["run_id"])
+    run = client.get_run(result.run_id)
     for stage in ("partition", "teachers", "aggregate", "student"):
         assert json.loads((folder / f"metrics/{stage}.json").read_text())
     assert int(run.data.tags["aggregate.answered"]) == analysis["answered"] > 0
@@ -148,21 +148,21 @@ def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
 
 def test_head_is_registered_apart_with_both_guarantees(finished):
     folder, result, client = finished
-    version = client.get_model_version("test-model-head", result["head_model_version"])
+    version = client.get_model_version("test-model-head", result.head.registered.version)
     assert version.tags["privacy.head_dp"] == "false"
-    assert float(version.tags["privacy.features_epsilon"]) == pytest.approx(result["epsilon"], rel=1e-5)
-    assert float(version.tags["certified_removal.epsilon"]) == pytest.approx(result["epsilon"] + 1.0, rel=1e-5)
-    run = client.get_run(result["run_id"])
+    assert float(version.tags["privacy.features_epsilon"]) == pytest.approx(result.evaluation.epsilon, rel=1e-5)
+    assert float(version.tags["certified_removal.epsilon"]) == pytest.approx(result.evaluation.epsilon + 1.0, rel=1e-5)
+    run = client.get_run(result.run_id)
     assert run.data.metrics["removal.epsilon"] == 1.0 and run.data.metrics["head.accuracy_test"] > 0.5
     # the head is not composed into the DP figure: the DP model's ε is unchanged
-    assert run.data.metrics["privacy.epsilon"] == pytest.approx(result["epsilon"])
+    assert run.data.metrics["privacy.epsilon"] == pytest.approx(result.evaluation.epsilon)
 
 
 def test_each_stage_has_a_child_run_with_its_own_figures(finished):
     _, result, client = finished
-    parent = client.get_run(result["run_id"])
+    parent = client.get_run(result.run_id)
     children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.`mlflow.parentRunId` = '{result['run_id']}'")
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{result.run_id}'")
     by_stage = {c.data.tags["privpipe.stage"]: c for c in children}
     assert set(by_stage) == {"prepare", "partition", "dp_pca", "teachers", "aggregate", "student", "finetune",
                              "head", "evaluate"}
@@ -171,7 +171,7 @@ def test_each_stage_has_a_child_run_with_its_own_figures(finished):
     assert finetune.data.params["finetune.epochs"] == "20" and "dp_pca.components" not in finetune.data.params
     assert len(client.get_metric_history(finetune.info.run_id, "privacy.finetune.epsilon_by_step")) >= 2
     assert all(c.data.metrics["stage.seconds"] > 0 for c in children)
-    assert by_stage["evaluate"].data.metrics["accuracy.test"] == result["accuracy_test"]
+    assert by_stage["evaluate"].data.metrics["accuracy.test"] == result.evaluation.accuracy_test
     assert by_stage["prepare"].data.tags["dvc.data_version"] == parent.data.tags["dvc.data_version"]
 
 
@@ -179,17 +179,17 @@ def test_the_run_is_charged_to_the_lifetime_ledger_and_mirrored_in_mlflow(finish
     folder, result, client = finished
     stored = json.loads((folder / "data/budget/digits.json").read_text())
     (entry,) = stored["entries"]
-    assert entry["run"] == result["run_id"] and entry["epsilon"] == pytest.approx(result["epsilon"])
-    assert entry["data_version"] == result["data_version"]
-    metrics = client.get_run(result["run_id"]).data.metrics
-    assert metrics["privacy.lifetime.epsilon"] == pytest.approx(result["epsilon"])
-    assert metrics["privacy.lifetime.epsilon_remaining"] == pytest.approx(30.0 - result["epsilon"])
-    assert result["lifetime"]["runs"] == 1
-    logged = {a.path for a in client.list_artifacts(result["run_id"], "plots")}
+    assert entry["run"] == result.run_id and entry["epsilon"] == pytest.approx(result.evaluation.epsilon)
+    assert entry["data_version"] == result.data_version
+    metrics = client.get_run(result.run_id).data.metrics
+    assert metrics["privacy.lifetime.epsilon"] == pytest.approx(result.evaluation.epsilon)
+    assert metrics["privacy.lifetime.epsilon_remaining"] == pytest.approx(30.0 - result.evaluation.epsilon)
+    assert result.lifetime.summary()["runs"] == 1
+    logged = {a.path for a in client.list_artifacts(result.run_id, "plots")}
     assert logged == {"plots/epsilon_by_stage.png", "plots/accuracy_vs_epsilon.png", "plots/lifetime_budget.png"}
-    assert {a.path for a in client.list_artifacts(result["run_id"], "privacy")} >= {"privacy/lifetime.json"}
-    version = client.get_model_version("test-model", result["model_version"])
-    assert version.tags["dvc.data_version"] == result["data_version"]
+    assert {a.path for a in client.list_artifacts(result.run_id, "privacy")} >= {"privacy/lifetime.json"}
+    version = client.get_model_version("test-model", result.model.version)
+    assert version.tags["dvc.data_version"] == result.data_version
 
 
 def first_run_pate(client, run_id: str) -> str:
@@ -212,18 +212,18 @@ def test_audit_lists_two_recorded_runs_and_the_budget_adds_them_up(finished, mon
     assert main(["audit", "--csv", "audit.csv"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:6] == ["date", "run", "flow", "dataset", "data_version", "stages"]
-    assert [line.split()[1] for line in out[1:3]] == [first["run_id"][:12], second["run_id"][:12]]
+    assert [line.split()[1] for line in out[1:3]] == [first.run_id[:12], second.run_id[:12]]
     assert out[3].startswith("2 run(s)")
     import csv
 
     rows = list(csv.DictReader(open("audit.csv")))
-    assert [r["run"] for r in rows] == [first["run_id"], second["run_id"]]
-    assert float(rows[1]["epsilon"]) == pytest.approx(second["epsilon"], rel=1e-3)
+    assert [r["run"] for r in rows] == [first.run_id, second.run_id]
+    assert float(rows[1]["epsilon"]) == pytest.approx(second.evaluation.epsilon, rel=1e-3)
     assert rows[0]["stages"].startswith("dp_pca ") and "aggregate" in rows[0]["stages"]
     # per aggregate stage: asked, answered, the analysis and why, released and data-independent ε
-    pate = first_run_pate(client, first["run_id"])
+    pate = first_run_pate(client, first.run_id)
     assert rows[0]["pate"] == pate and rows[1]["pate"] == ""
-    assert "aggregate" not in rows[1]["stages"] and rows[1]["model"] == f"test-model/{second['model_version']}"
+    assert "aggregate" not in rows[1]["stages"] and rows[1]["model"] == f"test-model/{second.model.version}"
     # filters
     assert main(["audit", "--dataset", "mnist"]) == 0 and "0 run(s)" in capsys.readouterr().out
     assert main(["audit", "--since", "2999-01-01"]) == 0 and "0 run(s)" in capsys.readouterr().out
@@ -231,27 +231,25 @@ def test_audit_lists_two_recorded_runs_and_the_budget_adds_them_up(finished, mon
     assert capsys.readouterr().err.strip() == "privpipe: error: --since: expected a date like 2026-11-23, got 'yesterday'"
     # the lifetime ledger composes both runs
     assert main(["budget"]) == 0
-    assert f"spent ε = {first['epsilon'] + second['epsilon']:.4g}" in capsys.readouterr().out
+    assert f"spent ε = {first.evaluation.epsilon + second.evaluation.epsilon:.4g}" in capsys.readouterr().out
 
 
-def test_the_run_reads_well_in_the_mlflow_ui(finished, monkeypatch):
+def test_the_run_reads_well_in_the_mlflow_ui(finished):
     """Name, one-line description, source commit, dataset input, figures as tags, Prefect links, and
     the DP model as the experiment's newest logged model (the UI lists them newest first)."""
-    from privpipe.config import load_params
-    from tasks import tracking
-
     folder, result, client = finished
-    run = client.get_run(result["run_id"])
+    run = client.get_run(result.run_id)
     tags = run.data.tags
-    assert run.info.run_name == f"pipeline · digits · {result['data_version'][:8]}"
+    assert run.info.run_name == f"pipeline · digits · {result.data_version[:8]}"
     note = tags["mlflow.note.content"]
     assert "\n" not in note and note.startswith("training pipeline: DP-PCA → PATE teachers → student")
-    assert f"test accuracy {result['accuracy_test']:.4f}" in note and f"test-model/{result['model_version']}" in note
+    assert f"test accuracy {result.evaluation.accuracy_test:.4f}" in note
+    assert f"test-model/{result.model.version}" in note
     assert (tags["mlflow.source.type"], tags["mlflow.source.name"]) == ("LOCAL", "privpipe run")
-    version = client.get_model_version("test-model", result["model_version"])
+    version = client.get_model_version("test-model", result.model.version)
     assert version.tags["git.commit"] == tags["mlflow.source.git.commit"]
     (data,) = run.inputs.dataset_inputs
-    assert (data.dataset.name, data.dataset.digest) == ("digits", result["data_version"])
+    assert (data.dataset.name, data.dataset.digest) == ("digits", result.data_version)
     assert json.loads(data.dataset.source)["uri"] == str((folder / "data/raw/digits.csv").resolve())
     # one-point counts and settings are tags with a few digits, not charts; ε and accuracy stay metrics
     prepared = json.loads((folder / "metrics/prepare.json").read_text())
@@ -259,20 +257,19 @@ def test_the_run_reads_well_in_the_mlflow_ui(finished, monkeypatch):
     assert len(tags["finetune.noise_multiplier"].replace(".", "")) <= 6 and "finetune.steps" in tags
     assert "privacy.epsilon_budget" not in run.data.metrics and tags["privacy.dp_pca.delta"] == "1e-05"
     # Prefect ↔ MLflow: the run names its flow run, the flow run links to the run
-    assert tags["prefect.flow_run_id"] == result["flow_run_id"]
+    assert tags["prefect.flow_run_id"] == result.flow_run_id
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     with get_client(sync_client=True) as prefect:
         links = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["mlflow-run"])))
-    link = next(a.data for a in links if str(a.flow_run_id) == result["flow_run_id"])  # markdown: [text](url)
-    assert link.endswith(f"(http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{result['run_id']}"
+    link = next(a.data for a in links if str(a.flow_run_id) == result.flow_run_id)  # markdown: [text](url)
+    assert link.endswith(f"(http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{result.run_id}"
                          "?workflowType=machine_learning)")
     # what `privpipe run` prints: the UI command, then the run's page on the training-runs view
-    monkeypatch.chdir(folder)
-    assert tracking.run_url_hint(load_params("params.yaml"), result["run_id"]) == (
+    assert result.url_hint == (
         f"mlflow ui --backend-store-uri sqlite:///{(folder / 'mlflow.db').resolve()}  →  http://127.0.0.1:5000/#/"
-        f"experiments/{run.info.experiment_id}/runs/{result['run_id']}?workflowType=machine_learning")
+        f"experiments/{run.info.experiment_id}/runs/{result.run_id}?workflowType=machine_learning")
     models = client.search_logged_models([run.info.experiment_id], order_by=[{"field_name": "creation_time",
                                                                               "ascending": False}])
-    assert [m.name for m in models if m.source_run_id == result["run_id"]][:2] == ["model", "head"]
+    assert [m.name for m in models if m.source_run_id == result.run_id][:2] == ["model", "head"]

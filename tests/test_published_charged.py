@@ -37,6 +37,8 @@ def test_figures_not_covered_by_epsilon_reach_mlflow_only_when_asked(project, as
     from privpipe.config import load_params
     from privpipe.privacy import GaussianEvent, Ledger
     from tasks import tracking
+    from tasks.evaluation import Evaluation
+    from tasks.finetune.deployed import DpSgdModel
 
     write_params(project, privacy={"log_uncovered": asked})
     params = load_params("params.yaml")
@@ -44,14 +46,21 @@ def test_figures_not_covered_by_epsilon_reach_mlflow_only_when_asked(project, as
     ledger.record(GaussianEvent(stage="finetune", noise_multiplier=4.0))
     audit = {"privacy.audit.loss.auc": 0.55, "privacy.audit.epsilon_lower_bound": 0.1,
              "privacy.audit.max_provable_epsilon": 3.3, "claimed_epsilon": 0.5}
-    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
-        tracking.log_evaluation(params, run_id, {"accuracy_test": 0.9, "accuracy_train": 0.95,
-                                                 "privacy_audit": audit})
-        tracking.log_finetune(params, run_id, {"noise_multiplier": 4.0, "sample_rate": 0.1, "steps": 2}, ledger,
-                              [{"step": 1, "loss": 2.3, "lr": 0.1}], [{"step": 1, "epsilon": 0.5}])
+    model_dir = project / "artifacts/finetune"
+    model_dir.mkdir(parents=True)
+    (model_dir / "ledger.json").write_text(ledger.to_json())
+    (model_dir / "history.json").write_text(json.dumps({"epochs": [{"step": 1, "loss": 2.3, "lr": 0.1}],
+                                                         "epsilon_by_step": [{"step": 1, "epsilon": 0.5}]}))
+    spend = ledger.epsilon()
+    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as tracked:
+        Evaluation(model_dir=model_dir, accuracy_train=0.95, accuracy_test=0.9, accuracy_target=None,
+                   privacy_audit=audit, epsilon=spend.epsilon, delta=spend.delta,
+                   accountant=spend.accountant).log(tracked, params)
+        DpSgdModel(model_dir=model_dir, noise_multiplier=4.0, sample_rate=0.1, steps=2, epsilon=spend.epsilon,
+                   final_loss=2.3).log(tracked, params)
     import mlflow
 
-    run = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}").get_run(run_id)
+    run = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}").get_run(tracked.run_id)
     uncovered = {"accuracy.train", "finetune.loss", "privacy.audit.loss.auc", "privacy.audit.epsilon_lower_bound"}
     assert {"accuracy.test", "finetune.learning_rate", "privacy.epsilon"} <= set(run.data.metrics)
     assert (uncovered <= set(run.data.metrics)) is asked and (uncovered & set(run.data.metrics) == set()) is not asked

@@ -50,10 +50,10 @@ def registered(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
         params = load_params("params.yaml")
-        with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
-            evaluated = track_evaluation(params, run_id, run_evaluate(params))
-            registry.log_head(params, run_id, Path("artifacts/head"), outputs["head"])
-            mlflow.register_model(evaluated["model_uri"], MODEL)
+        with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run:
+            evaluated = track_evaluation(params, run, run_evaluate(params))
+            registry.log_head(params, run, outputs["head"])
+            mlflow.register_model(evaluated.model_uri, MODEL)
     return folder
 
 
@@ -136,8 +136,9 @@ def test_the_audit_lists_every_version_and_how_it_covers_the_record(registered, 
         assert (f"ACTION: {model} version {version} does not cover {count} deletion request(s), {count} of this "
                 f"batch (tagged privacy.erasure.*): {ACTIONS[kind]}") in out
     params = load_params("params.yaml")
-    again = flag_uncovered(params, coverage_audit(params, queue.read()), [])  # computed afresh: the same tags
-    assert {(f["model"], f["version"]): (len(f["requests"]), f["in_batch"]) for f in again} == {
+    client = MlflowClient(tracking_uri=f"sqlite:///{Path('mlflow.db').resolve()}")
+    again = flag_uncovered(client, coverage_audit(params, client, queue.read()), [])  # afresh: the same tags
+    assert {(f.model, f.version): (len(f.requests), f.in_batch) for f in again} == {
         key: (int(count), []) for key, (count, _) in expected.items()}
     assert flags() == {key: (count, ACTIONS[kind], "true") for key, (count, kind) in expected.items()}
     assert not any(record in out for record in (sensitive, public, test))
@@ -158,14 +159,14 @@ def test_versions_registered_after_a_request_are_checked_against_it(registered, 
     record = next(str(i) for i in Records.load(Path("data/prepared/sensitive")).ids if str(i) in known)
     (request,) = queue.submit([record], known=known.__contains__)
     (result,) = removals(params_file="params.yaml")
-    assert result["head_version"] == "3"
+    assert result.head_version == "3"
     (done,) = [r for r in queue.read() if r.request_id == request.request_id]
     head = {e["version"]: (e["coverage"], e.get("use")) for e in done.audit["coverage"] if e["model"] == HEAD}
     assert head == {"1": ("not_covered", "head_rows"), "2": ("not_covered", "head_rows"),
                     "3": ("certified_removal", "head_removed_newton")}
     # (requests not covered, of them this batch's, action): the first batch's public record holds version 3 too
-    assert {(f["model"], f["version"]): (len(f["requests"]), len(f["in_batch"]), f["action"])
-            for f in result["uncovered"]} == {
+    assert {(f.model, f.version): (len(f.requests), len(f.in_batch), f.action)
+            for f in result.uncovered} == {
         (HEAD, "1"): (3, 1, ACTIONS["model"]), (HEAD, "2"): (2, 1, ACTIONS["model"]),
         (HEAD, "3"): (1, 0, ACTIONS["model"]), (MODEL, "1"): (1, 0, ACTIONS["model"]),
         (MODEL, "2"): (4, 1, ACTIONS["unknown"])}

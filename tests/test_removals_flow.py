@@ -60,7 +60,7 @@ def test_head_stage_records_both_guarantees(trained):
     assert guarantee["whole_model"]["certified_removal_epsilon"] == pytest.approx(
         guarantee["feature_extractor"]["dp_epsilon"] + 1.0)
     assert guarantee["head"]["dp"] is False
-    assert head["accuracy_test"] > 0.6 and head["budget_used"] < 1e-6 < head["gradient_budget"]
+    assert head.accuracy_test > 0.6 and head.budget_used < 1e-6 < head.gradient_budget
 
 
 def test_forget_refuses_unknown_ids_and_queues_nothing(inside):
@@ -88,7 +88,7 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
     pointer_before = (inside / "data/raw/digits.csv.dvc").read_text()
 
     (result,) = _run_flow()
-    assert result["requests"] == 3 and not result["retrained"]
+    assert result.requests == 3 and not result.retrained
     requests = queue.read()
     assert [r.status for r in requests] == ["done"] * 3
     mechanisms = [r.audit["mechanism"] for r in requests]
@@ -98,8 +98,8 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
         assert target not in json.dumps(request.audit)
     # the head version this batch registered covers the two rows by certified removal, the test record it never saw
     assert [[(e["model"], e["version"], e["coverage"]) for e in r.audit["coverage"]] for r in requests] == [
-        [("removal-test-head", result["head_version"], "certified_removal")]] * 2 + [
-        [("removal-test-head", result["head_version"], "not_trained_on")]]
+        [("removal-test-head", result.head_version, "certified_removal")]] * 2 + [
+        [("removal-test-head", result.head_version, "not_trained_on")]]
     assert all(r.audit["uncovered"] == [] for r in requests)
     head, ids, meta = load_head(Path("artifacts/head"))
     hashes = row_hashes(queue, ids)
@@ -121,22 +121,22 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
     csv_ids = {line.split(",", 1)[0] for line in (inside / "data/raw/digits.csv").read_text().splitlines()}
     assert not csv_ids & set(targets)
     assert (inside / "data/raw/digits.csv.dvc").read_text() != pointer_before
-    assert result["data_version"] == yaml.safe_load((inside / "data/raw/digits.csv.dvc").read_text())["outs"][0]["md5"]
+    assert result.data_version == yaml.safe_load((inside / "data/raw/digits.csv.dvc").read_text())["outs"][0]["md5"]
     # MLflow: a head version tagged with the batch, and the audit artifact of the run
     client = MlflowClient(tracking_uri=f"sqlite:///{inside / 'mlflow.db'}")
-    version = client.get_model_version("removal-test-head", result["head_version"])
-    assert version.tags["removal.batch_id"] == result["batch_id"] and version.tags["privacy.head_dp"] == "false"
+    version = client.get_model_version("removal-test-head", result.head_version)
+    assert version.tags["removal.batch_id"] == result.batch_id and version.tags["privacy.head_dp"] == "false"
     # the registered version (logged without MLflow's load-back check) loads and predicts as the updated head
     import mlflow.pytorch
 
     mlflow.set_tracking_uri(f"sqlite:///{inside / 'mlflow.db'}")
-    served = mlflow.pytorch.load_model(f"models:/removal-test-head/{result['head_version']}")
+    served = mlflow.pytorch.load_model(f"models:/removal-test-head/{result.head_version}")
     test_set = Records.load(inside / "data/prepared/test")
     with torch.no_grad():
         scores = served(torch.as_tensor(test_set.features[:50], dtype=torch.float32)).numpy()
     np.testing.assert_array_equal(scores.argmax(axis=1), head.predict(head_features(extractor_from(
         Path("artifacts/head")), test_set.features[:50])))
-    audit = json.loads(open(client.download_artifacts(result["run_id"], "removals/audit.json",
+    audit = json.loads(open(client.download_artifacts(result.run_id, "removals/audit.json",
                                                       str(inside / "dl"))).read())
     assert {a["request_id"] for a in audit} == {r.request_id for r in requests}
     # a later pipeline run never sees the records, and they can no longer be named
@@ -174,7 +174,7 @@ def test_crash_between_steps_loses_nothing_and_applies_once(prefect_harness, ins
     assert batch_id in meta["applied_batches"]
 
     (result,) = _run_flow()  # the re-run finishes the crashed batch, reusing the applied update
-    assert result["batch_id"] == batch_id
+    assert result.batch_id == batch_id
     done = [r for r in queue.read() if r.request_id == request.request_id]
     assert [r.status for r in done] == ["done"]
     head, _, meta = load_head(Path("artifacts/head"))
@@ -213,17 +213,17 @@ def test_one_request_per_record_and_each_row_counted_once(prefect_harness, insid
     active_before = load_head(Path("artifacts/head"))[0].active.sum()
 
     (result,) = _run_flow()
-    assert result["requests"] == 3 and result["rows_removed"] == 2  # two rows, not three
+    assert result.requests == 3 and result.rows_removed == 2  # two rows, not three
     assert load_head(Path("artifacts/head"))[0].active.sum() == active_before - 2
     client = MlflowClient(tracking_uri=f"sqlite:///{inside / 'mlflow.db'}")
-    assert client.get_run(result["run_id"]).data.metrics["removal.rows_removed"] == 2
+    assert client.get_run(result.run_id).data.metrics["removal.rows_removed"] == 2
     legacy = queue.requests_for(twice)
     assert [(r.status, r.audit["mechanism"]) for r in legacy] == [("done", "newton")] * 2
     # the older head versions still hold the rows of this batch (and version 1 the earlier batch's): the head
     # here is on the DP model's features, which trained on nothing without DP, so deleting them is enough
     from tasks.removal.coverage import ACTIONS
 
-    assert {f["version"]: (len(f["requests"]), len(f["in_batch"]), f["action"]) for f in result["uncovered"]} == {
+    assert {f.version: (len(f.requests), len(f.in_batch), f.action) for f in result.uncovered} == {
         "1": (4, 3, ACTIONS["head"]), "2": (3, 3, ACTIONS["head"])}
     assert client.get_model_version("removal-test-head", "1").tags["privacy.erasure.retrain_needed"] == "false"
     code, out, _ = cli("requests", "--record", twice)  # found by the hash of the id, which is not shown
@@ -254,15 +254,15 @@ def test_an_unusable_template_falls_back_to_exporting_the_head(inside, monkeypat
     from tasks.removal.store import load_head, served_model
 
     params = load_params("params.yaml")
-    assert registry._template(params, load_head(Path("artifacts/head"))[2]["training_id"]) is not None
+    client = tracking.open_store(params)
+    assert registry._template(params, client, load_head(Path("artifacts/head"))[2]["training_id"]) is not None
 
     def refuse(*_a, **_k):
         raise ValueError("model.pt2: no plain float32 weight '2.weight'")
 
     monkeypatch.setattr(served, "log_swapped", refuse)
-    client = tracking.mlflow_client(params)
-    run = client.create_run(client.get_experiment_by_name(params.run.experiment).experiment_id)
-    version = registry.register_head(params, run.info.run_id, Path("artifacts/head"), tags={})
+    run = tracking.start_run(params)
+    version = registry.register_head(params, run, Path("artifacts/head"), tags={})
     mlflow.set_tracking_uri(params.run.tracking_uri)
     loaded = mlflow.pytorch.load_model(f"models:/{registry.head_model_name(params)}/{version}")
     x = torch.as_tensor(Records.load(inside / "data/prepared/test").features[:8], dtype=torch.float32)

@@ -27,8 +27,8 @@ def test_teacher_stage_on_a_local_dask_cluster_with_two_workers(project, prefect
     write_params(project, runner={"kind": "dask", "workers": 2}, **quick)
     params = load_params("params.yaml")
     prepared = run_prepare(params)
-    run_partition(params)
-    run_dp_pca(params)
+    shards = run_partition(params)
+    projection = run_dp_pca(params)
     workers = {}
 
     @flow
@@ -36,13 +36,13 @@ def test_teacher_stage_on_a_local_dask_cluster_with_two_workers(project, prefect
         with mapping_runner(params) as runner:
             workers["count"] = len(runner.client.scheduler_info()["workers"])
             workers["addresses"] = {w["host"] for w in runner.client.scheduler_info()["workers"].values()}
-            return _teachers(params, runner, prepared, str(paths.PARTITION), str(paths.DP_PCA))
+            return _teachers(params, runner, prepared, shards, projection)
 
     files = teachers_on_dask()
     assert workers == {"count": 2, "addresses": {"127.0.0.1"}}
     assert len(files) == 6
     on_dask = collect_votes(params)
-    dask_votes = np.load(on_dask["votes"])
+    dask_votes = np.load(on_dask.dir / "votes.npy")
     # the same teachers one after another in this process: each teacher is seeded by its index
     run_teachers(load_params("params.yaml"))
     assert np.array_equal(np.load(paths.TEACHERS / "votes.npy"), dask_votes)

@@ -54,7 +54,7 @@ def test_erasing_records_moves_no_surviving_record_between_sets(project):
     for name, share in {"test": cfg.test_fraction, "public": cfg.public_fraction,
                         "target": cfg.target_fraction * (1 - cfg.target_test_fraction),
                         "target_test": cfg.target_fraction * cfg.target_test_fraction}.items():
-        assert abs(int(first[f"n_{name}"]) - 1797 * share) < 4 * np.sqrt(1797 * share * (1 - share)), name
+        assert abs(first.sizes[name] - 1797 * share) < 4 * np.sqrt(1797 * share * (1 - share)), name
 
     erased = {i for name in ("sensitive", "public", "test", "target", "target_test") for i in some_of(before, name, 2)}
     erase_rows(DIGITS, erased)
@@ -106,9 +106,9 @@ def test_records_with_accepted_requests_are_in_no_prepared_set(project):
     withheld = {*pending, *in_batch, *done}
     assert withheld.isdisjoint(after) and set(after) == set(before) - withheld
     assert all(after[i] == before[i] for i in after)
-    assert (out["n_erased"], out["n_withheld_pending"]) == ("1", "4")
-    assert re.search(r"\+minus-erased:1-[0-9a-f]{8}\+minus-pending:4-[0-9a-f]{8}$", out["data_version"])
-    assert int(out["n_sensitive"]) == sum(where == "sensitive" for where in before.values()) - 2
+    assert (out.n_erased, out.n_withheld_pending) == (1, 4)
+    assert re.search(r"\+minus-erased:1-[0-9a-f]{8}\+minus-pending:4-[0-9a-f]{8}$", out.data_version)
+    assert out.sizes["sensitive"] == sum(where == "sensitive" for where in before.values()) - 2
 
 
 def test_mnist_sets_stay_by_file_position(project):
@@ -131,7 +131,7 @@ def test_mnist_sets_stay_by_file_position(project):
 
     assert set(after) == set(before) - set(gone)
     assert all(after[i] == before[i] for i in after)
-    assert (out["n_sensitive"], out["n_public"], out["n_test"]) == ("29", "4", "6")
+    assert (out.sizes["sensitive"], out.sizes["public"], out.sizes["test"]) == (29, 4, 6)
 
 
 def load_texts(path: Path, test_fraction: float = 0.3):

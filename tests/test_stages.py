@@ -44,17 +44,17 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
     params = load_params("params.yaml")
 
     prepared = run_prepare(params)
-    assert prepared["n_sensitive"] == "60" and prepared["n_public"] == "20" and prepared["n_test"] == "10"
-    assert prepared["data_version"].startswith("untracked:")
-    assert int(prepared["n_target"]) + int(prepared["n_target_test"]) == 1797  # the UCI digits at 28×28
+    assert prepared.sizes["sensitive"] == 60 and prepared.sizes["public"] == 20 and prepared.sizes["test"] == 10
+    assert prepared.data_version.startswith("untracked:")
+    assert prepared.sizes["target"] + prepared.sizes["target_test"] == 1797  # the UCI digits at 28×28
     shards = run_partition(params)
     sizes = json.loads((project / "artifacts/partition/summary.json").read_text())["sizes"]
-    assert shards["shards"] == 3 and sum(sizes) == 60 and min(sizes) >= 5
+    assert shards.shards == 3 and sum(sizes) == 60 and min(sizes) >= 5
     assert json.loads((project / "metrics/partition.json").read_text()) == {"shards": 3, "strategy": "iid"}
-    assert run_dp_pca(params)["projection"] is None
+    assert run_dp_pca(params).projection_file is None
     teachers = run_teachers(params)
     votes = np.load(project / "artifacts/teachers/votes.npy")
-    assert votes.shape == (3, 10) and teachers["queries"] == 10
+    assert votes.shape == (3, 10) and teachers.queries == 10
     # the ledger is only right if aggregate analyses the votes of teachers built on today's DP-PCA
     np.save(project / "artifacts/dp_pca/projection.npy", np.eye(784, 2))
     with pytest.raises(DataError, match="artifacts/teachers: built on another DP-PCA projection"):
@@ -68,8 +68,8 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
     independent = run_aggregate(params)
     events = Ledger.from_json((project / "artifacts/aggregate/ledger.json").read_text()).events
     assert [(e.mechanism, e.count) for e in events] == [("gaussian", 10), ("gaussian", 10)]
-    assert independent["analysis"] == "data_independent" and "cannot win" in independent["analysis_reason"]
-    assert "epsilon_sanitised" not in independent
+    assert independent.analysis == "data_independent" and "cannot win" in independent.analysis_reason
+    assert independent.epsilon_sanitised is None
     assert not (project / "artifacts/private").exists()  # raw data-dependent values only when they are used
     analysis = json.loads((project / "artifacts/aggregate/analysis.json").read_text())
     assert analysis["choice"]["analysis"] == "data_independent" and analysis["queries"] == 10
@@ -90,24 +90,25 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
     params = load_params("params.yaml")
     run_dp_pca(params)  # the ledger starts over at the new budget
     labels = run_aggregate(params)
-    assert labels["analysis"] == "data_dependent" and "can win" in labels["analysis_reason"]
-    assert labels["answered"] == 10 and labels["label_accuracy"] == 1.0
-    assert labels["epsilon"] == labels["epsilon_sanitised"] < labels["epsilon_data_independent"]
+    assert labels.analysis == "data_dependent" and "can win" in labels.analysis_reason
+    assert labels.answered == 10 and labels.label_accuracy == 1.0
+    assert labels.epsilon == labels.epsilon_sanitised < labels.epsilon_data_independent
     assert (project / "artifacts/private/aggregate_data_dependent.json").exists()
     ledger = Ledger.from_json((project / "artifacts/aggregate/ledger.json").read_text())
-    assert ledger.stages() == ["aggregate"] and labels["epsilon"] == pytest.approx(ledger.stage_epsilon("aggregate").epsilon)
+    assert ledger.stages() == ["aggregate"] and labels.epsilon == pytest.approx(
+        ledger.stage_epsilon("aggregate").epsilon)
     assert [e.mechanism for e in ledger.events] == ["rdp_curve"]
     student = run_student(params)
-    assert student["labeled"] == labels["answered"] and student["unlabeled_source"] == "target"
-    assert 0.0 <= student["accuracy_target"] <= 1.0
+    assert student.labeled == labels.answered and student.unlabeled_source == "target"
+    assert 0.0 <= student.accuracy_target <= 1.0
     tuned = run_finetune(params)
     assert json.loads((project / "artifacts/finetune/model.json").read_text())["model"] == "cnn"
     ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
     assert ledger.stages() == ["aggregate", "finetune"] and ledger.epsilon().epsilon <= 8.0 + 1e-9
-    assert tuned["steps"] == 12  # 6 steps an epoch at q = 10/60
+    assert tuned.steps == 12  # 6 steps an epoch at q = 10/60
     result = run_evaluate(params)
-    assert 0.0 <= result["accuracy_test"] <= 1.0 and "accuracy_target" in result
-    assert json.loads((project / "metrics/privacy.json").read_text())["total"]["epsilon"] == result["epsilon"]
+    assert 0.0 <= result.accuracy_test <= 1.0 and result.accuracy_target is not None
+    assert json.loads((project / "metrics/privacy.json").read_text())["total"]["epsilon"] == result.epsilon
 
 
 def test_without_the_student_finetune_starts_from_scratch(project):
@@ -122,11 +123,11 @@ def test_without_the_student_finetune_starts_from_scratch(project):
     assert json.loads((project / "metrics/aggregate.json").read_text()) == {"skipped": True}
     tuned = run_finetune(params)
     assert Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text()).stages() == ["finetune"]
-    assert tuned["steps"] == 8  # 4 steps an epoch at q = 10/40
-    assert 0.0 <= run_evaluate(params)["accuracy_test"] <= 1.0
+    assert tuned.steps == 8  # 4 steps an epoch at q = 10/40
+    assert 0.0 <= run_evaluate(params).accuracy_test <= 1.0
     # the fresh network is seeded from run.seed: a second run repeats the first exactly
     first = torch.load(project / "artifacts/finetune/model.pt")
-    assert run_finetune(params)["final_loss"] == tuned["final_loss"]
+    assert run_finetune(params).final_loss == tuned.final_loss
     again = torch.load(project / "artifacts/finetune/model.pt")
     assert all(torch.equal(first[k], again[k]) for k in first)
 
@@ -174,7 +175,7 @@ def test_a_local_usps_folder_as_the_mnist_target_domain(project):
     assert target.features.max() <= 1.0 and target.ids[0].startswith("usps-train-")
     # the 16×16 digit sits in MNIST's central 20×20 box
     assert not target.features.reshape(-1, 28, 28)[:, :4].any()
-    assert int(prepared["n_target"]) == len(target) and int(prepared["n_target_test"]) == len(test)
+    assert prepared.sizes["target"] == len(target) and prepared.sizes["target_test"] == len(test)
 
 
 TINY_DIGITS = dict(partition={"shards": 3}, teachers={"epochs": 2}, aggregate={"queries": 30},
@@ -240,7 +241,7 @@ def test_the_scatternet_front_serves_teachers_student_and_finetune(project):
         run(params)
     assert json.loads((project / "artifacts/student/model.json").read_text())["transform"] == "scatternet"
     tuned = run_finetune(params)
-    assert tuned["steps"] == 12
+    assert tuned.steps == 12
     spec = json.loads((project / "artifacts/finetune/model.json").read_text())
     assert spec["transform"] == "scatternet" and spec["scatter_j"] == 2
     model = load_released(project / "artifacts/finetune")
@@ -248,7 +249,7 @@ def test_the_scatternet_front_serves_teachers_student_and_finetune(project):
     test = Records.load(project / "data/prepared/test")
     with torch.no_grad():
         assert model(torch.as_tensor(test.features)).shape == (len(test), 10)
-    assert 0.0 <= run_evaluate(params)["accuracy_test"] <= 1.0
+    assert 0.0 <= run_evaluate(params).accuracy_test <= 1.0
 
 
 def test_the_head_can_read_the_transform_coefficients(project):
@@ -266,7 +267,7 @@ def test_the_head_can_read_the_transform_coefficients(project):
     head = run_head(params)
     source = json.loads((project / "artifacts/head/extractor/source.json").read_text())
     assert source["source"] == "transform" and source["dp"]["epsilon"] == 0.0 and source["scatter_j"] == 1
-    assert head["accuracy_test"] > 0.5  # it learns from the coefficients (10 classes: chance is 0.1)
+    assert head.accuracy_test > 0.5  # it learns from the coefficients (10 classes: chance is 0.1)
     extractor = extractor_from(project / "artifacts/head")
     assert type(extractor[0]).__name__ == "ScatterNet" and extractor[0].maps == (9, 4, 4)
 

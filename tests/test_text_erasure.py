@@ -63,9 +63,9 @@ def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_facto
     queue = RequestQueue(Path("data/requests"))
     train_request, test_request = queue.read()
     version = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}").get_model_version(
-        "privpipe-text", trained["model_version"])
+        "privpipe-text", trained.registered.version)
     (entry,) = train_request.audit["coverage"]
-    assert (entry["model"], entry["version"], entry["coverage"]) == ("privpipe-text", trained["model_version"], "dp")
+    assert (entry["model"], entry["version"], entry["coverage"]) == ("privpipe-text", trained.registered.version, "dp")
     # the record-level bound (one record: two steps of its client), not the client-level ε
     assert entry["epsilon"] == float(version.tags["privacy.record_epsilon"]) > float(version.tags["privacy.epsilon"])
     assert [e["coverage"] for e in test_request.audit["coverage"]] == ["not_trained_on"]
@@ -83,5 +83,5 @@ def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_facto
     ids = set(np.load(project / "artifacts/text/train_ids.npy").tolist()) | set(
         np.load(project / "artifacts/text/test_ids.npy").tolist())
     assert not ids & {in_train, in_test, later}
-    assert len(ids) == len(corpus.train) + len(corpus.test) - 3 and prepared["n_withheld"] == 3
-    assert re.search(r"\+minus-withheld:3-[0-9a-f]{8}$", prepared["data_version"])
+    assert len(ids) == len(corpus.train) + len(corpus.test) - 3 and prepared.n_withheld == 3
+    assert re.search(r"\+minus-withheld:3-[0-9a-f]{8}$", prepared.data_version)

@@ -64,18 +64,18 @@ def test_a_run_recorded_through_a_tracking_server(project, tracking_server, caps
     params = load_params("params.yaml")
     ledger = Ledger(epsilon_budget=3.0, delta=1e-5)
     ledger.record(GaussianEvent(stage="dp_pca", noise_multiplier=4.0))
-    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run_id:
-        audit_tracking.charge_run(params, run_id, flow="pipeline", dataset="digits", ledger=ledger,
+    with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run:
+        audit_tracking.charge_run(params, run, flow="pipeline", dataset="digits", ledger=ledger,
                                   data_version="abc", admission=None)
-        out = {"accuracy_test": 0.9, "accuracy_train": 0.95}
-        tracking.log_evaluation(params, run_id, out)
-        registered = release.log_released_model(params, run_id, out, ledger, torch.nn.Linear(4, 2),
-                                                np.zeros((2, 4), dtype=np.float32))
-        tracking.log_privacy(params, run_id, ledger)
-        audit_tracking.log_audit_view(params, run_id, dataset="digits", ledger=ledger, seconds={"dp_pca": 0.5})
+        run.log_batch(metrics={"accuracy.test": 0.9})
+        registered = release.log_released_model(params, run, torch.nn.Linear(4, 2), np.zeros((2, 4), dtype=np.float32),
+                                                tags={"privacy.epsilon": "1"})
+        run.log_privacy(ledger)
+        audit_tracking.log_audit_view(params, run, dataset="digits", ledger=ledger, seconds={"dp_pca": 0.5})
+    run_id = run.run_id
     # nothing went to the project folder: the server holds runs and artifacts
     assert not (project / "mlflow.db").exists() and not (project / "mlartifacts").exists()
-    assert registered["model_version"] == "1"
+    assert registered is not None and registered.version == "1"
     assert any(artifact_store.rglob("lifetime_budget.png")) and any(artifact_store.rglob("MLmodel"))
     capsys.readouterr()  # (mlflow's own "View run … at" lines)
     assert main(["audit"]) == 0
@@ -84,5 +84,4 @@ def test_a_run_recorded_through_a_tracking_server(project, tracking_server, caps
     assert lines[-1].startswith("1 run(s)")
     # the printed link: the server's own UI, on the training-runs view (MLflow 3 opens GenAI screens otherwise)
     experiment = MlflowClient(tracking_uri=url).get_run(run_id).info.experiment_id
-    assert tracking.run_url_hint(params, run_id) == (f"{url}/#/experiments/{experiment}/runs/{run_id}"
-                                                     "?workflowType=machine_learning")
+    assert run.url_hint() == f"{url}/#/experiments/{experiment}/runs/{run_id}?workflowType=machine_learning"

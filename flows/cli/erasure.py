@@ -81,15 +81,15 @@ def removals(args: argparse.Namespace) -> int:
     if not results:
         print("no pending deletion requests")
     for out in results:
-        head = (f"head version {out['head_version']}; budget used {out['budget_used']:.4g} of {out['budget']:.4g}"
-                if out["budget"] is not None else "no head")
-        print(f"{out['batch_id']}: {out['requests']} request(s) done, {out['rows_removed']} head row(s) removed; "
-              f"{head}; data version {out['data_version']}"
-              + ("; the head was retrained (budget spent)" if out["retrained"] else ""))
-        for flagged in out["uncovered"]:
-            print(f"ACTION: {flagged['model']} version {flagged['version']} does not cover {len(flagged['requests'])} "
-                  f"deletion request(s), {len(flagged['in_batch'])} of this batch (tagged privacy.erasure.*): "
-                  f"{flagged['action']}")
+        head = (f"head version {out.head_version}; budget used {out.budget_used:.4g} of {out.budget:.4g}"
+                if out.budget is not None and out.budget_used is not None else "no head")
+        print(f"{out.batch_id}: {out.requests} request(s) done, {out.rows_removed} head row(s) removed; "
+              f"{head}; data version {out.data_version}"
+              + ("; the head was retrained (budget spent)" if out.retrained else ""))
+        for flagged in out.uncovered:
+            print(f"ACTION: {flagged.model} version {flagged.version} does not cover {len(flagged.requests)} "
+                  f"deletion request(s), {len(flagged.in_batch)} of this batch (tagged privacy.erasure.*): "
+                  f"{flagged.action}")
     return 0
 
 

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from privpipe.config import Params, check_federated_use, check_text_use, load_params
 from privpipe.data import DataError
+
+if TYPE_CHECKING:  # types only: the flows import Prefect, MLflow and torch (seconds), deferred below
+    from flows.federated import FederatedTextResult
+    from flows.pipeline import RunResult
 
 __all__ = ["run", "federated"]
 
@@ -28,38 +33,39 @@ def run(args: argparse.Namespace) -> int:
 
     with flow_api(params):
         result = pipeline(params_file=args.params)
-        _report_run(load_params(args.params), result)
-        let_prefect_record(result["flow_run_id"])
+        _report_run(params, result)
+        let_prefect_record(result.flow_run_id)
     return 0
 
 
-def _report_run(params: Params, result: dict) -> None:
+def _report_run(params: Params, result: RunResult) -> None:
     # deferred like the imports above (Prefect and MLflow take seconds); the run has made them by now
     from flows.cli.run_report import print_audit
-    from tasks import tracking
 
+    evaluation = result.evaluation
     print()
-    print(f"test accuracy   {result['accuracy_test']:.4f}   (train {result['accuracy_train']:.4f})")
-    if "accuracy_target" in result:
-        print(f"target domain   {result['accuracy_target']:.4f}   (accuracy on the related domain's labeled test set)")
-    print(f"privacy spent   ε = {result['epsilon']:.4f}, δ = {result['delta']:g}  "
-          f"({result['accountant'].upper()} accountant over all stages; per stage in metrics/privacy.json)")
-    life = result["lifetime"]
-    print_audit(result.get("privacy_audit", {}))
+    print(f"test accuracy   {evaluation.accuracy_test:.4f}   (train {evaluation.accuracy_train:.4f})")
+    if evaluation.accuracy_target is not None:
+        print(f"target domain   {evaluation.accuracy_target:.4f}   (accuracy on the related domain's labeled test set)")
+    print(f"privacy spent   ε = {evaluation.epsilon:.4f}, δ = {evaluation.delta:g}  "
+          f"({evaluation.accountant.upper()} accountant over all stages; per stage in metrics/privacy.json)")
+    life = result.lifetime.summary()
+    print_audit(dict(evaluation.privacy_audit or {}))
     print(f"lifetime        dataset {life['dataset']}: ε = {life['spent']:.4g} spent over {life['runs']} run(s), "
           f"{life['left']:.4g} left of {life['budget']:g} (`privpipe budget`)")
-    print(f"data version    {result['data_version']}")
-    if "model_version" in result:
-        print(f"model           {result['model_name']} version {result['model_version']} (MLflow registry)")
-    if "head" in result:
-        head = result["head"]
-        print(f"removal head    accuracy {head['accuracy_test']:.4f}; ({head['removal_epsilon']:g}, "
-              f"{params.head.delta:g})-certified removal, gradient budget {head['gradient_budget']:.4g}; "
-              f"whole model ε_CR = {head['whole_certified_removal_epsilon']:.4g} (extractor DP + head, Guo et al. Thm 5)")
-        if "head_model_version" in result:
-            print(f"                {result['head_model_name']} version {result['head_model_version']} "
+    print(f"data version    {result.data_version}")
+    if result.model is not None:
+        print(f"model           {result.model.name} version {result.model.version} (MLflow registry)")
+    head = result.head
+    if head is not None:
+        print(f"removal head    accuracy {head.accuracy_test:.4f}; ({head.removal_epsilon:g}, "
+              f"{params.head.delta:g})-certified removal, gradient budget {head.gradient_budget:.4g}; "
+              f"whole model ε_CR = {head.whole_certified_removal_epsilon:.4g} "
+              "(extractor DP + head, Guo et al. Thm 5)")
+        if head.registered is not None:
+            print(f"                {head.registered.name} version {head.registered.version} "
                   "(not DP: serve it for erasure, the model above for DP)")
-    print(f"MLflow          {tracking.run_url_hint(params, result['run_id'])}", flush=True)
+    print(f"MLflow          {result.url_hint}", flush=True)
 
 
 def federated(args: argparse.Namespace) -> int:
@@ -81,38 +87,38 @@ def federated(args: argparse.Namespace) -> int:
     from flows.prefect_api import flow_api
 
     with flow_api(params):
-        out = federated_text(params_file=args.params)
-        _report_federated(params, out)
-        let_prefect_record(out["flow_run_id"])
+        result = federated_text(params_file=args.params)
+        _report_federated(params, result)
+        let_prefect_record(result.flow_run_id)
     return 0
 
 
-def _report_federated(params: Params, out: dict) -> None:
+def _report_federated(params: Params, result: FederatedTextResult) -> None:
     # deferred like the imports above (Prefect and MLflow take seconds); the run has made them by now
     from flows.cli.run_report import print_audit
-    from tasks import tracking
 
+    model, spend = result.model, result.model.private
     print()
-    print(f"test accuracy   {out['accuracy_test']:.4f}   after {out['rounds']} rounds, K = {out['clients']} clients "
+    print(f"test accuracy   {model.accuracy_test:.4f}   after {model.rounds} rounds, K = {model.clients} clients "
           f"({params.text.mode} encoder)")
-    if out["private"] and out["noise"] == "client":
-        print(f"privacy spent   ε = {out['record_epsilon']:.4f}, δ = {out['delta']:g}  "
-              f"({out['record_accountant'].upper()}, record-level, the worst client: each client's own DP-SGD over "
+    if spend is not None and spend.noise == "client":
+        print(f"privacy spent   ε = {spend.record_epsilon:.4f}, δ = {spend.delta:g}  "
+              f"({spend.record_accountant.upper()}, record-level, the worst client: each client's own DP-SGD over "
               "the rounds it took part in; the server saw only private updates; charged to the lifetime budget)")
-    elif out["private"]:
-        print(f"privacy spent   ε = {out['epsilon']:.4f}, δ = {out['delta']:g}  ({out['accountant'].upper()} "
+    elif spend is not None:
+        print(f"privacy spent   ε = {spend.epsilon:.4f}, δ = {spend.delta:g}  ({spend.accountant.upper()} "
               f"accountant, client-level: one client's records added or removed, K taken as public)")
-        print(f"                ε = {out['record_epsilon']:.4f}, δ = {out['delta']:g}  "
-              f"({out['record_accountant'].upper()}, record-level: one record moves one client's update; charged "
+        print(f"                ε = {spend.record_epsilon:.4f}, δ = {spend.delta:g}  "
+              f"({spend.record_accountant.upper()}, record-level: one record moves one client's update; charged "
               "to the lifetime budget)")
     else:
         print("privacy spent   not private (federated.private: false)")
-    print_audit(out.get("privacy_audit", {}))
-    if out.get("stopped"):
-        print(f"note            {out['stopped']}")
-    if "model_version" in out:
-        print(f"model           {out['model_name']} version {out['model_version']} (MLflow registry)")
-    print(f"MLflow          {tracking.run_url_hint(params, out['run_id'])}", flush=True)
+    print_audit(dict(model.privacy_audit))
+    if model.stopped:
+        print(f"note            {model.stopped}")
+    if result.registered is not None:
+        print(f"model           {result.registered.name} version {result.registered.version} (MLflow registry)")
+    print(f"MLflow          {result.url_hint}", flush=True)
 
 
 def _read_text_file(params: Params) -> None:

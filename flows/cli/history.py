@@ -62,8 +62,9 @@ def audit(args: argparse.Namespace) -> int:
     until = _day(args.until, "--until")
     # deferred until the params and days are known good: reading MLflow imports it (seconds)
     from tasks.privacy.audit import audit_rows, format_table, write_csv
+    from tasks.tracking import open_store
 
-    rows = audit_rows(params, dataset=args.dataset, since=since, until=until)
+    rows = audit_rows(params, open_store(params), dataset=args.dataset, since=since, until=until)
     print(format_table(rows))
     print(f"{len(rows)} run(s) in MLflow experiment {params.run.experiment!r}"
           + (f", dataset {args.dataset}" if args.dataset else ""))

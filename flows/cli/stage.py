@@ -6,11 +6,15 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import TYPE_CHECKING
 
-from privpipe.config import check_pipeline_use, load_params
+from privpipe.config import Params, check_pipeline_use, load_params
 from tasks import STAGE_MODULES
 from tasks.common import one_pipeline_at_a_time, use_torch_threads
 from tasks.privacy import budget
+
+if TYPE_CHECKING:  # a type only: the stage modules import torch (seconds), which --help must not wait for
+    from tasks.evaluation import Evaluation
 
 __all__ = ["stage"]
 
@@ -34,19 +38,17 @@ def stage(args: argparse.Namespace) -> int:
         run = getattr(importlib.import_module(STAGE_MODULES[args.name]), f"run_{args.name}")
         out = run(params)
         if args.track:
-            out = _record(params, out, params_file=args.params)
+            _record(params, out, params_file=args.params)
     return 0
 
 
-def _record(params, out: dict, *, params_file: str) -> dict:
+def _record(params: Params, evaluation: Evaluation, *, params_file: str) -> None:
     # deferred: recording imports MLflow (seconds), which only evaluate --track needs
     from flows.record import record_finished_pipeline
-    from tasks import tracking
 
-    out = record_finished_pipeline(params, out, params_file=params_file)
-    print(f"recorded MLflow run {out['run_id']}")
-    print(f"MLflow          {tracking.run_url_hint(params, out['run_id'])}")
-    return out
+    recorded = record_finished_pipeline(params, evaluation, params_file=params_file)
+    print(f"recorded MLflow run {recorded.run.run_id}")
+    print(f"MLflow          {recorded.run.url_hint()}")
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -8,24 +8,25 @@ accountant), and the privacy totals with the ledger.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger
 from tasks.privacy import uncovered
-from tasks.tracking import log_batch, log_privacy, mlflow_client
+
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.tracking import TrackedRun
 
 __all__ = ["log_rounds"]
 
 
-def log_rounds(params: Params, run_id: str, stage: str, history: dict[str, Any], ledger: Ledger | None,
+def log_rounds(run: TrackedRun, params: Params, stage: str, history: dict[str, Any], ledger: Ledger | None,
                *, sampling: str, record_level: bool) -> None:
-    client = mlflow_client(params)
     metrics = [(f"{stage}.{k}", v, record["round"]) for record in history["rounds"]
                for k, v in uncovered.without(params, record).items() if k != "round"]
     metrics += [(f"privacy.{stage}.epsilon_by_round", c["epsilon"], c["round"]) for c in history["epsilon_by_round"]]
-    log_batch(client, run_id, metrics=metrics)
-    client.set_tag(run_id, f"{stage}.sampling", sampling)
+    run.log_batch(metrics=metrics)
+    run.set_tag(f"{stage}.sampling", sampling)
     if params.federated.noise == "client":
         adjacency = ("record (each client's own DP-SGD on its records; the worst client's rounds are charged; "
                      "the server sees only private updates)")
@@ -34,8 +35,8 @@ def log_rounds(params: Params, run_id: str, stage: str, history: dict[str, Any],
                      "analysis or two add-or-remove steps of one client, whichever is smaller)")
     else:
         adjacency = "client (add or remove all of one client's records; K taken as public)"
-    client.set_tag(run_id, f"privacy.{stage}.adjacency", adjacency)
+    run.set_tag(f"privacy.{stage}.adjacency", adjacency)
     if history.get("stopped"):
-        client.set_tag(run_id, f"{stage}.stopped", history["stopped"])
+        run.set_tag(f"{stage}.stopped", history["stopped"])
     if ledger is not None:
-        log_privacy(params, run_id, ledger)
+        run.log_privacy(ledger)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -28,15 +27,15 @@ from tasks.common import stage_logger, staged_dir, task_threads, write_json, wri
 from tasks.device import training_device
 from tasks.federated.clients import ClientData, ClientJob, ModelSpec, forget_arrays, sequential_updates
 from tasks.federated.training import assign_clients, train_federated
+from tasks.finetune.deployed import FederatedModel
 from tasks.finetune.start import finetune_start
-from tasks.privacy import uncovered
 
 __all__ = ["run_finetune_federated"]
 
 
 def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pca_dir: Path, start: Path,
                            out: Path, updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates
-                           ) -> dict[str, Any]:
+                           ) -> FederatedModel:
     log = stage_logger("finetune")
     cfg = params.finetune
     begin = finetune_start(params, sensitive=sensitive, dp_pca_dir=dp_pca_dir, start=start)
@@ -91,11 +90,15 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
                                               "stopped": run.result.stopped})
         write_text(staging / "ledger.json", ledger.to_json())
     spend = ledger.stage_epsilon("finetune")
-    run_figures = uncovered.without(params, run.figures())
-    figures = {**{k: v for k, v in run_figures.items() if k not in ("private", "stopped")}, "mode": "federated",
-               "epsilon": spend.epsilon, "accuracy_test_last_round": run.result.history[-1]["accuracy_test"]}
-    write_json(paths.metrics_file("finetune"), figures)
+    history = run.result.history
+    deployed = FederatedModel(
+        model_dir=out, clients=run.config.clients, rounds=run.result.rounds_run, rounds_planned=run.config.rounds,
+        sample_rate=run.config.sample_rate, sampling=run.config.sampling,
+        clients_sampled_total=int(sum(h["clients_sampled"] for h in history)),
+        clients_dropped_total=int(sum(h["clients_dropped"] for h in history)),
+        noise_multiplier=run.config.noise_multiplier, clip_norm=run.config.clip_norm, epsilon=spend.epsilon,
+        accuracy_test_last_round=history[-1]["accuracy_test"], stopped=run.result.stopped)
+    write_json(paths.metrics_file("finetune"), deployed.metrics(params))
     log.info("finetune: federated done, %d rounds, stage %s (record-level); run total %s", run.result.rounds_run,
              spend, ledger.epsilon())
-    return {"model_dir": str(out), "ledger": str(out / "ledger.json"), "history": str(out / "history.json"),
-            **figures, "stopped": run.result.stopped}
+    return deployed

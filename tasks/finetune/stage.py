@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prefect import task
@@ -26,6 +26,7 @@ from privpipe.models import DIVERGED, diverged, released_model, save_released
 from privpipe.privacy import epsilon_curve
 from tasks import paths
 from tasks.common import (
+    Skipped,
     skip_stage,
     stage_logger,
     staged_dir,
@@ -36,11 +37,17 @@ from tasks.common import (
 )
 from tasks.device import training_device
 from tasks.federated.clients import ClientJob, sequential_updates
+from tasks.finetune.deployed import DpSgdModel, FinetunedModel
 from tasks.finetune.federated import run_finetune_federated
 from tasks.finetune.start import finetune_start
 from tasks.privacy import uncovered
 from tasks.privacy.ledger import calibrate_for
 from tasks.progress import progress
+
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.prepared import PreparedSets
+    from tasks.projection import Projection
+    from tasks.tracking import TrackedRun
 
 __all__ = ["run_finetune", "finetune_task", "start_dir", "check_lot_size"]
 
@@ -61,7 +68,7 @@ def check_lot_size(params: Params, records: int) -> None:
 def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
                  dp_pca_dir: Path = paths.DP_PCA, start: Path | None = None,
                  out: Path = paths.FINETUNE,
-                 updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates) -> dict[str, Any]:
+                 updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates) -> FinetunedModel | Skipped:
     """DP-SGD (or, with ``finetune.mode: federated``, DP-FedAvg: see tasks.finetune.federated) from the
     student's weights (``start`` holds model.pt) or from scratch (``start`` = dp_pca_dir)."""
     if not params.finetune.enabled:
@@ -125,22 +132,21 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
         write_json(staging / "history.json", {"epochs": result.history, "epsilon_by_step": curve})
         write_text(staging / "ledger.json", ledger.to_json())
     spend = ledger.stage_epsilon("finetune")
-    figures = {"noise_multiplier": sigma, "sample_rate": schedule.sample_rate, "steps": schedule.steps,
-               "epsilon": spend.epsilon, "final_loss": result.history[-1]["loss"]}
-    write_json(paths.metrics_file("finetune"), uncovered.without(params, figures))
+    deployed = DpSgdModel(model_dir=out, noise_multiplier=sigma, sample_rate=schedule.sample_rate,
+                          steps=schedule.steps, epsilon=spend.epsilon, final_loss=result.history[-1]["loss"])
+    write_json(paths.metrics_file("finetune"), deployed.metrics(params))
     log.info("finetune: done, stage %s; run total %s", spend, ledger.epsilon())
-    return {"model_dir": str(out), "ledger": str(out / "ledger.json"), "history": str(out / "history.json"),
-            **figures}
+    return deployed
 
 
 @task(name="finetune", cache_policy=NO_CACHE)
-def finetune_task(params: Params, run_id: str, sensitive: str, test: str, dp_pca_dir: str,
-                  start: str) -> dict[str, Any]:
-    from tasks.finetune.tracking import (
-        log_finetune_outputs,  # deferred: MLflow is slow to import, untracked runs skip it
-    )
-
-    out = run_finetune(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir),
-                       start=Path(start))
-    log_finetune_outputs(params, run_id, out)
-    return out
+def finetune_task(params: Params, run: TrackedRun, prepared: PreparedSets, projection: Projection,
+                  start: Path) -> FinetunedModel:
+    """DP-SGD (federated rounds run in the flow, so that their client updates are mapped tasks); then the
+    stage's figures and curves in MLflow."""
+    deployed = run_finetune(params, sensitive=prepared.sensitive, test=prepared.test, dp_pca_dir=projection.dir,
+                            start=start)
+    if isinstance(deployed, Skipped):
+        raise RuntimeError("finetune_task runs only when finetune.enabled is true")
+    deployed.log(run, params)
+    return deployed

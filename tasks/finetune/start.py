@@ -17,9 +17,9 @@ from privpipe.data import DATASET_CLASSES, Records
 from privpipe.models import apply_front, front_layers, load_released, make_network, network_maps, seeded
 from privpipe.privacy import Ledger
 from tasks.common import read_json, seed_for
-from tasks.dp_pca import check_projection, load_projection
 from tasks.features import feature_transform, transform_spec
 from tasks.privacy.ledger import load_ledger
+from tasks.projection import check_projection, load_projection
 
 __all__ = ["FinetuneStart", "finetune_start"]
 

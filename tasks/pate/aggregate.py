@@ -18,8 +18,9 @@ ledger.json}; artifacts/private/aggregate_data_dependent.json.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
@@ -42,6 +43,7 @@ from privpipe.pate.teachers import vote_histograms
 from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_epsilon
 from tasks import paths
 from tasks.common import (
+    Skipped,
     read_json,
     seed_for,
     skip_stage,
@@ -56,7 +58,13 @@ from tasks.dp_pca import check_projection
 from tasks.pate.teachers import query_records
 from tasks.privacy.ledger import load_ledger
 
-__all__ = ["run_aggregate", "aggregate_task", "aggregator_spec", "decide_analysis"]
+if TYPE_CHECKING:  # types only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.pate.teachers import Votes
+    from tasks.prepared import PreparedSets
+    from tasks.projection import Projection
+    from tasks.tracking import TrackedRun
+
+__all__ = ["Labels", "run_aggregate", "aggregate_task", "aggregator_spec", "decide_analysis"]
 
 
 def aggregator_spec(params: Params, *, teachers: int, classes: int) -> AggregatorSpec:
@@ -94,8 +102,50 @@ def decide_analysis(params: Params, spec: AggregatorSpec, queries: int, ledger: 
     return choice
 
 
+@dataclass(frozen=True)
+class Labels:
+    """The aggregate stage's output: the noisy labels of the public queries (−1: unanswered) under ``dir``, the
+    run's ledger so far, and the stage's public figures."""
+
+    dir: Path
+    queries: int  # asked (every one charged)
+    answered: int
+    teachers: int
+    label_accuracy: float  # against the public pool's own labels, on the answered queries
+    analysis: str  # data_dependent | data_independent, decided before the votes were seen
+    analysis_reason: str
+    epsilon: float  # the stage's ε alone, as recorded
+    epsilon_data_independent: float
+    epsilon_sanitised: float | None = None  # the sanitised data-dependent release's ε, when it was recorded
+
+    @property
+    def ledger_file(self) -> Path:
+        return self.dir / "ledger.json"
+
+    def metrics(self) -> dict[str, int | float | str]:
+        """metrics/aggregate.json."""
+        out: dict[str, int | float | str] = {
+            "queries": self.queries, "answered": self.answered, "teachers": self.teachers,
+            "label_accuracy": self.label_accuracy, "analysis": self.analysis, "analysis_reason": self.analysis_reason,
+            "epsilon": self.epsilon, "epsilon_data_independent": self.epsilon_data_independent}
+        if self.epsilon_sanitised is not None:
+            out["epsilon_sanitised"] = self.epsilon_sanitised
+        return out
+
+    @classmethod
+    def read(cls, folder: Path = paths.AGGREGATE) -> Labels:
+        """The last aggregate's output, from its metrics file (what ``privpipe stage evaluate --track``
+        records)."""
+        return cls(dir=folder, **read_json(paths.metrics_file("aggregate")))
+
+    def log(self, run: TrackedRun) -> None:
+        """MLflow: the figures, and the run's privacy so far."""
+        run.log_stage_figures("aggregate", self.metrics())
+        run.log_privacy(Ledger.from_json(self.ledger_file.read_text()))
+
+
 def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public: Path = paths.PUBLIC,
-                  dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.AGGREGATE) -> dict[str, Any]:
+                  dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.AGGREGATE) -> Labels | Skipped:
     if not params.student.enabled:
         return skip_stage("aggregate", out, "student.enabled is false")
     log = stage_logger("aggregate")
@@ -158,17 +208,18 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     write_json(paths.metrics_file("aggregate"), figures)
     if private:  # outside every DVC output and never logged: dvc push and MLflow do not see it
         write_json(paths.PRIVATE / "aggregate_data_dependent.json", private)
+    result = Labels(dir=out, **figures)
     log.info("aggregate: %d of %d answered (label accuracy %.3f); stage ε = %.4g recorded (%s), "
-             "data-independent ε = %.4g; run total %s", figures["answered"], len(queries), figures["label_accuracy"],
-             figures["epsilon"], choice.analysis, figures["epsilon_data_independent"], ledger.epsilon())
-    return {"dir": str(out), "ledger": str(out / "ledger.json"), **figures}
+             "data-independent ε = %.4g; run total %s", result.answered, len(queries), result.label_accuracy,
+             result.epsilon, choice.analysis, result.epsilon_data_independent, ledger.epsilon())
+    return result
 
 
 @task(name="aggregate", cache_policy=NO_CACHE)
-def aggregate_task(params: Params, run_id: str, teachers_dir: str, public: str, dp_pca_dir: str) -> dict[str, Any]:
-    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
-
-    out = run_aggregate(params, teachers_dir=Path(teachers_dir), public=Path(public), dp_pca_dir=Path(dp_pca_dir))
-    tracking.log_stage_figures(params, run_id, "aggregate", out)
-    tracking.log_privacy(params, run_id, Ledger.from_json(Path(out["ledger"]).read_text()))
-    return out
+def aggregate_task(params: Params, run: TrackedRun, votes: Votes, prepared: PreparedSets,
+                   projection: Projection) -> Labels:
+    labels = run_aggregate(params, teachers_dir=votes.dir, public=prepared.public, dp_pca_dir=projection.dir)
+    if isinstance(labels, Skipped):
+        raise RuntimeError("aggregate_task runs only when student.enabled is true")
+    labels.log(run)
+    return labels

@@ -12,8 +12,9 @@ Output: artifacts/partition/{shards.npy, summary.json}.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prefect import task
@@ -23,9 +24,13 @@ from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, DataError, Records
 from privpipe.data.partition import assign_shards
 from tasks import paths
-from tasks.common import load_array, read_json, skip_stage, stage_logger, staged_dir, write_json
+from tasks.common import Skipped, load_array, read_json, skip_stage, stage_logger, staged_dir, write_json
 
-__all__ = ["run_partition", "partition_task", "load_shards"]
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.prepared import PreparedSets
+    from tasks.tracking import TrackedRun
+
+__all__ = ["Shards", "run_partition", "partition_task", "load_shards", "shard_assignment"]
 
 
 def shard_assignment(params: Params, records: Records, *, source: Path | str) -> np.ndarray:
@@ -43,7 +48,31 @@ def shard_assignment(params: Params, records: Records, *, source: Path | str) ->
         raise ConfigError(f"partition.{message}") from None
 
 
-def run_partition(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.PARTITION) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Shards:
+    """The partition stage's output: each sensitive record's shard, under ``dir`` (the shard sizes stay there:
+    they depend on the sensitive labels)."""
+
+    dir: Path
+    shards: int
+    strategy: str
+
+    def metrics(self) -> dict[str, int | str]:
+        """metrics/partition.json: the settings only."""
+        return {"shards": self.shards, "strategy": self.strategy}
+
+    @classmethod
+    def read(cls, folder: Path = paths.PARTITION) -> Shards:
+        """The last partition's output, from its metrics file (what ``privpipe stage evaluate --track`` records)."""
+        figures = read_json(paths.metrics_file("partition"))
+        return cls(dir=folder, shards=figures["shards"], strategy=figures["strategy"])
+
+    def log(self, run: TrackedRun) -> None:
+        run.log_stage_figures("partition", self.metrics())
+
+
+def run_partition(params: Params, *, sensitive: Path = paths.SENSITIVE,
+                  out: Path = paths.PARTITION) -> Shards | Skipped:
     if not params.student.enabled:
         return skip_stage("partition", out, "student.enabled is false")
     log = stage_logger("partition")
@@ -53,14 +82,14 @@ def run_partition(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Pat
     # shard sizes depend on the sensitive labels (per-class counts under label skew): kept with the
     # partition, not in metrics, MLflow or logs
     sizes = np.bincount(shards, minlength=cfg.shards)
-    public = {"shards": cfg.shards, "strategy": cfg.strategy}
+    result = Shards(dir=out, shards=cfg.shards, strategy=cfg.strategy)
     with staged_dir(out) as staging:
         np.save(staging / "shards.npy", shards)
-        write_json(staging / "summary.json", {**public, "records_digest": _digest(records.ids),
+        write_json(staging / "summary.json", {**result.metrics(), "records_digest": _digest(records.ids),
                                               "sizes": sizes.tolist()})
-    write_json(paths.metrics_file("partition"), public)
+    write_json(paths.metrics_file("partition"), result.metrics())
     log.info("partition: %d %s shards", cfg.shards, cfg.strategy)
-    return {"dir": str(out), **public}
+    return result
 
 
 def _digest(ids: np.ndarray) -> str:
@@ -77,9 +106,8 @@ def load_shards(partition_dir: Path, ids: np.ndarray) -> np.ndarray:
 
 
 @task(name="partition", cache_policy=NO_CACHE)
-def partition_task(params: Params, run_id: str, sensitive: str) -> dict[str, Any]:
-    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
-
-    out = run_partition(params, sensitive=Path(sensitive))
-    tracking.log_stage_figures(params, run_id, "partition", out)
-    return out
+def partition_task(params: Params, run: TrackedRun, prepared: PreparedSets) -> Shards | Skipped:
+    result = run_partition(params, sensitive=prepared.sensitive)
+    if isinstance(result, Shards):
+        result.log(run)
+    return result

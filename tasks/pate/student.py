@@ -13,8 +13,9 @@ Output: artifacts/student/{model.pt, model.json, history.json, ledger.json}.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from privpipe.models import DIVERGED, diverged, make_network, network_maps, rele
 from privpipe.pate.student import StudentConfig, train_student
 from tasks import paths
 from tasks.common import (
+    Skipped,
     read_json,
     seed_for,
     skip_stage,
@@ -37,12 +39,17 @@ from tasks.common import (
     write_text,
 )
 from tasks.device import training_device
-from tasks.dp_pca import load_projection, projection_digest
 from tasks.features import feature_transform, transform_spec
 from tasks.pate.teachers import model_front, query_records
 from tasks.privacy.ledger import load_ledger
+from tasks.projection import Projection, load_projection, projection_digest
 
-__all__ = ["run_student", "student_task", "model_spec", "target_sets"]
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.pate.aggregate import Labels
+    from tasks.prepared import PreparedSets
+    from tasks.tracking import TrackedRun
+
+__all__ = ["StudentModel", "run_student", "student_task", "model_spec", "target_sets"]
 
 
 def model_spec(params: Params, records: Records, projection_dim: int | None, classes: int) -> dict[str, Any]:
@@ -65,8 +72,46 @@ def _accuracy(model: torch.nn.Module, records: Records) -> float:
         return float((model(torch.as_tensor(records.features)).argmax(dim=1).numpy() == records.labels).mean())
 
 
+@dataclass(frozen=True)
+class StudentModel:
+    """The student stage's output: the trained student (the deployed architecture) under ``model_dir``,
+    and its public figures."""
+
+    model_dir: Path
+    labeled: int  # answered queries it learnt from
+    unlabeled: int
+    unlabeled_source: str  # "target" (the related domain) or "public" (the query pool itself)
+    accuracy_test: float
+    accuracy_target: float | None  # on the related domain's labeled test set, when prepare made one
+
+    def metrics(self) -> dict[str, int | float | str]:
+        """metrics/student.json."""
+        out: dict[str, int | float | str] = {"labeled": self.labeled, "unlabeled": self.unlabeled,
+                                             "unlabeled_source": self.unlabeled_source,
+                                             "accuracy_test": self.accuracy_test}
+        if self.accuracy_target is not None:
+            out["accuracy_target"] = self.accuracy_target
+        return out
+
+    @classmethod
+    def read(cls, folder: Path = paths.STUDENT) -> StudentModel:
+        """The last student stage's output, from its metrics file (what ``privpipe stage evaluate --track``
+        records)."""
+        figures = read_json(paths.metrics_file("student"))
+        return cls(model_dir=folder, labeled=figures["labeled"], unlabeled=figures["unlabeled"],
+                   unlabeled_source=figures["unlabeled_source"], accuracy_test=figures["accuracy_test"],
+                   accuracy_target=figures.get("accuracy_target"))
+
+    def log(self, run: TrackedRun) -> None:
+        """MLflow: the figures, and the loss over the steps as a curve."""
+        run.log_stage_figures("student", self.metrics())
+        history = read_json(self.model_dir / "history.json")["steps"]
+        run.log_curve("student.loss", [(h["step"], h["loss"]) for h in history])
+
+
 def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public: Path = paths.PUBLIC,
-                test: Path = paths.TEST, dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.STUDENT) -> dict[str, Any]:
+                test: Path = paths.TEST, dp_pca_dir: Path = paths.DP_PCA,
+                out: Path = paths.STUDENT) -> StudentModel | Skipped:
     if not params.student.enabled:
         return skip_stage("student", out, "student.enabled is false")
     log = stage_logger("student")
@@ -103,41 +148,40 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
                            cover_weight=cfg.cover_weight, delay_steps=cfg.delay_steps, ramp_steps=cfg.ramp_steps,
                            cover_target=cfg.cover_target, consistency_weight=cfg.consistency_weight,
                            confidence_threshold=cfg.confidence_threshold, lr_schedule=cfg.lr_schedule)
-    result = train_student(network.to(training_device(params)), labeled_x=labeled, labeled_y=labels[answered], unlabeled_x=unlabeled,
-                           config=config, seed=seed,
-                           on_log=lambda h: log.info("student: step %d/%d, loss %.4f (the association terms' floor: %.4f)",
-                                                     h["step"], cfg.steps, h["loss"], h["floor"]))
+    def report(h: dict[str, float]) -> None:
+        log.info("student: step %d/%d, loss %.4f (the association terms' floor: %.4f)", h["step"], cfg.steps,
+                 h["loss"], h["floor"])
+
+    result = train_student(network.to(training_device(params)), labeled_x=labeled, labeled_y=labels[answered],
+                           unlabeled_x=unlabeled, config=config, seed=seed, on_log=report)
     if diverged(result.network, result.history[-1]["loss"]):  # never saved, let alone registered
         raise ConfigError(DIVERGED.format(key="student.learning_rate"))
     projection = load_projection(dp_pca_dir)
     model = released_model(result.network.cpu(), projection, input_scale=params.finetune.input_scale,
                            kind=params.finetune.model, transform=transform)
-    figures = {"labeled": int(answered.sum()), "unlabeled": len(pool),
-               "unlabeled_source": "target" if targets else "public",
-               "accuracy_test": _accuracy(model, test_records)}
-    if targets:
-        figures["accuracy_target"] = _accuracy(model, targets[1])
+    student = StudentModel(model_dir=out, labeled=int(answered.sum()), unlabeled=len(pool),
+                           unlabeled_source="target" if targets else "public",
+                           accuracy_test=_accuracy(model, test_records),
+                           accuracy_target=_accuracy(model, targets[1]) if targets else None)
     spec = {**model_spec(params, test_records, None if projection is None else int(projection.shape[1]), classes),
             "dp_pca_digest": projection_digest(dp_pca_dir)}
     with staged_dir(out) as staging:
         save_released(model, staging, spec=spec)
         write_json(staging / "history.json", {"steps": result.history})
         write_text(staging / "ledger.json", ledger.to_json())
-    write_json(paths.metrics_file("student"), figures)
-    log.info("student: %d labeled + %d unlabeled (%s); test accuracy %.4f%s", figures["labeled"], len(pool),
-             figures["unlabeled_source"], figures["accuracy_test"],
-             f", target accuracy {figures['accuracy_target']:.4f}" if targets else "")
-    return {"model_dir": str(out), "ledger": str(out / "ledger.json"), **figures}
+    write_json(paths.metrics_file("student"), student.metrics())
+    log.info("student: %d labeled + %d unlabeled (%s); test accuracy %.4f%s", student.labeled, len(pool),
+             student.unlabeled_source, student.accuracy_test,
+             f", target accuracy {student.accuracy_target:.4f}" if student.accuracy_target is not None else "")
+    return student
 
 
 @task(name="student", cache_policy=NO_CACHE)
-def student_task(params: Params, run_id: str, aggregate_dir: str, public: str, test: str,
-                 dp_pca_dir: str) -> dict[str, Any]:
-    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
-
-    out = run_student(params, aggregate_dir=Path(aggregate_dir), public=Path(public), test=Path(test),
-                      dp_pca_dir=Path(dp_pca_dir))
-    tracking.log_stage_figures(params, run_id, "student", out)
-    history = read_json(Path(out["model_dir"]) / "history.json")["steps"]
-    tracking.log_curve(params, run_id, "student.loss", [(h["step"], h["loss"]) for h in history])
-    return out
+def student_task(params: Params, run: TrackedRun, labels: Labels, prepared: PreparedSets,
+                 projection: Projection) -> StudentModel:
+    student = run_student(params, aggregate_dir=labels.dir, public=prepared.public, test=prepared.test,
+                          dp_pca_dir=projection.dir)
+    if not isinstance(student, StudentModel):
+        raise RuntimeError("student_task runs only when student.enabled is true")
+    student.log(run)
+    return student

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import shutil
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,8 +29,10 @@ from privpipe.models import apply_front, front_layers, make_network, network_map
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier
 from tasks import paths
 from tasks.common import (
+    Skipped,
     apply_torch_threads,
     load_array,
+    read_json,
     seed_for,
     skip_stage,
     stage_logger,
@@ -38,12 +41,16 @@ from tasks.common import (
     write_json,
 )
 from tasks.device import training_device
-from tasks.dp_pca import load_projection, projection_digest
 from tasks.features import feature_transform
-from tasks.pate.partition import load_shards
+from tasks.pate.partition import Shards, load_shards
+from tasks.projection import Projection, load_projection, projection_digest
 
-__all__ = ["train_teacher", "collect_votes", "run_teachers", "clear_partial_votes", "teacher_task", "collect_votes_task",
-           "query_records", "model_front"]
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.prepared import PreparedSets
+    from tasks.tracking import TrackedRun
+
+__all__ = ["Votes", "train_teacher", "collect_votes", "run_teachers", "clear_partial_votes", "teacher_task",
+           "collect_votes_task", "query_records", "model_front"]
 
 PARTIAL = paths.TEACHERS.with_name(paths.TEACHERS.name + ".partial")
 
@@ -114,8 +121,32 @@ def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSI
     return target
 
 
+@dataclass(frozen=True)
+class Votes:
+    """The teachers stage's output: every teacher's votes on the queries, under ``dir`` (the teachers
+    themselves are never saved, let alone released)."""
+
+    dir: Path
+    teachers: int
+    queries: int
+
+    def metrics(self) -> dict[str, int]:
+        """metrics/teachers.json."""
+        return {"teachers": self.teachers, "queries": self.queries}
+
+    @classmethod
+    def read(cls, folder: Path = paths.TEACHERS) -> Votes:
+        """The last teachers stage's output, from its metrics file (what ``privpipe stage evaluate --track``
+        records)."""
+        figures = read_json(paths.metrics_file("teachers"))
+        return cls(dir=folder, teachers=figures["teachers"], queries=figures["queries"])
+
+    def log(self, run: TrackedRun) -> None:
+        run.log_stage_figures("teachers", {**self.metrics(), "released": False})
+
+
 def collect_votes(params: Params, *, public: Path = paths.PUBLIC, partial: Path = PARTIAL,
-                  dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.TEACHERS) -> dict[str, Any]:
+                  dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.TEACHERS) -> Votes:
     """Stack every teacher's votes; refuse if any teacher is missing."""
     teachers = params.partition.shards
     files = [partial / f"teacher-{k:05d}.npy" for k in range(teachers)]
@@ -135,9 +166,9 @@ def collect_votes(params: Params, *, public: Path = paths.PUBLIC, partial: Path 
                                               "released": False, "model": params.teachers.model,
                                               "dp_pca_digest": projection_digest(dp_pca_dir)})
     shutil.rmtree(partial, ignore_errors=True)
-    figures = {"teachers": teachers, "queries": len(queries)}
-    write_json(paths.metrics_file("teachers"), figures)
-    return {"dir": str(out), "votes": str(out / "votes.npy"), **figures}
+    votes_ = Votes(dir=out, teachers=teachers, queries=len(queries))
+    write_json(paths.metrics_file("teachers"), votes_.metrics())
+    return votes_
 
 
 def clear_partial_votes(partial: Path = PARTIAL) -> None:
@@ -145,7 +176,7 @@ def clear_partial_votes(partial: Path = PARTIAL) -> None:
     shutil.rmtree(partial, ignore_errors=True)
 
 
-def run_teachers(params: Params) -> dict[str, Any]:
+def run_teachers(params: Params) -> Votes | Skipped:
     """All teachers one after another, then collect (the DVC stage)."""
     if not params.student.enabled:
         return skip_stage("teachers", paths.TEACHERS, "student.enabled is false")
@@ -160,20 +191,18 @@ def run_teachers(params: Params) -> dict[str, Any]:
 
 
 @task(name="teacher", cache_policy=NO_CACHE)
-def teacher_task(params: Params, teacher: int, sensitive: str, partition_dir: str, dp_pca_dir: str,
-                 public: str) -> str:
-    return str(train_teacher(params, teacher, sensitive=Path(sensitive), partition_dir=Path(partition_dir),
-                             dp_pca_dir=Path(dp_pca_dir), public=Path(public)))
+def teacher_task(params: Params, teacher: int, prepared: PreparedSets, shards: Shards, projection: Projection) -> Path:
+    return train_teacher(params, teacher, sensitive=prepared.sensitive, partition_dir=shards.dir,
+                         dp_pca_dir=projection.dir, public=prepared.public)
 
 
 @task(name="collect-votes", cache_policy=NO_CACHE)
-def collect_votes_task(params: Params, run_id: str, public: str, vote_files: list[str]) -> dict[str, Any]:
+def collect_votes_task(params: Params, run: TrackedRun, prepared: PreparedSets, projection: Projection,
+                       vote_files: list[Path]) -> Votes:
     """``vote_files`` (the mapped teachers' results) makes Prefect wait for every teacher; the
     files are then found by teacher index, so a missing one is named."""
-    from tasks import tracking  # deferred: MLflow is slow to import, untracked runs skip it
-
-    out = collect_votes(params, public=Path(public))
-    tracking.log_stage_figures(params, run_id, "teachers", {**out, "released": False})
+    votes = collect_votes(params, public=prepared.public, dp_pca_dir=projection.dir)
+    votes.log(run)
     stage_logger("teachers").info("teachers: %d votes on %d queries collected (teachers are not released)",
-                                  out["teachers"], out["queries"])
-    return out
+                                  votes.teachers, votes.queries)
+    return votes

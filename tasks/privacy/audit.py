@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
 
 from privpipe.config import Params
-from tasks import tracking
 from tasks.common import write_text
 
 __all__ = ["audit_rows", "format_table", "write_csv", "COLUMNS"]
@@ -49,10 +49,9 @@ def _pate(tags: dict[str, str], metrics: dict[str, float]) -> str:
             f"data-independent ε {metrics.get('aggregate.epsilon_data_independent', float('nan')):.4g}")
 
 
-def audit_rows(params: Params, *, dataset: str | None = None, since: datetime | None = None,
+def audit_rows(params: Params, client: MlflowClient, *, dataset: str | None = None, since: datetime | None = None,
                until: datetime | None = None) -> list[dict[str, Any]]:
     """The runs of ``run.experiment`` that privpipe recorded, oldest first, filtered."""
-    client = tracking.mlflow_client(params)
     experiment = client.get_experiment_by_name(params.run.experiment)
     if experiment is None:
         return []

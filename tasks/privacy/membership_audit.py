@@ -42,7 +42,7 @@ def membership_rows(params: Params, *, sensitive: int, test: int,
     Without ``calibrate`` no reference model is trained, so no test records are set aside for one."""
     rng = np.random.default_rng(seed_for(params.run.seed, "privacy_audit"))
     order = rng.permutation(test)
-    cut = int(round(test * params.privacy_audit.reference_fraction)) if calibrate else 0
+    cut = round(test * params.privacy_audit.reference_fraction) if calibrate else 0
     count = min(params.privacy_audit.records, test - cut, sensitive)
     if count < MIN_AUDITED or (calibrate and cut < 1):
         return None

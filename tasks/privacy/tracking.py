@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger, LifetimeLedger
@@ -24,6 +25,7 @@ from tasks import run_view, tracking
 from tasks.privacy import budget
 from tasks.privacy.audit import audit_rows
 from tasks.privacy.plots import epsilon_by_stage_figure, frontier_figure, lifetime_figure
+from tasks.tracking import TrackedRun
 
 __all__ = ["log_stage_runs", "log_lifetime", "charge_run", "log_audit_view", "CURVES", "stage_seconds"]
 
@@ -34,9 +36,9 @@ CURVES = ("privacy.finetune.epsilon_by_step", "privacy.finetune.epsilon_by_round
 _EXTRA_PREFIXES = {"prepare": ("data.",), "evaluate": ("accuracy.", "privacy.audit.")}
 
 
-def log_stage_runs(params: Params, parent_id: str, seconds: dict[str, float]) -> dict[str, str]:
+def log_stage_runs(params: Params, run: TrackedRun, seconds: dict[str, float]) -> dict[str, str]:
     """A child run per stage (in the order run), holding what the parent logged about it."""
-    client = tracking.mlflow_client(params)
+    client, parent_id = run.client, run.run_id
     parent = client.get_run(parent_id)
     flat = params.flat()
     children = {}
@@ -64,28 +66,27 @@ def stage_seconds(wall: float) -> str:
     return f"{wall:.1f} s" if wall < 120 else f"{wall / 60:.1f} min"
 
 
-def log_lifetime(params: Params, run_id: str, lifetime: LifetimeLedger) -> None:
+def log_lifetime(run: TrackedRun, lifetime: LifetimeLedger) -> None:
     """The spend and what is left as metrics (compared across runs), budgets and counts as tags."""
-    client = tracking.mlflow_client(params)
     life = lifetime.summary()
-    tracking.log_batch(client, run_id, metrics={"privacy.lifetime.epsilon": life["spent"],
-                                       "privacy.lifetime.epsilon_remaining": life["left"]})
-    tracking.log_batch(client, run_id, tags={key: run_view.format_value(value) for key, value in {
+    run.log_batch(metrics={"privacy.lifetime.epsilon": life["spent"],
+                           "privacy.lifetime.epsilon_remaining": life["left"]})
+    run.log_batch(tags={key: run_view.format_value(value) for key, value in {
         "privacy.lifetime.delta": life["spent_delta"], "privacy.lifetime.epsilon_budget": life["budget"],
         "privacy.lifetime.delta_budget": life["delta_budget"], "privacy.lifetime.delta_remaining": life["left_delta"],
         "privacy.lifetime.runs": life["runs"], "privacy.lifetime.epsilon_reserved": life["reserved"],
         "privacy.lifetime.runs_in_progress": life["in_progress"]}.items()})
-    client.set_tag(run_id, "privacy.lifetime.composition", "basic (runs' ε and δ add up)")
-    client.log_text(run_id, json.dumps(lifetime.to_dict(), indent=2), "privacy/lifetime.json")
-    _figure(client, run_id, lifetime_figure(lifetime), "plots/lifetime_budget.png")
+    run.set_tag("privacy.lifetime.composition", "basic (runs' ε and δ add up)")
+    run.log_text(json.dumps(lifetime.to_dict(), indent=2), "privacy/lifetime.json")
+    _figure(run, lifetime_figure(lifetime), "plots/lifetime_budget.png")
 
 
-def _figure(client, run_id: str, figure, name: str) -> None:
-    client.log_figure(run_id, figure, name)
+def _figure(run: TrackedRun, figure: Figure, name: str) -> None:
+    run.log_figure(figure, name)
     plt.close(figure)
 
 
-def charge_run(params: Params, run_id: str, *, flow: str, dataset: str, ledger: Ledger, data_version: str,
+def charge_run(params: Params, run: TrackedRun, *, flow: str, dataset: str, ledger: Ledger, data_version: str,
                admission: budget.Admission | None) -> LifetimeLedger:
     """Add the run's spend to the dataset's lifetime ledger, in place of its reservation
     (``admission``; None: the project's stage reservation, as dvc repro holds it), and mirror it here.
@@ -94,25 +95,23 @@ def charge_run(params: Params, run_id: str, *, flow: str, dataset: str, ledger: 
     dies after this has been charged for a model it never released (too much, never too
     little); one that dies before it still holds its reservation until it is known to have
     released nothing."""
-    entry = budget.spend_of_run(run_id=run_id, flow=flow, data_version=data_version, ledger=ledger)
+    entry = budget.spend_of_run(run_id=run.run_id, flow=flow, data_version=data_version, ledger=ledger)
     if admission is not None:
         lifetime = admission.charge(entry)
     else:
-        lifetime = budget.charge_stages(params, dataset, entry, what=f"{flow} run {run_id}")
-    log_lifetime(params, run_id, lifetime)
+        lifetime = budget.charge_stages(params, dataset, entry, what=f"{flow} run {run.run_id}")
+    log_lifetime(run, lifetime)
     return lifetime
 
 
-def log_audit_view(params: Params, run_id: str, *, dataset: str, ledger: Ledger,
+def log_audit_view(params: Params, run: TrackedRun, *, dataset: str, ledger: Ledger,
                    seconds: dict[str, float] | None = None) -> None:
     """The plots (ε by stage, accuracy vs ε over the dataset's runs) and the per-stage child runs."""
-    client = tracking.mlflow_client(params)
-    curves = {key.split(".", 1)[1]: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+    curves = {key.split(".", 1)[1]: [(m.step, m.value) for m in run.client.get_metric_history(run.run_id, key)]
               for key in CURVES}
-    _figure(client, run_id, epsilon_by_stage_figure(ledger, {k: v for k, v in curves.items() if v}),
-            "plots/epsilon_by_stage.png")
-    runs = audit_rows(params, dataset=dataset)
-    _figure(client, run_id, frontier_figure(runs, run_id), "plots/accuracy_vs_epsilon.png")
+    _figure(run, epsilon_by_stage_figure(ledger, {k: v for k, v in curves.items() if v}), "plots/epsilon_by_stage.png")
+    runs = audit_rows(params, run.client, dataset=dataset)
+    _figure(run, frontier_figure(runs, run.run_id), "plots/accuracy_vs_epsilon.png")
     if seconds:
-        log_stage_runs(params, run_id, seconds)
+        log_stage_runs(params, run, seconds)
 

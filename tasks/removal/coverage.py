@@ -25,17 +25,23 @@ import json
 import logging
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from privpipe.config import Params
 from privpipe.requests import Request, RequestQueue
-from tasks import paths, tracking
+from tasks import paths
 from tasks.removal.record_use import pipeline_uses, text_uses
 from tasks.removal.store import head_model_name
 
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from mlflow.tracking import MlflowClient
+
+    from tasks.tracking import TrackedRun
+
 __all__ = ["MANIFEST_TAG", "log_manifest", "version_uses", "requested_since_data",
-           "ErasedDuringRun", "coverage_audit", "flag_uncovered", "ACTIONS", "UNCOVERED"]
+           "ErasedDuringRun", "coverage_audit", "flag_uncovered", "UncoveredVersion", "ACTIONS", "UNCOVERED"]
 
 MANIFEST_TAG = "privacy.record_manifest"
 FORMAT = "privpipe.record_use/1"
@@ -55,25 +61,23 @@ _STRENGTH = ("retrained", "certified_removal", "dp")  # strongest first
 log = logging.getLogger("privpipe.record_use")
 
 
-def log_manifest(params: Params, run_id: str, name: str, version: str, *, kind: str,
-                 uses: Sequence[dict[str, Any]]) -> str:
-    """Log a version's manifest to its run and tag the version with the artifact's path; safe to repeat."""
-    client = tracking.mlflow_client(params)
+def log_manifest(run: TrackedRun, name: str, version: str, *, kind: str, uses: Sequence[dict[str, Any]]) -> str:
+    """Log a version's manifest to ``run`` and tag the version with the artifact's path; safe to repeat."""
     path = f"record_use/{name}-v{version}.json"
     manifest = {"format": FORMAT, "model": name, "version": str(version), "kind": kind, "uses": list(uses)}
-    client.log_text(run_id, json.dumps(manifest, separators=(",", ":")), path)
-    client.set_model_version_tag(name, str(version), MANIFEST_TAG, path)
+    run.log_text(json.dumps(manifest, separators=(",", ":")), path)
+    run.client.set_model_version_tag(name, str(version), MANIFEST_TAG, path)
     return path
 
 
-def version_uses(params: Params, run_id: str) -> tuple[str, list[dict[str, Any]]] | None:
-    """(kind, uses) of the model ``run_id`` is about to register: the federated text flow's or the
+def version_uses(params: Params, run: TrackedRun) -> tuple[str, list[dict[str, Any]]] | None:
+    """(kind, uses) of the model ``run`` is about to register: the federated text flow's or the
     pipeline's deployed model, told apart by the run's flow tag; None where its data is not on disk."""
-    text = tracking.mlflow_client(params).get_run(run_id).data.tags.get("privpipe.flow") == "federated-text"
+    text = run.tags().get("privpipe.flow") == "federated-text"
     needed = paths.TEXT / "train_ids.npy" if text else paths.SENSITIVE / "ids.npy"
     if not needed.is_file():  # a model registered outside a run of the stages: its coverage will read "unknown"
         log.warning("record manifest of the model of run %s: %s is missing; erasure audits will report the "
-                    "version as of unknown training data", run_id, needed)
+                    "version as of unknown training data", run.run_id, needed)
         return None
     queue = RequestQueue(paths.REQUESTS)
     if text:
@@ -162,10 +166,11 @@ def _action(entry: Mapping[str, Any]) -> str:
     return "model" if entry["kind"] == "head" else entry["kind"]
 
 
-def coverage_audit(params: Params, requests: Sequence[Request]) -> dict[str, list[dict[str, Any]]]:
+def coverage_audit(params: Params, client: MlflowClient,
+                   requests: Sequence[Request]) -> dict[str, list[dict[str, Any]]]:
     """Per request: every registered version of the run's models (DP model, head, text model), each
-    with how it covers the record."""
-    client = tracking.mlflow_client(params)  # versions registered earlier count even where this params file registers none
+    with how it covers the record (versions registered earlier count even where this params file
+    registers none)."""
     out: dict[str, list[dict[str, Any]]] = {r.request_id: [] for r in requests}
     with tempfile.TemporaryDirectory(prefix="privpipe-manifests-") as folder:
         for name, kind in _model_names(params).items():
@@ -180,8 +185,19 @@ def coverage_audit(params: Params, requests: Sequence[Request]) -> dict[str, lis
     return out
 
 
-def flag_uncovered(params: Params, coverage: Mapping[str, Sequence[Mapping[str, Any]]],
-                   batch: Iterable[str]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class UncoveredVersion:
+    """A registered version that does not cover some deletion requests, and what the operator should do."""
+
+    model: str
+    version: str
+    requests: list[str]  # every request it does not cover
+    in_batch: list[str]  # those of the batch just processed
+    action: str  # one of ACTIONS
+
+
+def flag_uncovered(client: MlflowClient, coverage: Mapping[str, Sequence[Mapping[str, Any]]],
+                   batch: Iterable[str]) -> list[UncoveredVersion]:
     """Tag every registered version that does not cover some request (``privacy.erasure.*``); return
     them, each with its requests (``requests``: all, ``in_batch``: those of ``batch``) and what to do.
 
@@ -200,7 +216,6 @@ def flag_uncovered(params: Params, coverage: Mapping[str, Sequence[Mapping[str, 
                 key = (entry["model"], entry["version"])
                 requests.setdefault(key, set()).add(request_id)
                 kinds[key] = max(kinds.get(key, "head"), _action(entry), key=rank.index)
-    client = tracking.mlflow_client(params) if requests else None
     flagged = []
     for key in sorted(requests, key=lambda k: (k[0], int(k[1]))):
         action = ACTIONS[kinds[key]]
@@ -208,6 +223,6 @@ def flag_uncovered(params: Params, coverage: Mapping[str, Sequence[Mapping[str, 
                 "privacy.erasure.retrain_needed": str(kinds[key] != "head").lower()}
         for tag, value in tags.items():
             client.set_model_version_tag(key[0], key[1], tag, value)
-        flagged.append({"model": key[0], "version": key[1], "requests": sorted(requests[key]),
-                        "in_batch": sorted(requests[key] & batch), "action": action})
+        flagged.append(UncoveredVersion(model=key[0], version=key[1], requests=sorted(requests[key]),
+                                        in_batch=sorted(requests[key] & batch), action=action))
     return flagged

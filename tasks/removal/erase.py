@@ -31,6 +31,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,8 @@ from tasks.common import write_text
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version, dvc
 
-__all__ = ["current_record_ids", "ensure_can_erase", "erase_from_source", "source_version", "pipeline_ids", "text_ids",
-           "TEXT_NOT_REWRITTEN"]
+__all__ = ["SourceErasure", "current_record_ids", "ensure_can_erase", "erase_from_source", "source_version",
+           "pipeline_ids", "text_ids", "TEXT_NOT_REWRITTEN"]
 
 TEXT_NOT_REWRITTEN = ("the text file is not rewritten (the operator's own file; identical rows are told apart by "
                       "their order, which a rewrite would shift): every later text prepare leaves the record out")
@@ -126,13 +127,31 @@ def ensure_can_erase(params: Params, queue: RequestQueue) -> None:
                         "(no .dvc/: run `dvc init`); nothing was erased and every request stays queued")
 
 
-def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: RequestQueue) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SourceErasure:
+    """What erasing from the pipeline's raw data did: rows removed and the data version after."""
+
+    rewritten: bool
+    removed_rows: int
+    data_version: str
+    note: str | None = None  # why the file was not rewritten
+
+    def to_json(self) -> dict[str, Any]:
+        """As the audit record holds it (``erasure.pipeline_source``)."""
+        out: dict[str, Any] = {"rewritten": self.rewritten, "removed_rows": self.removed_rows,
+                               "data_version": self.data_version}
+        if self.note is not None:
+            out["note"] = self.note
+        return out
+
+
+def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: RequestQueue) -> SourceErasure:
     """Remove the records (named by hashed id) from the pipeline's raw data and version the result;
     safe to repeat. Text records are not looked for here: the text file is never rewritten."""
     source = _source(params)
     if params.prepare.dataset != "digits":
-        return {"rewritten": False, "removed_rows": 0, "data_version": source_version(params),
-                "note": "IDX files keep positional ids: erasure is the prepare-time filter"}
+        return SourceErasure(rewritten=False, removed_rows=0, data_version=source_version(params),
+                             note="IDX files keep positional ids: erasure is the prepare-time filter")
     removed = _rewrite_csv(source, set(record_hashes), queue)
     version = source_version(params)
     if version.startswith("modified:"):  # DVC-tracked, and the file left its pointer
@@ -140,4 +159,4 @@ def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: Re
             raise RuntimeError(f"{source}.dvc: DVC-tracked, but {Path.cwd()} is not a DVC repository; run `dvc init`")
         dvc("add", "--quiet", str(source))
         version = source_version(params)
-    return {"rewritten": True, "removed_rows": removed, "data_version": version}
+    return SourceErasure(rewritten=True, removed_rows=removed, data_version=version)

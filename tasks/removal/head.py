@@ -17,7 +17,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prefect import task
@@ -32,12 +32,17 @@ from privpipe.removal import RemovableHead, RemovalGuarantee, combined_guarantee
 from privpipe.removal.features import feature_extractor, head_features, stored_rows
 from privpipe.requests import RequestQueue, base_id
 from tasks import paths
-from tasks.common import read_json, skip_stage, stage_logger, staged_dir, write_json
-from tasks.dp_pca import load_projection
+from tasks.common import Skipped, read_json, skip_stage, stage_logger, staged_dir, write_json
 from tasks.features import feature_transform, transform_spec
+from tasks.projection import load_projection
 from tasks.removal.noise import noise_for
 from tasks.removal.record_use import extractor_uses
-from tasks.removal.store import save_head
+from tasks.removal.store import HeadVersion, save_head
+
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.prepared import PreparedSets
+    from tasks.projection import Projection
+    from tasks.tracking import TrackedRun
 
 __all__ = ["run_head", "head_task"]
 
@@ -66,14 +71,16 @@ def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir:
         ledger = None
         extractor = feature_extractor("raw")
     spend = ledger.epsilon() if ledger is not None and ledger.events else None
+    nothing_learnt = f"none ({'a fixed transform' if source == 'transform' else 'no extractor'})"
     dp = {"epsilon": spend.epsilon if spend else 0.0, "delta": spend.delta if spend else 0.0,
-          "accountant": spend.accountant if spend else f"none ({'a fixed transform' if source == 'transform' else 'no extractor'})"}
+          "accountant": spend.accountant if spend else nothing_learnt}
     write_json(folder / "source.json", {"source": source, "dp": dp, "input_dim": input_dim, **transform_spec(params)})
     return extractor, dp
 
 
 def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
-             model_dir: Path | None = None, dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.HEAD) -> dict[str, Any]:
+             model_dir: Path | None = None, dp_pca_dir: Path = paths.DP_PCA,
+             out: Path = paths.HEAD) -> HeadVersion | Skipped:
     if not params.head.enabled:
         return skip_stage("head", out, "head.enabled is false")
     log = stage_logger("head")
@@ -102,16 +109,15 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
         # what the extractor trained on (hashed ids), for the record manifest of every head version
         write_json(staging / "extractor" / "record_use.json", {
             "features": cfg.features, "uses": extractor_uses(params, queue, prepared=Path(sensitive).parent)})
-    figures = {"accuracy_test": accuracy, "n": len(records), "dim": int(X.shape[1]),
-               "gradient_budget": head.budget, "budget_used": head.used_total,
-               "removal_epsilon": cfg.epsilon, "removal_delta": cfg.delta,
-               "features_epsilon": dp["epsilon"], "features_delta": dp["delta"],
-               "whole_certified_removal_epsilon": summary["whole_model"]["certified_removal_epsilon"]}
-    write_json(paths.metrics_file("head"), figures)
+    trained = HeadVersion(dir=out, accuracy_test=accuracy, n=len(records), dim=int(X.shape[1]),
+                          gradient_budget=head.budget, budget_used=head.used_total, removal_epsilon=cfg.epsilon,
+                          removal_delta=cfg.delta, features_epsilon=dp["epsilon"], features_delta=dp["delta"],
+                          whole_certified_removal_epsilon=summary["whole_model"]["certified_removal_epsilon"])
+    write_json(paths.metrics_file("head"), trained.metrics())
     log.info("head: %s features (d = %d), test accuracy %.4f; certified removal (ε = %g, δ = %g), "
              "gradient budget σε/c = %.4g; extractor DP ε = %.4g", cfg.features, X.shape[1], accuracy,
              cfg.epsilon, cfg.delta, head.budget, dp["epsilon"])
-    return {"dir": str(out), **figures}
+    return trained
 
 
 def _without_requested(records: Records, queue: RequestQueue, log) -> Records:
@@ -128,11 +134,14 @@ def _without_requested(records: Records, queue: RequestQueue, log) -> Records:
 
 
 @task(name="head", cache_policy=NO_CACHE)
-def head_task(params: Params, run_id: str, sensitive: str, test: str, model_dir: str, dp_pca_dir: str) -> dict[str, Any]:
-    from tasks.removal.steps import register_pipeline_head  # deferred: MLflow is slow to import, untracked runs skip it
+def head_task(params: Params, run: TrackedRun, prepared: PreparedSets, deployed_dir: Path,
+              projection: Projection) -> HeadVersion:
+    """Train the head and register its first version (its figures in the run)."""
+    # deferred: registering imports MLflow, which `privpipe stage head` (dvc repro) never needs
+    from tasks.removal.steps import register_pipeline_head
 
-    out = run_head(params, sensitive=Path(sensitive), test=Path(test), model_dir=Path(model_dir),
-                   dp_pca_dir=Path(dp_pca_dir))
-    if out.get("skipped"):
-        return out
-    return {**out, **register_pipeline_head(params, run_id, out, folder=Path(out["dir"]))}
+    trained = run_head(params, sensitive=prepared.sensitive, test=prepared.test, model_dir=deployed_dir,
+                       dp_pca_dir=projection.dir)
+    if isinstance(trained, Skipped):
+        raise RuntimeError("head_task runs only when head.enabled is true")
+    return register_pipeline_head(params, run, trained)

@@ -14,21 +14,23 @@ hashed ids of its rows, those removed and how, and its extractor's training sets
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import mlflow
 import numpy as np
 import torch
 from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
 from privpipe.config import Params
 from privpipe.removal.features import served_weights
 from privpipe.requests import RequestQueue
-from tasks import paths, tracking
+from tasks import paths
 from tasks.common import read_json, stage_logger
+from tasks.registered import RegisteredModel
 from tasks.removal import coverage, served
 from tasks.removal.record_use import head_uses
-from tasks.removal.store import head_model_name, load_head, served_model
+from tasks.removal.store import HeadVersion, head_model_name, load_head, served_model
+from tasks.tracking import TrackedRun
 
 TRAINING_TAG = "head.training_id"  # the head training a version comes from: its versions share one graph
 
@@ -51,100 +53,93 @@ def guarantee_tags(folder: Path) -> dict[str, str]:
                             "certified-removal (Guo et al. 2020, Thm 5), not differentially private"}
 
 
-def register_head(params: Params, run_id: str, folder: Path, *, tags: dict[str, str]) -> str:
-    """Log the servable head model to ``run_id`` and register it; return the version. A version of the
+def register_head(params: Params, run: TrackedRun, folder: Path, *, tags: dict[str, str]) -> str:
+    """Log the servable head model to ``run`` and register it; return the version. A version of the
     same training is the template when there is one (only the linear weights change: ``served``),
     else the model is exported."""
     head, _, meta = load_head(folder)
-    client = tracking.mlflow_client(params)
+    client = run.client
     training = meta.get("training_id")
-    template, model_uri = _template(params, training), None
+    template, model_uri = _template(params, client, training), None
     if template is not None:
         try:
-            model_uri = served.log_swapped(client, experiment_id=client.get_run(run_id).info.experiment_id,
-                                           run_id=run_id, template_uri=template,
-                                           weights=served_weights(head.W, classes=head.classes))
+            model_uri = served.log_swapped(client, experiment_id=run.experiment_id, run_id=run.run_id,
+                                           template_uri=template, weights=served_weights(head.W, classes=head.classes))
         except (ValueError, OSError, MlflowException) as error:  # e.g. its artifacts deleted: export instead
             stage_logger("removals").warning("head: template %s unusable (%s); exporting the model", template, error)
     if model_uri is None:
         model = served_model(folder, head)
         width = int(meta["input_dim"])  # the example is synthetic: no record goes to MLflow
-        with mlflow.start_run(run_id=run_id):
+        with mlflow.start_run(run_id=run.run_id):
             model_uri = mlflow.pytorch.log_model(
                 model, name="head", serialization_format="pt2", input_example=np.zeros((2, width), dtype=np.float32),
                 pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"],
                 # not loaded back to check the example: the removal flow's test loads a version and runs it
                 validate_serving_input=False).model_uri
-        client.update_run(run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
-    all_tags = {**guarantee_tags(folder), **tags, "mlflow.run_id": run_id,
+        client.update_run(run.run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
+    all_tags = {**guarantee_tags(folder), **tags, "mlflow.run_id": run.run_id,
                 **({TRAINING_TAG: training} if training else {})}
     version = mlflow.register_model(model_uri, head_model_name(params), tags=all_tags)
-    log_manifest(params, run_id, str(version.version), folder)
+    log_manifest(params, run, str(version.version), folder)
     return str(version.version)
 
 
-def _template(params: Params, training: str | None) -> str | None:
+def _template(params: Params, client: MlflowClient, training: str | None) -> str | None:
     """The model URI of a registered version of head training ``training`` (the latest), if any."""
     if not training:
         return None
-    client = tracking.mlflow_client(params)
     versions = [v for v in client.search_model_versions(f"name = '{head_model_name(params)}'")
                 if v.tags.get(TRAINING_TAG) == training]
-    return max(versions, key=lambda v: int(v.version)).source if versions else None
+    return str(max(versions, key=lambda v: int(v.version)).source) if versions else None
 
 
-def log_manifest(params: Params, run_id: str, version: str, folder: Path) -> None:
-    """The version's record manifest (tasks.removal.coverage): the head's rows as they stand, and its extractor's sets."""
-    coverage.log_manifest(params, run_id, head_model_name(params), version, kind="head",
+def log_manifest(params: Params, run: TrackedRun, version: str, folder: Path) -> None:
+    """The version's record manifest (tasks.removal.coverage): the head's rows as they stand, and its
+    extractor's sets."""
+    coverage.log_manifest(run, head_model_name(params), version, kind="head",
                           uses=head_uses(RequestQueue(paths.REQUESTS), folder=folder))
 
 
-def has_manifest(params: Params, version: str) -> bool:
-    return coverage.MANIFEST_TAG in tracking.mlflow_client(params).get_model_version(head_model_name(params), version).tags
+def has_manifest(params: Params, client: MlflowClient, version: str) -> bool:
+    return coverage.MANIFEST_TAG in client.get_model_version(head_model_name(params), version).tags
 
 
-def find_version(params: Params, *, tag: str, value: str) -> str | None:
+def find_version(params: Params, client: MlflowClient, *, tag: str, value: str) -> str | None:
     """The head version whose ``tag`` is ``value`` (a batch already registered), if any."""
-    client = tracking.mlflow_client(params)
     for version in client.search_model_versions(f"name = '{head_model_name(params)}'"):
         if version.tags.get(tag) == value:
             return str(version.version)
     return None
 
 
-def tag_version(params: Params, version: str, tags: dict[str, str]) -> None:
+def tag_version(params: Params, client: MlflowClient, version: str, tags: dict[str, str]) -> None:
     """Add (or overwrite) tags of a registered head version; safe to repeat."""
-    client = tracking.mlflow_client(params)
     for key, value in tags.items():
         client.set_model_version_tag(head_model_name(params), version, key, value)
 
 
-def latest_version(params: Params) -> str | None:
-    client = tracking.mlflow_client(params)
+def latest_version(params: Params, client: MlflowClient) -> str | None:
     versions = [int(v.version) for v in client.search_model_versions(f"name = '{head_model_name(params)}'")]
     return str(max(versions)) if versions else None
 
 
-def log_head(params: Params, run_id: str, folder: Path, out: dict[str, Any], *,
-             tags: dict[str, str] | None = None) -> dict[str, Any]:
+def log_head(params: Params, run: TrackedRun, head: HeadVersion, *,
+             tags: dict[str, str] | None = None) -> RegisteredModel | None:
     """The head stage's figures and guarantee in the pipeline run; register version one of this training
     (with ``tags`` besides its own)."""
-    client = tracking.mlflow_client(params)
-    tracking.log_batch(client, run_id, metrics={
-        "head.accuracy_test": out["accuracy_test"], "removal.epsilon": out["removal_epsilon"],
-        "removal.delta": out["removal_delta"], "removal.gradient_budget": out["gradient_budget"],
-        "removal.budget_used": out["budget_used"],
-        "certified_removal.epsilon": out["whole_certified_removal_epsilon"]})
-    client.set_tag(run_id, "head.features", params.head.features)
-    client.set_tag(run_id, "privacy.head_dp", "false")
-    client.log_text(run_id, (folder / "guarantee.json").read_text(), "privacy/head_guarantee.json")
-    registered: dict[str, Any] = {}
-    if params.evaluate.register_model:
-        run = client.get_run(run_id)
-        version = register_head(params, run_id, folder, tags={
-            "dvc.data_version": run.data.tags.get("dvc.data_version", "unknown"), "removal.requests_applied": "0",
-            "removal.retrained": "false", "removal.budget_used": f"{out['budget_used']:.6g}",
-            "removal.budget_left": f"{out['gradient_budget'] - out['budget_used']:.6g}", **(tags or {})})
-        registered = {"head_model_name": head_model_name(params), "head_model_version": version}
-        client.set_tag(run_id, "registered_head", f"{head_model_name(params)}/{version}")
-    return registered
+    run.log_batch(metrics={
+        "head.accuracy_test": head.accuracy_test, "removal.epsilon": head.removal_epsilon,
+        "removal.delta": head.removal_delta, "removal.gradient_budget": head.gradient_budget,
+        "removal.budget_used": head.budget_used,
+        "certified_removal.epsilon": head.whole_certified_removal_epsilon})
+    run.set_tag("head.features", params.head.features)
+    run.set_tag("privacy.head_dp", "false")
+    run.log_text((head.dir / "guarantee.json").read_text(), "privacy/head_guarantee.json")
+    if not params.evaluate.register_model:
+        return None
+    version = register_head(params, run, head.dir, tags={
+        "dvc.data_version": run.tags().get("dvc.data_version", "unknown"), "removal.requests_applied": "0",
+        "removal.retrained": "false", "removal.budget_used": f"{head.budget_used:.6g}",
+        "removal.budget_left": f"{head.gradient_budget - head.budget_used:.6g}", **(tags or {})})
+    run.set_tag("registered_head", f"{head_model_name(params)}/{version}")
+    return RegisteredModel(name=head_model_name(params), version=version)

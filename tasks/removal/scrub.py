@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ from privpipe.requests import RequestQueue, base_id, hashes_in
 from tasks import paths
 from tasks.common import exclusive_lock, staged_dir, write_json
 
-__all__ = ["ERASED_FILE", "erased_in", "set_hashes", "scrub_prepared", "scrub_text", "UNREACHABLE"]
+__all__ = ["PreparedScrub", "TextScrub", "ERASED_FILE", "erased_in", "set_hashes", "scrub_prepared", "scrub_text",
+           "UNREACHABLE"]
 
 ERASED_FILE = "erased.json"  # in a prepared set's folder: hashed ids of the records scrubbed from it
 PREPARED_SETS = (paths.SENSITIVE, paths.TEST, paths.PUBLIC, paths.TARGET, paths.TARGET_TEST)
@@ -61,7 +63,39 @@ def set_hashes(queue: RequestQueue, folder: Path) -> set[str]:
     return hashes_in(queue, np.load(Path(folder) / "ids.npy", allow_pickle=False)) | erased_in(folder)
 
 
-def scrub_prepared(queue: RequestQueue, erased: Iterable[str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PreparedScrub:
+    """What scrubbing data/prepared did: rows removed per set, or why nothing was done."""
+
+    done: bool
+    rows_removed: dict[str, int]
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As the audit record holds it."""
+        out: dict[str, Any] = {"done": self.done, "rows_removed": dict(self.rows_removed)}
+        if self.note is not None:
+            out["note"] = self.note
+        return out
+
+
+@dataclass(frozen=True)
+class TextScrub:
+    """What scrubbing the text flow's copies did: the folders removed, or why nothing was done."""
+
+    done: bool
+    removed: list[str]
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As the audit record holds it."""
+        out: dict[str, Any] = {"done": self.done, "removed": list(self.removed)}
+        if self.note is not None:
+            out["note"] = self.note
+        return out
+
+
+def scrub_prepared(queue: RequestQueue, erased: Iterable[str]) -> PreparedScrub:
     """Rewrite each prepared set without the records whose hashed id is in ``erased``; how many rows
     went, or why nothing was done."""
     erased = set(erased)
@@ -72,10 +106,10 @@ def scrub_prepared(queue: RequestQueue, erased: Iterable[str]) -> dict[str, Any]
                 if (folder / "ids.npy").is_file():
                     removed[folder.name] = _scrub_set(folder, queue, erased)
     except BlockingIOError:
-        return {"done": False, "rows_removed": {},
-                "note": "a pipeline run or stage was reading data/prepared: left to the next removal run "
-                        "(or that run's next prepare)"}
-    return {"done": True, "rows_removed": {name: n for name, n in removed.items() if n}}
+        return PreparedScrub(done=False, rows_removed={},
+                             note="a pipeline run or stage was reading data/prepared: left to the next removal run "
+                                  "(or that run's next prepare)")
+    return PreparedScrub(done=True, rows_removed={name: n for name, n in removed.items() if n})
 
 
 def _scrub_set(folder: Path, queue: RequestQueue, erased: set[str]) -> int:
@@ -94,12 +128,12 @@ def _scrub_set(folder: Path, queue: RequestQueue, erased: set[str]) -> int:
     return int(drop.sum())
 
 
-def scrub_text(erased_text: bool) -> dict[str, Any]:
+def scrub_text(erased_text: bool) -> TextScrub:
     """Remove the text flow's prepared corpus, its features and the embedding cache when this batch
     erased a text record (``erased_text``) or an earlier one could not (a text run held its lock then:
     a marker beside the deletion journal remembers it); what was done."""
     if not erased_text and not TEXT_PENDING.exists():
-        return {"done": True, "removed": []}
+        return TextScrub(done=True, removed=[])
     try:
         with exclusive_lock(paths.TEXT_LOCK, blocking=False):
             gone = [str(p) for p in TEXT_COPIES if p.exists()]
@@ -108,6 +142,6 @@ def scrub_text(erased_text: bool) -> dict[str, Any]:
             TEXT_PENDING.unlink(missing_ok=True)
     except BlockingIOError:
         write_json(TEXT_PENDING, {"why": "a text record was erased while a federated text run held its lock"})
-        return {"done": False, "removed": [],
-                "note": "a federated text run was using artifacts/text: left to the next removal run"}
-    return {"done": True, "removed": gone}
+        return TextScrub(done=False, removed=[],
+                         note="a federated text run was using artifacts/text: left to the next removal run")
+    return TextScrub(done=True, removed=gone)

@@ -20,12 +20,14 @@ ids, the CSV's ids and the manifests' sets are hashed under the same salt.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import zipfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prefect import task
@@ -38,15 +40,25 @@ from tasks import paths
 from tasks.common import stage_logger, staged_dir
 from tasks.removal import registry
 from tasks.removal.coverage import UNCOVERED, coverage_audit, requested_since_data
-from tasks.removal.erase import TEXT_NOT_REWRITTEN, erase_from_source, pipeline_ids, source_version, text_ids
+from tasks.removal.erase import (
+    TEXT_NOT_REWRITTEN,
+    SourceErasure,
+    erase_from_source,
+    pipeline_ids,
+    source_version,
+    text_ids,
+)
 from tasks.removal.noise import noise_for
 from tasks.removal.record_use import head_uses
-from tasks.removal.scrub import UNREACHABLE, scrub_prepared, scrub_text
-from tasks.removal.store import forget_removed, head_model_name, load_head, row_hashes, save_head
+from tasks.removal.scrub import UNREACHABLE, PreparedScrub, TextScrub, scrub_prepared, scrub_text
+from tasks.removal.store import HeadVersion, forget_removed, head_model_name, load_head, row_hashes, save_head
 
-__all__ = ["ensure_head_for", "head_present", "apply_batch", "register_pipeline_head", "skip_head",
-           "register_batch", "erase_batch", "scrub_copies",
-           "audit_records", "apply_task", "register_task", "erase_task", "coverage_task"]
+if TYPE_CHECKING:  # a type only: the removal flow and the head task hand it in
+    from tasks.tracking import TrackedRun
+
+__all__ = ["AppliedBatch", "Copies", "Erasure", "ensure_head_for", "head_present", "apply_batch",
+           "register_pipeline_head", "skip_head", "register_batch", "erase_batch", "scrub_copies", "audit_records",
+           "apply_task", "register_task", "erase_task", "coverage_task"]
 
 MECHANISMS = {
     "newton": "Newton-update removal (Guo et al. 2020), gradient residual within the certified-removal budget",
@@ -111,14 +123,43 @@ def _removed_by(meta: dict[str, Any], before: np.ndarray, step: Any) -> None:
         removed_by[str(int(row))] = step.mechanism
 
 
+@dataclass(frozen=True)
+class AppliedBatch:
+    """The apply step's record of one batch: how each request's record left the head (by request id) and
+    the budget after. Kept in the head's meta.json (``applied_batches``), so a re-run reuses it."""
+
+    mechanisms: dict[str, str]  # request id → newton | retrain | absent | no_head
+    rows_removed: int
+    newton_updates: int
+    retrained: bool
+    retrain_reasons: list[str]
+    budget_used: float | None  # None: no head
+    budget: float | None
+    version_before: str | None  # the head's registered version before the batch
+    data_version_before: str
+    applied_at: str
+    certificate: str | None = None  # the Newton update's bound (None: no head, so no step)
+
+    def to_json(self) -> dict[str, Any]:
+        """As meta.json holds it."""
+        out = dataclasses.asdict(self)
+        if self.certificate is None:
+            del out["certificate"]
+        return out
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> AppliedBatch:
+        return cls(**record)
+
+
 def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, folder: Path = paths.HEAD,
-                version_before: str | None = None, queue: RequestQueue | None = None) -> dict[str, Any]:
+                version_before: str | None = None, queue: RequestQueue | None = None) -> AppliedBatch:
     log = stage_logger("removals")
     queue = queue if queue is not None else RequestQueue(paths.REQUESTS)
     head, ids, meta = load_head(folder)
     if batch_id in meta["applied_batches"]:
         log.info("removals: %s already applied to the head; reusing its record", batch_id)
-        return meta["applied_batches"][batch_id]
+        return AppliedBatch.from_json(meta["applied_batches"][batch_id])
     row_of = {record_hash: row for row, record_hash in enumerate(row_hashes(queue, ids))}
     rows = {r.request_id: row_of.get(r.record_hash) for r in requests}
     # distinct rows: two requests for one record (an old journal) remove it once and count it once
@@ -128,15 +169,14 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
     ids = forget_removed(head, ids, queue)  # every removed row's features, label and id gone from the state
     mechanism_of_row = {row: step.mechanism for row in step.rows} if step else {}
     retrains = [step.reason] if step and step.mechanism == "retrain" else []
-    record = {
-        "mechanisms": {rid: mechanism_of_row.get(row, "absent") for rid, row in rows.items()},
-        "rows_removed": len(live), "newton_updates": step.updates if step and step.mechanism == "newton" else 0,
-        "certificate": step.certificate if step else "",
-        "retrained": bool(retrains), "retrain_reasons": retrains, "budget_used": head.used_total,
-        "budget": head.budget, "version_before": version_before, "data_version_before": source_version(params),
-        "applied_at": _now(),
-    }
-    meta["applied_batches"][batch_id] = record
+    record = AppliedBatch(
+        mechanisms={rid: mechanism_of_row.get(row, "absent") for rid, row in rows.items()},
+        rows_removed=len(live), newton_updates=step.updates if step and step.mechanism == "newton" else 0,
+        certificate=step.certificate if step else "",
+        retrained=bool(retrains), retrain_reasons=retrains, budget_used=head.used_total,
+        budget=head.budget, version_before=version_before, data_version_before=source_version(params),
+        applied_at=_now())
+    meta["applied_batches"][batch_id] = record.to_json()
     _removed_by(meta, before, step)
     if step is not None:
         meta.setdefault("history", []).append({"batch_id": batch_id, "rows": len(step.rows),
@@ -154,14 +194,14 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
     return record
 
 
-def register_pipeline_head(params: Params, run_id: str, out: dict[str, Any], *,
-                           folder: Path = paths.HEAD) -> dict[str, Any]:
+def register_pipeline_head(params: Params, run: TrackedRun, trained: HeadVersion) -> HeadVersion:
     """Register the head a pipeline run trained, less every record whose deletion was requested since the
     head trained (a Newton update, as a removal run makes), with the journal read under the removal lock:
     no version is registered with a record whose erasure was asked for, or done, while the run went on.
     The head's extractor may have used such records under its DP (a record of the DP model's sensitive
     set): the version says so; used without any guarantee, it is refused (ErasedDuringRun)."""
     queue = RequestQueue(paths.REQUESTS)
+    folder = trained.dir
     with queue.processing(wait=True):  # no removal run between the check and the registration
         head, ids, meta = load_head(folder)
         active = {h for h, live in zip(row_hashes(queue, ids), head.active) if live}
@@ -170,54 +210,84 @@ def register_pipeline_head(params: Params, run_id: str, out: dict[str, Any], *,
             applied = apply_batch(params, f"before-registration-{meta['training_id'][:12]}", late, folder=folder,
                                   queue=queue)
             stage_logger("head").warning("head: %d record(s) whose deletion was requested after the head trained "
-                                         "removed before registration (%s)", applied["rows_removed"],
-                                         "retrained" if applied["retrained"] else "Newton update")
-            out = {**out, "budget_used": applied["budget_used"]}
+                                         "removed before registration (%s)", applied.rows_removed,
+                                         "retrained" if applied.retrained else "Newton update")
+            trained = dataclasses.replace(trained, budget_used=applied.budget_used)
         tags = requested_since_data(head_uses(queue, folder=folder), model=head_model_name(params))
-        return registry.log_head(params, run_id, folder, out, tags=tags)
+        return dataclasses.replace(trained, registered=registry.log_head(params, run, trained, tags=tags))
 
 
-def skip_head(params: Params, requests: Sequence[Request]) -> dict[str, Any]:
+def skip_head(params: Params, requests: Sequence[Request]) -> AppliedBatch:
     """The apply step's record where the project has no head: nothing removed, no budget."""
-    return {"mechanisms": {r.request_id: "no_head" for r in requests}, "rows_removed": 0, "newton_updates": 0,
-            "retrained": False, "retrain_reasons": [], "budget_used": None, "budget": None, "version_before": None,
-            "data_version_before": source_version(params), "applied_at": _now()}
+    return AppliedBatch(mechanisms={r.request_id: "no_head" for r in requests}, rows_removed=0, newton_updates=0,
+                        retrained=False, retrain_reasons=[], budget_used=None, budget=None, version_before=None,
+                        data_version_before=source_version(params), applied_at=_now())
 
 
-def register_batch(params: Params, run_id: str, batch_id: str, applied: dict[str, Any], *,
+def register_batch(params: Params, run: TrackedRun, batch_id: str, applied: AppliedBatch, *,
                    folder: Path = paths.HEAD) -> str | None:
-    if not params.evaluate.register_model or applied["budget"] is None:
+    if not params.evaluate.register_model or applied.budget is None or applied.budget_used is None:
         return None
-    found = registry.find_version(params, tag="removal.batch_id", value=batch_id)
+    found = registry.find_version(params, run.client, tag="removal.batch_id", value=batch_id)
     if found is not None:
-        if not registry.has_manifest(params, found):  # registered by a run that died before its manifest
-            registry.log_manifest(params, run_id, found, folder)
+        if not registry.has_manifest(params, run.client, found):  # registered by a run that died before its manifest
+            registry.log_manifest(params, run, found, folder)
         return found
-    return registry.register_head(params, run_id, folder, tags={
-        "removal.batch_id": batch_id, "removal.requests_applied": str(len(applied["mechanisms"])),
-        "removal.retrained": str(applied["retrained"]).lower(),
-        "removal.budget_used": f"{applied['budget_used']:.6g}",
-        "removal.budget_left": f"{applied['budget'] - applied['budget_used']:.6g}",
-        "dvc.data_version_before": applied["data_version_before"]})
+    return registry.register_head(params, run, folder, tags={
+        "removal.batch_id": batch_id, "removal.requests_applied": str(len(applied.mechanisms)),
+        "removal.retrained": str(applied.retrained).lower(),
+        "removal.budget_used": f"{applied.budget_used:.6g}",
+        "removal.budget_left": f"{applied.budget - applied.budget_used:.6g}",
+        "dvc.data_version_before": applied.data_version_before})
 
 
-def erase_batch(params: Params, requests: Sequence[Request]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Copies:
+    """What scrubbing the copies privpipe keeps did, and the copies it cannot reach."""
+
+    head: str
+    prepared: PreparedScrub
+    text: TextScrub
+
+    @property
+    def rows_scrubbed(self) -> int:
+        return sum(self.prepared.rows_removed.values()) + len(self.text.removed)
+
+    def to_json(self) -> dict[str, Any]:
+        """As the audit record holds it (``erasure.copies``)."""
+        return {"head": self.head, "prepared": self.prepared.to_json(), "text": self.text.to_json(),
+                "unreachable": UNREACHABLE}
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """The erase step: the batch out of the raw data (a new data version) and out of every copy."""
+
+    source: SourceErasure
+    copies: Copies
+
+    @property
+    def data_version(self) -> str:
+        return self.source.data_version
+
+
+def erase_batch(params: Params, requests: Sequence[Request]) -> Erasure:
     """The batch's records out of the raw data (a new data version), then out of every copy privpipe keeps
     (``copies``: tasks.removal.scrub; the head's rows went in :func:`apply_batch`)."""
     batch = {r.record_hash for r in requests}
-    erased = erase_from_source(params, batch, queue=RequestQueue(paths.REQUESTS))
-    return {**erased, "copies": scrub_copies(params, batch)}
+    source = erase_from_source(params, batch, queue=RequestQueue(paths.REQUESTS))
+    return Erasure(source=source, copies=scrub_copies(params, batch))
 
 
-def scrub_copies(params: Params, batch: set[str]) -> dict[str, Any]:
+def scrub_copies(params: Params, batch: set[str]) -> Copies:
     """Every erased record (this ``batch`` and those done before: a scrub an earlier run could not do is
     done now) out of the copies privpipe keeps; what was done and what it cannot reach."""
     queue = RequestQueue(paths.REQUESTS)
     text = bool(batch & {queue.hash_record_id(str(i)) for i in text_ids(params)}) if batch else False
     head = ("removed rows' features and labels are zeros, their ids hashed, in artifacts/head" if head_present()
             else "no head")
-    return {"head": head, "prepared": scrub_prepared(queue, queue.erased_record_hashes() | batch),
-            "text": scrub_text(text), "unreachable": UNREACHABLE}
+    return Copies(head=head, prepared=scrub_prepared(queue, queue.erased_record_hashes() | batch),
+                  text=scrub_text(text))
 
 
 def _guarantee(params: Params, mechanism: str) -> str:
@@ -229,27 +299,27 @@ def _guarantee(params: Params, mechanism: str) -> str:
             "no_head": "no head; see coverage for every model version"}[mechanism]
 
 
-def audit_records(params: Params, batch_id: str, requests: Sequence[Request], applied: dict[str, Any],
-                  version_after: str | None, erased: dict[str, Any],
-                  coverage: dict[str, list[dict[str, Any]]]) -> dict[str, dict]:
+def audit_records(params: Params, batch_id: str, requests: Sequence[Request], applied: AppliedBatch,
+                  version_after: str | None, erased: Erasure,
+                  coverage: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """One audit record per request: what was done to the head and the data, and how every registered
     model version covers the record (``coverage``; ``uncovered`` lists those that do not)."""
     text_source = TEXT_NOT_REWRITTEN if params.text.format == "20newsgroups" or Path(params.text.path).is_file() \
         else None
     audits = {}
     for r in requests:
-        mechanism = applied["mechanisms"][r.request_id]
+        mechanism = applied.mechanisms[r.request_id]
         entries = coverage.get(r.request_id, [])
         audits[r.request_id] = {
             "request_id": r.request_id, "record_id_hash": r.record_hash, "batch_id": batch_id,
             "received_at": r.received_at, "completed_at": _now(),
-            "model": registry.head_model_name(params), "version_before": applied["version_before"],
-            "version_after": version_after, "data_version_before": applied["data_version_before"],
-            "data_version_after": erased["data_version"], "mechanism": mechanism,
+            "model": registry.head_model_name(params), "version_before": applied.version_before,
+            "version_after": version_after, "data_version_before": applied.data_version_before,
+            "data_version_after": erased.data_version, "mechanism": mechanism,
             "mechanism_detail": MECHANISMS[mechanism], "guarantee": _guarantee(params, mechanism),
-            "budget_used": applied["budget_used"], "budget": applied["budget"],
-            "erasure": {"pipeline_source": {k: v for k, v in erased.items() if k != "copies"},
-                        "text_source": text_source, "copies": erased["copies"]},
+            "budget_used": applied.budget_used, "budget": applied.budget,
+            "erasure": {"pipeline_source": erased.source.to_json(),
+                        "text_source": text_source, "copies": erased.copies.to_json()},
             "coverage": entries,
             "uncovered": [f"{e['model']}/{e['version']}" for e in entries if e["coverage"] in UNCOVERED],
         }
@@ -257,20 +327,20 @@ def audit_records(params: Params, batch_id: str, requests: Sequence[Request], ap
 
 
 @task(name="apply-removals", cache_policy=NO_CACHE)
-def apply_task(params: Params, batch_id: str, requests: list[Request]) -> dict[str, Any]:
-    return apply_batch(params, batch_id, requests, version_before=registry.latest_version(params))
+def apply_task(params: Params, run: TrackedRun, batch_id: str, requests: list[Request]) -> AppliedBatch:
+    return apply_batch(params, batch_id, requests, version_before=registry.latest_version(params, run.client))
 
 
 @task(name="register-head", cache_policy=NO_CACHE)
-def register_task(params: Params, run_id: str, batch_id: str, applied: dict[str, Any]) -> str | None:
-    return register_batch(params, run_id, batch_id, applied)
+def register_task(params: Params, run: TrackedRun, batch_id: str, applied: AppliedBatch) -> str | None:
+    return register_batch(params, run, batch_id, applied)
 
 
 @task(name="erase-data", cache_policy=NO_CACHE)
-def erase_task(params: Params, requests: list[Request]) -> dict[str, Any]:
+def erase_task(params: Params, requests: list[Request]) -> Erasure:
     return erase_batch(params, requests)
 
 
 @task(name="coverage", cache_policy=NO_CACHE)
-def coverage_task(params: Params, requests: list[Request]) -> dict[str, list[dict[str, Any]]]:
-    return coverage_audit(params, requests)
+def coverage_task(params: Params, run: TrackedRun, requests: list[Request]) -> dict[str, list[dict[str, Any]]]:
+    return coverage_audit(params, run.client, requests)

@@ -6,6 +6,7 @@ here trains or records anything.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,47 @@ from privpipe.models import load_released
 from privpipe.removal import RemovableHead
 from privpipe.removal.features import feature_extractor, head_model
 from privpipe.requests import RequestQueue, base_id
+from tasks import paths
 from tasks.common import read_json, write_json
+from tasks.registered import RegisteredModel
 
-__all__ = ["head_model_name", "extractor_from", "served_model", "save_head", "load_head", "row_hashes",
+__all__ = ["HeadVersion", "head_model_name", "extractor_from", "served_model", "save_head", "load_head", "row_hashes",
            "forget_removed", "ERASED"]
 
 #: a removed row's entry in ids.npy: ``erased:`` and its hashed id (the deletion queue's HMAC), never the id
 ERASED = "erased:"
+
+
+@dataclass(frozen=True)
+class HeadVersion:
+    """The head stage's output: the removal-enabled head under ``dir``, its public figures and, once the
+    flow registered it, its version (``registered``)."""
+
+    dir: Path
+    accuracy_test: float
+    n: int  # training rows
+    dim: int  # feature dimension
+    gradient_budget: float  # σε/c: the gradient residual removals may spend before a retrain
+    budget_used: float
+    removal_epsilon: float
+    removal_delta: float
+    features_epsilon: float  # the DP of the feature extractor the head sits on
+    features_delta: float
+    whole_certified_removal_epsilon: float  # extractor DP + head (Guo et al. Thm 5)
+    registered: RegisteredModel | None = None
+
+    def metrics(self) -> dict[str, float | int]:
+        """metrics/head.json."""
+        return {"accuracy_test": self.accuracy_test, "n": self.n, "dim": self.dim,
+                "gradient_budget": self.gradient_budget, "budget_used": self.budget_used,
+                "removal_epsilon": self.removal_epsilon, "removal_delta": self.removal_delta,
+                "features_epsilon": self.features_epsilon, "features_delta": self.features_delta,
+                "whole_certified_removal_epsilon": self.whole_certified_removal_epsilon}
+
+    @classmethod
+    def read(cls, folder: Path = paths.HEAD) -> HeadVersion:
+        """The last head stage's output, from its metrics file (what ``privpipe stage evaluate --track`` records)."""
+        return cls(dir=folder, **read_json(paths.metrics_file("head")))
 
 
 def head_model_name(params: Params) -> str:

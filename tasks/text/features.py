@@ -16,7 +16,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prefect import task
@@ -25,9 +25,14 @@ from prefect.cache_policies import NO_CACHE
 from privpipe.config import Params
 from privpipe.text import embed, embedding_key, encoder_digest, encoder_dir, load_encoder, tokenize
 from tasks import paths
-from tasks.common import read_json, stage_logger, staged_dir, use_torch_threads, write_json
+from tasks.common import stage_logger, staged_dir, use_torch_threads, write_json
 from tasks.progress import progress
+from tasks.text.encoded import EncodedTexts
 from tasks.text.prepare import load_split
+from tasks.text.prepared import PreparedTexts
+
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.tracking import TrackedRun
 
 __all__ = ["run_text_features", "text_features_task", "input_names", "class_text"]
 
@@ -65,15 +70,13 @@ def _cached_embeddings(model, tokenizer, texts: list[str], *, digest: str, param
 
 
 def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path = paths.TEXT_FEATURES,
-                      cache: Path = paths.EMBEDDING_CACHE) -> dict[str, Any]:
+                      cache: Path = paths.EMBEDDING_CACHE) -> EncodedTexts:
     log = stage_logger("encode")
     use_torch_threads(params, "encode")
     folder = encoder_dir(params.text.encoder)
     digest = encoder_digest(folder)
     model, tokenizer = load_encoder(folder)
-    meta: dict[str, Any] = {"mode": params.text.mode, "encoder": str(folder), "encoder_digest": digest,
-                            "max_length": params.text.max_length,
-                            "hidden_size": int(model.config.hidden_size)}
+    cached: dict[str, bool] = {}
     with staged_dir(out) as staging:
         for split in ("train", "test"):
             texts, _ = load_split(text_dir, split)
@@ -81,25 +84,26 @@ def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path 
                 vectors, hit = _cached_embeddings(model, tokenizer, texts, digest=digest, params=params, cache=cache,
                                                   split=split, log=log)
                 np.save(staging / f"{split}_embeddings.npy", vectors)
-                meta[f"{split}_cached"] = hit
+                cached[split] = hit
                 log.info("encode: %s, %d texts %s", split, len(texts), "from the cache" if hit else "encoded")
             else:
                 ids, mask = tokenize(tokenizer, texts, max_length=params.text.max_length)
                 np.save(staging / f"{split}_input_ids.npy", ids)
                 np.save(staging / f"{split}_attention_mask.npy", mask)
             shutil.copyfile(Path(text_dir) / f"{split}_labels.npy", staging / f"{split}_labels.npy")
-        classes = read_json(Path(text_dir) / "meta.json")["classes"]
+        classes = PreparedTexts.read(text_dir).classes
         np.save(staging / "class_embeddings.npy", embed(model, tokenizer, [class_text(c) for c in classes],
                                                         max_length=params.text.max_length,
                                                         batch_size=params.text.embed_batch_size))
-        write_json(staging / "meta.json", meta)
-    return {"dir": str(out), **meta}
+        encoded = EncodedTexts(dir=out, mode=params.text.mode, encoder=str(folder), encoder_digest=digest,
+                               max_length=params.text.max_length, hidden_size=int(model.config.hidden_size),
+                               train_cached=cached.get("train"), test_cached=cached.get("test"))
+        write_json(staging / "meta.json", encoded.to_json())
+    return encoded
 
 
 @task(name="encode", cache_policy=NO_CACHE)
-def text_features_task(params: Params, run_id: str, text_dir: str) -> dict[str, Any]:
-    from tasks.text import tracking as text_tracking  # deferred: MLflow is slow to import, untracked runs skip it
-
-    out = run_text_features(params, text_dir=Path(text_dir))
-    text_tracking.log_text_features(params, run_id, out)
-    return out
+def text_features_task(params: Params, run: TrackedRun, prepared: PreparedTexts) -> EncodedTexts:
+    encoded = run_text_features(params, text_dir=prepared.dir)
+    encoded.log(run)
+    return encoded

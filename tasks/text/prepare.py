@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prefect import task
@@ -27,7 +27,11 @@ from privpipe.text import Corpus, TextSet, load_corpus
 from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, write_json
 from tasks.federated.training import assign_clients
+from tasks.text.prepared import PreparedTexts
 from tasks.versioning import data_version
+
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.tracking import TrackedRun
 
 __all__ = ["run_prepare_text", "prepare_text_task", "load_split"]
 
@@ -62,7 +66,7 @@ def drop_withheld(corpus: Corpus, queue: RequestQueue) -> tuple[Corpus, set[str]
     return replace(corpus, **parts), dropped
 
 
-def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> dict[str, Any]:
+def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> PreparedTexts:
     log = stage_logger("prepare_text")
     cfg = params.text
     corpus = load_corpus(cfg.path, format=cfg.format, text_column=cfg.text_column, label_column=cfg.label_column,
@@ -72,24 +76,25 @@ def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> dict[str, Any
     assignment, clients = assign_clients(params, ids=corpus.train.ids, labels=corpus.train.labels,
                                          classes=len(corpus.classes), natural=corpus.train.clients)
     sizes = np.bincount(assignment, minlength=clients)
-    meta = {"classes": list(corpus.classes), "clients": int(clients), "source": corpus.source,
-            "natural_clients": corpus.train.clients is not None,
-            "data_version": _version(params, corpus.train.texts + corpus.test.texts)
-                            + (version_suffix("withheld", withheld) if withheld else ""),
-            "n_train": len(corpus.train), "n_test": len(corpus.test), "n_withheld": len(withheld),
-            "records_per_client_min": int(sizes.min()), "records_per_client_median": float(np.median(sizes))}
+    prepared = PreparedTexts(
+        dir=out, classes=list(corpus.classes), clients=int(clients), source=corpus.source,
+        natural_clients=corpus.train.clients is not None,
+        data_version=_version(params, corpus.train.texts + corpus.test.texts)
+        + (version_suffix("withheld", withheld) if withheld else ""),
+        n_train=len(corpus.train), n_test=len(corpus.test), n_withheld=len(withheld),
+        records_per_client_min=int(sizes.min()), records_per_client_median=float(np.median(sizes)))
     with staged_dir(out) as staging:
         for name, part in (("train", corpus.train), ("test", corpus.test)):
             write_json(staging / f"{name}_texts.json", part.texts)
             np.save(staging / f"{name}_labels.npy", part.labels)
             np.save(staging / f"{name}_ids.npy", part.ids.astype(str))
         np.save(staging / "assignment.npy", assignment)
-        write_json(staging / "meta.json", meta)
+        write_json(staging / "meta.json", prepared.to_json())
     log.info("prepare_text: %d train / %d test texts, %d classes, %d clients (%s; median %.0f records each)%s",
-             meta["n_train"], meta["n_test"], len(corpus.classes), clients,
-             "natural" if meta["natural_clients"] else params.federated.strategy, meta["records_per_client_median"],
-             f"; {len(withheld)} left out (deletion requests)" if withheld else "")
-    return {"dir": str(out), **meta}
+             prepared.n_train, prepared.n_test, len(corpus.classes), clients,
+             "natural" if prepared.natural_clients else params.federated.strategy,
+             prepared.records_per_client_median, f"; {len(withheld)} left out (deletion requests)" if withheld else "")
+    return prepared
 
 
 def load_split(folder: Path, split: str) -> tuple[list[str], np.ndarray]:
@@ -97,9 +102,7 @@ def load_split(folder: Path, split: str) -> tuple[list[str], np.ndarray]:
 
 
 @task(name="prepare-text", cache_policy=NO_CACHE)
-def prepare_text_task(params: Params, run_id: str) -> dict[str, Any]:
-    from tasks.text import tracking as text_tracking  # deferred: MLflow is slow to import, untracked runs skip it
-
-    out = run_prepare_text(params)
-    text_tracking.log_text_prepare(params, run_id, out)
-    return out
+def prepare_text_task(params: Params, run: TrackedRun) -> PreparedTexts:
+    prepared = run_prepare_text(params)
+    prepared.log(run)
+    return prepared

@@ -33,10 +33,10 @@ from tasks.common import read_json, stage_logger, staged_dir, task_threads, use_
 from tasks.device import training_device
 from tasks.federated.clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays, sequential_updates
 from tasks.federated.training import train_federated
-from tasks.privacy import uncovered
 from tasks.privacy.membership_audit import audit_figures, audit_released_model
 from tasks.text.features import input_names
 from tasks.text.model import predict_batches
+from tasks.text.trained import FederatedTextModel, PrivateSpend
 
 __all__ = ["run_federated_text", "client_job", "record_ledger"]
 
@@ -103,7 +103,7 @@ def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, 
 def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_dir: Path = paths.TEXT_FEATURES,
                        out: Path = paths.FEDERATED,
                        updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates,
-                       before_rounds: Callable[[Event], None] | None = None) -> dict[str, Any]:
+                       before_rounds: Callable[[Event], None] | None = None) -> FederatedTextModel:
     """``before_rounds(event)``: the most the rounds can cost (client-level), once σ is fixed;
     the flow's lifetime check, which may refuse the run."""
     log = stage_logger(STAGE)
@@ -144,13 +144,13 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
         write_json(staging / "history.json", {"rounds": run.result.history, "epsilon_by_round": run.curve,
                                               "stopped": run.result.stopped})
         write_text(staging / "ledger.json", ledger.to_json())
-    figures = {**uncovered.without(params, run.figures()),
-               "accuracy_test": final["accuracy_test"], "privacy_audit": audit}
-    if params.federated.private:
-        spend = ledger.epsilon()
-        figures.update(epsilon=spend.epsilon, delta=spend.delta, accountant=spend.accountant,
-                       record_epsilon=record.epsilon, record_accountant=record.accountant)
-        figures["noise"] = params.federated.noise
+    spend = ledger.epsilon() if params.federated.private else None
+    private = None
+    if spend is not None and record is not None:
+        private = PrivateSpend(noise=params.federated.noise, noise_multiplier=run.config.noise_multiplier,
+                               clip_norm=run.config.clip_norm, epsilon=spend.epsilon, delta=spend.delta,
+                               accountant=spend.accountant, record_epsilon=record.epsilon,
+                               record_accountant=record.accountant)
         if params.federated.noise == "client":
             log.info("federated: test accuracy %.4f after %d rounds; %s for one record of the worst client "
                      "(its own DP-SGD over the rounds it took part in)", final["accuracy_test"],
@@ -161,4 +161,10 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
     else:
         log.info("federated: test accuracy %.4f after %d rounds (not private)", final["accuracy_test"],
                  run.result.rounds_run)
-    return {"dir": str(out), "ledger": str(out / "ledger.json"), "history": str(out / "history.json"), **figures}
+    history = run.result.history
+    return FederatedTextModel(
+        dir=out, clients=run.config.clients, rounds=run.result.rounds_run, rounds_planned=run.config.rounds,
+        sample_rate=run.config.sample_rate, sampling=run.config.sampling,
+        clients_sampled_total=int(sum(h["clients_sampled"] for h in history)),
+        clients_dropped_total=int(sum(h["clients_dropped"] for h in history)),
+        accuracy_test=final["accuracy_test"], privacy_audit=audit, private=private, stopped=run.result.stopped)

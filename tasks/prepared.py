@@ -1,0 +1,85 @@
+"""The prepared data as the later stages read it: :class:`PreparedSets`, the prepare stage's output
+(data/prepared/<set>/ and metrics/prepare.json).
+
+Kept apart from the stage itself (tasks/prepare.py), so that a stage that reads the sets depends on
+their format, not on the code that loads and splits the raw data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tasks import paths
+from tasks.common import read_json, write_json
+
+if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from tasks.tracking import TrackedRun
+
+__all__ = ["PreparedSets"]
+
+STAGE = "prepare"
+
+
+@dataclass(frozen=True)
+class PreparedSets:
+    """The sets prepare wrote under ``folder`` (one sub-folder each), their public counts and the data version.
+
+    ``sizes`` has every set written, in the order written: sensitive, test, public, and target and
+    target_test when prepare made a target domain."""
+
+    folder: Path
+    sizes: Mapping[str, int]
+    n_erased: int  # completed deletion requests
+    n_withheld_pending: int  # requests not yet done, already left out
+    n_features: int
+    n_classes: int
+    data_version: str
+    source: str  # the raw data's file or folder (prepare.path), as the run's dataset input names it
+
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+    @property
+    def sensitive(self) -> Path:
+        return self.path("sensitive")
+
+    @property
+    def test(self) -> Path:
+        return self.path("test")
+
+    @property
+    def public(self) -> Path:
+        return self.path("public")
+
+    @property
+    def has_target(self) -> bool:
+        return "target" in self.sizes
+
+    def metrics(self) -> dict[str, int | str]:
+        """metrics/prepare.json (public counts and the data version)."""
+        out: dict[str, int | str] = {f"n_{name}": size for name, size in self.sizes.items()}
+        out.update({"n_erased": self.n_erased, "n_withheld_pending": self.n_withheld_pending,
+                    "n_features": self.n_features, "data_version": self.data_version, "n_classes": self.n_classes})
+        return out
+
+    def write_metrics(self) -> None:
+        write_json(paths.metrics_file(STAGE), self.metrics())
+
+    @classmethod
+    def read(cls, *, source: str, folder: Path = paths.PREPARED) -> PreparedSets:
+        """The last prepare's output, from its metrics file (what ``privpipe stage evaluate --track`` records)."""
+        figures = read_json(paths.metrics_file(STAGE))
+        named = ("n_erased", "n_withheld_pending", "n_features", "n_classes")
+        sizes = {k.removeprefix("n_"): int(v) for k, v in figures.items()
+                 if k.startswith("n_") and k not in named}
+        return cls(folder=folder, sizes=sizes, n_erased=figures["n_erased"],
+                   n_withheld_pending=figures["n_withheld_pending"], n_features=figures["n_features"],
+                   n_classes=figures["n_classes"], data_version=figures["data_version"], source=source)
+
+    def log(self, run: TrackedRun) -> None:
+        """MLflow: the dataset input and data version, and the counts as ``data.n_*`` tags."""
+        run.log_data_input(data_version=self.data_version, source=self.source)
+        run.log_figures({f"data.{k}": float(v) for k, v in self.metrics().items() if k.startswith("n_")})
