@@ -118,13 +118,15 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
 
 def test_a_record_used_without_any_guarantee_refuses_the_registration(project):
     from tasks.removal.coverage import ErasedDuringRun, requested_since_data
+    from tasks.removal.record_use import RecordUse
 
     queue = RequestQueue(project / "data/requests")
     queue.submit(["digits-0003"], known=lambda _: True)
     hashed = queue.hash_record_id("digits-0003")
-    dp = {"name": "sensitive", "coverage": "dp", "hashes": [hashed, "sha256:other"]}
-    plain = {"name": "public_queries", "coverage": "none", "hashes": [hashed]}
-    assert requested_since_data([{**dp, "hashes": ["sha256:other"]}], model="m") == {}
+    dp = RecordUse(name="sensitive", coverage="dp", detail="", hashes=frozenset({hashed, "sha256:other"}))
+    plain = RecordUse(name="public_queries", coverage="none", detail="", hashes=frozenset({hashed}))
+    other = RecordUse(name="sensitive", coverage="dp", detail="", hashes=frozenset({"sha256:other"}))
+    assert requested_since_data([other], model="m") == {}
     assert requested_since_data([dp], model="m")["privacy.erasure.requested_since_data"] == "1"
     with pytest.raises(ErasedDuringRun, match="m: not registered: 1 record.s. whose deletion was requested while "
                                               "this run went on were used without any guarantee .1 in public_queries"):

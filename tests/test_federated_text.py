@@ -107,7 +107,7 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
 
     params = load_params("params.yaml")
     (row,) = audit_rows(params, open_store(params), dataset="texts")
-    assert (row["epsilon"], row["accountant"]) == (pytest.approx(record.epsilon), record.accountant)
+    assert (row.epsilon, row.accountant) == (pytest.approx(record.epsilon), record.accountant)
     assert run.data.tags["privpipe.dataset"] == "texts"
 
 

@@ -52,8 +52,8 @@ def _in_repo(name: str) -> str | None:
 
 
 def _is_prefect_task(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    return any((isinstance(d, ast.Name) and d.id == "task") or (isinstance(d, ast.Call) and getattr(d.func, "id", "") == "task")
-               for d in function.decorator_list)
+    return any((isinstance(d, ast.Name) and d.id == "task")
+               or (isinstance(d, ast.Call) and getattr(d.func, "id", "") == "task") for d in function.decorator_list)
 
 
 def _is_type_checking(node: ast.stmt) -> bool:
@@ -299,3 +299,53 @@ def main() -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     main()
+
+
+#: the functions in tasks/ and flows/ that may return dict[str, Any], and why: none returns a stage's result
+#: (test below); these build or read a JSON document whose shape is a file format, not a value passed on
+DICT_RETURNS = {
+    "tasks.finetune.start.FinetuneStart.released_spec": "model.json, which privpipe.models.load_released reads",
+    "tasks.pate.student.model_spec": "model.json, which privpipe.models.load_released reads",
+    "tasks.privacy.budget._this_process": "the lock holder written into a budget file (pid, host, start)",
+    "tasks.privacy.budget._repro_holder": "the lock holder written into a budget file (pid, host, start)",
+    "tasks.privacy.membership_audit.audit_figures": "the audit's figures under their MLflow metric names",
+    "tasks.text.train._privacy_audit": "the audit's figures under their MLflow metric names",
+    "tasks.privacy.uncovered.without": "filters any figures mapping (metrics files, MLflow) by key",
+    "tasks.removal.steps.audit_records": "the journal's audit record of each request (JSON, kept as written)",
+    "tasks.removal.store.load_head": "the head's meta.json, which the removal steps update in place",
+    "tasks.text.model.load_text_model": "the text model's spec.json",
+    "tasks.federated.training.FederatedRun.figures": "",  # dead since the outputs are typed: to be removed
+}
+#: methods that serialise a typed value to its file or MLflow form
+SERIALISERS = ("to_json", "metrics", "figures")
+
+
+def _functions(layer_modules: list[str]) -> dict[str, ast.FunctionDef]:
+    found = {}
+    for module in layer_modules:
+        tree = ast.parse(modules()[module].read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                found[f"{module}.{node.name}"] = node
+            elif isinstance(node, ast.ClassDef):
+                found.update({f"{module}.{node.name}.{f.name}": f for f in node.body if isinstance(f, ast.FunctionDef)})
+    return found
+
+
+def test_no_stage_result_is_an_untyped_dict():
+    """Every stage function (run_<stage>), Prefect task and flow returns a typed value; the only functions that
+    return dict[str, Any] are the serialisers of typed values and the JSON documents listed in DICT_RETURNS."""
+    from tasks import STAGE_MODULES
+
+    functions = _functions([m for m in modules() if m.split(".")[0] in ("tasks", "flows")])
+    results = [name for name, f in functions.items()
+               if _is_prefect_task(f) or any(getattr(d, "id", getattr(getattr(d, "func", None), "id", "")) == "flow"
+                                             for d in f.decorator_list)]
+    results += [f"{module}.run_{stage}" for stage, module in STAGE_MODULES.items()]
+    untyped = [name for name in results
+               if functions[name].returns is None or "Any" in ast.unparse(functions[name].returns)]
+    assert untyped == []
+    dicts = {name for name, f in functions.items()
+             if f.returns is not None and "dict[str, Any]" in ast.unparse(f.returns)
+             and name.rsplit(".", 1)[1] not in SERIALISERS}
+    assert dicts == {name for name, why in DICT_RETURNS.items() if why or name in dicts}

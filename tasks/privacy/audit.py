@@ -13,20 +13,41 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import ViewType
+from mlflow.entities import Run, ViewType
 from mlflow.tracking import MlflowClient
 
 from privpipe.config import Params
 from tasks.common import write_text
 
-__all__ = ["audit_rows", "format_table", "write_csv", "COLUMNS"]
+__all__ = ["AuditRow", "audit_rows", "format_table", "write_csv", "COLUMNS"]
 
-COLUMNS = ("date", "run", "flow", "dataset", "data_version", "stages", "pate", "epsilon", "delta", "accountant",
-           "empirical_epsilon", "accuracy", "model", "status")
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One recorded run, as ``privpipe audit`` lists it (the columns, in order)."""
+
+    date: str  # the run's start, UTC, ISO 8601
+    run: str  # the MLflow run id
+    flow: str
+    dataset: str
+    data_version: str
+    stages: str  # "<stage> <ε>; ..." for each stage alone
+    pate: str  # the aggregate stage's accounting in one cell ("" without PATE)
+    epsilon: float | None  # what one record cost: the lifetime ledger's figure
+    delta: float | None
+    accountant: str
+    empirical_epsilon: float | None  # the membership audit's lower bound
+    accuracy: float | None
+    model: str  # the registered version, name/version
+    status: str
+
+
+COLUMNS = tuple(f.name for f in fields(AuditRow))
 
 
 def _stage_epsilons(metrics: dict[str, float]) -> dict[str, float]:
@@ -50,7 +71,7 @@ def _pate(tags: dict[str, str], metrics: dict[str, float]) -> str:
 
 
 def audit_rows(params: Params, client: MlflowClient, *, dataset: str | None = None, since: datetime | None = None,
-               until: datetime | None = None) -> list[dict[str, Any]]:
+               until: datetime | None = None) -> list[AuditRow]:
     """The runs of ``run.experiment`` that privpipe recorded, oldest first, filtered."""
     experiment = client.get_experiment_by_name(params.run.experiment)
     if experiment is None:
@@ -73,24 +94,23 @@ def audit_rows(params: Params, client: MlflowClient, *, dataset: str | None = No
             return rows
 
 
-def _row(run) -> dict[str, Any]:
+def _row(run: Run) -> AuditRow:
     tags, metrics = run.data.tags, run.data.metrics
     stages = _stage_epsilons(metrics)
-    return {
-        "date": datetime.fromtimestamp(run.info.start_time / 1000, UTC).isoformat(timespec="seconds"),
-        "run": run.info.run_id, "flow": tags.get("privpipe.flow", ""), "dataset": tags.get("privpipe.dataset", ""),
-        "data_version": tags.get("dvc.data_version", ""),
-        "stages": "; ".join(f"{stage} {eps:.4g}" for stage, eps in stages.items()),
-        "pate": _pate(tags, metrics),
+    return AuditRow(
+        date=datetime.fromtimestamp(run.info.start_time / 1000, UTC).isoformat(timespec="seconds"),
+        run=run.info.run_id, flow=tags.get("privpipe.flow", ""), dataset=tags.get("privpipe.dataset", ""),
+        data_version=tags.get("dvc.data_version", ""),
+        stages="; ".join(f"{stage} {eps:.4g}" for stage, eps in stages.items()),
+        pate=_pate(tags, metrics),
         # what one record cost, the figure the lifetime ledger adds up: a federated text run's
         # privacy.epsilon is client-level, its record-level form is privacy.record_epsilon
-        "epsilon": metrics.get("privacy.record_epsilon", metrics.get("privacy.epsilon")),
-        "delta": metrics.get("privacy.delta"),
-        "accountant": tags.get("privacy.record_accountant", tags.get("privacy.accountant", "")),
+        epsilon=metrics.get("privacy.record_epsilon", metrics.get("privacy.epsilon")),
+        delta=metrics.get("privacy.delta"),
+        accountant=tags.get("privacy.record_accountant", tags.get("privacy.accountant", "")),
         # the membership audit's lower bound: never above that ε, or the run would have failed
-        "empirical_epsilon": metrics.get("privacy.audit.epsilon_lower_bound"), "accuracy": metrics.get("accuracy.test"),
-        "model": tags.get("registered_model", ""), "status": run.info.status,
-    }
+        empirical_epsilon=metrics.get("privacy.audit.epsilon_lower_bound"), accuracy=metrics.get("accuracy.test"),
+        model=tags.get("registered_model", ""), status=run.info.status)
 
 
 def _cell(value: Any) -> str:
@@ -101,18 +121,18 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    shown = [{**r, "run": r["run"][:12], "data_version": r["data_version"][:16]} for r in rows]
+def format_table(rows: list[AuditRow]) -> str:
+    shown = [{**asdict(r), "run": r.run[:12], "data_version": r.data_version[:16]} for r in rows]
     widths = {c: max([len(c)] + [len(_cell(r[c])) for r in shown]) for c in COLUMNS}
     lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS)]
     lines += ["  ".join(_cell(r[c]).ljust(widths[c]) for c in COLUMNS) for r in shown]
     return "\n".join(lines)
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+def write_csv(rows: list[AuditRow], path: Path) -> None:
     """Full run ids and versions, one row per run (written whole or not at all)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
-    writer.writerows({c: "" if r[c] is None else r[c] for c in COLUMNS} for r in rows)
+    writer.writerows({c: "" if v is None else v for c, v in asdict(r).items()} for r in rows)
     write_text(path, buffer.getvalue())

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -19,6 +19,9 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from privpipe.privacy import Ledger, LifetimeLedger, compute_epsilon
+
+if TYPE_CHECKING:  # a type only: the audit reads MLflow, the plots only draw
+    from tasks.privacy.audit import AuditRow
 
 __all__ = ["epsilon_by_stage_figure", "frontier_figure", "lifetime_figure", "frontier"]
 
@@ -59,9 +62,8 @@ def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def frontier_figure(runs: list[dict[str, Any]], current: str) -> Figure:
-    points = [(r["epsilon"], r["accuracy"], r["run"]) for r in runs
-              if r["epsilon"] is not None and r["accuracy"] is not None]
+def frontier_figure(runs: list[AuditRow], current: str) -> Figure:
+    points = [(r.epsilon, r.accuracy, r.run) for r in runs if r.epsilon is not None and r.accuracy is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.scatter([p[0] for p in points], [p[1] for p in points], color="tab:blue", alpha=0.6, label="runs")
     edge = frontier([(p[0], p[1]) for p in points])

@@ -21,6 +21,7 @@ the version's tags that the manifest names.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import tempfile
@@ -32,16 +33,17 @@ from typing import TYPE_CHECKING, Any
 from privpipe.config import Params
 from privpipe.requests import Request, RequestQueue
 from tasks import paths
-from tasks.removal.record_use import pipeline_uses, text_uses
+from tasks.removal.record_use import RecordUse, pipeline_uses, text_uses
 from tasks.removal.store import head_model_name
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
+    from mlflow.entities.model_registry import ModelVersion
     from mlflow.tracking import MlflowClient
 
     from tasks.tracking import TrackedRun
 
-__all__ = ["MANIFEST_TAG", "log_manifest", "version_uses", "requested_since_data",
-           "ErasedDuringRun", "coverage_audit", "flag_uncovered", "UncoveredVersion", "ACTIONS", "UNCOVERED"]
+__all__ = ["MANIFEST_TAG", "log_manifest", "version_uses", "requested_since_data", "ErasedDuringRun", "coverage_audit",
+           "flag_uncovered", "UncoveredVersion", "Coverage", "ACTIONS", "UNCOVERED"]
 
 MANIFEST_TAG = "privacy.record_manifest"
 FORMAT = "privpipe.record_use/1"
@@ -61,16 +63,17 @@ _STRENGTH = ("retrained", "certified_removal", "dp")  # strongest first
 log = logging.getLogger("privpipe.record_use")
 
 
-def log_manifest(run: TrackedRun, name: str, version: str, *, kind: str, uses: Sequence[dict[str, Any]]) -> str:
+def log_manifest(run: TrackedRun, name: str, version: str, *, kind: str, uses: Sequence[RecordUse]) -> str:
     """Log a version's manifest to ``run`` and tag the version with the artifact's path; safe to repeat."""
     path = f"record_use/{name}-v{version}.json"
-    manifest = {"format": FORMAT, "model": name, "version": str(version), "kind": kind, "uses": list(uses)}
+    manifest = {"format": FORMAT, "model": name, "version": str(version), "kind": kind,
+                "uses": [use.to_json() for use in uses]}
     run.log_text(json.dumps(manifest, separators=(",", ":")), path)
     run.client.set_model_version_tag(name, str(version), MANIFEST_TAG, path)
     return path
 
 
-def version_uses(params: Params, run: TrackedRun) -> tuple[str, list[dict[str, Any]]] | None:
+def version_uses(params: Params, run: TrackedRun) -> tuple[str, list[RecordUse]] | None:
     """(kind, uses) of the model ``run`` is about to register: the federated text flow's or the
     pipeline's deployed model, told apart by the run's flow tag; None where its data is not on disk."""
     text = run.tags().get("privpipe.flow") == "federated-text"
@@ -90,14 +93,14 @@ class ErasedDuringRun(RuntimeError):
     requested (or done) after its run read the data: refused."""
 
 
-def requested_since_data(uses: Sequence[dict[str, Any]], *, model: str) -> dict[str, str]:
+def requested_since_data(uses: Sequence[RecordUse], *, model: str) -> dict[str, str]:
     """At registration: the deletion requests accepted since the run read its data (any record of its
     training sets has one: prepare leaves out every record requested before) against the version's sets.
     Raises ErasedDuringRun where a set used without any guarantee holds one; else the tags that record
     that the version predates those erasures and what covers each record (its DP, or a removal)."""
     requested = RequestQueue(paths.REQUESTS).withheld_record_hashes()
-    hit = {use["name"]: (use, hashes) for use in uses if use["hashes"] and (hashes := requested & set(use["hashes"]))}
-    plain = {name: len(hashes) for name, (use, hashes) in hit.items() if use["coverage"] == "none"}
+    hit = {use.name: (use, hashes) for use in uses if use.hashes and (hashes := requested & use.hashes)}
+    plain = {name: len(hashes) for name, (use, hashes) in hit.items() if use.coverage == "none"}
     if plain:
         sets = ", ".join(f"{n} in {name}" for name, n in plain.items())
         raise ErasedDuringRun(f"{model}: not registered: {sum(plain.values())} record(s) whose deletion was "
@@ -106,7 +109,7 @@ def requested_since_data(uses: Sequence[dict[str, Any]], *, model: str) -> dict[
     if not hit:
         return {}
     records = len(set().union(*(hashes for _use, hashes in hit.values())))
-    covered = "; ".join(f"{len(hashes)} in {name}: {use['coverage']}" for name, (use, hashes) in hit.items())
+    covered = "; ".join(f"{len(hashes)} in {name}: {use.coverage}" for name, (use, hashes) in hit.items())
     return {"privacy.erasure.requested_since_data": str(records),
             "privacy.erasure.note": f"trained on data read before the deletion of {records} of its records was "
                                     f"requested; they are not removed but covered ({covered}); a retrain "
@@ -120,15 +123,21 @@ def _model_names(params: Params) -> dict[str, str]:
     return {params.run.model_name: "model", head_model_name(params): "head", params.text.model_name: "text"}
 
 
-def _manifest(client: Any, version: Any, folder: Path) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Manifest:
+    """A registered version's record manifest, read back: its kind and the sets it trained on."""
+
+    kind: str  # model | head | text
+    uses: list[RecordUse]
+
+
+def _manifest(client: MlflowClient, version: ModelVersion, folder: Path) -> Manifest | None:
     path = version.tags.get(MANIFEST_TAG)
     if not path or not version.run_id:
         return None
     local = client.download_artifacts(version.run_id, path, str(folder))
     manifest = json.loads(Path(local).read_text())
-    for use in manifest["uses"]:
-        use["hashes"] = None if use["hashes"] is None else set(use["hashes"])
-    return manifest
+    return Manifest(kind=manifest["kind"], uses=[RecordUse.from_json(use) for use in manifest["uses"]])
 
 
 def _number(text: str | None) -> float | None:
@@ -138,50 +147,76 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def _coverage(record_hash: str, manifest: dict[str, Any] | None, tags: Mapping[str, str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Coverage:
+    """How one registered version covers one record: ``not_covered``, ``unknown``, ``not_trained_on`` or the
+    guarantee that does (``retrained``, ``certified_removal``, ``dp``, with its (ε, δ) from the version's tags)."""
+
+    model: str
+    version: str
+    kind: str
+    coverage: str
+    detail: str
+    use: str | None = None  # the set that decided it
+    epsilon: float | None = None
+    delta: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As the audit record holds it (only the fields that say something)."""
+        out: dict[str, Any] = {"model": self.model, "version": self.version, "kind": self.kind,
+                               "coverage": self.coverage}
+        if self.use is not None:
+            out["use"] = self.use
+        out["detail"] = self.detail
+        if self.coverage in _STRENGTH:
+            out.update(epsilon=self.epsilon, delta=self.delta)
+        return out
+
+
+def _coverage(record_hash: str, manifest: Manifest | None, tags: Mapping[str, str], *, model: str, version: str,
+              kind: str) -> Coverage:
+    entry = functools.partial(Coverage, model=model, version=version, kind=manifest.kind if manifest else kind)
     if manifest is None:
-        return {"coverage": "unknown", "detail": "registered before record manifests: its training data is unknown"}
-    held = [u for u in manifest["uses"] if u["hashes"] is not None and record_hash in u["hashes"]]
-    plain = [u for u in held if u["coverage"] == "none"]
+        return entry(coverage="unknown", detail="registered before record manifests: its training data is unknown")
+    held = [u for u in manifest.uses if u.holds(record_hash)]
+    plain = [u for u in held if u.coverage == "none"]
     if plain:
-        return {"coverage": "not_covered", "use": plain[0]["name"], "detail": plain[0]["detail"]}
+        return entry(coverage="not_covered", use=plain[0].name, detail=plain[0].detail)
     for strength in _STRENGTH:
-        match = next((u for u in held if u["coverage"] == strength), None)
+        match = next((u for u in held if u.coverage == strength), None)
         if match is not None:
-            return {"coverage": strength, "use": match["name"], "detail": match["detail"],
-                    "epsilon": _number(tags.get(match["epsilon_tag"])), "delta": _number(tags.get(match["delta_tag"]))}
-    unknown = next((u for u in manifest["uses"] if u["coverage"] == "unknown"), None)
+            return entry(coverage=strength, use=match.name, detail=match.detail,
+                         epsilon=_number(tags.get(match.epsilon_tag or "")),
+                         delta=_number(tags.get(match.delta_tag or "")))
+    unknown = next((u for u in manifest.uses if u.coverage == "unknown"), None)
     if unknown is not None:
-        return {"coverage": "unknown", "use": unknown["name"], "detail": unknown["detail"]}
-    return {"coverage": "not_trained_on", "detail": "not in this version's training data"}
+        return entry(coverage="unknown", use=unknown.name, detail=unknown.detail)
+    return entry(coverage="not_trained_on", detail="not in this version's training data")
 
 
-def _action(entry: Mapping[str, Any]) -> str:
+def _action(entry: Coverage) -> str:
     """The ACTIONS key for an uncovered entry: an old head version that still holds the row is
     superseded by the removal's; anything else trained on the record needs a retrain."""
-    if entry["coverage"] == "unknown":
+    if entry.coverage == "unknown":
         return "unknown"
-    if entry.get("use") == "head_rows":
+    if entry.use == "head_rows":
         return "head"
-    return "model" if entry["kind"] == "head" else entry["kind"]
+    return "model" if entry.kind == "head" else entry.kind
 
 
-def coverage_audit(params: Params, client: MlflowClient,
-                   requests: Sequence[Request]) -> dict[str, list[dict[str, Any]]]:
+def coverage_audit(params: Params, client: MlflowClient, requests: Sequence[Request]) -> dict[str, list[Coverage]]:
     """Per request: every registered version of the run's models (DP model, head, text model), each
     with how it covers the record (versions registered earlier count even where this params file
     registers none)."""
-    out: dict[str, list[dict[str, Any]]] = {r.request_id: [] for r in requests}
+    out: dict[str, list[Coverage]] = {r.request_id: [] for r in requests}
     with tempfile.TemporaryDirectory(prefix="privpipe-manifests-") as folder:
         for name, kind in _model_names(params).items():
             versions = sorted(client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
             for version in versions:
                 manifest = _manifest(client, version, Path(folder) / f"{name}-{version.version}")
                 for request in requests:
-                    entry = {"model": name, "version": str(version.version),
-                             "kind": manifest["kind"] if manifest else kind,
-                             **_coverage(request.record_hash, manifest, version.tags)}
-                    out[request.request_id].append(entry)
+                    out[request.request_id].append(_coverage(request.record_hash, manifest, version.tags, model=name,
+                                                             version=str(version.version), kind=kind))
     return out
 
 
@@ -196,7 +231,7 @@ class UncoveredVersion:
     action: str  # one of ACTIONS
 
 
-def flag_uncovered(client: MlflowClient, coverage: Mapping[str, Sequence[Mapping[str, Any]]],
+def flag_uncovered(client: MlflowClient, coverage: Mapping[str, Sequence[Coverage]],
                    batch: Iterable[str]) -> list[UncoveredVersion]:
     """Tag every registered version that does not cover some request (``privacy.erasure.*``); return
     them, each with its requests (``requests``: all, ``in_batch``: those of ``batch``) and what to do.
@@ -212,8 +247,8 @@ def flag_uncovered(client: MlflowClient, coverage: Mapping[str, Sequence[Mapping
     rank = ("head", "text", "model", "unknown")  # the later one's action also settles the earlier ones'
     for request_id, entries in coverage.items():
         for entry in entries:
-            if entry["coverage"] in UNCOVERED:
-                key = (entry["model"], entry["version"])
+            if entry.coverage in UNCOVERED:
+                key = (entry.model, entry.version)
                 requests.setdefault(key, set()).add(request_id)
                 kinds[key] = max(kinds.get(key, "head"), _action(entry), key=rank.index)
     flagged = []

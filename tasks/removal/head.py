@@ -108,7 +108,8 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
         write_json(staging / "guarantee.json", summary)
         # what the extractor trained on (hashed ids), for the record manifest of every head version
         write_json(staging / "extractor" / "record_use.json", {
-            "features": cfg.features, "uses": extractor_uses(params, queue, prepared=Path(sensitive).parent)})
+            "features": cfg.features,
+            "uses": [use.to_json() for use in extractor_uses(params, queue, prepared=Path(sensitive).parent)]})
     trained = HeadVersion(dir=out, accuracy_test=accuracy, n=len(records), dim=int(X.shape[1]),
                           gradient_budget=head.budget, budget_used=head.used_total, removal_epsilon=cfg.epsilon,
                           removal_delta=cfg.delta, features_epsilon=dp["epsilon"], features_delta=dp["delta"],

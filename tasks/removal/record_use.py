@@ -9,8 +9,10 @@ carry these sets into the model registry, and the audit that reads them back, ar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +24,41 @@ from tasks import paths
 from tasks.removal.scrub import erased_in, set_hashes
 from tasks.removal.store import load_head, row_hashes
 
-__all__ = ["pipeline_uses", "text_uses", "head_uses", "extractor_uses"]
+__all__ = ["RecordUse", "pipeline_uses", "text_uses", "head_uses", "extractor_uses"]
+
+
+@dataclass(frozen=True)
+class RecordUse:
+    """One set of records a model version trained on, and how: ``dp``, ``none``, ``certified_removal``,
+    ``retrained`` or ``unknown``; ``epsilon_tag``/``delta_tag`` name the version's tags that hold the guarantee."""
+
+    name: str
+    coverage: str
+    detail: str
+    hashes: frozenset[str] | None  # the records' hashed ids (None: not known)
+    epsilon_tag: str | None = None
+    delta_tag: str | None = None
+
+    def holds(self, record_hash: str) -> bool:
+        return self.hashes is not None and record_hash in self.hashes
+
+    def to_json(self) -> dict[str, Any]:
+        """As a manifest holds it (hashes sorted)."""
+        return {"name": self.name, "coverage": self.coverage, "detail": self.detail, "epsilon_tag": self.epsilon_tag,
+                "delta_tag": self.delta_tag, "hashes": None if self.hashes is None else sorted(self.hashes)}
+
+    @classmethod
+    def from_json(cls, use: dict[str, Any]) -> RecordUse:
+        hashes = use.get("hashes")
+        return cls(name=use["name"], coverage=use["coverage"], detail=use["detail"],
+                   hashes=None if hashes is None else frozenset(hashes), epsilon_tag=use.get("epsilon_tag"),
+                   delta_tag=use.get("delta_tag"))
 
 
 def _use(name: str, coverage: str, hashes: Iterable[str] | None, detail: str, *,
-         epsilon_tag: str | None = None, delta_tag: str | None = None) -> dict[str, Any]:
-    return {"name": name, "coverage": coverage, "detail": detail, "epsilon_tag": epsilon_tag, "delta_tag": delta_tag,
-            "hashes": None if hashes is None else sorted(set(hashes))}
+         epsilon_tag: str | None = None, delta_tag: str | None = None) -> RecordUse:
+    return RecordUse(name=name, coverage=coverage, detail=detail, hashes=None if hashes is None else frozenset(hashes),
+                     epsilon_tag=epsilon_tag, delta_tag=delta_tag)
 
 
 def _ids(folder: Path) -> np.ndarray:
@@ -36,7 +66,7 @@ def _ids(folder: Path) -> np.ndarray:
 
 
 def pipeline_uses(params: Params, queue: RequestQueue, *, prepared: Path = paths.PREPARED,
-                  epsilon_tag: str = "privacy.epsilon", delta_tag: str = "privacy.delta") -> list[dict[str, Any]]:
+                  epsilon_tag: str = "privacy.epsilon", delta_tag: str = "privacy.delta") -> list[RecordUse]:
     """The sets the pipeline's deployed model trained on: the sensitive set under DP and, when PATE
     ran, the student's public queries and unlabeled pool without DP."""
     prepared = Path(prepared)
@@ -57,7 +87,7 @@ def pipeline_uses(params: Params, queue: RequestQueue, *, prepared: Path = paths
     return uses
 
 
-def text_uses(queue: RequestQueue, *, private: bool, text_dir: Path = paths.TEXT) -> list[dict[str, Any]]:
+def text_uses(queue: RequestQueue, *, private: bool, text_dir: Path = paths.TEXT) -> list[RecordUse]:
     """The federated text model's training texts: under its record-level DP, or with no guarantee
     at all when the run was not private (``federated.private: false``)."""
     ids = np.load(Path(text_dir) / "train_ids.npy", allow_pickle=False)
@@ -70,7 +100,7 @@ def text_uses(queue: RequestQueue, *, private: bool, text_dir: Path = paths.TEXT
                  epsilon_tag="privacy.record_epsilon", delta_tag="privacy.delta")]
 
 
-def extractor_uses(params: Params, queue: RequestQueue, *, prepared: Path = paths.PREPARED) -> list[dict[str, Any]]:
+def extractor_uses(params: Params, queue: RequestQueue, *, prepared: Path = paths.PREPARED) -> list[RecordUse]:
     """What the head's feature extractor (``head.features``) trained on, for artifacts/head/extractor."""
     tags = {"epsilon_tag": "privacy.features_epsilon", "delta_tag": "privacy.features_delta"}
     if params.head.features == "model":
@@ -80,11 +110,11 @@ def extractor_uses(params: Params, queue: RequestQueue, *, prepared: Path = path
                      "in the DP-protected sensitive set", **tags)]
     else:
         uses = []
-    return [{**use, "name": f"extractor_{use['name']}", "detail": f"feature extractor: {use['detail']}"}
+    return [dataclasses.replace(use, name=f"extractor_{use.name}", detail=f"feature extractor: {use.detail}")
             for use in uses]
 
 
-def head_uses(queue: RequestQueue, *, folder: Path = paths.HEAD) -> list[dict[str, Any]]:
+def head_uses(queue: RequestQueue, *, folder: Path = paths.HEAD) -> list[RecordUse]:
     """The head's rows as they stand (trained on, removed by Newton update, removed by retrain) and
     its extractor's sets (unknown for a head trained before extractors recorded them)."""
     head, ids, meta = load_head(folder)
@@ -104,7 +134,7 @@ def head_uses(queue: RequestQueue, *, folder: Path = paths.HEAD) -> list[dict[st
     ]
     recorded = Path(folder) / "extractor" / "record_use.json"
     if recorded.is_file():
-        uses += json.loads(recorded.read_text())["uses"]
+        uses += [RecordUse.from_json(use) for use in json.loads(recorded.read_text())["uses"]]
     else:
         uses.append(_use("extractor", "unknown", None, "feature extractor trained before extractors recorded their "
                                                        "training data"))

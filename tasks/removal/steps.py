@@ -39,7 +39,7 @@ from privpipe.requests import Request, RequestQueue, hashes_in
 from tasks import paths
 from tasks.common import stage_logger, staged_dir
 from tasks.removal import registry
-from tasks.removal.coverage import UNCOVERED, coverage_audit, requested_since_data
+from tasks.removal.coverage import UNCOVERED, Coverage, coverage_audit, requested_since_data
 from tasks.removal.erase import (
     TEXT_NOT_REWRITTEN,
     SourceErasure,
@@ -301,7 +301,7 @@ def _guarantee(params: Params, mechanism: str) -> str:
 
 def audit_records(params: Params, batch_id: str, requests: Sequence[Request], applied: AppliedBatch,
                   version_after: str | None, erased: Erasure,
-                  coverage: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+                  coverage: dict[str, list[Coverage]]) -> dict[str, dict[str, Any]]:
     """One audit record per request: what was done to the head and the data, and how every registered
     model version covers the record (``coverage``; ``uncovered`` lists those that do not)."""
     text_source = TEXT_NOT_REWRITTEN if params.text.format == "20newsgroups" or Path(params.text.path).is_file() \
@@ -320,8 +320,8 @@ def audit_records(params: Params, batch_id: str, requests: Sequence[Request], ap
             "budget_used": applied.budget_used, "budget": applied.budget,
             "erasure": {"pipeline_source": erased.source.to_json(),
                         "text_source": text_source, "copies": erased.copies.to_json()},
-            "coverage": entries,
-            "uncovered": [f"{e['model']}/{e['version']}" for e in entries if e["coverage"] in UNCOVERED],
+            "coverage": [e.to_json() for e in entries],
+            "uncovered": [f"{e.model}/{e.version}" for e in entries if e.coverage in UNCOVERED],
         }
     return audits
 
@@ -342,5 +342,5 @@ def erase_task(params: Params, requests: list[Request]) -> Erasure:
 
 
 @task(name="coverage", cache_policy=NO_CACHE)
-def coverage_task(params: Params, run: TrackedRun, requests: list[Request]) -> dict[str, list[dict[str, Any]]]:
+def coverage_task(params: Params, run: TrackedRun, requests: list[Request]) -> dict[str, list[Coverage]]:
     return coverage_audit(params, run.client, requests)
