@@ -6,9 +6,10 @@ from __future__ import annotations
 __all__ = ["is_cron"]
 
 _FIELDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))  # minute hour day month weekday (0 and 7: Sunday)
-_NAMES = ({}, {}, {},
-          {m: i + 1 for i, m in enumerate(["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"])},
-          {d: i for i, d in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])})
+_MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+_NAMES: tuple[dict[str, int], ...] = ({}, {}, {},
+                                      {m: i + 1 for i, m in enumerate(_MONTHS)},
+                                      {d: i for i, d in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])})
 
 
 def is_cron(text: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,9 @@ def parse_params(raw: Any, *, source: str = "params") -> Params:
         raise ConfigError(f"{unknown[0]}: unknown section (known: {', '.join(sections)})")
     built = {}
     for f in fields(Params):
-        cls = f.default_factory().__class__  # type: ignore[misc]
+        if f.default_factory is MISSING:
+            raise TypeError(f"Params.{f.name} has no default_factory to build its section from")
+        cls = f.default_factory().__class__
         built[f.name] = _build_section(f.name, cls, raw.get(f.name) or {})
     params = Params(**built)
     check_all(params)
@@ -95,6 +97,8 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     values = {}
     for key, f in known.items():
         value = raw.get(key, getattr(defaults, key))
+        if not isinstance(f.type, str):  # every section module has `from __future__ import annotations`
+            raise TypeError(f"{cls.__name__}.{key}: annotation is not a string: {f.type!r}")
         values[key] = _coerce(f"{name}.{key}", value, f.type)
     return cls(**values)
 

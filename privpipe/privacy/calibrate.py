@@ -57,7 +57,7 @@ def calibrate_noise_multiplier(
     else:
         x = min(max(math.log(start), floor), ceiling)
         given = start_epsilon is not None and x == math.log(start)  # (ε at a start clamped into range: unknown)
-        f = _gap(start_epsilon, target_epsilon) if given else gap_at(x)
+        f = _gap(start_epsilon, target_epsilon) if given and start_epsilon is not None else gap_at(x)
         lo, f_lo, hi, f_hi = _bracket(gap_at, x, f, floor, ceiling)
         if f_lo <= 0:
             return low

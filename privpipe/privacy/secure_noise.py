@@ -5,13 +5,14 @@ PyTorch. This module draws uniform bits from a ChaCha20 keystream under a fresh
 256-bit key from ``os.urandom`` for every draw (the kernel's own generator is
 ChaCha20 too; drawing the whole block from one key is ~10× faster than asking
 the kernel for every byte), turns them into normals with Box–Muller in float64,
-vectorised over the whole block, and, like Opacus' secure mode, returns the sum of 4 normals scaled by 1/2 (Holohan & Braghin 2021, §5.1):
-a single float normal can be inverted back to the uniforms behind it (the
-floating-point attack of Mironov 2012 on Laplace noise, carried to DP-SGD's
-Gaussian by Jin et al. 2022); a sum of 2n independent ones raises the attack's
-cost to ~2^(53(2n−1)), 2^159 here. The 4 normals of one output come from 4
-distinct Box–Muller pairs: the cosine and sine of one pair sum to a single
-scaled Box–Muller normal (√2·r·cos(θ − π/4)), which would halve the sum.
+vectorised over the whole block, and, like Opacus' secure mode, returns the sum of
+4 normals scaled by 1/2 (Holohan & Braghin 2021, §5.1): a single float normal
+can be inverted back to the uniforms behind it (the floating-point attack of
+Mironov 2012 on Laplace noise, carried to DP-SGD's Gaussian by Jin et al.
+2022); a sum of 2n independent ones raises the attack's cost to ~2^(53(2n−1)),
+2^159 here. The 4 normals of one output come from 4 distinct Box–Muller pairs:
+the cosine and sine of one pair sum to a single scaled Box–Muller normal
+(√2·r·cos(θ − π/4)), which would halve the sum.
 See docs/security.md.
 """
 
@@ -86,19 +87,20 @@ class NoiseSource:
         self.secure = bool(secure)
         self._rng = None if self.secure else np.random.default_rng(seed)
 
+    # each draw asks "is there a seeded generator?" (None exactly when secure), which also tells mypy
     def normal(self, shape: tuple[int, ...], *, std: float) -> np.ndarray:
-        if self.secure:
+        if self._rng is None:
             return secure_normal(shape, std=std, dtype=torch.float64).numpy()
         return self._rng.normal(0.0, std, size=shape)
 
     def uniform(self, count: int) -> np.ndarray:
-        """``count`` uniforms on [0, 1) (seeded) or (0, 1] (secure): the coins of a private sampling step (whom a round samples must
-        stay as secret as the noise, or subsampling amplifies nothing)."""
-        if self.secure:
+        """``count`` uniforms on [0, 1) (seeded) or (0, 1] (secure): the coins of a private sampling
+        step (whom a round samples must stay as secret as the noise, or subsampling amplifies nothing)."""
+        if self._rng is None:
             return _secure_uniform(count)
         return self._rng.random(count)
 
     def laplace(self, shape: tuple[int, ...], *, scale: float) -> np.ndarray:
-        if self.secure:
+        if self._rng is None:
             return secure_laplace(int(np.prod(shape, dtype=np.int64)), scale=scale).reshape(shape)
         return self._rng.laplace(0.0, scale, size=shape)

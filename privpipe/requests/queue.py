@@ -456,9 +456,9 @@ def _parse(raw: bytes) -> dict[str, Any]:
     if not isinstance(event, dict):
         raise _Invalid("not a JSON object")
     kind = event.get("event")
-    fields = _FIELDS.get(kind) if isinstance(kind, str) else None
-    if fields is None:
+    if not isinstance(kind, str) or kind not in _FIELDS:
         raise _Invalid(f"unknown event {kind!r}")
+    fields = _FIELDS[kind]
     _check_fields(event, kind, fields)
     if kind == "received":
         # the old format (raw id and reason) is recognised by its record_id field
@@ -495,11 +495,11 @@ def _apply(event: dict[str, Any], requests: dict[str, Request], members: dict[st
                 requests[request_id] = replace(requests[request_id], status="in_batch", batch_id=event["batch_id"])
         members[event["batch_id"]] = ids
     else:
-        request = requests.get(event["request_id"])
-        if request is None:
+        done = requests.get(event["request_id"])
+        if done is None:
             raise _Invalid(f"done event for unknown request {event['request_id']!r}")
-        if request.request_id not in members.get(event["batch_id"], ()):
-            raise _Invalid(f"done event for request {request.request_id!r} outside batch {event['batch_id']!r}")
-        if request.status != "done":  # a second completion (two racing runs) changes nothing
-            requests[request.request_id] = replace(request, status="done", batch_id=event["batch_id"],
-                                                   completed_at=event["completed_at"], audit=event["audit"])
+        if done.request_id not in members.get(event["batch_id"], ()):
+            raise _Invalid(f"done event for request {done.request_id!r} outside batch {event['batch_id']!r}")
+        if done.status != "done":  # a second completion (two racing runs) changes nothing
+            requests[done.request_id] = replace(done, status="done", batch_id=event["batch_id"],
+                                                completed_at=event["completed_at"], audit=event["audit"])
