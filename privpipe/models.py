@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from privpipe.features import make_transform
+from privpipe.features import ScatterNet, make_transform
 
 __all__ = ["apply_front", "UnitNorm", "Projection", "Scale", "Reshape", "make_mlp", "make_cnn", "make_scatter_cnn",
            "make_network", "front_layers", "network_maps",
@@ -62,6 +62,8 @@ class UnitNorm(nn.Module):
 
 class Projection(nn.Module):
     """Multiply by a fixed (d, k) matrix; a buffer, so no optimiser ever touches it."""
+
+    matrix: torch.Tensor  # the registered buffer, declared so its type is a tensor, not Module.__getattr__'s union
 
     def __init__(self, matrix: np.ndarray | torch.Tensor) -> None:
         super().__init__()
@@ -158,12 +160,16 @@ def front_layers(kind: str, projection: np.ndarray | None, *, input_scale: float
     front.append(UnitNorm())
     if projection is not None:
         front.append(Projection(projection))
-    return front + [Scale(input_scale)]
+    return [*front, Scale(input_scale)]
 
 
 def network_maps(kind: str, transform: nn.Module | None) -> tuple[int, int, int] | None:
     """The maps a cnn behind ``transform`` takes (None: pixels, or an mlp)."""
-    return tuple(transform.maps) if kind == "cnn" and transform is not None else None
+    if kind != "cnn" or transform is None:
+        return None
+    if not isinstance(transform, ScatterNet):  # the one transform with maps (privpipe.features.TRANSFORMS)
+        raise TypeError(f"a cnn takes its maps from a ScatterNet transform, not from {type(transform).__name__}")
+    return transform.maps
 
 
 def released_model(network: nn.Module, projection: np.ndarray | None, *, input_scale: float = 1.0,

@@ -67,6 +67,18 @@ def _download(folder: Path) -> None:
         MNIST(root=str(folder), train=train, download=True)
 
 
+def _not_found(folder: Path, stem: str) -> DataError:
+    return DataError(f"{folder / stem}[.gz]: MNIST file not found (set prepare.download: true to fetch it)")
+
+
+def _found(folder: Path, stem: str) -> Path:
+    """The file :func:`_find` finds, which the caller has already seen there."""
+    path = _find(folder, stem)
+    if path is None:  # (removed since it was seen)
+        raise _not_found(folder, stem)
+    return path
+
+
 def load_mnist(folder: Path, *, download: bool = False) -> dict[str, Records]:
     """Return ``{"train": Records, "test": Records}`` with pixels scaled to [0, 1]."""
     missing = [stem for pair in MNIST_FILES.values() for stem in pair if _find(folder, stem) is None]
@@ -74,11 +86,11 @@ def load_mnist(folder: Path, *, download: bool = False) -> dict[str, Records]:
         _download(folder)
         missing = [stem for stem in missing if _find(folder, stem) is None]
     if missing:
-        raise DataError(f"{folder / missing[0]}[.gz]: MNIST file not found (set prepare.download: true to fetch it)")
+        raise _not_found(folder, missing[0])
     out = {}
     for split, (images_stem, labels_stem) in MNIST_FILES.items():
-        images = read_idx(_find(folder, images_stem))
-        labels_file = _find(folder, labels_stem)
+        images = read_idx(_found(folder, images_stem))
+        labels_file = _found(folder, labels_stem)
         labels = read_idx(labels_file)
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise DataError(f"{folder}: {split} images {images.shape} and labels {labels.shape} do not match")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.grad import conv2d_input
 
 __all__ = ["BookKeeping", "UnsupportedLayer", "clip_factors"]
 
@@ -59,7 +60,7 @@ class _Tap:
     def input_grad(self, x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         m = self.module
         if isinstance(m, nn.Conv2d):
-            return torch.nn.grad.conv2d_input(x.shape, weight, grad, m.stride, m.padding, m.dilation, m.groups)
+            return conv2d_input(x.shape, weight, grad, m.stride, m.padding, m.dilation, m.groups)
         return grad @ weight
 
     def keep(self, x: torch.Tensor, grad: torch.Tensor) -> None:
@@ -125,19 +126,23 @@ def _patches(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     """(B, T, C·kh·kw): every output position's receptive field, in the weight's (C, kh, kw) order.
     Strided views of the padded input and one copy; F.unfold (im2col) loops over the batch on the
     CPU and was most of a step's time. Dilated kernels take F.unfold."""
+    padding = conv.padding
+    if isinstance(padding, str):  # ("same", "valid": refused by _check_supported before any pass)
+        raise UnsupportedLayer(f"grad_sample_mode bk needs a numeric padding, got {padding!r}")
     if conv.dilation != (1, 1):
-        return F.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=conv.padding,
+        return F.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=padding,
                         stride=conv.stride).transpose(1, 2)
-    (ph, pw), (kh, kw), (sh, sw) = conv.padding, conv.kernel_size, conv.stride
+    (ph, pw), (kh, kw), (sh, sw) = padding, conv.kernel_size, conv.stride
     padded = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
     windows = padded.unfold(2, kh, sh).unfold(3, kw, sw)  # (B, C, H', W', kh, kw), a view
     batch, channels, height, width = windows.shape[:4]
     return windows.permute(0, 2, 3, 1, 4, 5).reshape(batch, height * width, channels * kh * kw)
 
 
-def _accumulate(param: nn.Parameter, value: torch.Tensor) -> None:
+def _accumulate(param: torch.Tensor, value: torch.Tensor) -> None:
     summed = getattr(param, "summed_grad", None)
-    param.summed_grad = value.detach() if summed is None else summed + value.detach()
+    # summed_grad: the attribute Opacus' optimisers read, set on the tensor at run time (torch's stubs lack it)
+    param.summed_grad = value.detach() if summed is None else summed + value.detach()  # type: ignore[attr-defined]
 
 
 class _TappedOp(torch.autograd.Function):
@@ -164,8 +169,8 @@ def _check_supported(model: nn.Module) -> list[nn.Linear | nn.Conv2d]:
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         if not own:
             continue
-        if type(module) is nn.Linear or (type(module) is nn.Conv2d and module.groups == 1 and module.padding_mode == "zeros" \
-                and not isinstance(module.padding, str)):
+        if type(module) is nn.Linear or (type(module) is nn.Conv2d and module.groups == 1
+                                          and module.padding_mode == "zeros" and not isinstance(module.padding, str)):
             layers.append(module)
         else:
             raise UnsupportedLayer(f"grad_sample_mode bk clips Linear and Conv2d layers (zero padding, groups 1) "
@@ -180,7 +185,8 @@ class BookKeeping:
     def __init__(self, model: nn.Module) -> None:
         self.taps = [_Tap(layer) for layer in _check_supported(model)]
         for tap in self.taps:
-            tap.module.forward = self._forward_for(tap)  # instance attribute: shadows the class's forward
+            # an instance attribute that shadows the class's forward (close() deletes it); mypy sees a method replaced
+            tap.module.forward = self._forward_for(tap)  # type: ignore[method-assign, assignment]
 
     @staticmethod
     def _forward_for(tap: _Tap) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -189,7 +195,7 @@ class BookKeeping:
         return forward
 
     @property
-    def parameters(self) -> list[nn.Parameter]:
+    def parameters(self) -> list[torch.Tensor]:
         return [p for tap in self.taps for p in (tap.module.weight, tap.module.bias) if p is not None]
 
     def squared_norms(self) -> list[dict[str, torch.Tensor]]:

@@ -24,7 +24,8 @@ class DpSgdSchedule:
     def steps(self) -> int:
         return self.steps_per_epoch * self.epochs
 
-    def event(self, *, noise_multiplier: float, steps: int | None = None, stage: str = "finetune") -> PoissonGaussianEvent:
+    def event(self, *, noise_multiplier: float, steps: int | None = None,
+              stage: str = "finetune") -> PoissonGaussianEvent:
         return PoissonGaussianEvent(stage=stage, noise_multiplier=noise_multiplier,
                                     sample_rate=self.sample_rate, steps=self.steps if steps is None else steps)
 

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -43,17 +44,20 @@ class DpSgdResult:
     history: list[dict[str, float]] = field(default_factory=list)  # per epoch: epoch, step, loss, lr
 
 
-class _Prefetched:
+_T = TypeVar("_T")
+
+
+class _Prefetched(Generic[_T]):
     """``draw()`` returns ``make()``'s result and starts the next one on a worker thread, so that
     drawing secure randomness (a ChaCha20 block, Box–Muller in NumPy: both release the GIL)
     overlaps the step's forward and backward passes. Values are never reused: each is handed out
     once, and nothing is drawn on the main thread's torch threads."""
 
-    def __init__(self, make: Callable[[], object], executor: ThreadPoolExecutor) -> None:
+    def __init__(self, make: Callable[[], _T], executor: ThreadPoolExecutor) -> None:
         self.make, self.executor = make, executor
         self.next = executor.submit(make)
 
-    def draw(self) -> object:
+    def draw(self) -> _T:
         value = self.next.result()
         self.next = self.executor.submit(self.make)
         return value
@@ -131,7 +135,8 @@ def train_dpsgd(
     iterates, updated after every step (post-processing of the private iterates: free).
     """
     check_privacy_arguments(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, clipping=clipping,
-                            grad_sample_mode=grad_sample_mode, max_physical_batch=max_physical_batch, ema_decay=ema_decay)
+                            grad_sample_mode=grad_sample_mode, max_physical_batch=max_physical_batch,
+                            ema_decay=ema_decay)
     schedule = dpsgd_schedule(n=len(features), lot_size=lot_size, epochs=epochs)
     if not secure_rng:
         warnings.warn("DP-SGD noise and lot sampling come from PRNGs seeded with the run's seed "
@@ -198,7 +203,7 @@ def _train_bookkeeping(model: nn.Module, features: np.ndarray, labels: np.ndarra
                 for p, z in zip(params, noise.draw(params[0].dtype)):
                     summed = getattr(p, "summed_grad", None)
                     p.grad = (z if summed is None else z.add_(summed)).div_(expected_lot)
-                    p.summed_grad = None
+                    p.summed_grad = None  # type: ignore[attr-defined]  # (Opacus' run-time attribute, see bookkeeping)
                 optimizer.step()
                 step += 1
                 if average is not None:

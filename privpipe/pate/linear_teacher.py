@@ -21,6 +21,9 @@ __all__ = ["Standardise", "standardised_linear"]
 class Standardise(nn.Module):
     """Fixed per-feature z-scoring: (x − mean) / std (buffers, not trained)."""
 
+    mean: torch.Tensor  # registered buffers, declared so their type is a tensor, not Module.__getattr__'s union
+    std: torch.Tensor
+
     def __init__(self, mean: np.ndarray, std: np.ndarray) -> None:
         super().__init__()
         self.register_buffer("mean", torch.as_tensor(np.asarray(mean, dtype=np.float32)))

@@ -216,8 +216,9 @@ def _posts_from_tarball(path: Path) -> dict[str, list[Post]]:
             for member in archive:  # read in place: nothing is extracted to disk
                 parts = PurePosixPath(member.name).parts
                 split = _split_of(parts) if member.isfile() else None
-                if split is not None:
-                    raw = archive.extractfile(member).read()
+                handle = archive.extractfile(member) if split is not None else None  # (None only for a non-file)
+                if split is not None and handle is not None:
+                    raw = handle.read()
                     posts[split].append((parts[-2], parts[-1], raw.decode("latin-1")))  # as scikit-learn decodes
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise DataError(f"{path}: not a readable tarball ({exc}) (text.path: {NEWSGROUPS_EXPECTED})") from None
