@@ -121,9 +121,19 @@ def make_lora_classifier(encoder: nn.Module, *, classes: int, rank: int, alpha: 
     from peft import LoraConfig, get_peft_model  # deferred: peft takes seconds, for encoder_mode lora alone
 
     chosen = resolve_lora_targets(encoder, targets)
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(chosen), lora_dropout=0.0, bias="none")
+    # peft annotates lora_alpha as int, but only scales by lora_alpha / r: text.lora_alpha is a float, kept as given
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(chosen),  # type: ignore[arg-type]
+                        lora_dropout=0.0, bias="none")
     try:
         wrapped = get_peft_model(encoder, config)
     except ValueError as exc:
         raise ConfigError(f"text.lora_targets: {str(exc).splitlines()[0]}") from None
-    return LoraClassifier(wrapped, make_linear_head(encoder.config.hidden_size, classes, input_scale=input_scale))
+    return LoraClassifier(wrapped, make_linear_head(_hidden_size(encoder), classes, input_scale=input_scale))
+
+
+def _hidden_size(encoder: nn.Module) -> int:
+    """The width of a Hugging Face encoder's hidden states (its ``config``, which nn.Module's type does not know)."""
+    hidden = getattr(getattr(encoder, "config", None), "hidden_size", None)
+    if not isinstance(hidden, int):
+        raise TypeError(f"{type(encoder).__name__}: not a Hugging Face encoder (no integer config.hidden_size)")
+    return hidden

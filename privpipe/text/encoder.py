@@ -16,11 +16,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from privpipe.data.records import DataError
+
+if TYPE_CHECKING:  # for the annotations only: transformers takes seconds to import
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["DEFAULT_ENCODER", "encoder_dir", "encoder_digest", "load_encoder", "encoder_skeleton", "tokenize",
            "mean_pool", "embed", "embedding_key"]
@@ -51,7 +55,7 @@ def encoder_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def load_encoder(folder: Path) -> tuple[torch.nn.Module, object]:
+def load_encoder(folder: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """The encoder (eval mode) and its tokenizer, from local files only."""
     # deferred: transformers takes seconds, and only the text flow loads an encoder
     from transformers import AutoModel, AutoTokenizer
@@ -79,7 +83,7 @@ def encoder_skeleton(folder: Path) -> torch.nn.Module:
         raise DataError(f"{folder}: cannot load the encoder ({str(exc).splitlines()[0]})") from None
 
 
-def tokenize(tokenizer: object, texts: list[str], *, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+def tokenize(tokenizer: PreTrainedTokenizerBase, texts: list[str], *, max_length: int) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and attention mask, padded/truncated to ``max_length`` (int64 arrays)."""
     encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=max_length, return_tensors="np")
     return encoded["input_ids"].astype(np.int64), encoded["attention_mask"].astype(np.int64)
@@ -92,7 +96,7 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(pooled, dim=1)
 
 
-def embed(model: torch.nn.Module, tokenizer: object, texts: list[str], *, max_length: int,
+def embed(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, texts: list[str], *, max_length: int,
           batch_size: int, on_progress: Callable[[int], None] | None = None) -> np.ndarray:
     """Sentence embeddings (float32, one row per text) with the encoder frozen.
 
