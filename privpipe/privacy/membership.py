@@ -40,7 +40,7 @@ from scipy.stats import beta as beta_distribution
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
-from privpipe.pate.teachers import TeacherConfig, train_classifier
+from privpipe.models import TrainingConfig, train_classifier
 
 __all__ = ["AttackScores", "AttackResult", "AuditResult", "PrivacyAuditFailed", "per_example_loss",
            "reference_model", "attack_scores", "roc_auc", "attack_result", "max_provable_epsilon", "audit_membership",
@@ -106,15 +106,15 @@ def per_example_loss(model: nn.Module, inputs: np.ndarray | tuple[np.ndarray, ..
     model.eval()
     with torch.no_grad():
         for start in range(0, len(labels), batch_size):
-            batch = (torch.as_tensor(np.asarray(a[start:start + batch_size])) for a in arrays)
-            batch = [b.float() if b.is_floating_point() else b for b in batch]
+            tensors = (torch.as_tensor(np.asarray(a[start:start + batch_size])) for a in arrays)
+            batch = [b.float() if b.is_floating_point() else b for b in tensors]
             y = torch.as_tensor(np.asarray(labels[start:start + batch_size]), dtype=torch.int64)
             losses.append(nn.functional.cross_entropy(model(*batch), y, reduction="none").double().numpy())
     return np.concatenate(losses) if losses else np.empty(0)
 
 
-def reference_model(model: nn.Module, features: np.ndarray | tuple[np.ndarray, ...], labels: np.ndarray, *, epochs: int,
-                    batch_size: int, learning_rate: float, seed: int) -> nn.Module:
+def reference_model(model: nn.Module, features: np.ndarray | tuple[np.ndarray, ...], labels: np.ndarray, *,
+                    epochs: int, batch_size: int, learning_rate: float, seed: int) -> nn.Module:
     """``model``'s architecture (its frozen front included) with fresh weights, trained without noise
     on (``features``, ``labels``): how hard each record is for a model that never saw it."""
     arrays = _as_tuple(features)
@@ -125,9 +125,10 @@ def reference_model(model: nn.Module, features: np.ndarray | tuple[np.ndarray, .
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         for module in reference.modules():
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-    config = TeacherConfig(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=0.0)
+            reset = getattr(module, "reset_parameters", None)  # (a method nn.Module's type does not declare)
+            if reset is not None:
+                reset()
+    config = TrainingConfig(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, weight_decay=0.0)
     return train_classifier(reference, np.asarray(arrays[0]), labels, config=config, seed=seed)
 
 
