@@ -46,7 +46,7 @@ from privpipe.config.use import check_federated_use, check_pipeline_use, check_t
 __all__ = [
     "ConfigError", "Params", "load_params", "parse_params", "check_pipeline_use", "check_federated_use",
     "check_text_use", "redact_url",
-    "flatten", "RunConfig", "PrivacyConfig", "PrepareConfig", "DpPcaConfig", "FeaturesConfig", "PartitionConfig", "TeachersConfig",
-    "AggregateConfig", "StudentConfig", "FinetuneConfig", "HeadConfig", "EvaluateConfig", "PrivacyAuditConfig",
-    "FederatedConfig", "TextConfig", "LifetimeConfig", "RunnerConfig", "ScheduleConfig",
+    "flatten", "RunConfig", "PrivacyConfig", "PrepareConfig", "DpPcaConfig", "FeaturesConfig", "PartitionConfig",
+    "TeachersConfig", "AggregateConfig", "StudentConfig", "FinetuneConfig", "HeadConfig", "EvaluateConfig",
+    "PrivacyAuditConfig", "FederatedConfig", "TextConfig", "LifetimeConfig", "RunnerConfig", "ScheduleConfig",
 ]

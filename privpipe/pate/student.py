@@ -122,7 +122,7 @@ def _check_data(labeled_x: np.ndarray, labeled_y: np.ndarray, unlabeled_x: np.nd
         raise ValueError(f"labeled_y: label {bad} out of range [0, {classes}) of the network's outputs")
     if unlabeled_x.ndim == 0 or len(unlabeled_x) == 0:
         # an empty pool may come in any shape (np.empty(0), or (0, features))
-        unlabeled_x = np.empty((0,) + labeled_x.shape[1:], dtype=np.float32)
+        unlabeled_x = np.empty((0, *labeled_x.shape[1:]), dtype=np.float32)
     elif unlabeled_x.shape[1:] != labeled_x.shape[1:]:
         raise ValueError(f"unlabeled_x: must be (rows, {', '.join(map(str, labeled_x.shape[1:]))}), "
                          f"got shape {unlabeled_x.shape}")

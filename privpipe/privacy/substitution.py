@@ -54,7 +54,7 @@ def _log_mixture(x: np.ndarray, sample_rate: float, shift: float, sigma: float) 
 def _one_order(alpha: float, sample_rate: float, sigma: float) -> float:
     low, high = -REACH * sigma - 1.0, 2 * alpha - 1 + REACH * sigma + 1.0
     step = STEP * sigma
-    points = int(math.ceil((high - low) / step)) + 1
+    points = math.ceil((high - low) / step) + 1
     if points > MAX_GRID_POINTS:
         return math.inf
     x = np.linspace(low, high, points)

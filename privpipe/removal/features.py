@@ -22,7 +22,8 @@ from torch import nn
 
 from privpipe.models import Projection, UnitNorm
 
-__all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "served_weights", "stored_rows", "FEATURE_SOURCES"]
+__all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "served_weights", "stored_rows",
+           "FEATURE_SOURCES"]
 
 FEATURE_SOURCES = ("model", "dp_pca", "transform", "raw")
 

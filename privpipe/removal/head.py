@@ -225,7 +225,8 @@ class RemovableHead:
             return None, bound
         self.active[new] = False
         self.W, self.used = self.ref_W + steps, used
-        ref.removed, ref.removed_X, ref.removed_curvature, ref.delta = np.concatenate([ref.removed, new]), Xr, curv, delta
+        ref.removed, ref.removed_X = np.concatenate([ref.removed, new]), Xr
+        ref.removed_curvature, ref.delta = curv, delta
         return certificate, bound
 
     def _loss_gradients(self, rows: np.ndarray) -> np.ndarray:
