@@ -209,7 +209,8 @@ def main() -> None:
     name = f"speed{'_' + args.label if args.label else ''}"
     (OUT / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# Accounting time ({report['date']}, `bench/accountant_speed.py`, 2 cores, torch 1 thread)", "",
-             "| σ (q = 0.01, 40,000 steps, δ = 1e-5) | ε | accountant | tight PLD (h = 1e-5) | excess | ms min / median / max |",
+             "| σ (q = 0.01, 40,000 steps, δ = 1e-5) | ε | accountant | tight PLD (h = 1e-5) | excess "
+             "| ms min / median / max |",
              "|---|---|---|---|---|---|"]
     for r in report["epsilon_40000_steps"]:
         lines.append(f"| {r['sigma']} | {r['epsilon']:.4f} | {r['accountant']} | {r['tight_pld']:.4f} | "

@@ -1,6 +1,6 @@
 """What an auditor finds in MLflow and on disk after a refused run and after an erasure (issue 23).
 
-    .venv/bin/python bench/auditor_view.py            # ~3 min on 2 cores; writes bench/out/operations/auditor_view.{md,json}
+    .venv/bin/python bench/auditor_view.py   # ~3 min on 2 cores; writes bench/out/operations/auditor_view.{md,json}
 
 In a fresh project folder (digits, params.yaml as it is, a DVC repository without git):
 
@@ -85,7 +85,8 @@ def main() -> None:
     write_params(folder, finetune={"noise_multiplier": 0.3, "target_epsilon": None})
     start = time.perf_counter()
     refused = privpipe(folder, "run")
-    report["refused"] = {"exit_code": refused.returncode, "message": [line for line in refused.stderr.splitlines() if line.startswith("privpipe")][-1:],
+    said = [line for line in refused.stderr.splitlines() if line.startswith("privpipe")]
+    report["refused"] = {"exit_code": refused.returncode, "message": said[-1:],
                          "wall_s": round(time.perf_counter() - start, 1), "mlflow": mlflow_view(folder),
                          "metrics_files": metrics_files(folder),
                          "ledger": json.loads((folder / "data/budget/digits.json").read_text())["entries"]}

@@ -171,7 +171,8 @@ def erasure(work: Path) -> dict:
             "removals_output": removals.stdout[-3000:],
             "removals_attempts_s": attempts,
             "run_stages": [line[:12] + " " + line.split("Task run '", 1)[1].split("'", 1)[0]
-                           for line in log.read_text().splitlines() if "Task run '" in line and "Finished" in line], "run_rc": run_rc, "run_done_s": run_done_at,
+                           for line in log.read_text().splitlines() if "Task run '" in line and "Finished" in line],
+            "run_rc": run_rc, "run_done_s": run_done_at,
             "head_versions": [(v.version, v.tags.get("removal.batch_id", "pipeline run")) for v in heads],
             "record_active_in_deployed_head": in_head, "left_out_at_training": meta.get("left_out_at_training"),
             "record_sets_in_last_head_version": head_sets,

@@ -195,7 +195,8 @@ def main() -> None:
                 runs.append(_child("--child", "run", variant, str(seed)))
                 print(json.dumps(runs[-1]), flush=True)
         results["runs"] = runs
-        print("\n| PATE | test accuracy min / median / max | total ε | aggregate ε | label acc. (mean) |\n|---|---|---|---|---|")
+        print("\n| PATE | test accuracy min / median / max | total ε | aggregate ε | label acc. (mean) |"
+              "\n|---|---|---|---|---|")
         for variant in variants:
             mine = [r for r in runs if (r["sigma"] is None) == (variant == "off")
                     and (variant == "off" or r["sigma"] == float(variant))]

@@ -12,8 +12,8 @@ Baseline: a plain loop over shuffled in-memory tensors, same lot size, SGD, no D
 Every repeat runs one epoch of every engine, interleaved (baseline, bk, …, baseline, bk, …), each
 after one warm-up epoch; the ratio is taken within a repeat and min/median/max reported over
 repeats. Peak memory: how far the process's peak RSS rises above its RSS with the data loaded, over one
-training run (two epochs), each engine in a fresh subprocess (Linux: the peak is reset first); with ``--lot 4096`` it also compares a whole lot in one pass to physical
-batches of 512 (``max_physical_batch``).
+training run (two epochs), each engine in a fresh subprocess (Linux: the peak is reset first); with
+``--lot 4096`` it also compares a whole lot in one pass to physical batches of 512 (``max_physical_batch``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """DP-FedAvg benchmarks (Geyer et al. 2017; McMahan et al. 2018) on text and on MNIST.
 
-    .venv/bin/python bench/federated_text.py --part modes     # ε × noise (server/client) × K, with FedAvg/FedProx/FedAdam
+    .venv/bin/python bench/federated_text.py --part modes     # ε × noise (server/client) × K, FedAvg/FedProx/FedAdam
     .venv/bin/python bench/federated_text.py --part seed      # K = 100, ε ∈ {1, 5, 10} vs FedAvg/FedProx/FedAdam
     .venv/bin/python bench/federated_text.py --part scaling   # K ∈ {100, 1000} at ε = 8: share of non-private kept
     .venv/bin/python bench/federated_text.py --part lora      # frozen encoder + head vs LoRA: accuracy, s/round
@@ -175,7 +175,8 @@ def part_modes(text_file: Path, results: dict) -> None:
           "'kept' is the share of the best non-private baseline at the same K.\n")
     print(table(rows, [("K", "{K}"), ("noise", "{noise}"), ("method", "{method}"), ("rounds", "{rounds}"),
                        ("test acc.", "{accuracy:.3f}"), ("kept", "{kept:.0%}"), ("ε", "{epsilon:.2f}"),
-                       ("ε one record", "{record_epsilon:.2f}"), ("… by the triangle alone", "{record_epsilon_triangle:.2f}"),
+                       ("ε one record", "{record_epsilon:.2f}"),
+                       ("… by the triangle alone", "{record_epsilon_triangle:.2f}"),
                        ("z or σ", "{noise_multiplier:.3g}"), ("s/round", "{seconds_per_round:.3f}")]))
 
 

@@ -113,7 +113,8 @@ def pca_events(cfg: Config) -> list:
 def epochs_within(cfg: Config, n: int) -> int:
     """Largest epoch count (≤ max_epochs) whose total ε stays ≤ the config's target (bisection)."""
     def fits(epochs: int) -> bool:
-        events = [*pca_events(cfg), dpsgd_schedule(n=n, lot_size=cfg.lot, epochs=epochs).event(noise_multiplier=cfg.sigma)]
+        schedule = dpsgd_schedule(n=n, lot_size=cfg.lot, epochs=epochs)
+        events = [*pca_events(cfg), schedule.event(noise_multiplier=cfg.sigma)]
         return compute_epsilon(events, delta=DELTA).epsilon <= cfg.target_epsilon
 
     lo, hi = 0, cfg.max_epochs + 1  # fits(lo) (or lo = 0), not fits(hi)
@@ -151,7 +152,8 @@ def train_plain(network: torch.nn.Module, x: np.ndarray, y: np.ndarray, cfg: Con
     network.train()
     for epoch in range(epochs):
         for group in optimizer.param_groups:
-            group["lr"] = cfg.lr + (cfg.lr_end - cfg.lr) * min(epoch / 10, 1.0) if cfg.lr_schedule != "constant" else cfg.lr
+            group["lr"] = (cfg.lr + (cfg.lr_end - cfg.lr) * min(epoch / 10, 1.0)
+                           if cfg.lr_schedule != "constant" else cfg.lr)
         order = torch.randperm(len(xt), generator=generator)
         for start in range(0, len(xt), cfg.lot):
             part = order[start:start + cfg.lot]
@@ -220,7 +222,8 @@ def run(name: str, cfg: Config, data: dict, seed: int) -> dict | None:
            "epsilon": None if pld is None else min(pld, rdp), "delta": DELTA if events else None,
            "sigma": sigma, "epochs": epochs, "seconds": round(seconds, 1), "seed": seed,
            "split": "MNIST train 60,000 / test 10,000", "threads": torch.get_num_threads(),
-           "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads", "date": date.today().isoformat()}
+           "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+           "date": date.today().isoformat()}
     eps = "no DP" if pld is None else f"ε PLD {pld:.3f}  ε RDP {rdp:.3f}  (δ=1e-5)"
     print(f"{name:16s} {cfg.model:11s} σ={'-' if sigma is None else f'{sigma:.3g}':<6s} lot={cfg.lot:<5d} "
           f"epochs={epochs:<4d} test acc {accuracy:.4f}   {eps}   {seconds:.0f} s", flush=True)

@@ -120,7 +120,7 @@ def consensus(histograms: np.ndarray) -> str:
 
 
 def part_teachers(args: argparse.Namespace) -> None:
-    train, public, test = _mnist(args.mnist)
+    train, public, _ = _mnist(args.mnist)
     shards = assign_shards(train.ids, train.labels, shards=TEACHERS, strategy="iid", seed=0, classes=CLASSES)
     started = time.perf_counter()
     if args.teacher_model == "scatter":
@@ -140,8 +140,9 @@ def part_teachers(args: argparse.Namespace) -> None:
         np.save(_votes_dir(args) / "votes.npy", votes)
     accuracy = (votes == public.labels).mean(axis=1)
     histograms = vote_histograms(votes, classes=CLASSES)
-    print(f"{args.teacher_model} teachers: {args.teachers} of them, {args.workers} worker(s): {seconds:.0f} s wall-clock "
-          f"({front_seconds:.0f} s of it the ScatterNet features); teacher accuracy on the public pool "
+    print(f"{args.teacher_model} teachers: {args.teachers} of them, {args.workers} worker(s): "
+          f"{seconds:.0f} s wall-clock ({front_seconds:.0f} s of it the ScatterNet features); "
+          "teacher accuracy on the public pool "
           f"mean {accuracy.mean():.4f} (min {accuracy.min():.4f}, max {accuracy.max():.4f}); "
           f"plurality accuracy {(histograms.argmax(axis=1) == public.labels).mean():.4f}; "
           f"consensus over the {PUBLIC} queries: {consensus(histograms)}")
@@ -281,11 +282,14 @@ def main() -> None:
                         help="scatter: linear on fixed ScatterNet features; cnn: the tanh CNN (votes cached per model)")
     parser.add_argument("--teachers", type=int, default=TEACHERS, help="train only the first N (timing runs)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--student", choices=sorted(STUDENTS), default="fixmatch", help="students: the student's losses")
-    parser.add_argument("--only", nargs="*", default=[], help="students: only aggregators whose name contains one of these")
+    parser.add_argument("--student", choices=sorted(STUDENTS), default="fixmatch",
+                        help="students: the student's losses")
+    parser.add_argument("--only", nargs="*", default=[],
+                        help="students: only aggregators whose name contains one of these")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    {"teachers": part_teachers, "privacy": part_privacy, "students": part_students, "domain": part_domain}[args.part](args)
+    parts = {"teachers": part_teachers, "privacy": part_privacy, "students": part_students, "domain": part_domain}
+    parts[args.part](args)
 
 
 if __name__ == "__main__":

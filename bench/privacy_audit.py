@@ -33,8 +33,7 @@ import numpy as np
 import torch
 
 from privpipe.data import load_mnist
-from privpipe.models import make_network, released_model
-from privpipe.pate.teachers import TeacherConfig, train_classifier
+from privpipe.models import TrainingConfig, make_network, released_model, train_classifier
 from privpipe.privacy import NoiseSource, compute_epsilon
 from privpipe.privacy.membership import AttackScores, attack_scores, audit_membership, reference_model
 from privpipe.removal import RemovableHead, RemovalGuarantee
@@ -42,8 +41,8 @@ from privpipe.removal import RemovableHead, RemovalGuarantee
 OUT = Path(__file__).resolve().parent / "out" / "privacy_audit"
 DELTA, CONFIDENCE = 1e-5, 0.95
 DP_CONFIGS = ("beyond-mlp-eps3", "pixel-cnn-eps3")  # bench/mnist_dpsgd.py's configs at ε = 3
-REFERENCE = TeacherConfig(epochs=30, batch_size=64, learning_rate=0.001, weight_decay=0.0)
-OVERFIT_RECORDS, OVERFIT = 1000, TeacherConfig(epochs=100, batch_size=64, learning_rate=0.001, weight_decay=0.0)
+REFERENCE = TrainingConfig(epochs=30, batch_size=64, learning_rate=0.001, weight_decay=0.0)
+OVERFIT_RECORDS, OVERFIT = 1000, TrainingConfig(epochs=100, batch_size=64, learning_rate=0.001, weight_decay=0.0)
 # the removal head: MNIST 3 vs 8 on pixels, bench/removal.py's feature rows, λ and σ
 HEAD_TRAIN, HEAD_REMOVED, HEAD_LAM, HEAD_SIGMA = 2000, 500, 1e-3, 1.0
 
@@ -137,7 +136,8 @@ def part_removal(data: dict, args: argparse.Namespace) -> dict[str, Any]:
         members = scores(X[rows][local_rows], y[rows][local_rows])
         result = audit_membership(AttackScores(members=members, non_members=scores(Xt[unseen], yt[unseen])),
                                   delta=1e-4, confidence=CONFIDENCE, seed=args.seed)
-        return {name: {"auc": a.auc, "epsilon_lower_bound": a.epsilon_lower_bound} for name, a in result.attacks.items()}
+        return {name: {"auc": a.auc, "epsilon_lower_bound": a.epsilon_lower_bound}
+                for name, a in result.attacks.items()}
 
     before = attack(removed)
     step = head.remove(removed.tolist(), noise=NoiseSource(seed=args.seed + 2, secure=False))

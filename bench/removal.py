@@ -329,7 +329,8 @@ def part_timing(data: Data, args: argparse.Namespace) -> dict[str, Any]:
             calls = _timed(lambda: [head.remove([int(r)], noise=NoiseSource(seed=1, secure=False))
                                     for r in order[:1000]])
             batch_head = train(f["X"], f["y"], lam, sigma)
-            batch = _timed(lambda: batch_head.remove(order[1000:2000].tolist(), noise=NoiseSource(seed=1, secure=False)))
+            batch = _timed(lambda: batch_head.remove(order[1000:2000].tolist(),
+                                                     noise=NoiseSource(seed=1, secure=False)))
             amortised = calls / 1000
             out[f"threads_{threads}"] = {
                 "removal_s": spread(single), "removal_with_reference_move_s": spread(refresh),
@@ -361,7 +362,8 @@ def part_bound(data: Data, args: argparse.Namespace) -> dict[str, Any]:
     ratio = [p["bound"] / p["residual"] for p in points]
     tight = [p["per_row_bound"] / p["residual"] for p in points]
     print(f"\nover {len(points)} checks (every 50 removals, to {r['removals']}): certified bound / exact residual "
-          f"{min(ratio):.2f}–{max(ratio):.2f} (per-row certificate / exact residual {min(tight):.2f}–{max(tight):.2f}); "
+          f"{min(ratio):.2f}–{max(ratio):.2f} "
+          f"(per-row certificate / exact residual {min(tight):.2f}–{max(tight):.2f}); "
           f"bound below residual: {r['bound_below_residual']}")
     try:
         import matplotlib
