@@ -5,7 +5,11 @@ with its traceback."""
 from __future__ import annotations
 
 import argparse
+import ast
+import atexit
 import importlib
+import os
+import signal
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -142,24 +146,132 @@ def test_the_console_script_is_this_main():
     assert script.value == "flows.cli:main" and script.load() is main
 
 
-def test_the_command_ends_like_a_normal_exit_without_the_teardown():
-    """The privpipe command leaves through os._exit (the interpreter's teardown took 2-3 s after a run),
-    but first does what a normal exit does: an idle thread pool left open is shut down and its worker
-    joined (joining before telling it to stop waited forever after `privpipe removals`), the atexit
-    handlers run, buffered output is flushed, and the exit code is the command's."""
-    code = ("import atexit, sys\n"
-            "from concurrent.futures import ThreadPoolExecutor\n"
-            "pool = ThreadPoolExecutor(1)\n"
-            "pool.submit(print, 'work done').result()  # its worker now idles, waiting for more\n"
-            "atexit.register(lambda: print('atexit ran'))\n"
-            "sys.stdout.write('buffered, no newline')\n"
-            "from flows.cli.dispatch import _leave\n"
-            "_leave(3)\n")
-    done = _python(code)
+#: a stand-in for a run, as `privpipe budget`: what a normal exit must still finish (an idle thread pool left
+#: open, an atexit handler registered during the command as Prefect's server stop is, a log record held in
+#: memory by a handler set up before main, output without a newline), and an object whose finaliser runs only
+#: in the interpreter's teardown
+RUN_THEN_EXIT = """\
+import atexit, logging, logging.handlers, sys
+from concurrent.futures import ThreadPoolExecutor
+import flows.cli.history as history
+
+class Teardown:
+    def __del__(self, _open=open):
+        _open({marker!r}, "w").close()
+
+log = logging.getLogger("late")
+log.addHandler(logging.handlers.MemoryHandler(100, target=logging.StreamHandler(sys.stderr)))
+
+def budget(args):
+    pool = ThreadPoolExecutor(1)
+    pool.submit(print, "work done").result()  # its worker now idles, waiting for more
+    atexit.register(lambda: print("atexit ran"))
+    history.kept = Teardown()
+    log.warning("logged, held in memory")
+    sys.stdout.write("buffered, no newline")
+    return 3
+
+history.budget = budget
+sys.argv[1:] = ["budget"]
+from flows.cli import main
+sys.exit({call})
+"""
+
+
+@pytest.mark.parametrize("call, teardown", [("main()", False), ("main(['budget'])", True)],
+                         ids=["as the command", "called with argv"])
+def test_the_command_ends_like_a_normal_exit_without_the_teardown(tmp_path, call, teardown):
+    """The privpipe command skips the interpreter's teardown (2-3 s after a run), but first does what a normal
+    exit does: an idle thread pool left open is shut down and its worker joined (joining before telling it to
+    stop waited forever after `privpipe removals`), the atexit handlers run, logging's buffers and stdout are
+    flushed, and the exit code is the command's. main called with argv (a test, a script) exits normally."""
+    marker = tmp_path / "teardown ran"
+    done = _python(RUN_THEN_EXIT.format(marker=str(marker), call=call))
     assert done.returncode == 3, done.stderr
     assert done.stdout.splitlines() == ["work done", "buffered, no newlineatexit ran"]
+    assert done.stderr == "logged, held in memory\n"
+    assert marker.exists() == teardown
+
+
+def test_a_broken_pipe_at_the_exit_is_not_an_error():
+    """`privpipe … | head -1`: output still buffered when the reader has gone is dropped quietly, with the
+    command's exit code (a normal exit says 'Exception ignored … BrokenPipeError' and exits 120)."""
+    code = ("import os, sys\n"
+            "read, write = os.pipe()\n"
+            "os.dup2(write, 1); os.close(read); os.close(write)  # stdout: a pipe nobody reads any more\n"
+            "import flows.cli.history as history\n"
+            "def budget(args):\n"
+            "    sys.stdout.write('x' * 100)\n"
+            "    return 0\n"
+            "history.budget = budget\n"
+            "sys.argv[1:] = ['budget']\n"
+            "from flows.cli import main\n"
+            "sys.exit(main())\n")
+    done = _python(code)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("raised, code, said", [
+    ("ValueError('shapes (3,) and (4,) not aligned')", 1, "ValueError: shapes (3,) and (4,) not aligned"),
+    ("SystemExit(4)", 4, ""),
+    ("KeyboardInterrupt()", -signal.SIGINT, "KeyboardInterrupt"),
+], ids=["a bug", "an exit of its own", "ctrl-c"])
+def test_a_command_that_raises_leaves_through_the_normal_exit(raised, code, said):
+    """Only a command that returns skips the teardown: a bug's traceback and exit 1, a SystemExit's own code
+    and Ctrl-C's death by SIGINT are the interpreter's, as before."""
+    snippet = ("import sys\n"
+               "import flows.cli.history as history\n"
+               "def budget(args):\n"
+               f"    raise {raised}\n"
+               "history.budget = budget\n"
+               "sys.argv[1:] = ['budget']\n"
+               "from flows.cli import main\n"
+               "sys.exit(main())\n")
+    done = _python(snippet)
+    assert done.returncode == code, done.stderr
+    assert (done.stderr.strip().splitlines() or [""])[-1] == said
+
+
+def test_help_and_a_refused_option_as_the_command():
+    """argparse's own exit (--help: 0) passes through; a refusal main returns (2) is the exit code."""
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "--help"], cwd=PROJECT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: ")
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "privacy", "dpsgd", "--noise-multiplier", "1",
+                           "--sample-rate", "2", "--steps", "1", "--delta", "1e-5"], cwd=PROJECT,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, "privpipe: error: --sample-rate: must be in (0, 1], got 2.0\n")
+
+
+def test_the_cli_calls_no_private_python_function():
+    """The exit called CPython's private threading._shutdown and atexit._run_exitfuncs; it now calls atexit's
+    public register and os._exit (public, documented) only. A call of any ``module._name`` in flows/cli/ fails
+    here (app.py's annotation with argparse._SubParsersAction is no call)."""
+    private = []
+    for path in sorted((PROJECT / "flows" / "cli").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for alias in node.names}
+        called = [node.func for node in ast.walk(tree) if isinstance(node, ast.Call)]
+        private += [f"{path.name}:{f.lineno}: {f.value.id}.{f.attr}" for f in called
+                    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in modules
+                    and f.attr.startswith("_") and not f.attr.startswith("__")
+                    and f"{f.value.id}.{f.attr}" != "os._exit"]
+    assert private == []
+
+
+@pytest.mark.skipif(not hasattr(atexit, "_ncallbacks"), reason="counts atexit slots with CPython's private helper")
+def test_before_main_only_logging_has_an_atexit_handler():
+    """The command's exit handler runs after every handler registered after it, and skips any registered before
+    main; the only one there is logging's (flows.cli.dispatch imports logging), which the handler runs itself."""
+    count = "import atexit\n{}\nprint(atexit._ncallbacks())\n"
+    assert _python(count.format("import logging")).stdout == "1\n"
+    assert _python(count.format("import flows.cli")).stdout == "1\n"
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-    """``code`` run by a fresh interpreter in the project folder (a hang fails after two minutes)."""
-    return subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, timeout=120)
+    """``code`` run by a fresh interpreter in the project folder (a hang fails after two minutes), its stdout
+    block-buffered into the pipe as a user's is (PYTHONUNBUFFERED, if set here, would hide a lost flush)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, timeout=120,
+                          env=env)
