@@ -67,8 +67,8 @@ def sweep() -> list[dict]:
     from privpipe.data import Records
     from privpipe.data.partition import assign_shards
     from privpipe.models import apply_front, make_network, seeded
-    from privpipe.pate.aggregate import aggregate
-    from privpipe.pate.analysis import AggregatorSpec, choose_analysis, data_independent_events
+    from privpipe.pate.analysis import choose_analysis, data_independent_events
+    from privpipe.pate.registry import make_aggregator
     from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier, vote_histograms
     from privpipe.privacy import NoiseSource, compute_epsilon
     from tasks import paths
@@ -101,10 +101,10 @@ def sweep() -> list[dict]:
         teacher_accuracy = float((votes == public.labels).mean())
         plurality = float((histograms.argmax(axis=1) == public.labels).mean())
         for sigma in sorted({teachers / 5, teachers / 3, teachers / 2, 40.0}):
-            spec = AggregatorSpec("gnmax", teachers, 10, sigma=sigma)
+            spec = make_aggregator("gnmax", teachers, 10, sigma=sigma)
             for queries in (20, 50, len(public.labels)):
-                correct = [(aggregate(histograms[:queries], mechanism="gnmax", sigma=sigma,
-                                      noise=NoiseSource(seed=s, secure=False)) == public.labels[:queries]).mean()
+                correct = [(spec.answer(histograms[:queries], noise=NoiseSource(seed=s, secure=False))
+                            == public.labels[:queries]).mean()
                            for s in range(20)]
                 epsilon = compute_epsilon(data_independent_events(spec, queries=queries), delta=1e-5).epsilon
                 choice = choose_analysis(spec, queries=queries, order=20.0, beta=0.01, noise_scale=20.0,

@@ -36,9 +36,10 @@ from privpipe.data import Records, load_mnist
 from privpipe.data.partition import assign_shards
 from privpipe.features import scatter_features
 from privpipe.models import Reshape, make_cnn
-from privpipe.pate.aggregate import aggregate
-from privpipe.pate.analysis import AggregatorSpec, data_dependent_rdp, data_independent_events, sanitise
+from privpipe.pate.aggregators import Aggregator as PateAggregator
+from privpipe.pate.analysis import data_dependent_rdp, data_independent_events, sanitise
 from privpipe.pate.linear_teacher import standardised_linear
+from privpipe.pate.registry import make_aggregator
 from privpipe.pate.student import StudentConfig, train_student
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier, vote_histograms
 from privpipe.privacy import RDP_ORDERS, NoiseSource, compute_epsilon
@@ -61,14 +62,14 @@ SANITISE = {"beta": 0.01, "noise_scale": 20.0, "failure_probability": 1e-7}
 @dataclass(frozen=True)
 class Aggregator:
     name: str
-    spec: AggregatorSpec
+    spec: PateAggregator
     queries: int
     order: float
 
 
 def aggregators() -> list[Aggregator]:
-    def spec(mechanism: str, **noise: float) -> AggregatorSpec:
-        return AggregatorSpec(mechanism=mechanism, teachers=TEACHERS, classes=CLASSES, **noise)
+    def spec(mechanism: str, **noise: float) -> PateAggregator:
+        return make_aggregator(mechanism, TEACHERS, CLASSES, **noise)
 
     gnmax = spec("gnmax", sigma=40)
     confident = spec("confident_gnmax", threshold=200, sigma1=150, sigma2=40)
@@ -83,8 +84,8 @@ def aggregators() -> list[Aggregator]:
 
 # MNIST → UCI digits: the source labels, as in the earlier measurement (CNN teachers: 364 answered)
 DOMAIN_AGGREGATOR = Aggregator("confident T=200 σ₁=150 σ₂=40, 640 queries",
-                               AggregatorSpec(mechanism="confident_gnmax", teachers=TEACHERS, classes=CLASSES,
-                                              threshold=200, sigma1=150, sigma2=40), 640, 20)
+                               make_aggregator("confident_gnmax", TEACHERS, CLASSES,
+                                               threshold=200, sigma1=150, sigma2=40), 640, 20)
 
 
 def _cnn() -> torch.nn.Sequential:
@@ -159,9 +160,7 @@ def _votes(args: argparse.Namespace) -> np.ndarray:
 def _label(agg: Aggregator, histograms: np.ndarray, seed: int) -> np.ndarray:
     """Noisy labels (−1: not answered) for the first agg.queries queries."""
     counts = histograms[:agg.queries]
-    return aggregate(counts, mechanism=agg.spec.mechanism, noise=NoiseSource(seed=seed, secure=False),
-                     gamma=agg.spec.gamma, sigma=agg.spec.sigma, threshold=agg.spec.threshold,
-                     sigma1=agg.spec.sigma1, sigma2=agg.spec.sigma2)
+    return agg.spec.answer(counts, noise=NoiseSource(seed=seed, secure=False))
 
 
 def _epsilons(agg: Aggregator, histograms: np.ndarray, seed: int) -> dict[str, float]:

@@ -27,20 +27,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from privpipe.data import load_mnist  # noqa: E402
-from privpipe.pate.aggregate import aggregate  # noqa: E402
-from privpipe.pate.analysis import AggregatorSpec, choose_analysis, data_independent_events, sanitise  # noqa: E402
+from privpipe.pate.aggregators import Aggregator  # noqa: E402
+from privpipe.pate.analysis import choose_analysis, data_independent_events, sanitise  # noqa: E402
+from privpipe.pate.registry import make_aggregator  # noqa: E402
 from privpipe.pate.teachers import vote_histograms  # noqa: E402
 from privpipe.privacy import NoiseSource, compute_epsilon  # noqa: E402
 
 DELTA = 1e-5
-CONFIDENT = AggregatorSpec("confident_gnmax", 250, 10, threshold=200.0, sigma1=150.0, sigma2=40.0)
+CONFIDENT = make_aggregator("confident_gnmax", 250, 10, threshold=200.0, sigma1=150.0, sigma2=40.0)
 RELEASE = {"order": 20.0, "beta": 0.01, "noise_scale": 20.0, "failure_probability": 1e-7}
 AGGREGATORS = [
-    ("LNMax γ 0.05 (PATE 2017)", AggregatorSpec("lnmax", 250, 10, gamma=0.05), 100),
-    ("GNMax σ 40", AggregatorSpec("gnmax", 250, 10, sigma=40.0), 100),
-    ("GNMax σ 40", AggregatorSpec("gnmax", 250, 10, sigma=40.0), 115),
-    ("GNMax σ 40", AggregatorSpec("gnmax", 250, 10, sigma=40.0), 300),
-    ("GNMax σ 40", AggregatorSpec("gnmax", 250, 10, sigma=40.0), 1000),
+    ("LNMax γ 0.05 (PATE 2017)", make_aggregator("lnmax", 250, 10, gamma=0.05), 100),
+    ("GNMax σ 40", make_aggregator("gnmax", 250, 10, sigma=40.0), 100),
+    ("GNMax σ 40", make_aggregator("gnmax", 250, 10, sigma=40.0), 115),
+    ("GNMax σ 40", make_aggregator("gnmax", 250, 10, sigma=40.0), 300),
+    ("GNMax σ 40", make_aggregator("gnmax", 250, 10, sigma=40.0), 1000),
     ("Confident-GNMax T 200 σ₁ 150 σ₂ 40", CONFIDENT, 500),
     ("Confident-GNMax T 200 σ₁ 150 σ₂ 40 (PATE 2018)", CONFIDENT, 640),
 ]
@@ -50,7 +51,7 @@ def _epsilon(events: list) -> float:
     return compute_epsilon(events, delta=DELTA).epsilon
 
 
-def reference_epsilon(core, spec: AggregatorSpec, counts: np.ndarray, answered: np.ndarray) -> float:
+def reference_epsilon(core, spec: Aggregator, counts: np.ndarray, answered: np.ndarray) -> float:
     """What research/pate_2018 reports: per-query RDP summed (argmax on answered queries only), no release."""
     orders = np.concatenate((np.arange(2, 100 + 1, .5), np.logspace(np.log10(100), np.log10(500), num=100)))
     rdp = np.zeros(len(orders))
@@ -84,9 +85,7 @@ def main() -> None:
              "| auto records | reference ε (answered only, unsanitised) |", "|---|---|---|---|---|---|---|---|"]
     for name, spec, queries in AGGREGATORS:
         counts = histograms[:queries]
-        labels = aggregate(counts, mechanism=spec.mechanism, noise=NoiseSource(seed=0, secure=False),
-                           gamma=spec.gamma, sigma=spec.sigma, threshold=spec.threshold, sigma1=spec.sigma1,
-                           sigma2=spec.sigma2)
+        labels = spec.answer(counts, noise=NoiseSource(seed=0, secure=False))
         answered = labels >= 0
         accuracy = float((labels[answered] == truth[:queries][answered]).mean())
         independent = _epsilon(data_independent_events(spec, queries=queries))

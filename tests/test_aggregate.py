@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from privpipe.pate.aggregate import MECHANISMS, UNANSWERED, aggregate, confident_gnmax, gnmax, lnmax
+from privpipe.pate.aggregate import UNANSWERED, confident_gnmax, gnmax, lnmax
+from privpipe.pate.registry import AGGREGATORS as MECHANISMS
+from privpipe.pate.registry import make_aggregator
 from privpipe.privacy.secure_noise import NoiseSource
 
 CLASSES = 10
@@ -145,12 +147,15 @@ def test_reproducible_for_a_seed_and_different_across_seeds(mechanism):
 def test_aggregate_dispatches_to_each_mechanism():
     rng = np.random.default_rng(9)
     histograms = random_histograms(rng, 100)
-    np.testing.assert_array_equal(aggregate(histograms, mechanism="lnmax", gamma=0.1, noise=seeded(1)),
+    np.testing.assert_array_equal(make_aggregator("lnmax", TEACHERS, CLASSES, gamma=0.1).answer(histograms,
+                                                                                                noise=seeded(1)),
                                   lnmax(histograms, gamma=0.1, noise=seeded(1)))
-    np.testing.assert_array_equal(aggregate(histograms, mechanism="gnmax", sigma=5.0, noise=seeded(1)),
+    np.testing.assert_array_equal(make_aggregator("gnmax", TEACHERS, CLASSES, sigma=5.0).answer(histograms,
+                                                                                                noise=seeded(1)),
                                   gnmax(histograms, sigma=5.0, noise=seeded(1)))
     np.testing.assert_array_equal(
-        aggregate(histograms, mechanism="confident_gnmax", threshold=40, sigma1=5.0, sigma2=3.0, noise=seeded(1)),
+        make_aggregator("confident_gnmax", TEACHERS, CLASSES, threshold=40, sigma1=5.0, sigma2=3.0).answer(
+            histograms, noise=seeded(1)),
         confident_gnmax(histograms, threshold=40, sigma1=5.0, sigma2=3.0, noise=seeded(1)))
 
 
@@ -250,12 +255,12 @@ def test_negative_counts_raise(mechanism):
 
 def test_aggregate_rejects_an_unknown_mechanism_and_missing_parameters():
     with pytest.raises(ValueError, match="unknown mechanism"):
-        aggregate(GOOD, mechanism="exponential", noise=seeded(), sigma=1.0)
+        make_aggregator("exponential", 5, 3, sigma=1.0).answer(GOOD, noise=seeded())
     with pytest.raises(ValueError, match="sigma is required"):
-        aggregate(GOOD, mechanism="gnmax", noise=seeded(), gamma=1.0)
+        make_aggregator("gnmax", 5, 3, gamma=1.0).answer(GOOD, noise=seeded())
     with pytest.raises(ValueError, match="gamma is required"):
-        aggregate(GOOD, mechanism="lnmax", noise=seeded())
+        make_aggregator("lnmax", 5, 3).answer(GOOD, noise=seeded())
     with pytest.raises(ValueError, match="threshold is required"):
-        aggregate(GOOD, mechanism="confident_gnmax", noise=seeded(), sigma1=1.0, sigma2=1.0)
+        make_aggregator("confident_gnmax", 5, 3, sigma1=1.0, sigma2=1.0).answer(GOOD, noise=seeded())
     with pytest.raises(ValueError, match="sigma must be > 0"):
-        aggregate(GOOD, mechanism="gnmax", noise=seeded(), sigma=0.0)
+        make_aggregator("gnmax", 5, 3, sigma=0.0).answer(GOOD, noise=seeded())

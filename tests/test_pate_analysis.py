@@ -19,8 +19,8 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from privpipe.pate.aggregators import Aggregator
 from privpipe.pate.analysis import (
-    AggregatorSpec,
     best_case_rdp,
     choose_analysis,
     data_dependent_rdp,
@@ -40,6 +40,7 @@ from privpipe.pate.analysis import (
     smooth_sensitivity,
     threshold_rdp,
 )
+from privpipe.pate.registry import make_aggregator
 from privpipe.privacy import (
     RDP_ORDERS,
     GaussianEvent,
@@ -51,9 +52,9 @@ from privpipe.privacy import (
 )
 
 TEACHERS, CLASSES = 250, 10
-GNMAX = AggregatorSpec("gnmax", TEACHERS, CLASSES, sigma=40.0)
-LNMAX = AggregatorSpec("lnmax", TEACHERS, CLASSES, gamma=0.05)
-CONFIDENT = AggregatorSpec("confident_gnmax", TEACHERS, CLASSES, threshold=150.0, sigma1=30.0, sigma2=20.0)
+GNMAX = make_aggregator("gnmax", TEACHERS, CLASSES, sigma=40.0)
+LNMAX = make_aggregator("lnmax", TEACHERS, CLASSES, gamma=0.05)
+CONFIDENT = make_aggregator("confident_gnmax", TEACHERS, CLASSES, threshold=150.0, sigma1=30.0, sigma2=20.0)
 SPECS = {"gnmax": GNMAX, "lnmax": LNMAX, "confident_gnmax": CONFIDENT}
 SOME_ORDERS = [o for o in RDP_ORDERS if o in (1.1, 1.5, 2.0, 3.5, 5.0, 10.0, 20.0, 32.0, 63.0, 128.0, 1024.0)]
 
@@ -67,7 +68,7 @@ def laplace_rdp_one(b: float, alpha: float) -> float:
                     + (alpha - 1) / (2 * alpha - 1) * math.exp(-alpha / b)) / (alpha - 1)
 
 
-def independent_per_query(spec: AggregatorSpec, order: float) -> float:
+def independent_per_query(spec: Aggregator, order: float) -> float:
     """The data-independent RDP of one query asked, written out (Confident-GNMax: both steps)."""
     if spec.mechanism == "gnmax":
         return order / spec.sigma**2
@@ -313,7 +314,7 @@ def test_confident_gnmax_charges_a_bound_on_every_query_answered_or_not():
     """The case of issue 17: T = 125.5, σ₁ = 50, σ₂ = 0.5, votes [126, 124] against [125, 125]. The output
     (label or no answer) has RDP 3.97 / 5.00 / 5.28 at orders 2 / 5 / 20; charging the argmax only on
     answered queries charged 0.0004 / 0.001 / 0.004 whenever the query went unanswered."""
-    spec = AggregatorSpec("confident_gnmax", 250, 2, threshold=125.5, sigma1=50.0, sigma2=0.5)
+    spec = make_aggregator("confident_gnmax", 250, 2, threshold=125.5, sigma1=50.0, sigma2=0.5)
     here, there = [126, 124], [125, 125]
     p, q = confident_output(here, 125.5, 50.0, 0.5), confident_output(there, 125.5, 50.0, 0.5)
     assert 0.4 < p[0] < 0.6 and 0.4 < q[0] < 0.6  # about half the time unanswered
@@ -348,7 +349,7 @@ def test_gnmax_per_query_written_out_from_the_union_bound():
 
 
 def test_lnmax_per_query_written_out_from_the_union_bound():
-    spec = AggregatorSpec("lnmax", TEACHERS, CLASSES, gamma=0.1)
+    spec = make_aggregator("lnmax", TEACHERS, CLASSES, gamma=0.1)
     histograms = np.array([[170, 40, 40] + [0] * 7])
     q = 2 * (2 + 13) / (4 * math.exp(13)) + 7 * (2 + 17) / (4 * math.exp(17))
     expected = min(2 * laplace_rdp_one(10.0, 5.0), theorem3(q, 0.1, 5.0))
@@ -363,11 +364,11 @@ def test_votes_are_checked():
     with pytest.raises(ValueError, match="whole numbers"):
         per_query_rdp(GNMAX, np.array([[249.5, 0.5] + [0] * 8]), orders=[2.0])
     with pytest.raises(ValueError):
-        AggregatorSpec("gnmax", 10, 3)  # no sigma
+        make_aggregator("gnmax", 10, 3)  # no sigma
     with pytest.raises(ValueError):
-        AggregatorSpec("exponential", 10, 3, sigma=1.0)
+        make_aggregator("exponential", 10, 3, sigma=1.0)
     with pytest.raises(ValueError):
-        AggregatorSpec("confident_gnmax", 10, 3, threshold=5, sigma1=0.0, sigma2=1.0)
+        make_aggregator("confident_gnmax", 10, 3, threshold=5, sigma1=0.0, sigma2=1.0)
 
 
 # -- data-independent events ----------------------------------------------------------------
@@ -399,7 +400,7 @@ def balle_wang_epsilon(noise_multiplier: float, delta: float) -> float:
 
 @pytest.mark.parametrize("sigma", [4.0, 40.0])
 def test_gnmax_one_query_epsilon_is_the_gaussian_mechanism_at_sigma_over_root_two(sigma):
-    spec = AggregatorSpec("gnmax", TEACHERS, CLASSES, sigma=sigma)
+    spec = make_aggregator("gnmax", TEACHERS, CLASSES, sigma=sigma)
     events = data_independent_events(spec, queries=1)
     exact = balle_wang_epsilon(sigma / math.sqrt(2), 1e-5)
     pld = compute_epsilon(events, delta=1e-5, accountant="pld").epsilon
@@ -442,7 +443,7 @@ RELEASE_SETTINGS = {"order": 20.0, "beta": 0.01, "noise_scale": 20.0, "failure_p
 def test_the_default_digits_settings_cannot_win_and_choose_data_independent():
     """Issue 17: 50 teachers, σ = 40, 20 queries: the data-dependent bound equals the data-independent cap
     for every histogram, so the sanitised release (ε 0.885 recorded) could only add its own cost."""
-    spec = AggregatorSpec("gnmax", 50, 10, sigma=40.0)
+    spec = make_aggregator("gnmax", 50, 10, sigma=40.0)
     orders = list(RDP_ORDERS)
     unanimous = per_query_rdp(spec, np.array([[50] + [0] * 9]), orders=orders)[0]
     np.testing.assert_allclose(unanimous, [o / 40.0**2 for o in orders], rtol=1e-12)  # the reference's
@@ -456,7 +457,7 @@ def test_the_default_digits_settings_cannot_win_and_choose_data_independent():
 def test_little_noise_on_many_queries_can_win():
     # the release's shift grows with the queries like the data-independent RDP, but its ε does not pay
     # the composed Gaussians' √(queries) conversion: with little noise per query it can win
-    spec = AggregatorSpec("gnmax", TEACHERS, CLASSES, sigma=20.0)
+    spec = make_aggregator("gnmax", TEACHERS, CLASSES, sigma=20.0)
     settings = {"order": 8.0, "beta": 0.06, "noise_scale": 10.0, "failure_probability": 1e-7}
     choice = choose_analysis(spec, queries=300, epsilon_of=_alone, **settings)
     assert choice.analysis == "data_dependent" and "can win" in choice.reason
@@ -480,19 +481,19 @@ def test_the_choice_uses_the_callers_measure_of_epsilon():
 
 
 SMALL_SPECS = [
-    (AggregatorSpec("gnmax", 5, 3, sigma=1.0), 2.0),
-    (AggregatorSpec("gnmax", 8, 3, sigma=0.5), 2.0),
-    (AggregatorSpec("gnmax", 8, 3, sigma=1.0), 3.0),
-    (AggregatorSpec("gnmax", 6, 4, sigma=0.7), 2.0),
-    (AggregatorSpec("lnmax", 8, 3, gamma=1.0), 2.0),
-    (AggregatorSpec("lnmax", 6, 3, gamma=2.0), 5.0),
-    (AggregatorSpec("confident_gnmax", 8, 3, threshold=5, sigma1=0.5, sigma2=0.7), 2.0),
-    (AggregatorSpec("confident_gnmax", 6, 3, threshold=3.5, sigma1=0.4, sigma2=0.6), 1.5),
+    (make_aggregator("gnmax", 5, 3, sigma=1.0), 2.0),
+    (make_aggregator("gnmax", 8, 3, sigma=0.5), 2.0),
+    (make_aggregator("gnmax", 8, 3, sigma=1.0), 3.0),
+    (make_aggregator("gnmax", 6, 4, sigma=0.7), 2.0),
+    (make_aggregator("lnmax", 8, 3, gamma=1.0), 2.0),
+    (make_aggregator("lnmax", 6, 3, gamma=2.0), 5.0),
+    (make_aggregator("confident_gnmax", 8, 3, threshold=5, sigma1=0.5, sigma2=0.7), 2.0),
+    (make_aggregator("confident_gnmax", 6, 3, threshold=3.5, sigma1=0.4, sigma2=0.6), 1.5),
 ]
 SMALL_IDS = [f"{s.mechanism}-{s.teachers}x{s.classes}-o{o}" for s, o in SMALL_SPECS]
 
 
-def single_query_values(spec: AggregatorSpec, order: float):
+def single_query_values(spec: Aggregator, order: float):
     histograms = all_histograms(spec.teachers, spec.classes)
     values = per_query_rdp(spec, np.array(histograms), orders=[order])[:, 0]
     return histograms, dict(zip(histograms, values))

@@ -9,7 +9,8 @@
   an unanswered query gets the label ``UNANSWERED`` (−1).
 
 ``histograms`` is (queries, classes) vote counts; each row sums to the number of teachers.
-The privacy of these outputs is in :mod:`privpipe.pate.analysis`.
+Each is wrapped with what its privacy analysis needs as one class in :mod:`privpipe.pate.aggregators`,
+chosen by name from :mod:`privpipe.pate.registry`; the analysis is :mod:`privpipe.pate.analysis`.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import numpy as np
 
 from privpipe.privacy.secure_noise import NoiseSource
 
-__all__ = ["MECHANISMS", "UNANSWERED", "lnmax", "gnmax", "confident_gnmax", "aggregate"]
+__all__ = ["UNANSWERED", "lnmax", "gnmax", "confident_gnmax"]
 
-MECHANISMS = ("lnmax", "gnmax", "confident_gnmax")
 UNANSWERED = -1
 
 
@@ -65,22 +65,3 @@ def confident_gnmax(histograms: np.ndarray, *, threshold: float, sigma1: float, 
         labels[confident] = gnmax(counts[confident], sigma=sigma2, noise=noise)
     return labels
 
-
-def aggregate(histograms: np.ndarray, *, mechanism: str, noise: NoiseSource, gamma: float | None = None,
-              sigma: float | None = None, threshold: float | None = None, sigma1: float | None = None,
-              sigma2: float | None = None) -> np.ndarray:
-    """Dispatch on ``mechanism`` (one of :data:`MECHANISMS`) with its own parameters."""
-    if mechanism == "lnmax":
-        return lnmax(histograms, gamma=_given("gamma", gamma), noise=noise)
-    if mechanism == "gnmax":
-        return gnmax(histograms, sigma=_given("sigma", sigma), noise=noise)
-    if mechanism == "confident_gnmax":
-        return confident_gnmax(histograms, threshold=_given("threshold", threshold),
-                               sigma1=_given("sigma1", sigma1), sigma2=_given("sigma2", sigma2), noise=noise)
-    raise ValueError(f"unknown mechanism {mechanism!r} (choose one of {', '.join(MECHANISMS)})")
-
-
-def _given(name: str, value: float | None) -> float:
-    if value is None:
-        raise ValueError(f"{name} is required by this mechanism")
-    return float(value)

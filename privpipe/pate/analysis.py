@@ -1,12 +1,12 @@
 """Privacy of PATE's noisy aggregation: data-independent, data-dependent and sanitised.
 
-    spec = AggregatorSpec(mechanism="confident_gnmax", teachers=250, classes=10,
-                          threshold=200, sigma1=150, sigma2=40)
-    choice = choose_analysis(spec, queries=640, order=20, beta=0.01, noise_scale=20,
+    aggregator = make_aggregator("confident_gnmax", teachers=250, classes=10,
+                                 threshold=200, sigma1=150, sigma2=40)  # privpipe.pate.registry
+    choice = choose_analysis(aggregator, queries=640, order=20, beta=0.01, noise_scale=20,
                              failure_probability=1e-7, epsilon_of=ledger_epsilon_after)  # public: before the votes
-    events = data_independent_events(spec, queries=640)
-    raw = data_dependent_rdp(spec, histograms, orders=RDP_ORDERS)        # private: never release
-    release = sanitise(spec, histograms, order=20, beta=0.01, noise_scale=20,
+    events = data_independent_events(aggregator, queries=640)
+    raw = data_dependent_rdp(aggregator, histograms, orders=RDP_ORDERS)        # private: never release
+    release = sanitise(aggregator, histograms, order=20, beta=0.01, noise_scale=20,
                        failure_probability=1e-7, noise=NoiseSource(seed=0, secure=True))
     ledger.record(release.event())                                       # what the ledger composes
 
@@ -14,27 +14,20 @@ Adjacency: one record added or removed changes one teacher (the partition assign
 record by its own id, see ``privpipe.data.partition``), so every query's histogram moves
 by at most one vote: one count −1, another +1.
 
-**Data-independent.** LNMax: two Laplace(1/γ) coordinates change by 1 (two Laplace events per
-query). GNMax: a Gaussian of L2 sensitivity √2 (noise multiplier σ/√2). Confident-GNMax: the
-threshold's top count has sensitivity 1 (noise multiplier σ₁), plus the argmax as GNMax (σ₂).
-Every query asked is charged, answered or not. These are standard events, so the ledger
-can use PLD for them.
+Every function here takes the aggregator as an object (privpipe.pate.aggregators: LNMax, GNMax,
+ConfidentGNMax), which says what is particular to it; what follows holds for all of them.
+
+**Data-independent.** Each aggregator's own events (its class says which). Every query asked is
+charged, answered or not. These are standard events, so the ledger can use PLD for them.
 
 **Data-dependent** (Papernot et al. 2018, Theorem 6; 2017, Theorem 3), with the reference
-code's formulas (tensorflow/privacy, research/pate_2018/core.py): q̃, a bound on the
-probability that the noisy argmax is not the plurality class, is the union bound over
-every other class (2018 Prop. 7 for GNMax, 2017 Lemma 4 for LNMax), capped at 1 − 1/m;
-the threshold's q̃ is min(Pr[answer], Pr[no answer]) from the top count. Per query the RDP
-is the Theorem 6 (Theorem 3) bound at q̃, never above the data-independent one.
-
-For Confident-GNMax **both steps are charged on every query asked**. Charging the argmax
-only on the answered queries (as the 2018 paper's tables do) sums a data-dependent
-selection, an odometer reading rather than a bound: with T = 125.5, σ₁ = 50, σ₂ = 0.5 and
-votes [126, 124] against [125, 125], one query's output (label or no answer) has RDP
-3.97 at order 2, while only the threshold's 0.0004 would be charged when it goes
-unanswered. Running the argmax on every query and suppressing its output when the
-threshold says no is post-processing of a composition whose per-query bound no longer
-depends on the outcome (tests/test_pate_analysis.py checks the case by exact divergence).
+code's formulas (tensorflow/privacy, research/pate_2018/core.py; here in
+privpipe.pate.query_rdp): q̃, a bound on the probability that the noisy argmax is not the
+plurality class, is the union bound over every other class (2018 Prop. 7 for GNMax, 2017
+Lemma 4 for LNMax), capped at 1 − 1/m; the threshold's q̃ is min(Pr[answer], Pr[no answer])
+from the top count. Per query the RDP is the Theorem 6 (Theorem 3) bound at q̃, never above
+the data-independent one: the argmax step's, plus the threshold step's where the aggregator
+has one, **both charged on every query asked** (ConfidentGNMax's docstring says why).
 
 The bounds are those of Theorem 6 and Theorem 3: D_λ(M(D) ‖ M(D′)) for every neighbour D′
 of the dataset D at hand, the direction the papers and their code bound.
@@ -73,226 +66,91 @@ from dataclasses import dataclass
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy.special import log_ndtr, logsumexp, ndtri
+from scipy.special import ndtri
 
-from privpipe.pate.aggregate import MECHANISMS
-from privpipe.privacy.events import Event, GaussianEvent, LaplaceEvent, RdpCurveEvent
+from privpipe.pate.aggregators import Aggregator
+from privpipe.pate.query_rdp import (
+    cap_logq,
+    gaussian_rdp,
+    laplace_rdp,
+    logpr_answered,
+    logq_gnmax,
+    logq_lnmax,
+    threshold_rdp,
+    top_gaps,
+)
+from privpipe.pate.registry import make_aggregator
+from privpipe.privacy.events import Event, RdpCurveEvent
 from privpipe.privacy.secure_noise import NoiseSource
 
+# the per-query formulas are re-exported: callers have always found them here
 __all__ = ["AggregatorSpec", "AnalysisChoice", "SanitisedRelease", "data_independent_events", "data_independent_rdp",
            "logq_gnmax", "logq_lnmax", "logpr_answered", "gaussian_rdp", "laplace_rdp", "threshold_rdp",
            "per_query_rdp", "data_dependent_rdp", "best_case_rdp", "choose_analysis", "local_sensitivity_by_distance",
            "smooth_sensitivity", "gnss_rdp", "release_cost", "planned_release_event", "sanitise"]
 
 
-@dataclass(frozen=True)
-class AggregatorSpec:
-    """The aggregator as the analysis sees it: mechanism, ensemble size, classes, noise."""
-
-    mechanism: str
-    teachers: int
-    classes: int
-    gamma: float | None = None  # lnmax: Laplace inverse scale
-    sigma: float | None = None  # gnmax
-    threshold: float | None = None  # confident_gnmax: T
-    sigma1: float | None = None  # confident_gnmax: threshold noise
-    sigma2: float | None = None  # confident_gnmax: argmax noise
-
-    def __post_init__(self) -> None:
-        if self.mechanism not in MECHANISMS:
-            raise ValueError(f"mechanism: unknown {self.mechanism!r} (choose one of {', '.join(MECHANISMS)})")
-        if self.teachers < 1 or self.classes < 2:
-            raise ValueError(f"need teachers >= 1 and classes >= 2, got {self.teachers} and {self.classes}")
-        needed = {"lnmax": ("gamma",), "gnmax": ("sigma",),
-                  "confident_gnmax": ("threshold", "sigma1", "sigma2")}[self.mechanism]
-        for name in needed:
-            value = getattr(self, name)
-            if value is None or (name != "threshold" and not value > 0):
-                raise ValueError(f"{name} must be > 0 for {self.mechanism}, got {value!r}")
-
-    @property
-    def argmax_sigma(self) -> float:
-        return float(self.sigma if self.mechanism == "gnmax" else self.sigma2)
-
-
-# -- q̃: bounds on Pr[output ≠ likely outcome] (reference: pate_2018/core.py) -------------
-
-def _gaps(histograms: np.ndarray) -> np.ndarray:
-    """Each query's top count minus every other count, (queries, classes − 1), ascending."""
-    counts = np.sort(np.asarray(histograms, dtype=np.float64), axis=1)
-    return counts[:, -1:] - counts[:, -2::-1]
-
-
-def _cap(logq: np.ndarray, classes: int) -> np.ndarray:
-    # the plurality class wins a symmetric noisy max with probability ≥ 1/m
-    return np.minimum(logq, math.log(1.0 - 1.0 / classes))
-
-
-def _logq_gnmax_from_gaps(gaps: np.ndarray, sigma: float, classes: int) -> np.ndarray:
-    return _cap(logsumexp(log_ndtr(-gaps / (math.sqrt(2.0) * sigma)), axis=-1), classes)
-
-
-def _logq_lnmax_from_gaps(gaps: np.ndarray, gamma: float, classes: int) -> np.ndarray:
-    scaled = gamma * gaps
-    return _cap(logsumexp(np.log(2.0 + scaled) + math.log(0.25) - scaled, axis=-1), classes)
-
-
-def logq_gnmax(histograms: np.ndarray, *, sigma: float) -> np.ndarray:
-    """log q̃ for GNMax: the union bound Σ_{i≠i*} Pr[N(0, 2σ²) ≥ n_{i*} − n_i] (2018 Prop. 7), ≤ log(1 − 1/m)."""
-    gaps = _gaps(histograms)
-    return _logq_gnmax_from_gaps(gaps, sigma, gaps.shape[1] + 1)
-
-
-def logq_lnmax(histograms: np.ndarray, *, gamma: float) -> np.ndarray:
-    """log q̃ for LNMax: Σ_{i≠i*} (2 + γΔ_i)/(4e^{γΔ_i}), Δ_i = n_{i*} − n_i (2017 Lemma 4), ≤ log(1 − 1/m)."""
-    gaps = _gaps(histograms)
-    return _logq_lnmax_from_gaps(gaps, gamma, gaps.shape[1] + 1)
-
-
-def logpr_answered(tops: np.ndarray, *, threshold: float, sigma1: float) -> np.ndarray:
-    """log Pr[top count + N(0, σ₁²) ≥ T]."""
-    return log_ndtr((np.asarray(tops, dtype=np.float64) - threshold) / sigma1)
-
-
-# -- RDP of one query given q̃ --------------------------------------------------------
-
-def gaussian_rdp(logq: np.ndarray, *, sigma: float, order: float) -> np.ndarray:
-    """RDP at ``order`` of a mechanism that is (μ, μ/σ²)-RDP for all μ, given log q̃ (2018 Theorem 6,
-    with μ₁, μ₂ of Prop. 10; reference ``core.rdp_gaussian``), never above the data-independent λ/σ².
-
-    GNMax with noise σ is such a mechanism; so is the threshold with σ = √2·σ₁.
-    """
-    logq = np.atleast_1d(np.asarray(logq, dtype=np.float64))
-    independent = order / sigma**2
-    out = np.full(logq.shape, independent)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        mu2 = sigma * np.sqrt(-logq)
-        mu1 = mu2 + 1.0
-        eps1, eps2 = mu1 / sigma**2, mu2 / sigma**2
-        # Theorem 6's conditions: λ < μ1, μ2 > 1, q̃ in the range where the bound increases with it (Lemma 9)
-        valid = (mu1 > order) & (mu2 > 1.0) & (-logq > eps2)
-        valid &= logq <= (mu2 - 1.0) * eps2 - mu2 * (np.log1p(1.0 / (mu1 - 1.0)) + np.log1p(1.0 / (mu2 - 1.0)))
-        log1q = np.log1p(-np.exp(logq))
-        log_a = (order - 1.0) * (log1q - np.log1p(-np.exp((logq + eps2) * (1.0 - 1.0 / mu2))))
-        log_b = (order - 1.0) * (eps1 - logq / (mu1 - 1.0))
-        dependent = np.logaddexp(log1q + log_a, logq + log_b) / (order - 1.0)
-    use = valid & np.isfinite(dependent)
-    out[use] = np.minimum(independent, dependent[use])
-    out[np.isneginf(logq)] = 0.0  # the output is fixed
-    return out
-
-
-def _laplace_independent_rdp(gamma: float, order: float) -> float:
-    accountant = rdp_privacy_accountant.RdpAccountant(orders=[order])
-    accountant.compose(dp_event.LaplaceDpEvent(1.0 / gamma), 2)  # two coordinates move by one
-    return float(accountant.rdp[0])
-
-
-def laplace_rdp(logq: np.ndarray, *, gamma: float, order: float) -> np.ndarray:
-    """RDP at ``order`` of LNMax given log q̃: the reference ``core.rdp_pure_eps`` at ε = 2γ (2017 Theorem 3
-    as RDP of order λ = l + 1, and min(λε²/2, ε)), and never above the exact RDP of the two Laplace
-    coordinates (Mironov 2017), which is smaller for small γ."""
-    logq = np.atleast_1d(np.asarray(logq, dtype=np.float64))
-    eps = 2.0 * gamma
-    moments = order - 1.0
-    reference = np.full(logq.shape, min(0.5 * eps * eps * order, eps))
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        valid = np.exp(logq) <= 1.0 / (math.exp(min(eps, 700.0)) + 1.0)
-        log1q = np.log1p(-np.exp(logq))
-        log_first = log1q + moments * (log1q - np.log1p(-np.exp(eps + logq)))
-        dependent = np.logaddexp(log_first, logq + eps * moments) / moments
-    use = valid & np.isfinite(dependent)
-    reference[use] = np.minimum(reference[use], dependent[use])
-    return np.minimum(reference, _laplace_independent_rdp(gamma, order))
-
-
-def threshold_rdp(log_pr_answered: np.ndarray, *, sigma1: float, order: float) -> np.ndarray:
-    """RDP of the threshold step: Theorem 6 at q̃ = min(Pr[answer], Pr[no answer]) with noise √2·σ₁
-    (its input, the top count, has sensitivity 1; reference ``core.compute_rdp_threshold``)."""
-    log_pr = np.asarray(log_pr_answered, dtype=np.float64)
-    with np.errstate(divide="ignore"):
-        logq = np.minimum(log_pr, np.log1p(-np.exp(log_pr)))
-    return gaussian_rdp(logq, sigma=math.sqrt(2.0) * sigma1, order=order)
+def AggregatorSpec(mechanism: str, teachers: int, classes: int, **noise: float | None) -> Aggregator:
+    """The former spec's name and call, kept for callers not yet moved: :func:`privpipe.pate.registry.make_aggregator`
+    (which new code calls)."""
+    return make_aggregator(mechanism, teachers, classes, **noise)
 
 
 # -- per-query and total data-dependent RDP -----------------------------------------
 
-def _argmax_logq(spec: AggregatorSpec, gaps: np.ndarray) -> np.ndarray:
-    """log q̃ of the argmax step from each query's gaps to the top (its mechanism's union bound)."""
-    if spec.mechanism == "lnmax":
-        return _logq_lnmax_from_gaps(gaps, spec.gamma, spec.classes)
-    return _logq_gnmax_from_gaps(gaps, spec.argmax_sigma, spec.classes)
-
-
-def _argmax_rdp_at(spec: AggregatorSpec, logq: np.ndarray, order: float) -> np.ndarray:
+def _argmax_rdp_at(aggregator: Aggregator, logq: np.ndarray, order: float) -> np.ndarray:
     """The argmax step's RDP at ``order`` given log q̃ (capped first, as the union bounds are)."""
-    logq = _cap(logq, spec.classes)
-    if spec.mechanism == "lnmax":
-        return laplace_rdp(logq, gamma=spec.gamma, order=order)
-    return gaussian_rdp(logq, sigma=spec.argmax_sigma, order=order)
+    return aggregator.argmax_rdp(cap_logq(logq, aggregator.classes), order=order)
 
 
-def _argmax_rdp_from_gaps(spec: AggregatorSpec, gaps: np.ndarray, order: float) -> np.ndarray:
-    return _argmax_rdp_at(spec, _argmax_logq(spec, gaps), order)
+def _argmax_rdp_from_gaps(aggregator: Aggregator, gaps: np.ndarray, order: float) -> np.ndarray:
+    return _argmax_rdp_at(aggregator, aggregator.argmax_logq(gaps), order)
 
 
-def _threshold_table(spec: AggregatorSpec, order: float) -> np.ndarray:
-    """The threshold step's RDP for every possible top count 0..teachers."""
-    tops = np.arange(spec.teachers + 1, dtype=np.float64)
-    log_pr = logpr_answered(tops, threshold=spec.threshold, sigma1=spec.sigma1)
-    return threshold_rdp(log_pr, sigma1=spec.sigma1, order=order)
-
-
-def _check_votes(spec: AggregatorSpec, histograms: np.ndarray) -> np.ndarray:
+def _check_votes(aggregator: Aggregator, histograms: np.ndarray) -> np.ndarray:
     counts = np.asarray(histograms)
-    if counts.ndim != 2 or counts.shape[1] != spec.classes:
-        raise ValueError(f"histograms must be (queries, {spec.classes}), got shape {counts.shape}")
+    if counts.ndim != 2 or counts.shape[1] != aggregator.classes:
+        raise ValueError(f"histograms must be (queries, {aggregator.classes}), got shape {counts.shape}")
     if (counts < 0).any() or not np.array_equal(counts, np.round(counts)):
         raise ValueError("histograms: vote counts must be whole numbers >= 0")
-    if not (counts.sum(axis=1) == spec.teachers).all():
-        raise ValueError(f"every histogram must sum to the {spec.teachers} teachers")
+    if not (counts.sum(axis=1) == aggregator.teachers).all():
+        raise ValueError(f"every histogram must sum to the {aggregator.teachers} teachers")
     return counts.astype(np.int64)
 
 
-def per_query_rdp(spec: AggregatorSpec, histograms: np.ndarray, *, orders: Sequence[float]) -> np.ndarray:
+def per_query_rdp(aggregator: Aggregator, histograms: np.ndarray, *, orders: Sequence[float]) -> np.ndarray:
     """Data-dependent RDP of each query asked at each order: array (queries, orders).
 
-    Confident-GNMax: threshold plus argmax on every query (see the module docstring).
+    With a threshold step (Confident-GNMax): threshold plus argmax on every query (see the module docstring).
     """
-    counts = _check_votes(spec, histograms)
-    gaps = _gaps(counts)
+    counts = _check_votes(aggregator, histograms)
+    gaps = top_gaps(counts)
     out = np.zeros((len(counts), len(orders)))
     for j, order in enumerate(orders):
-        out[:, j] = _argmax_rdp_from_gaps(spec, gaps, order)
-        if spec.mechanism == "confident_gnmax":
-            out[:, j] += _threshold_table(spec, order)[counts.max(axis=1)]
+        out[:, j] = _argmax_rdp_from_gaps(aggregator, gaps, order)
+        threshold = aggregator.threshold_rdp_table(order=order)
+        if threshold is not None:
+            out[:, j] += threshold[counts.max(axis=1)]
     return out
 
 
-def data_dependent_rdp(spec: AggregatorSpec, histograms: np.ndarray, *, orders: Sequence[float]) -> np.ndarray:
+def data_dependent_rdp(aggregator: Aggregator, histograms: np.ndarray, *, orders: Sequence[float]) -> np.ndarray:
     """Total data-dependent RDP at each order. Private: depends on the votes; never release it raw."""
-    return per_query_rdp(spec, histograms, orders=orders).sum(axis=0)
+    return per_query_rdp(aggregator, histograms, orders=orders).sum(axis=0)
 
 
-def data_independent_events(spec: AggregatorSpec, *, queries: int, stage: str = "aggregate") -> list[Event]:
+def data_independent_events(aggregator: Aggregator, *, queries: int, stage: str = "aggregate") -> list[Event]:
     """Ledger events of the data-independent bound for ``queries`` queries asked (every one charged)."""
     if queries < 0:
         raise ValueError(f"queries must be >= 0, got {queries}")
     if queries == 0:
         return []
-    events: list[Event] = []
-    if spec.mechanism == "confident_gnmax":
-        events.append(GaussianEvent(stage=stage, noise_multiplier=spec.sigma1, count=queries))
-    if spec.mechanism == "lnmax":
-        events.append(LaplaceEvent(stage=stage, noise_multiplier=1.0 / spec.gamma, count=2 * queries))
-    else:
-        events.append(GaussianEvent(stage=stage, noise_multiplier=spec.argmax_sigma / math.sqrt(2.0), count=queries))
-    return events
+    return aggregator.data_independent_events(queries=queries, stage=stage)
 
 
-def data_independent_rdp(spec: AggregatorSpec, *, queries: int, orders: Sequence[float]) -> np.ndarray:
+def data_independent_rdp(aggregator: Aggregator, *, queries: int, orders: Sequence[float]) -> np.ndarray:
     """RDP curve of :func:`data_independent_events` at ``orders``."""
-    events = data_independent_events(spec, queries=queries)
+    events = data_independent_events(aggregator, queries=queries)
     accountant = rdp_privacy_accountant.RdpAccountant(orders=list(orders))
     if events:
         accountant.compose(dp_event.ComposedDpEvent([e.to_dp_event() for e in events]))
@@ -301,28 +159,30 @@ def data_independent_rdp(spec: AggregatorSpec, *, queries: int, orders: Sequence
 
 # -- the choice, from public information only -------------------------------------------
 
-def _identical_votes(spec: AggregatorSpec) -> np.ndarray:
+def _identical_votes(aggregator: Aggregator) -> np.ndarray:
     """For every possible top count t, the histogram t, t, …, remainder: the most agreement a top count allows."""
+    teachers, classes = aggregator.teachers, aggregator.classes
     rows = []
-    for top in range(-(-spec.teachers // spec.classes), spec.teachers + 1):  # pigeonhole: top ≥ ⌈teachers/m⌉
-        full, rest = divmod(spec.teachers, top)
+    for top in range(-(-teachers // classes), teachers + 1):  # pigeonhole: top ≥ ⌈teachers/m⌉
+        full, rest = divmod(teachers, top)
         row = [top] * full + ([rest] if rest else [])
-        rows.append(row + [0] * (spec.classes - len(row)))
+        rows.append(row + [0] * (classes - len(row)))
     return np.array(rows, dtype=np.int64)
 
 
-def best_case_rdp(spec: AggregatorSpec, *, queries: int, order: float, beta: float, noise_scale: float,
+def best_case_rdp(aggregator: Aggregator, *, queries: int, order: float, beta: float, noise_scale: float,
                   failure_probability: float) -> float:
     """The smallest RDP a sanitised release of ``queries`` queries can be expected to record, over votes where
     every query has the same histogram (each possible top count, the rest as concentrated as it allows):
     the data-dependent bound plus the shift c·σ_s·SS that keeps it an upper bound, capped at the
     data-independent RDP, plus the release's own cost. Depends only on the settings; unanimous votes are
     among the histograms tried, so the bound's own minimum (without the shift) is never missed."""
-    counts = _identical_votes(spec)
-    raw = per_query_rdp(spec, counts, orders=[order])[:, 0]
-    smooth = np.array([smooth_sensitivity(row, beta=beta) for row in _local_sensitivity_rows(spec, counts, order)])
+    counts = _identical_votes(aggregator)
+    raw = per_query_rdp(aggregator, counts, orders=[order])[:, 0]
+    rows = _local_sensitivity_rows(aggregator, counts, order)
+    smooth = np.array([smooth_sensitivity(row, beta=beta) for row in rows])
     shift = float(-ndtri(failure_probability))
-    cap = float(data_independent_rdp(spec, queries=queries, orders=[order])[0])
+    cap = float(data_independent_rdp(aggregator, queries=queries, orders=[order])[0])
     expected = np.minimum(queries * (raw + shift * noise_scale * smooth), cap)
     return float(expected.min()) + release_cost(order=order, beta=beta, noise_scale=noise_scale,
                                                 failure_probability=failure_probability)
@@ -341,15 +201,15 @@ class AnalysisChoice:
         return dict(self.__dict__)
 
 
-def choose_analysis(spec: AggregatorSpec, *, queries: int, order: float, beta: float, noise_scale: float,
+def choose_analysis(aggregator: Aggregator, *, queries: int, order: float, beta: float, noise_scale: float,
                     failure_probability: float, epsilon_of: Callable[[list[Event]], float]) -> AnalysisChoice:
     """Data-dependent only if its best case beats the data-independent events, as ``epsilon_of`` measures
     them (e.g. the run's ε after composing them with the ledger). Public: settings and query count only."""
-    best = best_case_rdp(spec, queries=queries, order=order, beta=beta, noise_scale=noise_scale,
+    best = best_case_rdp(aggregator, queries=queries, order=order, beta=beta, noise_scale=noise_scale,
                          failure_probability=failure_probability)
     best_epsilon = epsilon_of([RdpCurveEvent(stage="aggregate", orders=(order,), rdp=(best,),
                                              delta=failure_probability)])
-    independent_epsilon = epsilon_of(data_independent_events(spec, queries=queries))
+    independent_epsilon = epsilon_of(data_independent_events(aggregator, queries=queries))
     if best_epsilon < independent_epsilon:
         return AnalysisChoice("data_dependent", f"can win: best case ε {best_epsilon:.4g} < data-independent ε "
                               f"{independent_epsilon:.4g}", best_epsilon, independent_epsilon)
@@ -364,29 +224,19 @@ def choose_analysis(spec: AggregatorSpec, *, queries: int, order: float, beta: f
 _LOGQ_EDGES = -np.geomspace(1e5, 1e-6, 20001)
 
 
-def _log_step_ratio(spec: AggregatorSpec) -> float:
-    """log ρ: one changed teacher moves every term of the union bound by at most a factor ρ either way (a
-    gap x becomes x ± 2; the ratio of the terms at x − 2 and x grows with x, so x = teachers bounds it)."""
-    if spec.mechanism == "lnmax":
-        return 2.0 * spec.gamma  # (2 + γ(x − 2))/(2 + γx)·e^{2γ} ≤ e^{2γ}
-    scale = math.sqrt(2.0) * spec.argmax_sigma
-    x = float(spec.teachers) + 2.0
-    return float(log_ndtr(-(x - 2.0) / scale) - log_ndtr(-x / scale))
-
-
 @functools.lru_cache(maxsize=64)
-def _argmax_step_table(spec: AggregatorSpec, order: float) -> tuple[np.ndarray, np.ndarray] | None:
+def _argmax_step_table(aggregator: Aggregator, order: float) -> tuple[np.ndarray, np.ndarray] | None:
     """Per cell of log q̃ (cell 0 below the first edge, cell k between edges k − 1 and k), a bound on how
     much one more teacher can change the argmax's RDP from any q̃ in the cell, β(ρ·q_hi) − β(q_lo/ρ), as
     a sparse table for range maxima; None where that RDP is not non-decreasing in q̃ on the edges (then no
     such bound holds; the reference code checks its own conditions C5/C6 numerically the same way)."""
-    edges = _cap(_LOGQ_EDGES, spec.classes)
-    values = _argmax_rdp_at(spec, edges, order)
+    edges = cap_logq(_LOGQ_EDGES, aggregator.classes)
+    values = _argmax_rdp_at(aggregator, edges, order)
     if not (np.diff(values) >= -1e-12).all():
         return None
-    ratio = _log_step_ratio(spec)
-    up = _argmax_rdp_at(spec, edges + ratio, order)
-    down = _argmax_rdp_at(spec, edges - ratio, order)
+    ratio = aggregator.log_step_ratio()
+    up = _argmax_rdp_at(aggregator, edges + ratio, order)
+    down = _argmax_rdp_at(aggregator, edges - ratio, order)
     cells = np.r_[up[0], up[1:] - down[:-1]]
     levels = [cells]
     while 2 ** len(levels) <= len(cells):
@@ -421,37 +271,38 @@ def _dilate(values: np.ndarray, radius: int) -> np.ndarray:
     return values
 
 
-def _local_sensitivity_rows(spec: AggregatorSpec, counts: np.ndarray, order: float) -> np.ndarray:
+def _local_sensitivity_rows(aggregator: Aggregator, counts: np.ndarray, order: float) -> np.ndarray:
     """LS(d) of each query's RDP, (queries, teachers + 1): within d teachers the gaps lie within 2d of
     today's, so q̃ lies in [union bound at gaps + 2d, union bound at max(gaps − 2d, 0)]; one more teacher
     then changes the argmax's RDP by at most the largest cell value over that interval."""
-    size = spec.teachers + 1
+    size = aggregator.teachers + 1
     ls = np.zeros((len(counts), size))
-    steps = _argmax_step_table(spec, order)
+    steps = _argmax_step_table(aggregator, order)
     if steps is None:  # no interval bound: the per-query RDP lies in [0, data-independent]
-        ls += float(_argmax_rdp_at(spec, np.zeros(1), order)[0])
+        ls += float(_argmax_rdp_at(aggregator, np.zeros(1), order)[0])
     else:
         edges, table = steps
-        gaps = _gaps(counts)
+        gaps = top_gaps(counts)
         for d in range(size):
-            low = _argmax_logq(spec, gaps + 2.0 * d)
-            high = _argmax_logq(spec, np.maximum(gaps - 2.0 * d, 0.0))
+            low = aggregator.argmax_logq(gaps + 2.0 * d)
+            high = aggregator.argmax_logq(np.maximum(gaps - 2.0 * d, 0.0))
             first = np.minimum(np.searchsorted(edges, low), len(edges) - 1)
             last = np.minimum(np.searchsorted(edges, high), len(edges) - 1)
             ls[:, d] = _range_max(table, first, last)
-    if spec.mechanism == "confident_gnmax":
+    threshold = aggregator.threshold_rdp_table(order=order)
+    if threshold is not None:
         tops = counts.max(axis=1)
-        window = _one_step_change(_threshold_table(spec, order), 1)
+        window = _one_step_change(threshold, 1)
         for d in range(size):
             ls[:, d] += window[tops]
             window = _dilate(window, 1)
     return ls
 
 
-def local_sensitivity_by_distance(spec: AggregatorSpec, histograms: np.ndarray, *, order: float) -> np.ndarray:
+def local_sensitivity_by_distance(aggregator: Aggregator, histograms: np.ndarray, *, order: float) -> np.ndarray:
     """LS(d), d = 0..teachers: a bound on the local sensitivity of the data-dependent RDP at ``order``
     for every dataset within d changed records (hence teachers) of this one (module docstring)."""
-    return _local_sensitivity_rows(spec, _check_votes(spec, histograms), order).sum(axis=0)
+    return _local_sensitivity_rows(aggregator, _check_votes(aggregator, histograms), order).sum(axis=0)
 
 
 def smooth_sensitivity(local_by_distance: np.ndarray, *, beta: float) -> float:
@@ -479,11 +330,11 @@ def release_cost(*, order: float, beta: float, noise_scale: float, failure_proba
     return gnss_rdp(beta=beta, sigma=noise_scale / inflation, order=order)
 
 
-def planned_release_event(spec: AggregatorSpec, *, queries: int, order: float, beta: float, noise_scale: float,
+def planned_release_event(aggregator: Aggregator, *, queries: int, order: float, beta: float, noise_scale: float,
                           failure_probability: float, stage: str = "aggregate") -> RdpCurveEvent:
     """The most a sanitised release for ``queries`` queries can record (U at its data-independent cap):
     what the budget is checked against before any noise is drawn."""
-    cap = float(data_independent_rdp(spec, queries=queries, orders=[order])[0])
+    cap = float(data_independent_rdp(aggregator, queries=queries, orders=[order])[0])
     cost = release_cost(order=order, beta=beta, noise_scale=noise_scale, failure_probability=failure_probability)
     return RdpCurveEvent(stage=stage, orders=(order,), rdp=(cap + cost,), delta=failure_probability)
 
@@ -520,19 +371,19 @@ class SanitisedRelease:
                 "failure_probability": self.failure_probability, "beta": self.beta, "noise_scale": self.noise_scale}
 
 
-def sanitise(spec: AggregatorSpec, histograms: np.ndarray, *, order: float, beta: float,
+def sanitise(aggregator: Aggregator, histograms: np.ndarray, *, order: float, beta: float,
              noise_scale: float, failure_probability: float, noise: NoiseSource) -> SanitisedRelease:
     """Release the data-dependent RDP at ``order`` through the smooth-sensitivity Gaussian mechanism."""
     if not 0 < failure_probability < 0.5:
         raise ValueError(f"failure_probability must be in (0, 0.5), got {failure_probability!r}")
     if not noise_scale > 0:
         raise ValueError(f"noise_scale must be > 0, got {noise_scale!r}")
-    counts = _check_votes(spec, histograms)
-    raw = float(data_dependent_rdp(spec, counts, orders=[order])[0])
-    smooth = smooth_sensitivity(local_sensitivity_by_distance(spec, counts, order=order), beta=beta)
+    counts = _check_votes(aggregator, histograms)
+    raw = float(data_dependent_rdp(aggregator, counts, orders=[order])[0])
+    smooth = smooth_sensitivity(local_sensitivity_by_distance(aggregator, counts, order=order), beta=beta)
     shift = float(-ndtri(failure_probability))  # c: U falls below F only if N(0,1) < −c
     cost = release_cost(order=order, beta=beta, noise_scale=noise_scale, failure_probability=failure_probability)
-    independent = float(data_independent_rdp(spec, queries=len(counts), orders=[order])[0])
+    independent = float(data_independent_rdp(aggregator, queries=len(counts), orders=[order])[0])
     noisy = raw + smooth * noise_scale * (shift + float(noise.normal((1,), std=1.0)[0]))
     # clipping to [0, data-independent] is post-processing and keeps U ≥ F whenever it held
     released = min(max(noisy, 0.0), independent)

@@ -29,9 +29,8 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, DataError
-from privpipe.pate.aggregate import aggregate
+from privpipe.pate.aggregators import Aggregator
 from privpipe.pate.analysis import (
-    AggregatorSpec,
     AnalysisChoice,
     choose_analysis,
     data_dependent_rdp,
@@ -39,6 +38,7 @@ from privpipe.pate.analysis import (
     planned_release_event,
     sanitise,
 )
+from privpipe.pate.registry import aggregator_type, make_aggregator
 from privpipe.pate.teachers import vote_histograms
 from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_epsilon
 from tasks import paths
@@ -67,13 +67,14 @@ if TYPE_CHECKING:  # types only: recording imports MLflow, which a stage run by 
 __all__ = ["Labels", "run_aggregate", "aggregate_task", "aggregator_spec", "decide_analysis"]
 
 
-def aggregator_spec(params: Params, *, teachers: int, classes: int) -> AggregatorSpec:
+def aggregator_spec(params: Params, *, teachers: int, classes: int) -> Aggregator:
+    """``aggregate.mechanism`` from the registry, with its own noise keys of the section (the others are unused)."""
     cfg = params.aggregate
-    return AggregatorSpec(mechanism=cfg.mechanism, teachers=teachers, classes=classes, gamma=cfg.gamma,
-                          sigma=cfg.sigma, threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2)
+    noise = {key: getattr(cfg, key) for key in aggregator_type(cfg.mechanism).noise_keys()}
+    return make_aggregator(cfg.mechanism, teachers, classes, **noise)
 
 
-def _planned(params: Params, spec: AggregatorSpec, queries: int, analysis: str) -> list[Event]:
+def _planned(params: Params, spec: Aggregator, queries: int, analysis: str) -> list[Event]:
     cfg = params.aggregate
     if analysis == "data_independent":
         return data_independent_events(spec, queries=queries)
@@ -85,7 +86,7 @@ def _alone(events: list[Event], ledger: Ledger) -> float:
     return compute_epsilon(events, delta=ledger.delta, accountant=ledger.accountant).epsilon if events else 0.0
 
 
-def decide_analysis(params: Params, spec: AggregatorSpec, queries: int, ledger: Ledger) -> AnalysisChoice:
+def decide_analysis(params: Params, spec: Aggregator, queries: int, ledger: Ledger) -> AnalysisChoice:
     """The analysis to record, from the settings, the query count and the ledger so far (no votes).
     A forced ``data_dependent`` that cannot win is a ConfigError: its release cost would be wasted."""
     cfg = params.aggregate
@@ -171,8 +172,7 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     warn_insecure_rng(params, "aggregate", what, flow_warns=True)
     histograms = vote_histograms(votes, classes=classes)
     noise = NoiseSource(seed=seed_for(params.run.seed, "aggregate"), secure=params.privacy.secure_rng)
-    labels = aggregate(histograms, mechanism=cfg.mechanism, noise=noise,
-                       gamma=cfg.gamma, sigma=cfg.sigma, threshold=cfg.threshold, sigma1=cfg.sigma1, sigma2=cfg.sigma2)
+    labels = spec.answer(histograms, noise=noise)
     answered = labels >= 0
     independent = data_independent_events(spec, queries=len(queries))
     release = private = None
@@ -195,7 +195,7 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     if release:
         figures["epsilon_sanitised"] = _alone([release.event()], ledger)
     analysis = {"mechanism": cfg.mechanism, "analysis_setting": cfg.analysis, "choice": choice.public(),
-                "spec": spec.__dict__, "sanitised_release": release.public() if release else None, **figures}
+                "spec": spec.public(), "sanitised_release": release.public() if release else None, **figures}
     if release:
         private = {"warning": "data-dependent values: do not publish", "orders": list(RDP_ORDERS),
                    "rdp": raw_curve.tolist(), "epsilon": float(raw_epsilon), "order": float(raw_order),

@@ -1,0 +1,234 @@
+"""PATE's aggregators, one class each behind one interface: the noisy answer and what its analysis needs.
+
+    gnmax = GNMax(teachers=250, classes=10, sigma=40.0)     # by name: privpipe.pate.registry.make_aggregator
+    labels = gnmax.answer(histograms, noise=NoiseSource(seed=0, secure=False))
+    events = gnmax.data_independent_events(queries=640, stage="aggregate")
+
+An aggregator is a noisy vote (privpipe.pate.aggregate) together with what the privacy analysis
+(privpipe.pate.analysis) asks of it, so that the analysis holds no case per mechanism:
+
+- the noisy answer: labels from the vote histograms and a NoiseSource (−1: unanswered);
+- one query's data-dependent RDP: log q̃ of its argmax step from the gaps to the top count, the
+  argmax step's RDP given log q̃, and the threshold step's RDP per top count where it has one;
+- the data-independent ledger events of the queries asked (every one charged, answered or not);
+- for the local-sensitivity bound: ρ, the most one changed teacher moves a term of the argmax
+  step's union bound, either way.
+
+Adjacency is the analysis module's: one record added or removed changes one teacher, so every
+query's histogram moves by at most one vote (one count −1, another +1).
+
+Adding one: its class here (or in its own module under privpipe/pate/), its line in
+privpipe.pate.registry, and its noise parameters in privpipe/config/aggregate.py and params.yaml.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from scipy.special import log_ndtr
+
+from privpipe.pate.aggregate import confident_gnmax, gnmax, lnmax
+from privpipe.pate.query_rdp import (
+    gaussian_rdp,
+    laplace_rdp,
+    logpr_answered,
+    logq_gnmax_from_gaps,
+    logq_lnmax_from_gaps,
+    threshold_rdp,
+)
+from privpipe.privacy.events import Event, GaussianEvent, LaplaceEvent
+
+if TYPE_CHECKING:
+    from privpipe.privacy.secure_noise import NoiseSource
+
+__all__ = ["Aggregator", "LNMax", "GNMax", "ConfidentGNMax"]
+
+
+def _check_positive(aggregator: Aggregator, name: str) -> None:
+    value = getattr(aggregator, name)
+    if value is None or not value > 0:
+        raise ValueError(f"{name} must be > 0 for {aggregator.mechanism}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Aggregator(ABC):
+    """The interface: an ensemble of ``teachers`` voting over ``classes``; subclasses add their noise as fields."""
+
+    teachers: int
+    classes: int
+    #: its name in params.yaml (aggregate.mechanism) and in privpipe.pate.registry
+    mechanism: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        if self.teachers < 1 or self.classes < 2:
+            raise ValueError(f"need teachers >= 1 and classes >= 2, got {self.teachers} and {self.classes}")
+
+    @classmethod
+    def noise_keys(cls) -> tuple[str, ...]:
+        """Its noise parameters, as declared (aggregate.<key> in params.yaml)."""
+        return tuple(f.name for f in fields(cls) if f.name not in ("teachers", "classes"))
+
+    def public(self) -> dict[str, Any]:
+        """Its name, ensemble and noise, for the stage's analysis file (all public settings)."""
+        return {"mechanism": self.mechanism, **asdict(self)}
+
+    @abstractmethod
+    def answer(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
+        """The noisy labels of (queries, classes) vote counts, −1 where a query goes unanswered."""
+
+    @abstractmethod
+    def argmax_logq(self, gaps: np.ndarray) -> np.ndarray:
+        """log q̃ of the argmax step from each query's gaps to the top (its union bound), ≤ log(1 − 1/m)."""
+
+    @abstractmethod
+    def argmax_rdp(self, logq: np.ndarray, *, order: float) -> np.ndarray:
+        """The argmax step's RDP at ``order`` given log q̃ (≤ log(1 − 1/m)); never above its data-independent
+        RDP, and smaller for a smaller q̃."""
+
+    def threshold_rdp_table(self, *, order: float) -> np.ndarray | None:
+        """The threshold step's RDP at ``order`` for every possible top count 0..teachers; None without one."""
+        return None
+
+    @abstractmethod
+    def data_independent_events(self, *, queries: int, stage: str) -> list[Event]:
+        """Ledger events of the data-independent bound for ``queries`` ≥ 1 queries asked (every one charged)."""
+
+    @abstractmethod
+    def log_step_ratio(self) -> float:
+        """log ρ: one changed teacher moves every term of the argmax step's union bound by at most a factor ρ
+        either way (a gap x becomes x ± 2)."""
+
+
+@dataclass(frozen=True)
+class LNMax(Aggregator):
+    """LNMax (Papernot et al. 2017): argmax of counts + Laplace(1/γ) noise.
+
+    Data-independent: two Laplace(1/γ) coordinates change by 1 (two Laplace events per query).
+    Data-dependent: q̃ the union bound of 2017 Lemma 4, RDP by 2017 Theorem 3 (:func:`laplace_rdp`).
+    """
+
+    gamma: float  # Laplace inverse scale
+    mechanism: ClassVar[str] = "lnmax"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive(self, "gamma")
+
+    def answer(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
+        return lnmax(histograms, gamma=self.gamma, noise=noise)
+
+    def argmax_logq(self, gaps: np.ndarray) -> np.ndarray:
+        return logq_lnmax_from_gaps(gaps, self.gamma, self.classes)
+
+    def argmax_rdp(self, logq: np.ndarray, *, order: float) -> np.ndarray:
+        return laplace_rdp(logq, gamma=self.gamma, order=order)
+
+    def data_independent_events(self, *, queries: int, stage: str) -> list[Event]:
+        return [LaplaceEvent(stage=stage, noise_multiplier=1.0 / self.gamma, count=2 * queries)]
+
+    def log_step_ratio(self) -> float:
+        return 2.0 * self.gamma  # (2 + γ(x − 2))/(2 + γx)·e^{2γ} ≤ e^{2γ}
+
+
+@dataclass(frozen=True)
+class _GaussianArgmax(Aggregator):
+    """An aggregator whose argmax step is GNMax with noise ``argmax_sigma``."""
+
+    @property
+    @abstractmethod
+    def argmax_sigma(self) -> float:
+        """σ of the argmax step's N(0, σ²) on each count."""
+
+    def argmax_logq(self, gaps: np.ndarray) -> np.ndarray:
+        return logq_gnmax_from_gaps(gaps, self.argmax_sigma, self.classes)
+
+    def argmax_rdp(self, logq: np.ndarray, *, order: float) -> np.ndarray:
+        return gaussian_rdp(logq, sigma=self.argmax_sigma, order=order)
+
+    def _argmax_event(self, *, queries: int, stage: str) -> GaussianEvent:
+        # two counts move by one: L2 sensitivity √2, noise multiplier σ/√2
+        return GaussianEvent(stage=stage, noise_multiplier=self.argmax_sigma / math.sqrt(2.0), count=queries)
+
+    def log_step_ratio(self) -> float:
+        # the ratio of the terms at x − 2 and x grows with x, so x = teachers bounds it
+        scale = math.sqrt(2.0) * self.argmax_sigma
+        x = float(self.teachers) + 2.0
+        return float(log_ndtr(-(x - 2.0) / scale) - log_ndtr(-x / scale))
+
+
+@dataclass(frozen=True)
+class GNMax(_GaussianArgmax):
+    """GNMax (Papernot et al. 2018): argmax of counts + N(0, σ²) noise.
+
+    Data-independent: a Gaussian of L2 sensitivity √2 per query (noise multiplier σ/√2).
+    Data-dependent: q̃ the union bound of 2018 Prop. 7, RDP by 2018 Theorem 6 (:func:`gaussian_rdp`).
+    """
+
+    sigma: float
+    mechanism: ClassVar[str] = "gnmax"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_positive(self, "sigma")
+
+    @property
+    def argmax_sigma(self) -> float:
+        return float(self.sigma)
+
+    def answer(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
+        return gnmax(histograms, sigma=self.sigma, noise=noise)
+
+    def data_independent_events(self, *, queries: int, stage: str) -> list[Event]:
+        return [self._argmax_event(queries=queries, stage=stage)]
+
+
+@dataclass(frozen=True)
+class ConfidentGNMax(_GaussianArgmax):
+    """Confident-GNMax (Papernot et al. 2018): answer only if max count + N(0, σ₁²) ≥ T, then GNMax with σ₂.
+
+    Data-independent: the threshold's top count has sensitivity 1 (noise multiplier σ₁), plus the
+    argmax as GNMax (σ₂). Data-dependent: the threshold's q̃ is min(Pr[answer], Pr[no answer]) from
+    the top count (:func:`threshold_rdp`), the argmax's as GNMax's.
+
+    **Both steps are charged on every query asked.** Charging the argmax only on the answered
+    queries (as the 2018 paper's tables do) sums a data-dependent selection, an odometer reading
+    rather than a bound: with T = 125.5, σ₁ = 50, σ₂ = 0.5 and votes [126, 124] against [125, 125],
+    one query's output (label or no answer) has RDP 3.97 at order 2, while only the threshold's
+    0.0004 would be charged when it goes unanswered. Running the argmax on every query and
+    suppressing its output when the threshold says no is post-processing of a composition whose
+    per-query bound no longer depends on the outcome (tests/test_pate_analysis.py checks the case
+    by exact divergence).
+    """
+
+    threshold: float  # T
+    sigma1: float  # threshold noise
+    sigma2: float  # argmax noise
+    mechanism: ClassVar[str] = "confident_gnmax"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.threshold is None:  # any T will do, even one no top count reaches
+            raise ValueError(f"threshold must be given for {self.mechanism}")
+        _check_positive(self, "sigma1")
+        _check_positive(self, "sigma2")
+
+    @property
+    def argmax_sigma(self) -> float:
+        return float(self.sigma2)
+
+    def answer(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
+        return confident_gnmax(histograms, threshold=self.threshold, sigma1=self.sigma1, sigma2=self.sigma2,
+                               noise=noise)
+
+    def threshold_rdp_table(self, *, order: float) -> np.ndarray:
+        tops = np.arange(self.teachers + 1, dtype=np.float64)
+        log_pr = logpr_answered(tops, threshold=self.threshold, sigma1=self.sigma1)
+        return threshold_rdp(log_pr, sigma1=self.sigma1, order=order)
+
+    def data_independent_events(self, *, queries: int, stage: str) -> list[Event]:
+        return [GaussianEvent(stage=stage, noise_multiplier=self.sigma1, count=queries),
+                self._argmax_event(queries=queries, stage=stage)]
