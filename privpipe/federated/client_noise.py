@@ -76,7 +76,7 @@ def private_local_update(model: nn.Module, tensors: tuple[torch.Tensor, torch.Te
     return update, result.event
 
 
-def _most_rounds_by_schedule(sizes: Sequence[int], rounds_taken: Sequence[int],
+def _most_rounds_by_schedule(sizes: Sequence[int], rounds_taken: Sequence[int] | np.ndarray,
                              local: LocalConfig) -> dict[DpSgdSchedule, int]:
     """For each distinct round schedule (clients with the same ceil(n_k/L) run the same one), the most
     rounds any of its clients took part in: the only candidates for the worst client."""
@@ -88,7 +88,7 @@ def _most_rounds_by_schedule(sizes: Sequence[int], rounds_taken: Sequence[int],
     return most
 
 
-def worst_client_event(*, sizes: Sequence[int], rounds_taken: Sequence[int], local: LocalConfig,
+def worst_client_event(*, sizes: Sequence[int], rounds_taken: Sequence[int] | np.ndarray, local: LocalConfig,
                        noise_multiplier: float, ledger: Ledger, stage: str) -> Event | None:
     """The event of the client whose records paid most, by the ledger's accountant with the events
     already in it; None when no client took part."""

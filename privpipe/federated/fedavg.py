@@ -8,7 +8,8 @@ plain loop, or mapped tasks on a task runner), clip and sum their updates, add n
 by the fixed denominator, apply with the server optimiser (``noise="server"``: client-level DP,
 a trusted server). With ``noise="client"`` the clients' updates arrive already private (each
 ran DP-SGD: privpipe.federated.client_noise), the server only averages them, and the ledger
-records the worst client's record-level event. Before a round the ledger is
+records the worst client's record-level event. Each mode is a class of
+privpipe.federated.noise_modes, which ``noise`` names. Before a round the ledger is
 asked what the run would cost with it; the loop stops *before* a round that would pass the
 ledger's budget and says so. With ``private=False`` the same loop runs without clipping,
 noise or accounting (FedAvg / FedProx / FedAdam baselines).
@@ -22,18 +23,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from privpipe.federated.accounting import SAMPLINGS, denominator, round_event
-from privpipe.federated.aggregation import plain_mean, private_mean
-from privpipe.federated.client_noise import client_schedule, worst_client_event
+from privpipe.federated.accounting import SAMPLINGS, denominator
+from privpipe.federated.aggregation import plain_mean
 from privpipe.federated.local import LocalConfig
+from privpipe.federated.noise_modes import NoiseMode, noise_mode
 from privpipe.federated.sampling import ClientSampler
 from privpipe.federated.server_optimizer import ServerOptimizer
-from privpipe.privacy import Event, Ledger, NoiseSource, compute_epsilon, record_level_event
+from privpipe.privacy import Event, Ledger, NoiseSource, compute_epsilon
 
-__all__ = ["NOISE_MODES", "FedAvgConfig", "FedAvgResult", "ClientUpdates", "run_fedavg", "epsilon_curve"]
-
-#: who adds the noise: the server, to the sum (client-level DP) | each client, by DP-SGD (record-level DP)
-NOISE_MODES = ("server", "client")
+__all__ = ["FedAvgConfig", "FedAvgResult", "ClientUpdates", "run_fedavg", "epsilon_curve"]
 
 #: (round, global weights, sampled client indices) → one update per sampled client, None if it dropped out
 ClientUpdates = Callable[[int, np.ndarray, np.ndarray], Sequence[np.ndarray | None]]
@@ -57,7 +55,7 @@ class FedAvgConfig:
     #: account per record, not per client: one record changes its client's update, so every
     #: server-noise event is its record-level form (privacy.group); client noise is record-level anyway
     record_level: bool = False
-    noise: str = "server"  # server | client (NOISE_MODES)
+    noise: str = "server"  # who adds the noise: server | client (NOISE_MODES: privpipe.federated.noise_modes)
     #: client noise: each client's record count (public, as DP-SGD's n) and its local DP-SGD
     client_sizes: tuple[int, ...] = ()
     local: LocalConfig | None = None
@@ -71,23 +69,18 @@ class FedAvgConfig:
             raise ValueError(f"sampling: unknown {self.sampling!r}")
         if self.private and not (self.clip_norm > 0 and self.noise_multiplier > 0):
             raise ValueError("private training needs clip_norm > 0 and noise_multiplier > 0")
-        if self.noise not in NOISE_MODES:
-            raise ValueError(f"noise: unknown {self.noise!r} (choose one of {', '.join(NOISE_MODES)})")
-        if self.noise == "client" and (len(self.client_sizes) != self.clients or self.local is None
-                                       or min(self.client_sizes, default=0) < 1):
-            raise ValueError("client noise needs every client's record count (each >= 1) and the local training")
+        self.noise_mode.check(self)  # an unknown name raises here
+
+    @property
+    def noise_mode(self) -> NoiseMode:
+        return noise_mode(self.noise)
 
     def event(self, rounds: int, *, stage: str, noise_multiplier: float | None = None) -> Event:
         """What ``rounds`` rounds cost at most: server noise, the round event (record-level if asked);
         client noise, the smallest client's DP-SGD in every round (its lots are the largest share of
         its records)."""
         z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
-        if self.noise == "client":
-            schedule = client_schedule(min(self.client_sizes), self.local)
-            return schedule.event(noise_multiplier=z, steps=schedule.steps * rounds, stage=stage)
-        event = round_event(sampling=self.sampling, sample_rate=self.sample_rate, rounds=rounds, stage=stage,
-                            noise_multiplier=z)
-        return record_level_event(event) if self.record_level else event
+        return self.noise_mode.event(self, rounds, stage=stage, noise_multiplier=z)
 
 
 @dataclass
@@ -131,6 +124,8 @@ def run_fedavg(initial: np.ndarray, *, config: FedAvgConfig, client_updates: Cli
     """Run up to ``config.rounds`` rounds from ``initial``; record the rounds run in ``ledger``."""
     if config.private and ledger is None:
         raise ValueError("private training needs a ledger to account for its rounds")
+    charged = ledger if config.private else None  # the ledger the rounds are charged to (None: not private)
+    mode = config.noise_mode
     sampler = ClientSampler(clients=config.clients, sample_rate=config.sample_rate, sampling=config.sampling,
                             noise=noise)
     server = ServerOptimizer(kind=config.server_optimizer, learning_rate=config.server_learning_rate,
@@ -138,17 +133,16 @@ def run_fedavg(initial: np.ndarray, *, config: FedAvgConfig, client_updates: Cli
                              beta2=config.server_beta2, epsilon=config.server_epsilon)
     fixed_d = denominator(sampling=config.sampling, clients=config.clients, sample_rate=config.sample_rate)
     weights = np.asarray(initial, dtype=np.float64).copy()
-    client_noise = config.private and config.noise == "client"
     rounds_taken = np.zeros(config.clients, dtype=np.int64)  # client noise: each client's rounds, for its ε
     history: list[dict[str, float]] = []
     stopped, rounds_run = None, 0
     for r in range(1, config.rounds + 1):
         record: dict[str, float] = {"round": r}
-        if config.private:
-            over = _over_budget(ledger, config.event(r, stage=stage))
+        if charged is not None:
+            over = _over_budget(charged, config.event(r, stage=stage))
             if over is not None:
                 stopped = (f"{stage}: stopped before round {r}: it would take total ε to {over:.4g} "
-                           f"(δ = {ledger.delta:g}), over the budget of {ledger.epsilon_budget:g}")
+                           f"(δ = {charged.delta:g}), over the budget of {charged.epsilon_budget:g}")
                 break
         started = time.perf_counter()
         sampled = sampler.sample()
@@ -157,9 +151,8 @@ def run_fedavg(initial: np.ndarray, *, config: FedAvgConfig, client_updates: Cli
             raise RuntimeError(f"round {r}: {len(updates)} updates for {len(sampled)} sampled clients")
         received = [np.asarray(u, dtype=np.float64) for u in updates if u is not None]
         rounds_taken[[k for k, u in zip(sampled, updates) if u is not None]] += 1
-        if config.private and not client_noise:
-            mean = private_mean(received, dim=len(weights), clip_norm=config.clip_norm,
-                                noise_multiplier=config.noise_multiplier, denominator=fixed_d, noise=noise)
+        if charged is not None:
+            mean = mode.mean(received, dim=len(weights), config=config, denominator=fixed_d, noise=noise)
         else:
             mean = plain_mean(received, dim=len(weights))
         weights = server.step(weights, mean)
@@ -172,12 +165,10 @@ def run_fedavg(initial: np.ndarray, *, config: FedAvgConfig, client_updates: Cli
         if on_round is not None:
             on_round(record)
     event = None
-    if client_noise:
-        event = worst_client_event(sizes=config.client_sizes, rounds_taken=rounds_taken, local=config.local,
-                                   noise_multiplier=config.noise_multiplier, ledger=ledger, stage=stage)
-    elif config.private and rounds_run:
-        event = config.event(rounds_run, stage=stage)
-    if event is not None:
-        ledger.record(event)
+    if charged is not None:
+        event = mode.recorded_event(config, rounds_run=rounds_run, rounds_taken=rounds_taken, ledger=charged,
+                                    stage=stage)
+        if event is not None:
+            charged.record(event)
     return FedAvgResult(weights=weights.astype(np.float32), rounds_run=rounds_run, event=event, stopped=stopped,
                         history=history, rounds_taken=rounds_taken)

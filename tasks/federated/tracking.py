@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from privpipe.config import Params
+from privpipe.federated import noise_mode
 from privpipe.privacy import Ledger
 from tasks.privacy import uncovered
 
@@ -27,7 +28,7 @@ def log_rounds(run: TrackedRun, params: Params, stage: str, history: dict[str, A
     metrics += [(f"privacy.{stage}.epsilon_by_round", c["epsilon"], c["round"]) for c in history["epsilon_by_round"]]
     run.log_batch(metrics=metrics)
     run.set_tag(f"{stage}.sampling", sampling)
-    if params.federated.noise == "client":
+    if noise_mode(params.federated.noise).clients_run_dpsgd:
         adjacency = ("record (each client's own DP-SGD on its records; the worst client's rounds are charged; "
                      "the server sees only private updates)")
     elif record_level:

@@ -24,6 +24,7 @@ from privpipe.federated import (
     LocalConfig,
     check_client_delta,
     epsilon_curve,
+    noise_mode,
     run_fedavg,
 )
 from privpipe.privacy import Event, Ledger, NoiseSource
@@ -103,7 +104,7 @@ def train_federated(params: Params, job: ClientJob, *, initial: np.ndarray, ledg
     ``before_rounds(event)`` sees the most the rounds can cost, once σ is fixed (private runs);
     it may refuse the run by raising."""
     fed = params.federated
-    client_noise = fed.private and fed.noise == "client"
+    client_noise = fed.private and noise_mode(fed.noise).clients_run_dpsgd
     config = fedavg_config(params, clients=job.data.clients, record_level=record_level, local=job.local,
                            sizes=client_sizes(job.data) if client_noise else ())
     if client_noise and min(config.client_sizes) < 1:

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from privpipe.config import Params
-from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainable_vector
-from privpipe.privacy import Event, Ledger, Spend, record_level_ledger
+from privpipe.federated import ClientUpdates, LocalConfig, load_vector, noise_mode, trainable_vector
+from privpipe.privacy import Event, Ledger, Spend
 from privpipe.text import check_lora_targets
 from tasks import paths
 from tasks.common import read_json, stage_logger, staged_dir, task_threads, use_torch_threads, write_json, write_text
@@ -77,7 +77,7 @@ def _start_from_class_names(model: torch.nn.Module, class_embeddings: np.ndarray
 def record_ledger(params: Params, ledger: Ledger) -> Ledger:
     """The run's ledger with one record as the unit: client noise's already is; server noise's
     client-level events take their record-level form."""
-    return ledger if params.federated.noise == "client" else record_level_ledger(ledger)
+    return noise_mode(params.federated.noise).record_level_ledger(ledger)
 
 
 def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, record: Spend | None, *,
@@ -151,7 +151,7 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
                                clip_norm=run.config.clip_norm, epsilon=spend.epsilon, delta=spend.delta,
                                accountant=spend.accountant, record_epsilon=record.epsilon,
                                record_accountant=record.accountant)
-        if params.federated.noise == "client":
+        if noise_mode(params.federated.noise).clients_run_dpsgd:
             log.info("federated: test accuracy %.4f after %d rounds; %s for one record of the worst client "
                      "(its own DP-SGD over the rounds it took part in)", final["accuracy_test"],
                      run.result.rounds_run, record)
