@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import re
 import subprocess
 import sys
@@ -247,6 +248,37 @@ def test_the_choices_config_accepts_are_the_librarys():
     assert config_finetune.LR_SCHEDULES == dpsgd.LR_SCHEDULES
     assert config_finetune.CLIPPINGS == dpsgd.CLIPPINGS
     assert config_head.HEAD_FEATURES == removal_features.FEATURE_SOURCES
+
+
+@pytest.mark.parametrize("config_choices, library_choices", [
+    ("privpipe.config.federated:NOISE_MODES", "privpipe.federated.noise_modes:NOISE_MODES"),
+    ("privpipe.config.federated:SAMPLINGS", "privpipe.federated.accounting:SAMPLINGS"),
+    ("privpipe.config.federated:SERVER_OPTIMIZERS", "privpipe.federated.server_optimizer:SERVER_OPTIMIZERS"),
+    ("privpipe.config.partition:PARTITION_STRATEGIES", "privpipe.data.partition:STRATEGIES"),
+    ("privpipe.config.teachers:MODELS", "privpipe.models:MODELS"),
+    ("privpipe.config.privacy:ACCOUNTANTS", "privpipe.privacy.ledger:ACCOUNTANTS"),
+    ("privpipe.config.prepare:DATASETS", "privpipe.data.records:DATASET_CLASSES"),  # its keys
+    ("privpipe.config.text:TEXT_FORMATS", "privpipe.text.corpus:FORMATS"),
+])
+def test_each_choice_list_config_writes_out_is_the_librarys(config_choices, library_choices):
+    # written out in privpipe/config/ so that checking params imports neither torch nor numpy
+    def choices(where: str) -> tuple:
+        module, name = where.split(":")
+        return tuple(getattr(importlib.import_module(module), name))
+
+    assert choices(config_choices) == choices(library_choices)
+
+
+def test_the_aggregators_config_accepts_are_the_registrys():
+    # written out in privpipe/config/aggregate.py: the registry imports torch
+    from privpipe.config import aggregate as config_aggregate
+    from privpipe.pate.registry import AGGREGATORS, aggregator_type
+
+    assert config_aggregate.AGGREGATORS == AGGREGATORS
+    assert {name: aggregator_type(name).noise_keys() for name in AGGREGATORS} == config_aggregate.NOISE_KEYS
+    # each noise parameter is a field of the section, optional: only the chosen mechanism's are set
+    optional = {f.name for f in fields(config_aggregate.AggregateConfig) if f.type == "float | None"}
+    assert {key for keys in config_aggregate.NOISE_KEYS.values() for key in keys} <= optional
 
 
 @pytest.mark.parametrize("changes, message", [

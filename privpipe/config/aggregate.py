@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from privpipe.config.errors import one_of, require
 from privpipe.config.privacy import PrivacyConfig
 
+#: privpipe.pate.registry's aggregators and each one's noise parameters (the others are ignored). Written out:
+#: the registry imports torch, which checking params must not; tests/test_config.py fails if they ever differ
 AGGREGATORS = ("lnmax", "gnmax", "confident_gnmax")
-ANALYSES = ("auto", "data_dependent", "data_independent")
-#: the noise parameters each mechanism needs (the others are ignored)
 NOISE_KEYS = {"lnmax": ("gamma",), "gnmax": ("sigma",), "confident_gnmax": ("threshold", "sigma1", "sigma2")}
+ANALYSES = ("auto", "data_dependent", "data_independent")
 
 #: The RDP orders the privacy ledger composes at: dp_accounting's DEFAULT_RDP_ORDERS, as floats, exactly as
 #: privpipe.privacy.RDP_ORDERS builds them. Written out so that checking params does not import torch

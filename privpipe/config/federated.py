@@ -13,6 +13,8 @@ from privpipe.config.finetune import FinetuneConfig
 from privpipe.config.partition import PARTITION_STRATEGIES
 from privpipe.config.privacy import PrivacyConfig
 
+# privpipe.federated's SAMPLINGS, NOISE_MODES and SERVER_OPTIMIZERS, written out because privpipe.federated
+# imports torch; tests/test_config.py fails if they ever differ
 SAMPLINGS = ("poisson", "fixed")
 NOISE_MODES = ("server", "client")
 SERVER_OPTIMIZERS = ("sgd", "adam")

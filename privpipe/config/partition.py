@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from privpipe.config.errors import one_of, require
 
-#: how records are dealt out; the federated section splits into clients the same ways
+#: how records are dealt out; the federated section splits into clients the same ways. privpipe.data.partition's
+#: STRATEGIES, written out because importing privpipe.data (numpy) would double the time checking params takes;
+#: tests/test_config.py fails if they ever differ
 PARTITION_STRATEGIES = ("iid", "dirichlet", "label_shards")
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from privpipe.config.errors import one_of, require
 
-ACCOUNTANTS = ("best", "pld", "rdp")
+ACCOUNTANTS = ("best", "pld", "rdp")  # privpipe.privacy.ledger.ACCOUNTANTS (config does not import torch)
 
 
 @dataclass(frozen=True)

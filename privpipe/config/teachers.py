@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import one_of, require
 
-MODELS = ("mlp", "cnn")  # also the choices of finetune.model
+MODELS = ("mlp", "cnn")  # also the choices of finetune.model; privpipe.models.MODELS (config does not import torch)
 
 
 @dataclass(frozen=True)
