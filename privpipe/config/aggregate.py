@@ -10,8 +10,8 @@ from privpipe.config.privacy import PrivacyConfig
 
 #: privpipe.pate.registry's aggregators and each one's noise parameters (the others are ignored). Written out:
 #: the registry imports torch, which checking params must not; tests/test_config.py fails if they ever differ
-AGGREGATORS = ("lnmax", "gnmax", "confident_gnmax")
 NOISE_KEYS = {"lnmax": ("gamma",), "gnmax": ("sigma",), "confident_gnmax": ("threshold", "sigma1", "sigma2")}
+AGGREGATORS = tuple(NOISE_KEYS)
 ANALYSES = ("auto", "data_dependent", "data_independent")
 
 #: The RDP orders the privacy ledger composes at: dp_accounting's DEFAULT_RDP_ORDERS, as floats, exactly as
