@@ -47,4 +47,4 @@ def end_with_us() -> None:
     import prefect.server.api.server as server  # deferred: a second of imports, paid by the flow anyway
 
     if not isinstance(server.subprocess, _Subprocess):
-        server.subprocess = _Subprocess()
+        server.subprocess = _Subprocess()  # type: ignore[assignment]  # the module's stand-in, by design

@@ -27,13 +27,15 @@ def _updates(job: ClientJob, runner: TaskRunner) -> ClientUpdates:
     def updates(round_: int, weights: np.ndarray, sampled: np.ndarray) -> list[np.ndarray | None]:
         if len(sampled) == 0:
             return []
-        futures = runner.map(client_update_task, {"job": unmapped(job), "client": [int(k) for k in sampled],
-                                                  "round_": unmapped(round_), "weights": unmapped(weights)})
+        # Prefect types map() for a task whose result may be a coroutine (R is invariant): a sync task fits at run time
+        futures = runner.map(client_update_task, {  # type: ignore[arg-type]
+            "job": unmapped(job), "client": [int(k) for k in sampled], "round_": unmapped(round_),
+            "weights": unmapped(weights)})
         out: list[np.ndarray | None] = []
         for client, future in zip(sampled, futures):
             future.wait()
             if future.state.is_completed():
-                out.append(future.result())
+                out.append(np.asarray(future.result()))
             else:
                 get_run_logger().warning("round %d: client %d dropped (%s)", round_, int(client),
                                          future.state.message or future.state.name)

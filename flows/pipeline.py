@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact
@@ -34,7 +36,7 @@ from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, check_pipeline_use, load_params
 from privpipe.privacy import Ledger, LifetimeLedger
 from tasks import paths, run_view, tracking
-from tasks.common import one_pipeline_at_a_time, read_json, use_torch_threads
+from tasks.common import Skipped, one_pipeline_at_a_time, read_json, use_torch_threads
 from tasks.device import training_device
 from tasks.dp_pca import check_components, dp_pca_task
 from tasks.evaluate import evaluate_task, release_task
@@ -133,15 +135,17 @@ class StageClock:
 
 
 def _teachers(params: Params, runner: TaskRunner, prepared: PreparedSets, shards: Shards,
-              projection: Projection) -> list[object]:
+              projection: Projection) -> list[Path]:
     """One mapped task per teacher on the chosen runner; a bar on the terminal as they finish."""
-    futures = runner.map(teacher_task, {
+    # Prefect types map() for a task whose result may be a coroutine (R is invariant): a sync task fits at run time
+    futures = runner.map(teacher_task, {  # type: ignore[arg-type]
         "params": unmapped(params), "teacher": range(params.partition.shards), "prepared": unmapped(prepared),
         "shards": unmapped(shards), "projection": unmapped(projection)})
     with progress(len(futures), "teachers") as bar:
         for _ in as_completed(futures):
             bar.update()
-    return list(futures.result())
+    # each teacher's votes file (the map's futures resolve to teacher_task's results)
+    return [Path(file) for file in cast(list[str], futures.result())]
 
 
 def preflight(params: Params) -> None:
@@ -219,7 +223,8 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
             # the rounds run here, in the flow, so each round's client updates are mapped tasks
             deployed = run_finetune(params, sensitive=prepared.sensitive, test=prepared.test,
                                     dp_pca_dir=projection.dir, start=start, updates_for=mapped_client_updates(runner))
-            deployed.log(run, params)
+            if not isinstance(deployed, Skipped):
+                deployed.log(run, params)
     elif params.finetune.enabled:
         with clock.timed("finetune"):
             finetune_task(params, run, prepared, projection, start)

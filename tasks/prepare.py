@@ -93,7 +93,7 @@ def _load_mnist(params: Params) -> tuple[dict[str, Records], list[Path]]:
     test = splits["test"]
     if cfg.public_queries >= len(test):
         raise ConfigError(f"prepare.public_queries: {cfg.public_queries} leaves no test images of {len(test)}")
-    index = list(range(len(test)))
+    index = np.arange(len(test))
     sets = {"sensitive": splits["train"], "public": test.subset(index[:cfg.public_queries]),
             "test": test.subset(index[cfg.public_queries:])}
     if cfg.target_domain:
@@ -118,9 +118,12 @@ def _mnist_target(params: Params) -> tuple[Records, Records]:
         sets = split_by_shares(shifted, {"target_test": cfg.target_test_fraction}, rest="target", seed=params.run.seed)
         return sets["target"], sets["target_test"]
     loader, side, box = _MNIST_TARGETS[cfg.target_source]
+    if cfg.target_path is None:  # config.prepare requires it for these sources; said here for the type checker
+        raise ConfigError(f"prepare.target_path: must name the folder of the local {cfg.target_source} files")
     splits = loader(Path(cfg.target_path))  # their own train/test split: train is the unlabeled pool
-    return tuple(_with_features(splits[name], as_mnist_canvas(splits[name].features, side=side, box=box), "")
-                 for name in ("train", "test"))
+    pool, test = (_with_features(splits[name], as_mnist_canvas(splits[name].features, side=side, box=box), "")
+                  for name in ("train", "test"))
+    return pool, test
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,8 @@ def _withhold(sets: dict[str, Records], queue: RequestQueue) -> tuple[dict[str, 
     pending = {r.record_hash for r in requests} - erased
     if not requests:
         return sets, Withheld(set(), set(), set(), set())
-    kept, held = {}, set()
+    kept: dict[str, Records] = {}
+    held: set[str] = set()
     for name, records in sets.items():
         hashes = [queue.hash_record_id(base_id(str(i))) for i in records.ids]
         drop = np.array([h in erased or h in pending for h in hashes], dtype=bool)

@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tqdm import tqdm
@@ -103,7 +103,7 @@ def _is_terminal(stream) -> bool:
         return False
 
 
-def _above_bars(emit):
+def _above_bars(emit: Callable[[logging.LogRecord], None]) -> Callable[[logging.LogRecord], None]:
     def write(record: logging.LogRecord) -> None:
         with tqdm.external_write_mode(file=sys.stderr):
             emit(record)
@@ -121,7 +121,7 @@ def _logs_above_bars(*, active: bool) -> Iterator[None]:
         if _DEPTH == 0:
             for handler in _terminal_handlers():
                 _WRAPPED.append((handler, handler.__dict__.get("emit")))
-                handler.emit = _above_bars(handler.emit)
+                handler.emit = _above_bars(handler.emit)  # type: ignore[method-assign,assignment]  # restored below
                 handler.addFilter(_HIDE)
         _DEPTH += 1
     try:
@@ -134,6 +134,6 @@ def _logs_above_bars(*, active: bool) -> Iterator[None]:
                     if own is None:
                         del handler.emit  # the class's emit again
                     else:
-                        handler.emit = own
+                        handler.emit = own  # type: ignore[method-assign,assignment]  # its own emit, put back
                     handler.removeFilter(_HIDE)
                 _WRAPPED.clear()

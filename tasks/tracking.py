@@ -180,12 +180,14 @@ def log_dataset(client: MlflowClient, run_id: str, *, name: str, data_version: s
     (DVC's md5; the full label, ``untracked:…`` included, as the input's ``dvc.data_version`` tag) and
     the file or folder it came from. Metadata only: no record goes to MLflow."""
     # MLflow builds its local-file source class at import time, under this name
-    local = next(s for s in get_registered_sources() if s.__name__ == "LocalArtifactDatasetSource")
+    local: Any = next(s for s in get_registered_sources()
+                      if getattr(s, "__name__", "") == "LocalArtifactDatasetSource")
     base, withheld = run_view.file_version(data_version)
     digest = base.rpartition(":")[2][:run_view.DIGEST_LENGTH - 9 if withheld else run_view.DIGEST_LENGTH]
     if withheld:  # the same file less other records is other data: the digest must differ
         digest += "-" + hashlib.md5(withheld.encode()).hexdigest()[:8]
-    dataset = MetaDataset(local(str(Path(source).resolve())), name=name, digest=digest)
+    # MetaDataset's profile is abstract in MLflow's stub, implemented at run time
+    dataset = MetaDataset(local(str(Path(source).resolve())), name=name, digest=digest)  # type: ignore[abstract]
     client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags=[
         InputTag("mlflow.data.context", "training"), InputTag("dvc.data_version", data_version)])])
 

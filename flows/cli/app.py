@@ -1,14 +1,16 @@
 """The ``privpipe`` command line: every command and its options, registered here.
 
     privpipe run [--params params.yaml]          the pipeline as a Prefect flow, tracked in MLflow
-    privpipe stage NAME [--params ...] [--track] one stage alone (what dvc repro calls); NAME is one of
-                                                 prepare partition dp_pca teachers aggregate student finetune head evaluate
+    privpipe stage NAME [--params ...] [--track] one stage alone (what dvc repro calls); NAME is one of prepare
+                                                 partition dp_pca teachers aggregate student finetune head evaluate
     privpipe federated [--params params.yaml]    federated text classification with client-level DP (Prefect flow)
     privpipe init-data                           write the embedded default data (digits) if missing
     privpipe forget ID... [--reason TEXT]        queue deletion requests (durable; unknown ids are refused)
-    privpipe removals [--params ...]             process the queue as a Prefect flow (remove, register, new data version)
+    privpipe removals [--params ...]             process the queue as a Prefect flow (remove, register, new data
+                                                 version)
     privpipe requests [--record ID] [--redact]   list deletion requests and their state (and coverage)
-    privpipe serve [--params ...] [--use-running-server]   the Prefect deployments: scheduled retraining, deletion processing
+    privpipe serve [--params ...] [--use-running-server]   the Prefect deployments: scheduled retraining, deletion
+                                                           processing
     privpipe budget [--release ID] [--params ...]  each dataset's lifetime privacy spend, run by run
     privpipe audit [--dataset D] [--since DAY] [--until DAY] [--csv FILE]   the recorded runs as a table
     privpipe privacy dpsgd --noise-multiplier 1.1 --sample-rate 0.01 --steps 10000 --delta 1e-5

@@ -23,9 +23,10 @@ def forget(args: argparse.Namespace) -> int:
     for request in accepted:
         print(f"queued {request.request_id} (received {request.received_at})")
     # the others, by their place on the command line: record ids are not echoed
-    new, first = {r.record_hash for r in accepted}, {}
+    new, first = {r.record_hash for r in accepted}, dict[str, int]()
     requests = queue.read()
-    earliest = {}  # each record's first request (an older privpipe may have journaled more than one)
+    # each record's first request (an older privpipe may have journaled more than one)
+    earliest: dict[str, Request] = {}
     for request in requests:
         earliest.setdefault(request.record_hash, request)
     for place, record_id in enumerate(args.record_ids, start=1):

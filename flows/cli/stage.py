@@ -6,7 +6,7 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from privpipe.config import Params, check_pipeline_use, load_params
 from tasks import STAGE_MODULES
@@ -55,7 +55,7 @@ class _StderrHandler(logging.StreamHandler):
     """Writes to whatever sys.stderr is at the time of each record (not the one at set-up)."""
 
     @property
-    def stream(self):  # type: ignore[override]
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter

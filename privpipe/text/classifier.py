@@ -25,7 +25,7 @@ from privpipe.models import Scale
 from privpipe.text.encoder import encoder_skeleton, mean_pool
 
 __all__ = ["make_linear_head", "LoraClassifier", "make_lora_classifier", "resolve_lora_targets",
-           "check_lora_targets", "AUTO_TARGETS", "ATTENTION_PROJECTIONS"]
+           "check_lora_targets", "hidden_size", "AUTO_TARGETS", "ATTENTION_PROJECTIONS"]
 
 AUTO_TARGETS = "auto"
 # (query, value) projection names by architecture family, most common first; the fused ones last,
@@ -128,10 +128,10 @@ def make_lora_classifier(encoder: nn.Module, *, classes: int, rank: int, alpha: 
         wrapped = get_peft_model(encoder, config)
     except ValueError as exc:
         raise ConfigError(f"text.lora_targets: {str(exc).splitlines()[0]}") from None
-    return LoraClassifier(wrapped, make_linear_head(_hidden_size(encoder), classes, input_scale=input_scale))
+    return LoraClassifier(wrapped, make_linear_head(hidden_size(encoder), classes, input_scale=input_scale))
 
 
-def _hidden_size(encoder: nn.Module) -> int:
+def hidden_size(encoder: nn.Module) -> int:
     """The width of a Hugging Face encoder's hidden states (its ``config``, which nn.Module's type does not know)."""
     hidden = getattr(getattr(encoder, "config", None), "hidden_size", None)
     if not isinstance(hidden, int):

@@ -121,7 +121,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
 
     if diverged(result.model, result.history[-1]["loss"]):  # never saved, let alone registered
         raise ConfigError(DIVERGED.format(key="finetune.learning_rate"))
-    steps = np.unique(np.linspace(1, schedule.steps, cfg.epsilon_curve_points).round().astype(int))
+    steps = np.unique(np.linspace(1, schedule.steps, cfg.epsilon_curve_points).round().astype(int)).tolist()
     epsilons = epsilon_curve(lambda s: schedule.event(noise_multiplier=sigma, steps=s), steps, delta=ledger.delta,
                              accountant=ledger.accountant)
     curve = [{"step": int(s), "epsilon": e} for s, e in zip(steps, epsilons)]

@@ -106,8 +106,9 @@ def load_shards(partition_dir: Path, ids: np.ndarray) -> np.ndarray:
 
 
 @task(name="partition", cache_policy=NO_CACHE)
-def partition_task(params: Params, run: TrackedRun, prepared: PreparedSets) -> Shards | Skipped:
+def partition_task(params: Params, run: TrackedRun, prepared: PreparedSets) -> Shards:
     result = run_partition(params, sensitive=prepared.sensitive)
-    if isinstance(result, Shards):
-        result.log(run)
+    if isinstance(result, Skipped):
+        raise RuntimeError("partition_task runs only when student.enabled is true")
+    result.log(run)
     return result

@@ -111,8 +111,8 @@ def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSI
                                                 maps=network_maps(cfg.model, transform)))
     config = TeacherConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
                            weight_decay=cfg.weight_decay)
-    network = train_classifier(network.to(training_device(params)), features, mine.labels, config=config, seed=seed)
-    votes = predict_labels(network, _query_features(params, front, public, dp_pca_dir))
+    trained = train_classifier(network.to(training_device(params)), features, mine.labels, config=config, seed=seed)
+    votes = predict_labels(trained, _query_features(params, front, public, dp_pca_dir))
     partial.mkdir(parents=True, exist_ok=True)
     target = partial / f"teacher-{teacher:05d}.npy"
     tmp = target.with_suffix(".tmp.npy")

@@ -35,8 +35,13 @@ def load_ledger(source: Path, params: Params) -> Ledger:
     return ledger
 
 
-def calibrate_for(ledger: Ledger, make_event: Callable[..., Event], *, target_epsilon: float, key: str) -> float:
-    """σ for ``target_epsilon`` (see Ledger.calibrate), with an unreachable target reported against ``key``."""
+def calibrate_for(ledger: Ledger, make_event: Callable[..., Event], *, target_epsilon: float | None,
+                  key: str) -> float:
+    """σ for ``target_epsilon`` (see Ledger.calibrate), with an unreachable target reported against ``key``.
+    ``target_epsilon`` is the optional setting a stage falls back on when its noise is not given: None is
+    refused, naming ``key`` (the config checks make it unreachable)."""
+    if target_epsilon is None:
+        raise ConfigError(f"{key}: must be set when the noise multiplier is not")
     try:
         return ledger.calibrate(lambda s: make_event(noise_multiplier=s), target_epsilon=target_epsilon)
     except ValueError as exc:

@@ -18,6 +18,7 @@ import json
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from mlflow.entities import Metric
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger, LifetimeLedger
@@ -50,7 +51,7 @@ def log_stage_runs(params: Params, run: TrackedRun, seconds: dict[str, float]) -
             **{k: v for k, v in parent.data.tags.items()
                if k.startswith((*prefixes, "privpipe.", "dvc.", "mlflow.source.")) and k != "privpipe.flow"}})
         run_id = child.info.run_id
-        metrics = [("stage.seconds", wall, 0)]
+        metrics: list[Metric | tuple[str, float, int]] = [("stage.seconds", wall, 0)]
         for key in parent.data.metrics:
             if key.startswith(prefixes):
                 metrics += client.get_metric_history(parent_id, key)

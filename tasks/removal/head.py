@@ -24,7 +24,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from torch import nn
 
-from privpipe.config import Params
+from privpipe.config import ConfigError, Params
 from privpipe.data import DATASET_CLASSES, Records
 from privpipe.models import load_released
 from privpipe.privacy import Ledger
@@ -61,6 +61,8 @@ def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir:
         extractor = feature_extractor("model", released=load_released(model_dir))
     elif source == "dp_pca":
         projection = load_projection(dp_pca_dir)
+        if projection is None:  # config refuses head.features: dp_pca without dp_pca.enabled
+            raise ConfigError("head.features: dp_pca needs dp_pca.enabled: true")
         np.save(folder / "projection.npy", projection)
         ledger = Ledger.from_dict(read_json(dp_pca_dir / "ledger.json"))
         extractor = feature_extractor("dp_pca", projection=projection)

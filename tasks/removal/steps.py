@@ -167,7 +167,7 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
     before = head.active.copy()
     step = head.remove(live, noise=noise_for(params, retrain=head.retrains + 1))  # the whole batch in one update
     ids = forget_removed(head, ids, queue)  # every removed row's features, label and id gone from the state
-    mechanism_of_row = {row: step.mechanism for row in step.rows} if step else {}
+    mechanism_of_row: dict[int | None, str] = {row: step.mechanism for row in step.rows} if step else {}
     retrains = [step.reason] if step and step.mechanism == "retrain" else []
     record = AppliedBatch(
         mechanisms={rid: mechanism_of_row.get(row, "absent") for rid, row in rows.items()},
@@ -212,7 +212,7 @@ def register_pipeline_head(params: Params, run: TrackedRun, trained: HeadVersion
             stage_logger("head").warning("head: %d record(s) whose deletion was requested after the head trained "
                                          "removed before registration (%s)", applied.rows_removed,
                                          "retrained" if applied.retrained else "Newton update")
-            trained = dataclasses.replace(trained, budget_used=applied.budget_used)
+            trained = dataclasses.replace(trained, budget_used=applied.budget_used or 0.0)
         tags = requested_since_data(head_uses(queue, folder=folder), model=head_model_name(params))
         return dataclasses.replace(trained, registered=registry.log_head(params, run, trained, tags=tags))
 

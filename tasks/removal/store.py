@@ -89,7 +89,7 @@ def save_head(folder: Path, head: RemovableHead, *, ids: np.ndarray, meta: dict[
     """Write a head's state into ``folder`` (a staging folder: the caller puts it in place)."""
     arrays, head_meta = head.state()
     arrays = {**arrays, "X": arrays["X"].astype(np.float32)}  # exact: X was rounded to float32 before training
-    np.savez(folder / "state.npz", **arrays)
+    np.savez(folder / "state.npz", **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
     np.save(folder / "ids.npy", ids.astype(str))
     write_json(folder / "meta.json", {**meta, "head": head_meta})
 

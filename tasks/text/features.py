@@ -23,7 +23,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
-from privpipe.text import embed, embedding_key, encoder_digest, encoder_dir, load_encoder, tokenize
+from privpipe.text import embed, embedding_key, encoder_digest, encoder_dir, hidden_size, load_encoder, tokenize
 from tasks import paths
 from tasks.common import stage_logger, staged_dir, use_torch_threads, write_json
 from tasks.progress import progress
@@ -96,7 +96,7 @@ def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path 
                                                         max_length=params.text.max_length,
                                                         batch_size=params.text.embed_batch_size))
         encoded = EncodedTexts(dir=out, mode=params.text.mode, encoder=str(folder), encoder_digest=digest,
-                               max_length=params.text.max_length, hidden_size=int(model.config.hidden_size),
+                               max_length=params.text.max_length, hidden_size=hidden_size(model),
                                train_cached=cached.get("train"), test_cached=cached.get("test"))
         write_json(staging / "meta.json", encoded.to_json())
     return encoded

@@ -54,7 +54,8 @@ def drop_withheld(corpus: Corpus, queue: RequestQueue) -> tuple[Corpus, set[str]
     withheld = queue.withheld_record_hashes()
     if not withheld:
         return corpus, set()
-    parts, dropped = {}, set()
+    parts: dict[str, TextSet] = {}
+    dropped: set[str] = set()
     for name in ("train", "test"):
         part = getattr(corpus, name)
         hashes = [queue.hash_record_id(str(i)) for i in part.ids]
@@ -63,7 +64,7 @@ def drop_withheld(corpus: Corpus, queue: RequestQueue) -> tuple[Corpus, set[str]
         parts[name] = part if keep.all() else _subset(part, keep)
         if not len(parts[name]):
             raise DataError(f"{corpus.source}: every {name} record has a deletion request; nothing is left to use")
-    return replace(corpus, **parts), dropped
+    return replace(corpus, train=parts["train"], test=parts["test"]), dropped
 
 
 def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> PreparedTexts:

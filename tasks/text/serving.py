@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import mlflow.pyfunc
 import numpy as np
 import torch
+from mlflow.pyfunc import PythonModel
 
 from privpipe.text import embed, load_encoder, tokenize
 from tasks.text.model import load_text_model, predict_batches
@@ -18,7 +18,7 @@ from tasks.text.model import load_text_model, predict_batches
 __all__ = ["FederatedTextClassifier"]
 
 
-class FederatedTextClassifier(mlflow.pyfunc.PythonModel):
+class FederatedTextClassifier(PythonModel):
     def load_context(self, context) -> None:
         encoder = Path(context.artifacts["encoder"])
         self.model, self.spec = load_text_model(Path(context.artifacts["model"]), encoder=encoder)
@@ -26,6 +26,7 @@ class FederatedTextClassifier(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input, params=None) -> list[str]:
         texts = list(model_input.iloc[:, 0]) if hasattr(model_input, "iloc") else list(model_input)
+        inputs: tuple[np.ndarray, ...]
         if self.spec["mode"] == "frozen":
             inputs = (embed(self.encoder, self.tokenizer, texts, max_length=self.spec["max_length"],
                             batch_size=self.spec["embed_batch_size"]),)
