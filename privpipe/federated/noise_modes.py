@@ -23,7 +23,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -33,10 +33,29 @@ from privpipe.federated.client_noise import client_schedule, worst_client_event
 from privpipe.federated.local import LocalConfig
 from privpipe.privacy import Event, Ledger, NoiseSource, record_level_event, record_level_ledger
 
-if TYPE_CHECKING:  # a type only: fedavg imports this module
-    from privpipe.federated.fedavg import FedAvgConfig
+__all__ = ["NOISE_MODES", "FedAvgSettings", "NoiseMode", "ServerNoiseMode", "ClientNoiseMode", "noise_mode"]
 
-__all__ = ["NOISE_MODES", "NoiseMode", "ServerNoiseMode", "ClientNoiseMode", "noise_mode"]
+
+class FedAvgSettings(Protocol):
+    """What a mode reads of a run's settings: privpipe.federated.FedAvgConfig (named by its fields here, since
+    fedavg imports this module)."""
+
+    @property
+    def clients(self) -> int: ...
+    @property
+    def sampling(self) -> str: ...
+    @property
+    def sample_rate(self) -> float: ...
+    @property
+    def clip_norm(self) -> float: ...
+    @property
+    def noise_multiplier(self) -> float: ...
+    @property
+    def record_level(self) -> bool: ...
+    @property
+    def client_sizes(self) -> tuple[int, ...]: ...
+    @property
+    def local(self) -> LocalConfig | None: ...
 
 
 @dataclass(frozen=True)
@@ -51,20 +70,20 @@ class NoiseMode(ABC):
     client_level: ClassVar[bool] = True
 
     @abstractmethod
-    def check(self, config: FedAvgConfig) -> None:
+    def check(self, config: FedAvgSettings) -> None:
         """Refuse a config this mode cannot run (ValueError)."""
 
     @abstractmethod
-    def event(self, config: FedAvgConfig, rounds: int, *, stage: str, noise_multiplier: float) -> Event:
+    def event(self, config: FedAvgSettings, rounds: int, *, stage: str, noise_multiplier: float) -> Event:
         """The most ``rounds`` rounds at ``noise_multiplier`` can cost: what the budget and calibration check."""
 
     @abstractmethod
-    def mean(self, received: Sequence[np.ndarray], *, dim: int, config: FedAvgConfig, denominator: float,
+    def mean(self, received: Sequence[np.ndarray], *, dim: int, config: FedAvgSettings, denominator: float,
              noise: NoiseSource) -> np.ndarray:
         """A private round's aggregate of the updates that arrived."""
 
     @abstractmethod
-    def recorded_event(self, config: FedAvgConfig, *, rounds_run: int, rounds_taken: np.ndarray, ledger: Ledger,
+    def recorded_event(self, config: FedAvgSettings, *, rounds_run: int, rounds_taken: np.ndarray, ledger: Ledger,
                        stage: str) -> Event | None:
         """What the ledger records for the rounds run (``rounds_taken``: per client, the rounds it sent an update
         in); None when nothing was spent."""
@@ -89,27 +108,27 @@ class ServerNoiseMode(NoiseMode):
     clients_run_dpsgd: ClassVar[bool] = False
     client_level: ClassVar[bool] = True
 
-    def check(self, config: FedAvgConfig) -> None:
+    def check(self, config: FedAvgSettings) -> None:
         pass  # FedAvgConfig's own checks (clip norm and noise multiplier > 0) are all it needs
 
-    def event(self, config: FedAvgConfig, rounds: int, *, stage: str, noise_multiplier: float) -> Event:
+    def event(self, config: FedAvgSettings, rounds: int, *, stage: str, noise_multiplier: float) -> Event:
         event = round_event(sampling=config.sampling, sample_rate=config.sample_rate, rounds=rounds, stage=stage,
                             noise_multiplier=noise_multiplier)
         return record_level_event(event) if config.record_level else event
 
-    def mean(self, received: Sequence[np.ndarray], *, dim: int, config: FedAvgConfig, denominator: float,
+    def mean(self, received: Sequence[np.ndarray], *, dim: int, config: FedAvgSettings, denominator: float,
              noise: NoiseSource) -> np.ndarray:
         return private_mean(received, dim=dim, clip_norm=config.clip_norm, noise_multiplier=config.noise_multiplier,
                             denominator=denominator, noise=noise)
 
-    def recorded_event(self, config: FedAvgConfig, *, rounds_run: int, rounds_taken: np.ndarray, ledger: Ledger,
+    def recorded_event(self, config: FedAvgSettings, *, rounds_run: int, rounds_taken: np.ndarray, ledger: Ledger,
                        stage: str) -> Event | None:
         # every round run is charged, whoever took part in it
         return self.event(config, rounds_run, stage=stage, noise_multiplier=config.noise_multiplier) if rounds_run \
             else None
 
 
-def _local(config: FedAvgConfig) -> LocalConfig:
+def _local(config: FedAvgSettings) -> LocalConfig:
     if config.local is None:
         raise ValueError("client noise needs the clients' local training (FedAvgConfig.local)")
     return config.local
@@ -129,20 +148,20 @@ class ClientNoiseMode(NoiseMode):
     clients_run_dpsgd: ClassVar[bool] = True
     client_level: ClassVar[bool] = False
 
-    def check(self, config: FedAvgConfig) -> None:
+    def check(self, config: FedAvgSettings) -> None:
         if len(config.client_sizes) != config.clients or config.local is None or min(config.client_sizes,
                                                                                       default=0) < 1:
             raise ValueError("client noise needs every client's record count (each >= 1) and the local training")
 
-    def event(self, config: FedAvgConfig, rounds: int, *, stage: str, noise_multiplier: float) -> Event:
+    def event(self, config: FedAvgSettings, rounds: int, *, stage: str, noise_multiplier: float) -> Event:
         schedule = client_schedule(min(config.client_sizes), _local(config))
         return schedule.event(noise_multiplier=noise_multiplier, steps=schedule.steps * rounds, stage=stage)
 
-    def mean(self, received: Sequence[np.ndarray], *, dim: int, config: FedAvgConfig, denominator: float,
+    def mean(self, received: Sequence[np.ndarray], *, dim: int, config: FedAvgSettings, denominator: float,
              noise: NoiseSource) -> np.ndarray:
         return plain_mean(received, dim=dim)  # the updates arrive private: nothing to clip or add
 
-    def recorded_event(self, config: FedAvgConfig, *, rounds_run: int, rounds_taken: np.ndarray, ledger: Ledger,
+    def recorded_event(self, config: FedAvgSettings, *, rounds_run: int, rounds_taken: np.ndarray, ledger: Ledger,
                        stage: str) -> Event | None:
         return worst_client_event(sizes=config.client_sizes, rounds_taken=rounds_taken, local=_local(config),
                                   noise_multiplier=config.noise_multiplier, ledger=ledger, stage=stage)
