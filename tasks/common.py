@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from privpipe.data import DataError
+from privpipe.locks import exclusive_lock
 from tasks import paths
 
 if TYPE_CHECKING:  # a type only: privpipe.config stays off this module's import path
@@ -93,25 +93,6 @@ def one_pipeline_at_a_time() -> AbstractContextManager[None]:
     """The project's pipeline lock: held by ``privpipe run`` for the whole flow, and by each
     ``privpipe stage`` (what dvc repro runs) for its stage."""
     return one_at_a_time(paths.PIPELINE_LOCK, what="another pipeline run (privpipe run, or a stage of dvc repro)")
-
-
-@contextmanager
-def exclusive_lock(path: Path, *, blocking: bool = True) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` for the block; the OS releases it if the process dies.
-
-    Non-blocking and already held elsewhere: raises BlockingIOError. A folder is locked as it is
-    (nothing is created in it).
-    """
-    if path.is_dir():
-        fd = os.open(path, os.O_RDONLY)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        yield
-    finally:
-        os.close(fd)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -33,7 +33,6 @@ id and none for an id that already has one (pending, in a batch or done).
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import hmac
 import json
@@ -43,11 +42,13 @@ import re
 import secrets
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
+
+from privpipe.locks import exclusive_lock
 
 __all__ = ["RequestQueue", "Request", "QueueError", "UnknownRecord", "QueueBusy"]
 
@@ -103,18 +104,6 @@ def _iso(moment: datetime) -> str:
 def _new_id(prefix: str, moment: datetime, hex_bytes: int) -> str:
     # the timestamp first, so ids sort by time; the random tail keeps concurrent ids apart
     return f"{prefix}-{moment.astimezone(UTC):%Y%m%dT%H%M%S%f}-{secrets.token_hex(hex_bytes)}"
-
-
-def _lock(path: Path, *, blocking: bool = True) -> int:
-    """An fd holding an exclusive flock on ``path``; closing it (or the process dying) releases the lock."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 @contextmanager
@@ -277,20 +266,17 @@ class RequestQueue:
     @contextmanager
     def _locked(self) -> Iterator[int]:
         """queue.lock held, and the journal open for appending (its torn tail cut); yields its fd."""
-        with _os_errors(self.path):  # around the caller's writes too: a full disk is one line
-            lock = _lock(self.folder / "queue.lock")
+        # around the caller's writes too: a full disk is one line
+        with _os_errors(self.path), exclusive_lock(self.folder / "queue.lock"):
+            created = not self.path.exists()
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             try:
-                created = not self.path.exists()
-                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-                try:
-                    self._cut_torn_tail(fd)
-                    if created:
-                        _fsync_dir(self.folder)  # so the new file's name survives a crash too
-                    yield fd
-                finally:
-                    os.close(fd)
+                self._cut_torn_tail(fd)
+                if created:
+                    _fsync_dir(self.folder)  # so the new file's name survives a crash too
+                yield fd
             finally:
-                os.close(lock)
+                os.close(fd)
 
     def _append(self, lines: list[dict[str, Any]]) -> None:
         """Append whole lines durably: under queue.lock, after cutting a torn tail, in one O_APPEND write."""
@@ -371,15 +357,13 @@ class RequestQueue:
     def processing(self, *, wait: bool = False) -> Iterator[None]:
         """Hold processing.lock for one removal run; QueueBusy if another holds it (unless ``wait``)."""
         path = self.folder / "processing.lock"
-        try:
-            fd = _lock(path, blocking=wait)
-        except BlockingIOError:
-            raise QueueBusy(f"{path}: held by another removal run, or by a pipeline run's head stage while it "
-                            "trains or registers the head; try again when it ends") from None
-        try:
+        with ExitStack() as held:
+            try:
+                held.enter_context(exclusive_lock(path, blocking=wait))
+            except BlockingIOError:
+                raise QueueBusy(f"{path}: held by another removal run, or by a pipeline run's head stage while it "
+                                "trains or registers the head; try again when it ends") from None
             yield
-        finally:
-            os.close(fd)
 
     def _fold(self, fd: int | None = None) -> tuple[dict[str, Request], dict[str, list[str]]]:
         """Requests by id and each batch's request ids, both in journal order (read through ``fd`` if given)."""
