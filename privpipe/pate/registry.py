@@ -3,9 +3,9 @@
     aggregator = make_aggregator("confident_gnmax", 250, 10, threshold=200.0, sigma1=150.0, sigma2=40.0)
 
 Adding an aggregator: its class (privpipe.pate.aggregators, or a module of its own under
-privpipe/pate/), one line below, and its noise parameters in privpipe/config/aggregate.py
-(AggregateConfig's fields, AGGREGATORS and NOISE_KEYS: checking params must not import this,
-which pulls in torch, so tests/test_config.py holds those two to this registry) and params.yaml.
+privpipe/pate/), one line below, and its noise parameters in privpipe/config/aggregate.py (its
+entry in NOISE_KEYS and AggregateConfig's fields: checking params must not import this module,
+which pulls in torch, so tests/test_config.py holds NOISE_KEYS to this registry) and params.yaml.
 """
 
 from __future__ import annotations
