@@ -34,7 +34,7 @@ class ServerOptimizer:
 
     def step(self, weights: np.ndarray, update: np.ndarray) -> np.ndarray:
         """New weights from the current ones and the round's mean update."""
-        if self._m is None:
+        if self._m is None or self._v is None:  # both start together on the first round
             self._m = np.zeros_like(update, dtype=np.float64)
             self._v = np.zeros_like(update, dtype=np.float64)
         if self.kind == "sgd":
