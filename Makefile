@@ -1,6 +1,6 @@
 # privpipe — every target installs what it needs into .venv first.
 #   make run     the pipeline on the embedded default (scikit-learn's digits)
-#   make test    the test suite (fast, offline)
+#   make test    the quality gates (ruff, mypy) and the test suite (fast, offline)
 #   make repro   the same pipeline through DVC (dvc repro)
 #   make ui      the MLflow UI on http://127.0.0.1:5000
 #   make serve   the scheduled deployments (retraining, deletion processing) on a local Prefect server
@@ -31,6 +31,8 @@ run: $(STAMP)
 	$(BIN)/privpipe run
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 repro: $(STAMP)

@@ -27,6 +27,7 @@ from flows.client_map import mapped_client_updates
 from flows.pipeline import INSECURE_RNG_WARNING
 from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, load_params
+from privpipe.federated import noise_mode
 from privpipe.privacy import Event, Ledger
 from tasks import paths, run_view, tracking
 from tasks.common import one_at_a_time, use_torch_threads
@@ -90,13 +91,13 @@ def federated_text(params_file: str = "params.yaml") -> FederatedTextResult:
     with one_at_a_time(paths.TEXT_LOCK, what="another federated text run"), \
             budget.admitted(params, dataset, what="federated text run", flow="federated-text",
                             private=params.federated.private,
-                            client_level=params.federated.noise == "server") as admission:
+                            client_level=noise_mode(params.federated.noise).client_level) as admission:
         return _run(params, params_file, dataset, log, admission)
 
 
 def _run(params: Params, params_file: str, dataset: str, log: logging.Logger | logging.LoggerAdapter,
          admission: budget.Admission) -> FederatedTextResult:
-    client_noise = params.federated.noise == "client"
+    record_level = not noise_mode(params.federated.noise).client_level
     with tracking.tracked_run(params, params_file=params_file, flow="federated-text",
                               dataset=dataset) as run, mapping_runner(params) as runner:
         log.info("federated: client updates run on %s", describe_runner(params))
@@ -105,7 +106,7 @@ def _run(params: Params, params_file: str, dataset: str, log: logging.Logger | l
 
         def lifetime_can_pay(planned: Event) -> None:
             # hold the planned rounds' record-level cost instead of the client-level floor, then start
-            epsilon, delta, basis = budget.planned_cost(params, planned, record_level=client_noise)
+            epsilon, delta, basis = budget.planned_cost(params, planned, record_level=record_level)
             admission.resize(epsilon=epsilon, delta=delta, basis=basis, before="its first round")
             admission.mark_published()  # the rounds log their curves as they go
 

@@ -29,7 +29,7 @@ from tasks.common import (
     write_text,
 )
 from tasks.privacy.ledger import calibrate_for, new_ledger
-from tasks.projection import Projection, check_projection  # noqa: F401 (check_projection: until aggregate imports it from tasks.projection)
+from tasks.projection import Projection
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.prepared import PreparedSets

@@ -117,9 +117,9 @@ def test_a_killed_runs_reservation_goes_only_if_it_released_nothing(project, cap
         _wait_for(lambda: len(list(project.glob("admitted-*"))) == 2, [quiet, published])
         ids = {p.name.split("-", 1)[1]: p.read_text() for p in project.glob("admitted-*")}
         params = load_params("params.yaml")
-        with pytest.raises(LifetimeBudgetExceeded):  # 6 of 9 held: a third run of 3 fits, a fourth not
-            with budget.admitted(params, "digits", what="run", flow="pipeline"):
-                budget.check_lifetime(params, "digits", what="a fourth run")
+        # 6 of 9 held: a third run of 3 fits, a fourth not
+        with pytest.raises(LifetimeBudgetExceeded), budget.admitted(params, "digits", what="run", flow="pipeline"):
+            budget.check_lifetime(params, "digits", what="a fourth run")
         with pytest.raises(DataError, match="still running"):  # a live run's reservation is its own
             budget.release_reservation(params, ids["quiet"])
         for p in (quiet, published):
@@ -165,9 +165,10 @@ def test_dvc_repro_stages_share_one_reservation_that_evaluate_settles(project):
     first = budget.reserve_for_stages(params, "digits", what="stage dp_pca")
     assert budget.reserve_for_stages(params, "digits", what="stage finetune") == first  # the same, not twice
     entered = []
-    with pytest.raises(LifetimeBudgetExceeded):  # a `privpipe run` beside the repro: 3 + 3 > 5
-        with budget.admitted(params, "digits", what="pipeline run", flow="pipeline"):
-            entered.append("pipeline run")
+    # a `privpipe run` beside the repro: 3 + 3 > 5
+    with pytest.raises(LifetimeBudgetExceeded), budget.admitted(params, "digits", what="pipeline run",
+                                                                flow="pipeline"):
+        entered.append("pipeline run")
     assert entered == []
     lifetime = budget.charge_stages(params, "digits", _spend("mlflow-run", 2.0), what="dvc-repro run")
     assert lifetime.spent()[0] == 2.0 and lifetime.reservations == []

@@ -116,13 +116,14 @@ def test_the_text_flow_with_client_noise_charges_the_worst_clients_record_level_
     out = federated_text(params_file="params.yaml")
     ledger = Ledger.from_json((project / "artifacts/federated/ledger.json").read_text())
     (event,) = ledger.events
-    assert event.mechanism == "poisson_gaussian" and event.noise_multiplier == pytest.approx(out.model.private.noise_multiplier)
+    spent = out.model.private
+    assert event.mechanism == "poisson_gaussian" and event.noise_multiplier == pytest.approx(spent.noise_multiplier)
     sizes = np.bincount(np.load(project / "artifacts/text/assignment.npy"), minlength=4)
     schedule = client_schedule(int(sizes.min()), LocalConfig(epochs=1, batch_size=4))
     assert (event.sample_rate, event.steps) == (schedule.sample_rate, schedule.steps * 2)  # q = 1: every round
     spend = ledger.epsilon()
-    assert out.model.private.noise == "client" and spend.epsilon <= 3.0
-    assert out.model.private.epsilon == out.model.private.record_epsilon == pytest.approx(spend.epsilon)  # record-level already
+    assert spent.noise == "client" and spend.epsilon <= 3.0
+    assert spent.epsilon == spent.record_epsilon == pytest.approx(spend.epsilon)  # record-level already
     lifetime = json.loads((project / "data/budget/texts.json").read_text())
     assert lifetime["entries"][0]["epsilon"] == pytest.approx(spend.epsilon)
     run = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}").get_run(out.run_id)

@@ -51,8 +51,8 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     spend = ledger.epsilon()
     assert out.model.private.epsilon == pytest.approx(spend.epsilon) and spend.epsilon <= 3.0
     assert ledger.events[0].to_dict() | {} == {"mechanism": "poisson_gaussian", "stage": "federated",
-                                               "noise_multiplier": out.model.private.noise_multiplier, "sample_rate": 0.5,
-                                               "steps": 3}
+                                               "noise_multiplier": out.model.private.noise_multiplier,
+                                               "sample_rate": 0.5, "steps": 3}
     # one record moves one client's update: its bound (direct or group-of-two) is above the client-level ε
     record = record_level_ledger(ledger).epsilon()
     assert out.model.private.record_epsilon == pytest.approx(record.epsilon) and record.epsilon > spend.epsilon
@@ -102,7 +102,6 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     assert (entry["epsilon"], entry["delta"]) == (pytest.approx(record.epsilon), spend.delta)
     # `privpipe audit` lists what the lifetime ledger adds up: the record-level ε and its accountant
     from tasks.privacy.audit import audit_rows
-
     from tasks.tracking import open_store
 
     params = load_params("params.yaml")
@@ -146,7 +145,7 @@ def test_lora_mode_trains_adapters_and_head_only(project, encoder):
     # audited by the loss attack on token inputs; no calibrated attack (a fresh start would wipe the encoder)
     assert "privacy.audit.loss.auc" in out.privacy_audit and "privacy.audit.calibrated.auc" not in out.privacy_audit
     assert out.privacy_audit["privacy.audit.members"] == 40  # no reference model: no test texts set aside
-    model, spec = load_text_model(project / "artifacts/federated")
+    model, _spec = load_text_model(project / "artifacts/federated")
     lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     head = sum(p.numel() for p in model.head.parameters())
     assert lora > 0 and len(trainable_vector(model)) == lora + head

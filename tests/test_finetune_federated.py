@@ -24,7 +24,8 @@ FEDERATED = {"clients": 6, "rounds": 4, "sample_rate": 0.5, "local_epochs": 2, "
 def prepared(project, **federated):
     (project / "mnist").mkdir()
     write_mnist(project / "mnist", n_train=60, n_test=10)
-    write_params(project, privacy={"accountant": "rdp"}, prepare={"dataset": "mnist", "path": "mnist", "public_queries": 5, "target_domain": False},
+    write_params(project, privacy={"accountant": "rdp"},
+                 prepare={"dataset": "mnist", "path": "mnist", "public_queries": 5, "target_domain": False},
                  dp_pca={"components": 5}, student={"enabled": False}, head={"enabled": False},
                  finetune={"mode": "federated", "hidden_units": [8]}, federated=FEDERATED | federated)
     params = load_params("params.yaml")

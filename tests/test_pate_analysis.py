@@ -219,9 +219,10 @@ def test_gaussian_rdp_is_vectorised_and_goes_to_zero_with_q():
 
 def theorem3(q: float, gamma: float, order: float) -> float:
     """Papernot et al. 2017, Theorem 3 (moments α(l)), as RDP at order λ = l + 1: α(l)/l."""
-    l = order - 1
+    moment = order - 1  # l
     assert q < (math.exp(2 * gamma) - 1) / (math.exp(4 * gamma) - 1)
-    return math.log((1 - q) * ((1 - q) / (1 - math.exp(2 * gamma) * q)) ** l + q * math.exp(2 * gamma * l)) / l
+    return math.log((1 - q) * ((1 - q) / (1 - math.exp(2 * gamma) * q)) ** moment
+                    + q * math.exp(2 * gamma * moment)) / moment
 
 
 @pytest.mark.parametrize("q, gamma, order", [(0.05, 0.5, 5.0), (0.01, 1.0, 2.5), (1e-3, 0.1, 20.0),

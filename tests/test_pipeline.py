@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -47,7 +48,7 @@ def test_mlflow_epsilon_equals_the_ledger(finished):
     assert ledger.epsilon().epsilon <= 3.0 + 1e-9  # target_epsilon of the defaults
     # the logged ledger artifact alone recomputes the same figure
     logged = client.download_artifacts(result.run_id, "privacy/ledger.json", str(folder / "download"))
-    assert Ledger.from_json(open(logged).read()).epsilon() == ledger.epsilon()
+    assert Ledger.from_json(Path(logged).read_text()).epsilon() == ledger.epsilon()
 
 
 def test_accuracy_clears_a_floor_and_is_logged(finished):
@@ -116,7 +117,8 @@ def test_stage_outputs_for_dvc_metrics(finished):
     privacy = json.loads((folder / "metrics/privacy.json").read_text())
     assert privacy["total"]["epsilon"] == pytest.approx(result.evaluation.epsilon)
     assert set(privacy["stages"]) == {"dp_pca", "aggregate", "finetune"}
-    assert json.loads((folder / "metrics/evaluate.json").read_text())["accuracy_test"] == result.evaluation.accuracy_test
+    evaluated = json.loads((folder / "metrics/evaluate.json").read_text())
+    assert evaluated["accuracy_test"] == result.evaluation.accuracy_test
 
 
 def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
@@ -147,7 +149,7 @@ def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
 
 
 def test_head_is_registered_apart_with_both_guarantees(finished):
-    folder, result, client = finished
+    _folder, result, client = finished
     version = client.get_model_version("test-model-head", result.head.registered.version)
     assert version.tags["privacy.head_dp"] == "false"
     assert float(version.tags["privacy.features_epsilon"]) == pytest.approx(result.evaluation.epsilon, rel=1e-5)
@@ -216,7 +218,7 @@ def test_audit_lists_two_recorded_runs_and_the_budget_adds_them_up(finished, mon
     assert out[3].startswith("2 run(s)")
     import csv
 
-    rows = list(csv.DictReader(open("audit.csv")))
+    rows = list(csv.DictReader(Path("audit.csv").read_text().splitlines()))
     assert [r["run"] for r in rows] == [first.run_id, second.run_id]
     assert float(rows[1]["epsilon"]) == pytest.approx(second.evaluation.epsilon, rel=1e-3)
     assert rows[0]["stages"].startswith("dp_pca ") and "aggregate" in rows[0]["stages"]
@@ -228,7 +230,8 @@ def test_audit_lists_two_recorded_runs_and_the_budget_adds_them_up(finished, mon
     assert main(["audit", "--dataset", "mnist"]) == 0 and "0 run(s)" in capsys.readouterr().out
     assert main(["audit", "--since", "2999-01-01"]) == 0 and "0 run(s)" in capsys.readouterr().out
     assert main(["audit", "--since", "yesterday"]) == 2
-    assert capsys.readouterr().err.strip() == "privpipe: error: --since: expected a date like 2026-11-23, got 'yesterday'"
+    assert capsys.readouterr().err.strip() == ("privpipe: error: --since: expected a date like 2026-11-23, "
+                                               "got 'yesterday'")
     # the lifetime ledger composes both runs
     assert main(["budget"]) == 0
     assert f"spent ε = {first.evaluation.epsilon + second.evaluation.epsilon:.4g}" in capsys.readouterr().out

@@ -23,8 +23,8 @@ from privpipe.requests import RequestQueue, UnknownRecord
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-QUICK = dict(student={"enabled": False}, finetune={"epochs": 3, "hidden_units": [64]}, run={"model_name": "removal-test"},
-             head={"features": "model"})
+QUICK = dict(student={"enabled": False}, finetune={"epochs": 3, "hidden_units": [64]},
+             run={"model_name": "removal-test"}, head={"features": "model"})
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
         [("removal-test-head", result.head_version, "certified_removal")]] * 2 + [
         [("removal-test-head", result.head_version, "not_trained_on")]]
     assert all(r.audit["uncovered"] == [] for r in requests)
-    head, ids, meta = load_head(Path("artifacts/head"))
+    head, ids, _meta = load_head(Path("artifacts/head"))
     hashes = row_hashes(queue, ids)
     rows = [hashes.index(queue.hash_record_id(t)) for t in targets[:2]]
     assert not head.active[rows].any() and head.active.sum() == len(ids) - 2
@@ -136,8 +136,8 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
         scores = served(torch.as_tensor(test_set.features[:50], dtype=torch.float32)).numpy()
     np.testing.assert_array_equal(scores.argmax(axis=1), head.predict(head_features(extractor_from(
         Path("artifacts/head")), test_set.features[:50])))
-    audit = json.loads(open(client.download_artifacts(result.run_id, "removals/audit.json",
-                                                      str(inside / "dl"))).read())
+    audit = json.loads(Path(client.download_artifacts(result.run_id, "removals/audit.json",
+                                                      str(inside / "dl"))).read_text())
     assert {a["request_id"] for a in audit} == {r.request_id for r in requests}
     # a later pipeline run never sees the records, and they can no longer be named
     run_prepare(params)
@@ -231,7 +231,8 @@ def test_one_request_per_record_and_each_row_counted_once(prefect_harness, insid
     assert twice not in out and out.splitlines()[-1].startswith("2 request(s) in data/requests/queue.jsonl still hold")
     code, out, _ = cli("requests", "--redact")
     assert code == 0 and out.startswith(f"2 request(s) rewritten with hashed record ids and reasons in {queue.path}")
-    assert twice not in queue.path.read_text() and queue.requests_for(twice) == [replace(r, legacy=False) for r in legacy]
+    assert twice not in queue.path.read_text()
+    assert queue.requests_for(twice) == [replace(r, legacy=False) for r in legacy]
 
 
 def test_requests_command_lists_states(inside):

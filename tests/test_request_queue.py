@@ -53,7 +53,7 @@ def test_submit_then_read_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_a_record_with_a_request_is_not_queued_again(tmp_path: Path) -> None:
     queue = RequestQueue(tmp_path)
-    pending, batched, done = queue.submit(["rec-p", "rec-b", "rec-d"], known=ANY)
+    _pending, batched, done = queue.submit(["rec-p", "rec-b", "rec-d"], known=ANY)
     queue.start_batch([batched.request_id])
     queue.mark_done(queue.start_batch([done.request_id]), {done.request_id: {}})
     # the done record is no longer in the data: it is reported as requested, not refused as unknown
@@ -250,7 +250,7 @@ def test_pending_is_oldest_first_and_excludes_batched_and_done(tmp_path: Path, m
 
 def test_erased_record_hashes(tmp_path: Path) -> None:
     queue = RequestQueue(tmp_path)
-    gone, kept = queue.submit(["rec-gone", "rec-kept"], known=ANY)
+    gone, _kept = queue.submit(["rec-gone", "rec-kept"], known=ANY)
     queue.mark_done(queue.start_batch([gone.request_id]), {gone.request_id: {}})
     hashes = queue.erased_record_hashes()
     assert hashes == {queue.hash_record_id("rec-gone")}

@@ -31,7 +31,8 @@ from privpipe.dpsgd import make_private_training, train_dpsgd
 from privpipe.federated import FedAvgConfig, run_fedavg
 from privpipe.federated.sampling import ClientSampler
 from privpipe.pate.aggregate import UNANSWERED, confident_gnmax, gnmax, lnmax
-from privpipe.pate.analysis import AggregatorSpec, sanitise
+from privpipe.pate.analysis import sanitise
+from privpipe.pate.registry import make_aggregator
 from privpipe.privacy import Ledger, NoiseSource, secure_laplace, secure_noise, secure_normal, secure_uniform
 from privpipe.removal import RemovableHead, RemovalGuarantee
 
@@ -138,7 +139,7 @@ def _confident_gnmax(_inputs, secure: bool, seed: int) -> np.ndarray:
     return labels
 
 
-CONFIDENT = AggregatorSpec("confident_gnmax", TEACHERS, CLASSES, threshold=150.0, sigma1=30.0, sigma2=20.0)
+CONFIDENT = make_aggregator("confident_gnmax", TEACHERS, CLASSES, threshold=150.0, sigma1=30.0, sigma2=20.0)
 
 
 def _votes() -> np.ndarray:
@@ -227,7 +228,8 @@ def _head_training(data, secure: bool, seed: int) -> np.ndarray:
 def _trained_head_without_budget() -> RemovableHead:
     """A head whose removal budget is (practically) nil: every removal is a retrain with a fresh b."""
     X, y = _head_data()
-    return RemovableHead.train(X, y, classes=3, lam=1e-2, guarantee=RemovalGuarantee(epsilon=1e-12, delta=1e-4, sigma=1.0),
+    return RemovableHead.train(X, y, classes=3, lam=1e-2,
+                               guarantee=RemovalGuarantee(epsilon=1e-12, delta=1e-4, sigma=1.0),
                                noise=NoiseSource(seed=0, secure=False))
 
 

@@ -179,7 +179,8 @@ def test_a_local_usps_folder_as_the_mnist_target_domain(project):
 
 
 TINY_DIGITS = dict(partition={"shards": 3}, teachers={"epochs": 2}, aggregate={"queries": 30},
-                   student={"enabled": True, "steps": 40, "delay_steps": 10, "ramp_steps": 10}, run={"torch_threads": 1})
+                   student={"enabled": True, "steps": 40, "delay_steps": 10, "ramp_steps": 10},
+                   run={"torch_threads": 1})
 
 
 def test_a_stage_sets_torch_threads_logs_it_and_repeats_byte_for_byte(tmp_path, caplog):

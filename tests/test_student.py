@@ -3,6 +3,7 @@ and argument checks."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -200,5 +201,5 @@ def test_cosine_schedule_follows_fixmatchs_decay():
         train_student(network, labeled_x=x, labeled_y=y, unlabeled_x=x[:0], config=config, seed=0)
     assert seen[0] == pytest.approx(QUICK["learning_rate"])
     assert seen[-1] == pytest.approx(QUICK["learning_rate"] * np.cos(7 * np.pi * 15 / 256))
-    assert all(a > b for a, b in zip(seen, seen[1:]))
+    assert all(a > b for a, b in itertools.pairwise(seen))
 

@@ -77,10 +77,13 @@ def federated(args: argparse.Namespace) -> int:
         from privpipe.text import check_lora_targets, encoder_dir  # deferred: torch and transformers (seconds)
 
         check_lora_targets(encoder_dir(params.text.encoder), params.text.lora_targets)
-    from tasks.privacy import budget  # deferred: privpipe.privacy imports torch (seconds); the params are checked
+    # deferred: privpipe.privacy and .federated import torch (seconds); the params are checked
+    from privpipe.federated import noise_mode
+    from tasks.privacy import budget
 
+    client_level = noise_mode(params.federated.noise).client_level
     budget.check_lifetime(params, budget.dataset_name(params, flow="federated-text"), what="federated text run",
-                          private=params.federated.private, client_level=params.federated.noise == "server")
+                          private=params.federated.private, client_level=client_level)
     # deferred until the input is known good and the budget allows the run: Prefect and MLflow take seconds
     from flows.cli.run_report import let_prefect_record
     from flows.federated import federated_text
@@ -101,7 +104,7 @@ def _report_federated(params: Params, result: FederatedTextResult) -> None:
     print()
     print(f"test accuracy   {model.accuracy_test:.4f}   after {model.rounds} rounds, K = {model.clients} clients "
           f"({params.text.mode} encoder)")
-    if spend is not None and spend.noise == "client":
+    if spend is not None and not spend.client_level:
         print(f"privacy spent   ε = {spend.record_epsilon:.4f}, δ = {spend.delta:g}  "
               f"({spend.record_accountant.upper()}, record-level, the worst client: each client's own DP-SGD over "
               "the rounds it took part in; the server saw only private updates; charged to the lifetime budget)")

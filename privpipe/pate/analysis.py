@@ -79,21 +79,14 @@ from privpipe.pate.query_rdp import (
     threshold_rdp,
     top_gaps,
 )
-from privpipe.pate.registry import make_aggregator
 from privpipe.privacy.events import Event, RdpCurveEvent
 from privpipe.privacy.secure_noise import NoiseSource
 
 # the per-query formulas are re-exported: callers have always found them here
-__all__ = ["AggregatorSpec", "AnalysisChoice", "SanitisedRelease", "data_independent_events", "data_independent_rdp",
+__all__ = ["AnalysisChoice", "SanitisedRelease", "data_independent_events", "data_independent_rdp",
            "logq_gnmax", "logq_lnmax", "logpr_answered", "gaussian_rdp", "laplace_rdp", "threshold_rdp",
            "per_query_rdp", "data_dependent_rdp", "best_case_rdp", "choose_analysis", "local_sensitivity_by_distance",
            "smooth_sensitivity", "gnss_rdp", "release_cost", "planned_release_event", "sanitise"]
-
-
-def AggregatorSpec(mechanism: str, teachers: int, classes: int, **noise: float | None) -> Aggregator:
-    """The former spec's name and call, kept for callers not yet moved: :func:`privpipe.pate.registry.make_aggregator`
-    (which new code calls)."""
-    return make_aggregator(mechanism, teachers, classes, **noise)
 
 
 # -- per-query and total data-dependent RDP -----------------------------------------

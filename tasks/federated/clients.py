@@ -121,12 +121,16 @@ def train_client(job: ClientJob, client: int, round_: int, weights: np.ndarray) 
     rows = client_rows(job.data, client)
     if not len(rows):  # a client with no records (federated.min_records: 0) has nothing to send
         return np.zeros_like(weights, dtype=np.float32)
-    tensors = tuple(torch.as_tensor(np.asarray(_array(p)[rows])) for p in (*job.data.inputs, job.data.labels))
+    inputs = tuple(torch.as_tensor(np.asarray(_array(p)[rows])) for p in job.data.inputs)
+    labels = torch.as_tensor(np.asarray(_array(job.data.labels)[rows]))
+    tensors = (*inputs, labels)
     seed = int(seed_for(job.seed, "client", round_, client).generate_state(1)[0])
     model = _thread_model(job.model, job.device)
     if job.noise is not None:  # the update leaves the client private: the server's view is accounted per record
-        update, _ = private_local_update(model, tensors, start=weights, local=job.local, noise=job.noise, seed=seed,
-                                         device=job.device)
+        # client noise clips each example through the model: one input array (frozen embeddings), refused
+        # otherwise by config (text.mode: lora with federated.noise: client)
+        update, _ = private_local_update(model, (inputs[0], labels), start=weights, local=job.local, noise=job.noise,
+                                         seed=seed, device=job.device)
         return update
     return local_update(model, tensors, start=weights, config=job.local, seed=seed)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -78,18 +77,6 @@ class FederatedRun:
     config: FedAvgConfig
     curve: list[dict[str, float]]  # total ε after round r (private runs)
 
-    def figures(self) -> dict[str, Any]:
-        figures = {"clients": self.config.clients, "rounds": self.result.rounds_run,
-                   "rounds_planned": self.config.rounds, "sample_rate": self.config.sample_rate,
-                   "sampling": self.config.sampling, "private": self.config.private,
-                   "clients_sampled_total": int(sum(h["clients_sampled"] for h in self.result.history)),
-                   "clients_dropped_total": int(sum(h["clients_dropped"] for h in self.result.history))}
-        if self.config.private:
-            figures.update(noise_multiplier=self.config.noise_multiplier, clip_norm=self.config.clip_norm)
-        if self.result.stopped:
-            figures["stopped"] = self.result.stopped
-        return figures
-
 
 def train_federated(params: Params, job: ClientJob, *, initial: np.ndarray, ledger: Ledger, stage: str,
                     record_level: bool, log: logging.Logger | logging.LoggerAdapter,
@@ -130,7 +117,7 @@ def train_federated(params: Params, job: ClientJob, *, initial: np.ndarray, ledg
                                                              secure_rng=params.privacy.secure_rng))
             log.info("%s: client noise: K = %d clients, each runs DP-SGD (lots of %d, clip C = %g, σ = %.4g) on its "
                      "own %d–%d records; record-level ε per client over its rounds, the worst reported; record "
-                     "counts per client taken as public", stage, config.clients, config.local.batch_size,
+                     "counts per client taken as public", stage, config.clients, job.local.batch_size,
                      config.clip_norm, config.noise_multiplier, min(config.client_sizes), max(config.client_sizes))
         else:
             log.info("%s: K = %d clients (taken as public), %s sampling at q = %g, clip S = %g, noise z = %.4g; %s",

@@ -54,9 +54,9 @@ from tasks.common import (
     write_json,
     write_text,
 )
-from tasks.dp_pca import check_projection
 from tasks.pate.teachers import query_records
 from tasks.privacy.ledger import load_ledger
+from tasks.projection import check_projection
 
 if TYPE_CHECKING:  # types only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.pate.teachers import Votes
@@ -185,17 +185,15 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
                                              secure=params.privacy.secure_rng))
     ledger.record(*([release.event()] if release else independent))
 
-    figures = {
-        "queries": len(queries), "answered": int(answered.sum()), "teachers": int(votes.shape[0]),
-        "label_accuracy": float((labels[answered] == queries.labels[answered]).mean()) if answered.any() else 0.0,
-        "analysis": choice.analysis, "analysis_reason": choice.reason,
-        "epsilon": ledger.stage_epsilon("aggregate").epsilon,
-        "epsilon_data_independent": _alone(independent, ledger),
-    }
-    if release:
-        figures["epsilon_sanitised"] = _alone([release.event()], ledger)
+    result = Labels(
+        dir=out, queries=len(queries), answered=int(answered.sum()), teachers=int(votes.shape[0]),
+        label_accuracy=float((labels[answered] == queries.labels[answered]).mean()) if answered.any() else 0.0,
+        analysis=choice.analysis, analysis_reason=choice.reason, epsilon=ledger.stage_epsilon("aggregate").epsilon,
+        epsilon_data_independent=_alone(independent, ledger),
+        epsilon_sanitised=_alone([release.event()], ledger) if release else None)
     analysis = {"mechanism": cfg.mechanism, "analysis_setting": cfg.analysis, "choice": choice.public(),
-                "spec": spec.public(), "sanitised_release": release.public() if release else None, **figures}
+                "spec": spec.public(), "sanitised_release": release.public() if release else None,
+                **result.metrics()}
     if release:
         private = {"warning": "data-dependent values: do not publish", "orders": list(RDP_ORDERS),
                    "rdp": raw_curve.tolist(), "epsilon": float(raw_epsilon), "order": float(raw_order),
@@ -205,10 +203,9 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
         np.save(staging / "query_ids.npy", queries.ids.astype(str))
         write_json(staging / "analysis.json", analysis)
         write_text(staging / "ledger.json", ledger.to_json())
-    write_json(paths.metrics_file("aggregate"), figures)
+    write_json(paths.metrics_file("aggregate"), result.metrics())
     if private:  # outside every DVC output and never logged: dvc push and MLflow do not see it
         write_json(paths.PRIVATE / "aggregate_data_dependent.json", private)
-    result = Labels(dir=out, **figures)
     log.info("aggregate: %d of %d answered (label accuracy %.3f); stage ε = %.4g recorded (%s), "
              "data-independent ε = %.4g; run total %s", result.answered, len(queries), result.label_accuracy,
              result.epsilon, choice.analysis, result.epsilon_data_independent, ledger.epsilon())

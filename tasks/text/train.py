@@ -69,7 +69,8 @@ def client_job(params: Params, *, text_dir: Path, features_dir: Path) -> ClientJ
 def _start_from_class_names(model: torch.nn.Module, class_embeddings: np.ndarray) -> None:
     """Zero-shot start: class c's weight row is the unit embedding of its name, so the first global
     model scores input_scale·cos(text, name). The names are public (the label set), so it is free."""
-    head = getattr(model, "head", model)[-1]  # linear: Sequential(scale, linear); lora: .head is that Sequential
+    container: Any = getattr(model, "head", model)  # linear: Sequential(scale, linear); lora: .head is that Sequential
+    head = container[-1]
     with torch.no_grad():
         head.weight.copy_(torch.as_tensor(class_embeddings, dtype=head.weight.dtype))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from privpipe.config import Params
+from privpipe.federated import noise_mode
 from privpipe.privacy import Ledger
 from tasks.common import read_json
 from tasks.federated.tracking import log_rounds
@@ -34,6 +35,11 @@ class PrivateSpend:
     accountant: str
     record_epsilon: float  # one record: two add-or-remove steps of one client (server noise), or the worst client
     record_accountant: str
+
+    @property
+    def client_level(self) -> bool:
+        """Whether ``epsilon`` is per client (server noise); else it is per record already (client noise)."""
+        return noise_mode(self.noise).client_level
 
 
 @dataclass(frozen=True)
