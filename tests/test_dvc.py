@@ -82,3 +82,15 @@ def test_repro_then_experiment_variant(repo: Path):
     assert variant["steps"] * 3 == finetune["steps"]  # one epoch instead of three
     assert yaml.safe_load((repo / "params.yaml").read_text())["finetune"]["epochs"] == 1
     assert len(sh(sys.executable, "-m", "dvc", "exp", "list", "--name-only", cwd=repo).stdout.split()) == 1
+
+
+def test_the_committed_lock_matches_the_code():
+    """dvc.lock's hashes of the code each stage runs are those of this tree, so the committed metrics/ are
+    what this code computes (`make repro` in a fresh clone regenerates both; see README, "Reproducing")."""
+    done = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=PROJECT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    assert done.returncode == 0, done.stderr
+    stale = sorted({f"{stage}: {path}" for stage, changes in json.loads(done.stdout or "{}").items()
+                    for change in changes if isinstance(change, dict)
+                    for path in change.get("changed deps", {}) if path.split("/")[0] in ("privpipe", "tasks", "flows")})
+    assert stale == [], "dvc.lock is stale: run `make repro` in a fresh clone and commit dvc.lock and metrics/"
