@@ -65,7 +65,8 @@ def network(model: str, x: np.ndarray) -> torch.nn.Module:
     if model == "scatter-cnn":  # bench/mnist_dpsgd.py's frontier model: 32 and 64 channels
         return make_scatter_cnn((81, 7, 7), 10, channels=(32, 64))
     return torch.nn.Sequential(torch.nn.Unflatten(1, (1, 28, 28)),
-                               *make_network("cnn", in_features=784, hidden_units=[], classes=10))
+                               *make_network("cnn", in_features=784, hidden_units=[], classes=10,
+                                             image=(1, 28, 28)))
 
 
 def plain_epoch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lot: int, generator: torch.Generator) -> None:

@@ -49,7 +49,7 @@ from privpipe.data import load_mnist
 from privpipe.dp_pca import dp_pca, dp_pca_event, unit_rows
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
 from privpipe.features import ScatterNet
-from privpipe.models import front_layers, make_mlp, make_network, make_scatter_cnn
+from privpipe.models import MNIST_IMAGE, front_layers, make_mlp, make_network, make_scatter_cnn
 from privpipe.privacy import Ledger, compute_epsilon
 
 DELTA = 1e-5
@@ -169,8 +169,8 @@ def build(cfg: Config, train_x: np.ndarray, seed: int) -> tuple[torch.nn.Module,
         front = ScatterNet(28, 2)
         return front, make_scatter_cnn(front.maps, 10, channels=cfg.channels), None
     if cfg.model == "cnn":
-        return torch.nn.Sequential(*front_layers("cnn", None, input_scale=1.0)), make_network(
-            "cnn", in_features=784, hidden_units=[], classes=10), None
+        return torch.nn.Sequential(*front_layers("cnn", None, input_scale=1.0, image=MNIST_IMAGE)), make_network(
+            "cnn", in_features=784, hidden_units=[], classes=10, image=MNIST_IMAGE), None
     if cfg.target_epsilon is None:
         projection = exact_pca(train_x, cfg.components)
     else:

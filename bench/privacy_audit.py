@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from privpipe.data import load_mnist
-from privpipe.models import TrainingConfig, make_network, released_model, train_classifier
+from privpipe.models import ModelSpec, TrainingConfig, make_network, released_model, train_classifier
 from privpipe.privacy import NoiseSource, compute_epsilon
 from privpipe.privacy.membership import AttackScores, attack_scores, audit_membership, reference_model
 from privpipe.removal import RemovableHead, RemovalGuarantee
@@ -90,7 +90,9 @@ def part_baseline(data: dict, args: argparse.Namespace) -> dict[str, Any]:
     """The DP CNN's architecture without DP, trained to memorise OVERFIT_RECORDS images."""
     rows = splits(data, args.records, args.seed)
     subset = np.random.default_rng(args.seed + 1).choice(len(data["train"]), size=OVERFIT_RECORDS, replace=False)
-    model = released_model(make_network("cnn", in_features=784, hidden_units=(), classes=10), None, kind="cnn")
+    spec = ModelSpec(model="cnn", input_dim=784, classes=10, image=(1, 28, 28))
+    model = released_model(make_network("cnn", in_features=784, hidden_units=(), classes=10, image=spec.image),
+                           spec.front(None))
     start = time.perf_counter()
     train_classifier(model, data["train"].features[subset], data["train"].labels[subset], config=OVERFIT,
                      seed=args.seed)

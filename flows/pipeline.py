@@ -41,6 +41,7 @@ from tasks.device import training_device
 from tasks.dp_pca import check_components, dp_pca_task
 from tasks.evaluate import evaluate_task, release_task
 from tasks.evaluation import Evaluation
+from tasks.features import check_model
 from tasks.finetune.stage import check_lot_size, finetune_task, run_finetune, start_dir
 from tasks.pate.aggregate import aggregate_task, run_aggregate
 from tasks.pate.partition import Shards, partition_task, run_partition, shard_assignment
@@ -153,12 +154,13 @@ def preflight(params: Params) -> None:
     calls it before Prefect, MLflow or the pipeline lock exist, so bad input leaves no trace."""
     check_pipeline_use(params)
     training_device(params)  # run.device: cuda on a machine without one is refused here, not mid-run
-    sets, *_ = prepared_sets(params)
+    prepared = prepared_sets(params)
     if params.student.enabled:
-        shard_assignment(params, sets["sensitive"], source=params.prepare.path)
+        shard_assignment(params, prepared.sensitive, classes=prepared.shape.n_classes, source=params.prepare.path)
     # each stage's own checks against the data, made here too: mid-run they would fail after MLflow wrote
-    check_components(params, sets["sensitive"].features.shape[1])
-    check_lot_size(params, len(sets["sensitive"]))
+    check_components(params, prepared.shape.width)
+    check_lot_size(params, len(prepared.sensitive))
+    check_model(params, prepared.shape)
 
 
 @flow(name="privpipe-pipeline")

@@ -57,8 +57,8 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
         result = audit_released_model(params, model, sensitive=(sensitive_records.features, sensitive_records.labels),
                                       test=(test_records.features, test_records.labels),
                                       claimed_epsilon=spend.epsilon, delta=spend.delta, stage="evaluate",
-                                      # digits: a seeded stratified split; MNIST: its fixed test set
-                                      exchangeable=params.prepare.dataset == "digits")
+                                      # keyed shares: a random split; a test set of its own: fixed
+                                      exchangeable=not params.prepare.own_test_set)
         audit = audit_figures(result, claimed_epsilon=spend.epsilon)
     target = accuracy(model, Records.load(target_test)) if target_test.exists() else None
     evaluation = Evaluation(model_dir=model_dir, accuracy_train=accuracy(model, sensitive_records),

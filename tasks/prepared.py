@@ -12,15 +12,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from privpipe.data.shape import DataShape
 from tasks import paths
 from tasks.common import read_json, write_json
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.tracking import TrackedRun
 
-__all__ = ["PreparedSets"]
+__all__ = ["PreparedSets", "read_shape", "write_shape", "SHAPE_FILE"]
 
 STAGE = "prepare"
+SHAPE_FILE = "shape.json"  # beside the sets: their records' shape and the public label set
+
+
+def write_shape(folder: Path, shape: DataShape) -> None:
+    write_json(Path(folder) / SHAPE_FILE, shape.to_json())
+
+
+def read_shape(folder: Path = paths.PREPARED) -> DataShape:
+    """The prepared records' shape and label set (public: from the data's declaration, not its records)."""
+    return DataShape.from_json(read_json(Path(folder) / SHAPE_FILE))
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,7 @@ class PreparedSets:
     n_classes: int
     data_version: str
     source: str  # the raw data's file or folder (prepare.path), as the run's dataset input names it
+    shape: DataShape  # the records' shape and the public label set (shape.json)
 
     def path(self, name: str) -> Path:
         return self.folder / name
@@ -77,7 +89,8 @@ class PreparedSets:
                  if k.startswith("n_") and k not in named}
         return cls(folder=folder, sizes=sizes, n_erased=figures["n_erased"],
                    n_withheld_pending=figures["n_withheld_pending"], n_features=figures["n_features"],
-                   n_classes=figures["n_classes"], data_version=figures["data_version"], source=source)
+                   n_classes=figures["n_classes"], data_version=figures["data_version"], source=source,
+                   shape=read_shape(folder))
 
     def log(self, run: TrackedRun) -> None:
         """MLflow: the dataset input and data version, and the counts as ``data.n_*`` tags."""

@@ -258,7 +258,7 @@ def test_the_choices_config_accepts_are_the_librarys():
     ("privpipe.config.partition:PARTITION_STRATEGIES", "privpipe.data.partition:STRATEGIES"),
     ("privpipe.config.teachers:MODELS", "privpipe.models:MODELS"),
     ("privpipe.config.privacy:ACCOUNTANTS", "privpipe.privacy.ledger:ACCOUNTANTS"),
-    ("privpipe.config.prepare:DATASETS", "privpipe.data.records:DATASET_CLASSES"),  # its keys
+    ("privpipe.config.prepare:DATASETS", "privpipe.data.sources:SOURCES"),  # its keys
     ("privpipe.config.text:TEXT_FORMATS", "privpipe.text.corpus:FORMATS"),
 ])
 def test_each_choice_list_config_writes_out_is_the_librarys(config_choices, library_choices):

@@ -123,12 +123,17 @@ def test_subsample_is_the_records_with_the_smallest_keyed_draw():
 
 
 def test_labels_outside_the_task_are_refused():
-    from privpipe.data import DATASET_CLASSES, check_labels
+    from privpipe.data import UNLABELED, check_labels
 
     records = Records(np.zeros((3, 2), dtype=np.float32), np.array([0, 9, 10]), np.array(["a", "b", "c"]))
     with pytest.raises(DataError, match=r"data/raw/x.csv: label 10 is outside 0..9"):
-        check_labels(records, classes=DATASET_CLASSES["digits"], source="data/raw/x.csv")
+        check_labels(records, classes=10, source="data/raw/x.csv")
     check_labels(records.subset(np.array([0, 1])), classes=10, source="ok")
+    # an unlabeled pool holds nothing but UNLABELED
+    pool = Records(np.zeros((2, 2), dtype=np.float32), np.array([UNLABELED, UNLABELED]), np.array(["p", "q"]))
+    check_labels(pool, classes=10, source="pool", unlabeled=True)
+    with pytest.raises(DataError, match="pool: an unlabeled pool holds label 9"):
+        check_labels(records.subset(np.array([1])), classes=10, source="pool", unlabeled=True)
 
 
 def test_loading_only_some_rows_gives_those_records(tmp_path):

@@ -304,8 +304,6 @@ if __name__ == "__main__":
 #: the functions in tasks/ and flows/ that may return dict[str, Any], and why: none returns a stage's result
 #: (test below); these build or read a JSON document whose shape is a file format, not a value passed on
 DICT_RETURNS = {
-    "tasks.finetune.start.FinetuneStart.released_spec": "model.json, which privpipe.models.load_released reads",
-    "tasks.pate.student.model_spec": "model.json, which privpipe.models.load_released reads",
     "tasks.privacy.budget._this_process": "the lock holder written into a budget file (pid, host, start)",
     "tasks.privacy.budget._repro_holder": "the lock holder written into a budget file (pid, host, start)",
     "tasks.privacy.membership_audit.audit_figures": "the audit's figures under their MLflow metric names",

@@ -12,7 +12,7 @@ from sklearn.datasets import load_digits
 from conftest import write_params
 from privpipe.config import load_params
 from privpipe.data import Records
-from privpipe.models import make_mlp, released_model, save_released
+from privpipe.models import ModelSpec, make_mlp, released_model, save_released
 from privpipe.pate.teachers import TeacherConfig, train_classifier
 from privpipe.privacy import GaussianEvent, Ledger
 from privpipe.privacy.membership import (
@@ -27,6 +27,9 @@ from privpipe.privacy.membership import (
     roc_auc,
 )
 from tasks.evaluate import run_evaluate
+
+#: the released architecture the audit attacks: digits' pixels, unit rows, a 256-unit MLP
+DIGITS_MLP = ModelSpec(model="mlp", input_dim=64, classes=10, hidden_units=(256,), input_scale=1.0, image=(1, 8, 8))
 
 
 def randomized_response(epsilon: float, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +90,7 @@ def overfit():
     x, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int64)
     order = np.random.default_rng(0).permutation(len(y))
     train, reference, held_out = order[:150], order[150:450], order[450:600]
-    model = released_model(make_mlp(64, [256], 10), None)
+    model = released_model(make_mlp(64, [256], 10), DIGITS_MLP.front(None))
     config = TeacherConfig(epochs=200, batch_size=32, learning_rate=0.003, weight_decay=0.0)
     train_classifier(model, x[train], y[train], config=config, seed=0)
     return model, (x, y), (train, reference, held_out)
@@ -116,8 +119,7 @@ def test_evaluate_stops_a_run_whose_claim_the_audit_contradicts(overfit, project
     held = np.r_[rest, unseen]  # 310 never-seen records: 93 train the reference, 150 are candidates
     Records(x[held], y[held], ids[held]).save(project / "test")
     folder = project / "released"
-    save_released(model, folder, spec={"model": "mlp", "input_dim": 64, "projection_dim": 0, "hidden_units": [256],
-                                       "classes": 10, "input_scale": 1.0})
+    save_released(model, folder, spec=DIGITS_MLP)
     ledger = Ledger(epsilon_budget=3.0, delta=1e-5, events=[GaussianEvent(stage="finetune", noise_multiplier=500.0)])
     (folder / "ledger.json").write_text(ledger.to_json())
     assert ledger.epsilon().epsilon < 0.05
@@ -153,8 +155,7 @@ def test_the_command_ends_loudly_with_exit_3(overfit, project):
     held = np.r_[rest, unseen]
     Records(x[held], y[held], ids[held]).save(project / "data/prepared/test")
     folder = project / "artifacts/finetune"
-    save_released(model, folder, spec={"model": "mlp", "input_dim": 64, "projection_dim": 0, "hidden_units": [256],
-                                       "classes": 10, "input_scale": 1.0})
+    save_released(model, folder, spec=DIGITS_MLP)
     (folder / "ledger.json").write_text(Ledger(epsilon_budget=3.0, delta=1e-5, events=[
         GaussianEvent(stage="finetune", noise_multiplier=500.0)]).to_json())
     done = subprocess.run([sys.executable, "-m", "flows.cli", "stage", "evaluate"], cwd=project, capture_output=True,

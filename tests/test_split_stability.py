@@ -22,7 +22,7 @@ DIGITS = Path("data/raw/digits.csv")
 def sets_by_id() -> dict[str, str]:
     """Base record id → the prepared set holding it (the ``:target`` copies under their raw id)."""
     found = {}
-    for folder in sorted(paths.PREPARED.iterdir()):
+    for folder in sorted(p for p in paths.PREPARED.iterdir() if p.is_dir()):
         for record_id in Records.load(folder).ids.astype(str):
             base = record_id.split(":", 1)[0]
             assert base not in found, f"{base} is in {found[base]} and {folder.name}"

@@ -17,7 +17,7 @@ from privpipe.config.prepare import PrepareConfig
 from privpipe.config.student import StudentConfig
 
 TRANSFORMS = ("none", "scatternet")  # privpipe.features.TRANSFORMS (config does not import torch)
-IMAGE_SIDES = {"digits": 8, "mnist": 28}  # the built-in datasets' square images
+IMAGE_SIDES = {"digits": 8, "mnist": 28, "cifar10": 32, "svhn": 32}  # the built-in kinds' square images
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,9 @@ def check(features: FeaturesConfig, *, dp_pca: DpPcaConfig, prepare: PrepareConf
             f"FixMatch augments pixels, not {features.transform} coefficients: set it to 0")
     require(not dp_pca.enabled, "dp_pca.enabled", f"DP-PCA projects raw pixels; with features.transform "
             f"{features.transform} set dp_pca.enabled: false (the transform is free, the projection is not)")
-    side = IMAGE_SIDES.get(prepare.dataset)
+    require(prepare.images, "features.transform", f"{features.transform} transforms images; {prepare.dataset} "
+                                                   "data is a table (set features.transform: none)")
+    side = prepare.image_size or IMAGE_SIDES.get(prepare.dataset)
     if side is not None:
         require(2 ** features.scatter_j <= side // 2, "features.scatter_j",
                 f"{prepare.dataset} images are {side}×{side}: J must keep 2^J <= {side // 2}")

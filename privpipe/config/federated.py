@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from privpipe.config.errors import noise_or_epsilon, one_of, require
 from privpipe.config.finetune import FinetuneConfig
 from privpipe.config.partition import PARTITION_STRATEGIES
+from privpipe.config.prepare import PrepareConfig
 from privpipe.config.privacy import PrivacyConfig
 
 # privpipe.federated's SAMPLINGS, NOISE_MODES and SERVER_OPTIMIZERS, written out because privpipe.federated
@@ -23,6 +24,7 @@ SERVER_OPTIMIZERS = ("sgd", "adam")
 @dataclass(frozen=True)
 class FederatedConfig:
     clients: int = 500
+    client_column: str | None = None  # csv data: each value of this column is one client (K: how many there are)
     strategy: str = "iid"
     alpha: float = 0.5
     labels_per_shard: int = 2
@@ -46,6 +48,19 @@ class FederatedConfig:
     server_beta2: float = 0.99
     server_epsilon: float = 0.001
     epsilon_curve_points: int = 20
+
+
+def check_client_column(federated: FederatedConfig, *, prepare: PrepareConfig) -> None:
+    """A client column is a column of the pipeline's table: the natural partition (a hospital, a branch)."""
+    if federated.client_column is None:
+        return
+    require(prepare.dataset == "csv", "federated.client_column",
+            f"names a column of csv data; {prepare.dataset} has none (use federated.strategy)")
+    for key in ("id_column", "label_column"):
+        require(federated.client_column != getattr(prepare, key), "federated.client_column",
+                f"is prepare.{key} too")
+    require(federated.client_column not in (prepare.feature_columns or ()), "federated.client_column",
+            "is listed in prepare.feature_columns: a client's name is not a feature")
 
 
 def check(federated: FederatedConfig, *, finetune: FinetuneConfig, privacy: PrivacyConfig) -> None:

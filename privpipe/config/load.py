@@ -13,6 +13,7 @@ import yaml
 
 from privpipe.config.errors import ConfigError
 from privpipe.config.params import Params, check_all
+from privpipe.config.schema import DataSchema
 from privpipe.files import read_user_text
 
 __all__ = ["load_params", "parse_params"]
@@ -111,6 +112,10 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
         if optional:
             return None
         raise ConfigError(f"{key}: must be set (got null)")
+    if annotation.startswith("tuple[str"):
+        if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{key}: expected a non-empty list of names, got {value!r}")
+        return tuple(value)
     if annotation.startswith("tuple"):
         if not isinstance(value, (list, tuple)) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
@@ -118,6 +123,8 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
             raise ConfigError(f"{key}: expected a list of integers, got {value!r}")
         return tuple(value)
     base = annotation.replace("| None", "").strip()
+    if base == "DataSchema":  # a nested mapping: the schema reads and checks itself, naming its keys
+        return value if isinstance(value, DataSchema) else DataSchema.parse(value, key)
     if base == "bool":
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true or false, got {value!r}")

@@ -80,6 +80,7 @@ def check_all(p: Params) -> None:
     head.check(p.head, dp_pca=p.dp_pca)
     finetune.check_mode(p.finetune)
     federated.check(p.federated, finetune=p.finetune, privacy=p.privacy)
+    federated.check_client_column(p.federated, prepare=p.prepare)
     text.check(p.text)
     lifetime.check(p.lifetime)
     runner.check(p.runner)

@@ -1,12 +1,32 @@
-"""prepare: which data set, and how it is split into test, public, target-domain and sensitive records."""
+"""prepare: which data set, read how, and how it is split into test, public, target-domain and sensitive records.
+
+The kinds (``dataset``), each read from local files in its standard format:
+
+- ``digits``: scikit-learn's digits (the embedded default), as a CSV under data/raw;
+- ``mnist``: the four IDX files; ``cifar10``: the extracted ``cifar-10-batches-py`` folder; ``svhn``: the
+  ``*_32x32.mat`` files. Each has its own test set: its first ``public_queries`` images are the public pool;
+- ``csv``: a table (CSV, or Parquet by suffix) with an id column, a label column and feature columns,
+  described by ``schema`` (the public label set and each column's bounds, scale or categories);
+- ``imagefolder``: torchvision's layout, one sub-folder of PNG/JPEG images per class.
+
+Without a test file of its own (``test_path``), a data set is split by keyed per-record draws into the
+test, public and target shares and the sensitive rest. ``public_path`` and ``target_path`` name unlabeled
+files of the same kind instead of shares.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from privpipe.config.errors import one_of, require
+from privpipe.config.schema import DataSchema
 
-DATASETS = ("digits", "mnist")
+# the data kinds privpipe.data.sources reads (written out: privpipe.data imports numpy and scipy);
+# tests/test_config.py holds the two equal
+DATASETS = ("digits", "mnist", "csv", "imagefolder", "cifar10", "svhn")
+#: the kinds whose records are images, and those that ship a test set of their own
+IMAGE_DATASETS = ("digits", "mnist", "imagefolder", "cifar10", "svhn")
+WITH_TEST_SET = ("mnist", "cifar10", "svhn")
 TARGET_SOURCES = ("default", "usps", "svhn", "mnist_m")
 
 
@@ -15,6 +35,14 @@ class PrepareConfig:
     dataset: str = "digits"  # ships with scikit-learn: the default run needs no download
     path: str = "data/raw/digits.csv"
     download: bool = False  # the pipeline is offline unless asked
+    id_column: str = "id"  # csv: each record's id, what a deletion request names
+    label_column: str = "label"  # csv
+    feature_columns: tuple[str, ...] | None = None  # csv: null = every column but the id, label and client
+    schema: DataSchema | None = None  # csv (required) and images (optional): what is public about the data
+    image_size: int | None = None  # images: resize every image to this side (null: as stored, all one size)
+    channels: int | None = None  # images: 1 (grey) or 3 (colour); null: the kind's own (mnist, digits 1; others 3)
+    test_path: str | None = None  # a labeled test set of the same kind, instead of a test share
+    public_path: str | None = None  # an unlabeled public pool of the same kind, instead of a public share
     test_fraction: float = 0.2
     public_fraction: float = 0.1
     target_fraction: float = 0.15
@@ -24,6 +52,15 @@ class PrepareConfig:
     target_path: str | None = None
     target_test_fraction: float = 0.3
     max_train_records: int = 0
+
+    @property
+    def images(self) -> bool:
+        return self.dataset in IMAGE_DATASETS
+
+    @property
+    def own_test_set(self) -> bool:
+        """Whether the test set comes from a file (the kind's own, or ``test_path``), not a share."""
+        return self.dataset in WITH_TEST_SET or self.test_path is not None
 
 
 def check(prepare: PrepareConfig) -> None:
@@ -41,3 +78,34 @@ def check(prepare: PrepareConfig) -> None:
                 f"{prepare.target_source} is a target domain for mnist (28×28); digits uses its own (default)")
         require(prepare.target_path is not None, "prepare.target_path",
                 f"must name the folder of the local {prepare.target_source} files")
+    if prepare.dataset == "csv":
+        require(prepare.schema is not None and bool(prepare.schema.labels), "prepare.schema",
+                "a csv data set needs its public schema: labels (the label set) and, per feature column, its "
+                "bounds {min, max}, scale {center, scale} or categories (README: Your own data)")
+        require(prepare.id_column != prepare.label_column, "prepare.label_column",
+                f"is the id column too ({prepare.id_column!r})")
+        named = set(prepare.feature_columns or ())
+        for key in ("id_column", "label_column"):
+            require(getattr(prepare, key) not in named, "prepare.feature_columns",
+                    f"lists the {key.replace('_', ' ')} {getattr(prepare, key)!r}")
+    else:
+        require(prepare.feature_columns is None, "prepare.feature_columns", f"is for csv data, not {prepare.dataset}")
+        if prepare.schema is not None:
+            require(not prepare.schema.columns, "prepare.schema.columns",
+                    f"describes table columns; {prepare.dataset} has images (only schema.labels applies)")
+    if prepare.images:
+        require(prepare.image_size is None or prepare.image_size >= 4, "prepare.image_size",
+                "must be >= 4 (pixels a side)")
+        require(prepare.channels in (None, 1, 3), "prepare.channels", "must be 1 (grey) or 3 (colour)")
+        require(prepare.dataset not in ("digits", "mnist") or prepare.image_size is None, "prepare.image_size",
+                f"{prepare.dataset} keeps its own size (use imagefolder for resized copies)")
+        require(prepare.dataset not in ("digits", "mnist") or prepare.channels in (None, 1), "prepare.channels",
+                f"{prepare.dataset} images are grey (1 channel)")
+    else:
+        for key in ("image_size", "channels"):
+            require(getattr(prepare, key) is None, f"prepare.{key}", f"is for image data, not {prepare.dataset}")
+    require(prepare.dataset != "digits" or (prepare.test_path is None and prepare.public_path is None),
+            "prepare.test_path", "digits splits its one file by keyed shares (test_path and public_path are for "
+                                 "your own data)")
+    require(prepare.test_path is None or prepare.dataset not in WITH_TEST_SET, "prepare.test_path",
+            f"{prepare.dataset} has its own test set")

@@ -2,12 +2,14 @@
 
 from privpipe.data.digits import export_digits_csv, load_labeled_csv
 from privpipe.data.mnist import load_mnist, read_idx
-from privpipe.data.records import DATASET_CLASSES, DataError, Records, check_labels
+from privpipe.data.records import UNLABELED, DataError, Records, check_labels
+from privpipe.data.shape import DataShape
 from privpipe.data.split import assign_sets, keyed_uniforms, split_by_shares, subsample
 
 __all__ = [
     "Records",
-    "DATASET_CLASSES",
+    "UNLABELED",
+    "DataShape",
     "check_labels",
     "DataError",
     "export_digits_csv",

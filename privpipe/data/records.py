@@ -14,11 +14,10 @@ import numpy as np
 
 from privpipe.files import read_user_text
 
-__all__ = ["Records", "DataError", "DATASET_CLASSES", "check_labels"]
+__all__ = ["Records", "DataError", "UNLABELED", "RECORD_FILES", "check_labels"]
 
-#: classes of each dataset's task: public facts, never read off the (sensitive) labels, so that
-#: one record cannot change the class count and with it every teacher and partition
-DATASET_CLASSES = {"digits": 10, "mnist": 10}
+#: the label of a record in an unlabeled pool (a public or target file the user names)
+UNLABELED = -1
 
 
 class DataError(ValueError):
@@ -35,8 +34,9 @@ def read_text(path: Path) -> str:
 @dataclass(frozen=True)
 class Records:
     features: np.ndarray  # float32, shape (n, d)
-    labels: np.ndarray  # int64, shape (n,)
+    labels: np.ndarray  # int64, shape (n,); UNLABELED (−1) in an unlabeled pool
     ids: np.ndarray  # str, shape (n,)
+    clients: np.ndarray | None = None  # str, shape (n,): each record's client (federated.client_column), if any
 
     def __post_init__(self) -> None:
         n = len(self.features)
@@ -48,26 +48,36 @@ class Records:
             raise DataError("features contain NaN or infinite values")
         if len(np.unique(self.ids)) != n:
             raise DataError("record ids are not unique")
+        if self.clients is not None and self.clients.shape != (n,):
+            raise DataError(f"clients disagree in length with the records ({len(self.clients)}, {n})")
 
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def labeled(self) -> bool:
+        """Whether the set carries labels (an unlabeled pool's are all UNLABELED)."""
+        return bool(len(self)) and bool((self.labels != UNLABELED).any())
+
     def subset(self, index: np.ndarray) -> Records:
-        return Records(self.features[index], self.labels[index], self.ids[index])
+        return Records(self.features[index], self.labels[index], self.ids[index],
+                       None if self.clients is None else self.clients[index])
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         np.save(folder / "features.npy", self.features)
         np.save(folder / "labels.npy", self.labels)
         np.save(folder / "ids.npy", self.ids.astype(str))
+        if self.clients is not None:
+            np.save(folder / "clients.npy", self.clients.astype(str))
 
     @classmethod
     def load(cls, folder: Path, rows: np.ndarray | None = None) -> Records:
         """Read a saved set; with ``rows``, only those records (the arrays are memory-mapped, so a
         teacher reading its shard of a large set holds only the shard in memory)."""
         try:
-            arrays = [np.load(folder / f"{name}.npy", mmap_mode=None if rows is None else "r")
-                      for name in ("features", "labels", "ids")]
+            names = ["features", "labels", "ids"] + (["clients"] if (folder / "clients.npy").is_file() else [])
+            arrays = [np.load(folder / f"{name}.npy", mmap_mode=None if rows is None else "r") for name in names]
             if rows is not None:
                 arrays = [np.asarray(a[rows]) for a in arrays]
         except FileNotFoundError as exc:
@@ -80,8 +90,18 @@ class Records:
             raise DataError(f"{folder}: {exc}") from None
 
 
-def check_labels(records: Records, *, classes: int, source: str) -> None:
-    """Refuse labels outside 0..classes−1, naming the file or folder they came from."""
+#: the files a saved set's records are (clients.npy only where records have clients)
+RECORD_FILES = ("features.npy", "labels.npy", "ids.npy", "clients.npy")
+
+
+def check_labels(records: Records, *, classes: int, source: str, unlabeled: bool = False) -> None:
+    """Refuse labels outside 0..classes−1 (or, for an ``unlabeled`` pool, any but UNLABELED), naming the file
+    or folder they came from."""
+    if unlabeled:
+        bad = records.labels[records.labels != UNLABELED]
+        if len(bad):
+            raise DataError(f"{source}: an unlabeled pool holds label {int(bad[0])}")
+        return
     bad = records.labels[(records.labels < 0) | (records.labels >= classes)]
     if len(bad):
         raise DataError(f"{source}: label {int(bad[0])} is outside 0..{classes - 1}")

@@ -1,7 +1,7 @@
 """Fixed, data-independent feature transforms: what every image model of the pipeline may see its
 inputs through (``features.transform``), at no privacy cost.
 
-    transform = make_transform("scatternet", input_dim=784, scatter_j=2)   # None for "none"
+    transform = make_transform("scatternet", image=(1, 28, 28), scatter_j=2)   # None for "none"
 
 - ``scatter``: ScatterNet (kymatio's wavelet scattering), Tramèr & Boneh 2021's front for DP-SGD.
 """
@@ -15,10 +15,14 @@ __all__ = ["TRANSFORMS", "make_transform", "ScatterNet", "image_side", "scatter_
 TRANSFORMS = ("none", "scatternet")
 
 
-def make_transform(name: str, *, input_dim: int, scatter_j: int) -> ScatterNet | None:
-    """The frozen transform ``name`` for rows of ``input_dim`` values; None for ``none``."""
+def make_transform(name: str, *, image: tuple[int, int, int] | None, scatter_j: int) -> ScatterNet | None:
+    """The frozen transform ``name`` for images of ``image`` = (channels, height, width); None for ``none``.
+    ValueError for a table's rows (``image`` None): the transforms are for images."""
     if name == "none":
         return None
     if name == "scatternet":
-        return ScatterNet(image_side(input_dim), scatter_j)
+        if image is None:
+            raise ValueError("scatternet transforms images, not a table's rows")
+        channels, height, width = image
+        return ScatterNet(width, scatter_j, channels=channels, height=height)
     raise ValueError(f"transform must be one of {', '.join(TRANSFORMS)}, got {name!r}")

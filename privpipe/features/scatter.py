@@ -22,12 +22,12 @@ __all__ = ["ScatterNet", "scatter_features", "scatter_maps", "image_side"]
 ANGLES = 8  # L: orientations per scale, as in Tramèr & Boneh
 
 
-def _scattering(side: int, j: int) -> nn.Module:
+def _scattering(height: int, side: int, j: int) -> nn.Module:
     # not kymatio.torch: it imports the 3-D frontend too, which needs scipy.special.sph_harm (gone from
     # recent SciPy); deferred: only the ScatterNet front needs kymatio
     from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
 
-    return ScatteringTorch2D(J=j, shape=(side, side), L=ANGLES)
+    return ScatteringTorch2D(J=j, shape=(height, side), L=ANGLES)
 
 
 def image_side(width: int) -> int:
@@ -38,26 +38,28 @@ def image_side(width: int) -> int:
     return side
 
 
-def scatter_maps(side: int, j: int) -> tuple[int, int, int]:
-    """(channels, height, width) of the coefficients: 1 + jL + L²j(j−1)/2 maps of side/2^j."""
-    if isinstance(j, bool) or not isinstance(j, int) or j < 1 or 2 ** j > side // 2:
-        raise ValueError(f"j: must be an integer with 1 <= 2^j <= side/2 ({side // 2} here), got {j!r}")
-    channels = 1 + j * ANGLES + ANGLES ** 2 * j * (j - 1) // 2
-    reduced = math.ceil(side / 2 ** j)
-    return channels, reduced, reduced
+def scatter_maps(side: int, j: int, *, channels: int = 1, height: int | None = None) -> tuple[int, int, int]:
+    """(maps, height, width) of the coefficients of ``channels``-channel images of ``height``×``side``: per
+    channel 1 + jL + L²j(j−1)/2 maps of side/2^j."""
+    shortest = min(side, height or side)
+    if isinstance(j, bool) or not isinstance(j, int) or j < 1 or 2 ** j > shortest // 2:
+        raise ValueError(f"j: must be an integer with 1 <= 2^j <= side/2 ({shortest // 2} here), got {j!r}")
+    per_channel = 1 + j * ANGLES + ANGLES ** 2 * j * (j - 1) // 2
+    return channels * per_channel, math.ceil((height or side) / 2 ** j), math.ceil(side / 2 ** j)
 
 
 class ScatterNet(nn.Module):
-    """Rows of side² pixels (or (n, 1, side, side) images) → flat scattering coefficients; no parameters."""
+    """Rows of channels·height·side pixels (or (n, channels, height, side) images) → flat scattering coefficients
+    (each channel's maps in turn); no parameters. Square grey images by default."""
 
-    def __init__(self, side: int = 28, j: int = 2) -> None:
+    def __init__(self, side: int = 28, j: int = 2, *, channels: int = 1, height: int | None = None) -> None:
         super().__init__()
-        self.side, self.j = int(side), j
-        self.maps = scatter_maps(self.side, j)
-        self.scattering = _scattering(self.side, j)
+        self.side, self.j, self.channels, self.height = int(side), j, int(channels), int(height or side)
+        self.maps = scatter_maps(self.side, j, channels=self.channels, height=self.height)
+        self.scattering = _scattering(self.height, self.side, j)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        images = x.reshape(len(x), self.side, self.side)
+        images = x.reshape(len(x), self.channels, self.height, self.side)
         return self.scattering(images).reshape(len(x), -1)
 
 

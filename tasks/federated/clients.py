@@ -42,6 +42,7 @@ class ModelSpec:
     lora_targets: tuple[str, ...] = ("query", "value")
     input_scale: float = 1.0  # linear/lora: fixed factor on the unit-norm sentence embedding
     maps: tuple[int, int, int] | None = None  # network cnn behind a ScatterNet front: its coefficient maps
+    image: tuple[int, int, int] | None = None  # network cnn on pixels: (channels, height, width)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def build_model(spec: ModelSpec) -> torch.nn.Module:
     global vector before every use, so only the frozen parts' values matter here."""
     if spec.kind == "network":
         return make_network(spec.network, in_features=spec.in_features, hidden_units=spec.hidden_units,
-                            classes=spec.classes, maps=spec.maps)
+                            classes=spec.classes, maps=spec.maps, image=spec.image)
     if spec.kind == "linear":
         return make_linear_head(spec.in_features, spec.classes, input_scale=spec.input_scale)
     if spec.kind == "lora":

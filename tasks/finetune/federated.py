@@ -1,7 +1,8 @@
 """finetune, ``mode: federated``: DP-FedAvg with client-level DP on the sensitive set's clients.
 
 The sensitive records are split into ``federated.clients`` clients (``federated.strategy``,
-the partition stage's keyed assignment), and the deployed network (from the student when
+the partition stage's keyed assignment), or each value of a table's ``federated.client_column``
+is one client; the deployed network (from the student when
 PATE ran, else fresh) is trained by federated rounds on the projected features. The run's
 ledger is record-level, and one record changes its client's update (two add-or-remove
 steps of a client), so the rounds join it in their group-of-two form (privacy.group), which
@@ -40,7 +41,10 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
     cfg = params.finetune
     begin = finetune_start(params, sensitive=sensitive, dp_pca_dir=dp_pca_dir, start=start)
     ledger, records = begin.ledger, begin.records
-    assignment, clients = assign_clients(params, ids=records.ids, labels=records.labels, classes=begin.classes)
+    # federated.client_column: each value of the column is one client (the natural partition: a hospital, a
+    # branch), K their number, taken as public; else the keyed shards of federated.strategy
+    assignment, clients = assign_clients(params, ids=records.ids, labels=records.labels, classes=begin.classes,
+                                         natural=records.clients if params.federated.client_column else None)
 
     # the clients' data as files the client tasks map (scratch: removed when the stage ends)
     work = out.with_name(f".{out.name}.clients")
@@ -51,7 +55,7 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
     forget_arrays()
     spec = ModelSpec(kind="network", network=cfg.model, in_features=int(np.prod(begin.features.shape[1:])),
                      hidden_units=tuple(cfg.hidden_units), classes=begin.classes,
-                     maps=network_maps(cfg.model, begin.transform))
+                     maps=network_maps(cfg.model, begin.transform), image=begin.spec.image)
     fed = params.federated
     job = ClientJob(model=spec, data=ClientData(inputs=(str(work / "features.npy"),), labels=str(work / "labels.npy"),
                                                 assignment=str(work / "assignment.npy"), clients=clients),
@@ -80,11 +84,10 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
     if not run.result.rounds_run:
         raise BudgetExceeded(f"{run.result.stopped}; no round fits, nothing was trained")
     load_vector(network, run.result.weights)
-    model = released_model(network, begin.projection, input_scale=cfg.input_scale, kind=cfg.model,
-                           transform=begin.transform)
+    model = released_model(network, list(begin.front))
     curve = [{"step": c["round"], "epsilon": c["epsilon"]} for c in run.curve]
     with staged_dir(out) as staging:
-        save_released(model, staging, spec={**begin.released_spec(params), "mode": "federated"})
+        save_released(model, staging, spec=begin.spec, mode="federated")
         write_json(staging / "history.json", {"mode": "federated", "rounds": run.result.history,
                                               "epsilon_by_round": run.curve, "epsilon_by_step": curve,
                                               "stopped": run.result.stopped})

@@ -125,10 +125,9 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     epsilons = epsilon_curve(lambda s: schedule.event(noise_multiplier=sigma, steps=s), steps, delta=ledger.delta,
                              accountant=ledger.accountant)
     curve = [{"step": int(s), "epsilon": e} for s, e in zip(steps, epsilons)]
-    model = released_model(result.model, begin.projection, input_scale=cfg.input_scale, kind=cfg.model,
-                           transform=begin.transform)
+    model = released_model(result.model, list(begin.front))
     with staged_dir(out) as staging:
-        save_released(model, staging, spec=begin.released_spec(params))
+        save_released(model, staging, spec=begin.spec)
         write_json(staging / "history.json", {"epochs": result.history, "epsilon_by_step": curve})
         write_text(staging / "ledger.json", ledger.to_json())
     spend = ledger.stage_epsilon("finetune")

@@ -7,17 +7,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import DATASET_CLASSES, Records
-from privpipe.models import apply_front, front_layers, load_released, make_network, network_maps, seeded
+from privpipe.data import Records
+from privpipe.models import ModelSpec, apply_front, load_released, seeded
 from privpipe.privacy import Ledger
 from tasks.common import read_json, seed_for
-from tasks.features import feature_transform, transform_spec
+from tasks.features import build_network, model_spec
+from tasks.prepared import read_shape
 from tasks.privacy.ledger import load_ledger
 from tasks.projection import check_projection, load_projection
 
@@ -29,17 +29,19 @@ class FinetuneStart:
     ledger: Ledger
     records: Records
     projection: np.ndarray | None
-    transform: torch.nn.Module | None  # the fixed feature transform (features.transform), part of the front
+    spec: ModelSpec  # the released model's architecture (finetune.model on records of the prepared shape)
     front: torch.nn.Sequential  # the frozen preprocessing (no parameters)
     features: np.ndarray  # the records through the front, computed once rather than every step
-    classes: int  # the task's label set: public, never read off the labels
 
-    def released_spec(self, params: Params) -> dict[str, Any]:
-        cfg = params.finetune
-        return {"model": cfg.model, "input_dim": int(self.records.features.shape[1]),
-                "projection_dim": None if self.projection is None else int(self.projection.shape[1]),
-                "hidden_units": list(cfg.hidden_units), "classes": self.classes, "input_scale": cfg.input_scale,
-                **transform_spec(params)}
+    @property
+    def classes(self) -> int:
+        """The task's label set: public (declared), never read off the labels."""
+        return self.spec.classes
+
+    @property
+    def transform(self) -> torch.nn.Module | None:
+        """The fixed feature transform (features.transform), the front's first layer."""
+        return self.front[0] if self.spec.transform != "none" else None
 
     def network(self, params: Params, *, start: Path, dp_pca_dir: Path,
                 log: logging.Logger | logging.LoggerAdapter) -> torch.nn.Module:
@@ -49,15 +51,9 @@ class FinetuneStart:
                              source=start, rerun="student")
             log.info("finetune: starting from the student in %s", start)
             return load_released(start)[-1]  # the front is rebuilt when the model is released
-        cfg = params.finetune
         # seeded: the default run starts here (no student), and its weights must repeat for a seed
         seed = int(seed_for(params.run.seed, "finetune_init").generate_state(1)[0])
-        try:
-            return seeded(seed, lambda: make_network(cfg.model, in_features=int(np.prod(self.features.shape[1:])),
-                                                     hidden_units=cfg.hidden_units, classes=self.classes,
-                                                     maps=network_maps(cfg.model, self.transform)))
-        except ValueError as exc:
-            raise ConfigError(f"finetune.model: {exc}") from None
+        return seeded(seed, lambda: build_network(self.spec, list(self.front)))
 
 
 def finetune_start(params: Params, *, sensitive: Path, dp_pca_dir: Path, start: Path) -> FinetuneStart:
@@ -67,8 +63,7 @@ def finetune_start(params: Params, *, sensitive: Path, dp_pca_dir: Path, start: 
     projection = load_projection(dp_pca_dir)
     if cfg.model == "cnn" and projection is not None:
         raise ConfigError("finetune.model: cnn trains on raw pixels; set dp_pca.enabled: false")
-    transform = feature_transform(params, records.features.shape[1])
-    front = torch.nn.Sequential(*front_layers(cfg.model, projection, input_scale=cfg.input_scale, transform=transform))
-    return FinetuneStart(ledger=ledger, records=records, projection=projection, transform=transform, front=front,
-                         features=apply_front(front, records.features),
-                         classes=DATASET_CLASSES[params.prepare.dataset])
+    spec = model_spec(params, read_shape(Path(sensitive).parent), projection)
+    front = torch.nn.Sequential(*spec.front(projection))
+    return FinetuneStart(ledger=ledger, records=records, projection=projection, spec=spec, front=front,
+                         features=apply_front(front, records.features))

@@ -28,7 +28,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import DATASET_CLASSES, DataError
+from privpipe.data import UNLABELED, DataError
 from privpipe.pate.aggregators import Aggregator
 from privpipe.pate.analysis import (
     AnalysisChoice,
@@ -55,6 +55,7 @@ from tasks.common import (
     write_text,
 )
 from tasks.pate.teachers import query_records
+from tasks.prepared import read_shape
 from tasks.privacy.ledger import load_ledger
 from tasks.projection import check_projection
 
@@ -112,7 +113,7 @@ class Labels:
     queries: int  # asked (every one charged)
     answered: int
     teachers: int
-    label_accuracy: float  # against the public pool's own labels, on the answered queries
+    label_accuracy: float | None  # against the public pool's own labels, on the answered queries (None: unlabeled)
     analysis: str  # data_dependent | data_independent, decided before the votes were seen
     analysis_reason: str
     epsilon: float  # the stage's ε alone, as recorded
@@ -125,10 +126,12 @@ class Labels:
 
     def metrics(self) -> dict[str, int | float | str]:
         """metrics/aggregate.json."""
-        out: dict[str, int | float | str] = {
-            "queries": self.queries, "answered": self.answered, "teachers": self.teachers,
-            "label_accuracy": self.label_accuracy, "analysis": self.analysis, "analysis_reason": self.analysis_reason,
-            "epsilon": self.epsilon, "epsilon_data_independent": self.epsilon_data_independent}
+        out: dict[str, int | float | str] = {"queries": self.queries, "answered": self.answered,
+                                             "teachers": self.teachers}
+        if self.label_accuracy is not None:
+            out["label_accuracy"] = self.label_accuracy
+        out.update({"analysis": self.analysis, "analysis_reason": self.analysis_reason, "epsilon": self.epsilon,
+                    "epsilon_data_independent": self.epsilon_data_independent})
         if self.epsilon_sanitised is not None:
             out["epsilon_sanitised"] = self.epsilon_sanitised
         return out
@@ -137,12 +140,22 @@ class Labels:
     def read(cls, folder: Path = paths.AGGREGATE) -> Labels:
         """The last aggregate's output, from its metrics file (what ``privpipe stage evaluate --track``
         records)."""
-        return cls(dir=folder, **read_json(paths.metrics_file("aggregate")))
+        figures = read_json(paths.metrics_file("aggregate"))
+        return cls(dir=folder, **{"label_accuracy": None, **figures})
 
     def log(self, run: TrackedRun) -> None:
         """MLflow: the figures, and the run's privacy so far."""
         run.log_stage_figures("aggregate", self.metrics())
         run.log_privacy(Ledger.from_json(self.ledger_file.read_text()))
+
+
+def _label_accuracy(labels: np.ndarray, truth: np.ndarray, answered: np.ndarray) -> float | None:
+    """How many answered queries got the public pool's own label (where the pool has labels: a share of the
+    data set does, a pool the user names does not); 0 when none was answered, None when nothing is known."""
+    known = answered & (truth != UNLABELED)
+    if not (truth != UNLABELED).any():
+        return None
+    return float((labels[known] == truth[known]).mean()) if known.any() else 0.0
 
 
 def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public: Path = paths.PUBLIC,
@@ -159,7 +172,7 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     queries = query_records(params, public)
     if not np.array_equal(np.load(teachers_dir / "query_ids.npy"), queries.ids.astype(str)):
         raise DataError(f"{teachers_dir}: votes are for other queries; re-run the teachers stage")
-    classes = DATASET_CLASSES[params.prepare.dataset]
+    classes = read_shape(Path(public).parent).n_classes
     spec = aggregator_spec(params, teachers=votes.shape[0], classes=classes)
     # decided before the votes are looked at: the choice itself must not depend on them
     choice = decide_analysis(params, spec, len(queries), ledger)
@@ -187,7 +200,7 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
 
     result = Labels(
         dir=out, queries=len(queries), answered=int(answered.sum()), teachers=int(votes.shape[0]),
-        label_accuracy=float((labels[answered] == queries.labels[answered]).mean()) if answered.any() else 0.0,
+        label_accuracy=_label_accuracy(labels, queries.labels, answered),
         analysis=choice.analysis, analysis_reason=choice.reason, epsilon=ledger.stage_epsilon("aggregate").epsilon,
         epsilon_data_independent=_alone(independent, ledger),
         epsilon_sanitised=_alone([release.event()], ledger) if release else None)
@@ -206,8 +219,9 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     write_json(paths.metrics_file("aggregate"), result.metrics())
     if private:  # outside every DVC output and never logged: dvc push and MLflow do not see it
         write_json(paths.PRIVATE / "aggregate_data_dependent.json", private)
-    log.info("aggregate: %d of %d answered (label accuracy %.3f); stage ε = %.4g recorded (%s), "
-             "data-independent ε = %.4g; run total %s", result.answered, len(queries), result.label_accuracy,
+    log.info("aggregate: %d of %d answered (label accuracy %s); stage ε = %.4g recorded (%s), "
+             "data-independent ε = %.4g; run total %s", result.answered, len(queries),
+             "unknown: an unlabeled pool" if result.label_accuracy is None else f"{result.label_accuracy:.3f}",
              result.epsilon, choice.analysis, result.epsilon_data_independent, ledger.epsilon())
     return result
 

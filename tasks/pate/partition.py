@@ -21,10 +21,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import DATASET_CLASSES, DataError, Records
+from privpipe.data import DataError, Records
 from privpipe.data.partition import assign_shards
 from tasks import paths
 from tasks.common import Skipped, load_array, read_json, skip_stage, stage_logger, staged_dir, write_json
+from tasks.prepared import read_shape
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.prepared import PreparedSets
@@ -33,10 +34,10 @@ if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by
 __all__ = ["Shards", "run_partition", "partition_task", "load_shards", "shard_assignment"]
 
 
-def shard_assignment(params: Params, records: Records, *, source: Path | str) -> np.ndarray:
-    """Each record's shard; a refused partition (too few records per shard, …) names the key or ``source``."""
+def shard_assignment(params: Params, records: Records, *, classes: int, source: Path | str) -> np.ndarray:
+    """Each record's shard; a refused partition (too few records per shard, …) names the key or ``source``.
+    ``classes``: the declared label set's size (public: from the task, not from the labels)."""
     cfg = params.partition
-    classes = DATASET_CLASSES[params.prepare.dataset]  # public: from the task, not from the labels
     try:
         return assign_shards(records.ids, records.labels, shards=cfg.shards, strategy=cfg.strategy,
                              seed=params.run.seed, alpha=cfg.alpha, labels_per_shard=cfg.labels_per_shard,
@@ -78,7 +79,8 @@ def run_partition(params: Params, *, sensitive: Path = paths.SENSITIVE,
     log = stage_logger("partition")
     cfg = params.partition
     records = Records.load(sensitive)
-    shards = shard_assignment(params, records, source=sensitive)
+    shards = shard_assignment(params, records, classes=read_shape(Path(sensitive).parent).n_classes,
+                              source=sensitive)
     # shard sizes depend on the sensitive labels (per-class counts under label skew): kept with the
     # partition, not in metrics, MLflow or logs
     sizes = np.bincount(shards, minlength=cfg.shards)

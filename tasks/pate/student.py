@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,8 +23,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import DATASET_CLASSES, DataError, Records
-from privpipe.models import DIVERGED, diverged, make_network, network_maps, released_model, save_released, seeded
+from privpipe.data import DataError, Records
+from privpipe.models import DIVERGED, diverged, released_model, save_released, seeded
 from privpipe.pate.student import StudentConfig, train_student
 from tasks import paths
 from tasks.common import (
@@ -39,32 +39,25 @@ from tasks.common import (
     write_text,
 )
 from tasks.device import training_device
-from tasks.features import feature_transform, transform_spec
+from tasks.features import build_network
 from tasks.pate.teachers import model_front, query_records
+from tasks.prepared import read_shape
 from tasks.privacy.ledger import load_ledger
-from tasks.projection import Projection, load_projection, projection_digest
+from tasks.projection import Projection, projection_digest
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.pate.aggregate import Labels
     from tasks.prepared import PreparedSets
     from tasks.tracking import TrackedRun
 
-__all__ = ["StudentModel", "run_student", "student_task", "model_spec", "target_sets"]
+__all__ = ["StudentModel", "run_student", "student_task", "target_sets"]
 
 
-def model_spec(params: Params, records: Records, projection_dim: int | None, classes: int) -> dict[str, Any]:
-    """What load_released needs to rebuild the deployed architecture."""
-    cfg = params.finetune
-    return {"model": cfg.model, "input_dim": int(records.features.shape[1]), "projection_dim": projection_dim,
-            "hidden_units": list(cfg.hidden_units), "classes": classes, "input_scale": cfg.input_scale,
-            **transform_spec(params)}
-
-
-def target_sets(prepared: Path = paths.PREPARED) -> tuple[Records, Records] | None:
-    """(unlabeled target, labeled target test), if prepare made a target domain."""
-    if not (prepared / paths.TARGET.name).exists():
-        return None
-    return Records.load(prepared / paths.TARGET.name), Records.load(prepared / paths.TARGET_TEST.name)
+def target_sets(prepared: Path = paths.PREPARED) -> tuple[Records | None, Records | None]:
+    """(unlabeled target pool, labeled target test): each None where prepare made none (a target file the user
+    names comes without a labeled test)."""
+    target, test = prepared / paths.TARGET.name, prepared / paths.TARGET_TEST.name
+    return (Records.load(target) if target.exists() else None, Records.load(test) if test.exists() else None)
 
 
 def _accuracy(model: torch.nn.Module, records: Records) -> float:
@@ -126,22 +119,15 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
     if not answered.any():
         raise DataError(f"{aggregate_dir}: no query was answered, so the student has no labels; lower "
                          "aggregate.threshold or ask more aggregate.queries")
-    transform = feature_transform(params, queries.features.shape[1])
-    front = model_front(params, params.finetune.model, dp_pca_dir, transform)
-    targets = target_sets(Path(public).parent)
-    pool = targets[0] if targets else Records.load(public)
+    spec, front = model_front(params, read_shape(Path(public).parent), dp_pca_dir, model=params.finetune.model)
+    target, target_test = target_sets(Path(public).parent)
+    pool = target if target is not None else Records.load(public)
     with torch.no_grad():
         labeled = front(torch.as_tensor(queries.features[answered])).numpy()
         unlabeled = front(torch.as_tensor(pool.features)).numpy()
     test_records = Records.load(test)
-    classes = DATASET_CLASSES[params.prepare.dataset]
     seed = int(seed_for(params.run.seed, "student").generate_state(1)[0])
-    try:
-        network = seeded(seed, lambda: make_network(params.finetune.model, in_features=int(np.prod(labeled.shape[1:])),
-                                                    hidden_units=params.finetune.hidden_units, classes=classes,
-                                                    maps=network_maps(params.finetune.model, transform)))
-    except ValueError as exc:
-        raise ConfigError(f"finetune.model: {exc}") from None
+    network = seeded(seed, lambda: build_network(spec, front))
     config = StudentConfig(steps=cfg.steps, labeled_batch=cfg.labeled_batch, unlabeled_batch=cfg.unlabeled_batch,
                            learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
                            walker_weight=cfg.walker_weight, visit_weight=cfg.visit_weight,
@@ -156,17 +142,13 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
                            unlabeled_x=unlabeled, config=config, seed=seed, on_log=report)
     if diverged(result.network, result.history[-1]["loss"]):  # never saved, let alone registered
         raise ConfigError(DIVERGED.format(key="student.learning_rate"))
-    projection = load_projection(dp_pca_dir)
-    model = released_model(result.network.cpu(), projection, input_scale=params.finetune.input_scale,
-                           kind=params.finetune.model, transform=transform)
+    model = released_model(result.network.cpu(), list(front))
     student = StudentModel(model_dir=out, labeled=int(answered.sum()), unlabeled=len(pool),
-                           unlabeled_source="target" if targets else "public",
+                           unlabeled_source="target" if target is not None else "public",
                            accuracy_test=_accuracy(model, test_records),
-                           accuracy_target=_accuracy(model, targets[1]) if targets else None)
-    spec = {**model_spec(params, test_records, None if projection is None else int(projection.shape[1]), classes),
-            "dp_pca_digest": projection_digest(dp_pca_dir)}
+                           accuracy_target=_accuracy(model, target_test) if target_test is not None else None)
     with staged_dir(out) as staging:
-        save_released(model, staging, spec=spec)
+        save_released(model, staging, spec=spec, dp_pca_digest=projection_digest(dp_pca_dir))
         write_json(staging / "history.json", {"steps": result.history})
         write_text(staging / "ledger.json", ledger.to_json())
     write_json(paths.metrics_file("student"), student.metrics())

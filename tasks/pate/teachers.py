@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,8 +25,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import DATASET_CLASSES, DataError, Records
-from privpipe.models import apply_front, front_layers, make_network, network_maps, seeded
+from privpipe.data import DataError, Records
+from privpipe.data.shape import DataShape
+from privpipe.models import ModelSpec, apply_front, seeded
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier
 from tasks import paths
 from tasks.common import (
@@ -41,8 +43,9 @@ from tasks.common import (
     write_json,
 )
 from tasks.device import training_device
-from tasks.features import feature_transform
+from tasks.features import build_network, model_spec
 from tasks.pate.partition import Shards, load_shards
+from tasks.prepared import read_shape
 from tasks.projection import Projection, load_projection, projection_digest
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
@@ -55,11 +58,14 @@ __all__ = ["Votes", "train_teacher", "collect_votes", "run_teachers", "clear_par
 PARTIAL = paths.TEACHERS.with_name(paths.TEACHERS.name + ".partial")
 
 
-def model_front(params: Params, kind: str, dp_pca_dir: Path, transform: torch.nn.Module | None) -> torch.nn.Sequential:
-    """The frozen preprocessing: the fixed ``transform`` (features.transform, if any), then unit rows →
-    DP-PCA projection (if it ran) → scale, or for the CNN nothing more (a reshape of raw pixels)."""
-    return torch.nn.Sequential(*front_layers(kind, load_projection(dp_pca_dir), input_scale=params.finetune.input_scale,
-                                             transform=transform))
+def model_front(params: Params, shape: DataShape, dp_pca_dir: Path, *, model: str,
+                hidden_units: Sequence[int] | None = None) -> tuple[ModelSpec, torch.nn.Sequential]:
+    """A model's spec for records of ``shape`` and its frozen preprocessing: the fixed transform
+    (features.transform, if any), then unit rows → DP-PCA projection (if it ran) → scale, or for the CNN
+    nothing more (a reshape of raw pixels); a table's columns as they are."""
+    projection = load_projection(dp_pca_dir)
+    spec = model_spec(params, shape, projection, model=model, hidden_units=hidden_units)
+    return spec, torch.nn.Sequential(*spec.front(projection))
 
 
 def query_records(params: Params, public: Path = paths.PUBLIC) -> Records:
@@ -100,15 +106,12 @@ def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSI
     cfg = params.teachers
     ids = load_array(Path(sensitive) / "ids.npy")
     mine = Records.load(sensitive, rows=np.flatnonzero(load_shards(partition_dir, ids) == teacher))
-    transform = feature_transform(params, mine.features.shape[1])
-    front = model_front(params, cfg.model, dp_pca_dir, transform)
+    spec, front = model_front(params, read_shape(Path(sensitive).parent), dp_pca_dir, model=cfg.model,
+                              hidden_units=cfg.hidden_units)
     features = apply_front(front, mine.features)
     seed = int(seed_for(params.run.seed, "teacher", teacher).generate_state(1)[0])
     # each teacher's initial weights: reproducible, different from the others', safe in parallel threads
-    network = seeded(seed, lambda: make_network(cfg.model, in_features=int(np.prod(features.shape[1:])),
-                                                hidden_units=cfg.hidden_units,
-                                                classes=DATASET_CLASSES[params.prepare.dataset],
-                                                maps=network_maps(cfg.model, transform)))
+    network = seeded(seed, lambda: build_network(spec, front, key="teachers.model"))
     config = TeacherConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
                            weight_decay=cfg.weight_decay)
     trained = train_classifier(network.to(training_device(params)), features, mine.labels, config=config, seed=seed)

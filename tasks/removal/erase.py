@@ -3,7 +3,9 @@
 A record id is what ``privpipe forget`` takes and what the request journal keeps the HMAC of:
 
 - digits: the ``id`` column of the raw CSV (``digits-0042``);
-- MNIST: the image's position, ``mnist-train-00042`` / ``mnist-test-00042``;
+- a table (``csv``): its ``prepare.id_column``, in every file of the data set (path, test_path, …);
+- an image folder: the image's path under the folder's parent (``xrays/cat/0042.png``);
+- MNIST, CIFAR-10, SVHN: the image's position, ``mnist-train-00042``, ``cifar10-test-00007``, …;
 - text (``text.path``): the ``id`` column where the file has one, else an id the loader derives
   from the row's content (``privpipe.text.corpus``; the ids of the prepared texts are in
   artifacts/text/{train,test}_ids.npy, in the order of {train,test}_texts.json); 20 Newsgroups:
@@ -11,36 +13,33 @@ A record id is what ``privpipe forget`` takes and what the request journal keeps
 
 - :func:`current_record_ids`: the ids a deletion request may name (the pipeline's raw data and
   the text corpus, less what was already erased).
-- :func:`erase_from_source`: rewrite the raw CSV without the erased rows (atomically) and
-  record the new version with ``dvc add`` when the file is DVC-tracked. Idempotent: rows
-  already gone are not looked for again, and a pointer that lags the file is brought up
-  to date.
+- :func:`erase_from_source`: rewrite the raw table without the erased rows (atomically), or
+  delete the erased images of an image folder, and record the new version with ``dvc add`` when
+  the data is DVC-tracked. Idempotent: records already gone are not looked for again, and a
+  pointer that lags the data is brought up to date.
 
 The prepare stages leave out every record whose hashed id has a request, on every run
 (``privpipe.requests.withheld``), so that no later run sees an erased (or withheld) record
 even if an old data version is checked out again.
 
-MNIST's IDX files are not rewritten: their record ids are positions, which a rewrite would
-shift onto other records. Nor is the text corpus, which is the operator's own file (JSONL,
-CSV or scikit-learn's cache) and may hold identical rows, told apart by their order. For
-them the erasure is the prepare-time filter alone.
+MNIST's IDX files, CIFAR-10's batches and SVHN's .mat files are not rewritten: their record
+ids are positions, which a rewrite would shift onto other records. Nor is the text corpus,
+which is the operator's own file (JSONL, CSV or scikit-learn's cache) and may hold identical
+rows, told apart by their order. For them the erasure is the prepare-time filter alone.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from privpipe.config import Params
-from privpipe.data import DataError, load_labeled_csv
-from privpipe.data.mnist import mnist_files, read_idx
+from privpipe.data import DataError
+from privpipe.data.sources import DataSource, data_source
 from privpipe.requests import RequestQueue
 from privpipe.text.corpus import load_corpus
-from tasks.common import write_text
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version, dvc
 
@@ -51,21 +50,14 @@ TEXT_NOT_REWRITTEN = ("the text file is not rewritten (the operator's own file; 
                       "their order, which a rewrite would shift): every later text prepare leaves the record out")
 
 
-def _source(params: Params) -> Path:
-    return Path(params.prepare.path)
+def _source(params: Params) -> DataSource:
+    return data_source(params.prepare.dataset)
 
 
 def pipeline_ids(params: Params) -> list[str]:
     """Every record id of the pipeline's raw data (``prepare``), erased or not."""
-    if params.prepare.dataset == "digits":
-        ensure_default_data(params)
-        return load_labeled_csv(_source(params)).ids.tolist()
-    ids = []
-    for split, labels in (("train", "train-labels"), ("test", "t10k-labels")):
-        file = next((f for f in mnist_files(_source(params)) if f.name.startswith(labels)), None)
-        count = len(read_idx(file)) if file is not None else 0
-        ids += [f"mnist-{split}-{i:05d}" for i in range(count)]
-    return ids
+    ensure_default_data(params)
+    return _source(params).record_ids(params.prepare)
 
 
 def text_ids(params: Params) -> list[str]:
@@ -96,35 +88,27 @@ def current_record_ids(params: Params, queue: RequestQueue) -> set[str]:
 
 
 def source_version(params: Params) -> str:
-    files = [_source(params)] if params.prepare.dataset == "digits" else mnist_files(_source(params))
-    return data_version(files)
+    return data_version(_source(params).files(params.prepare))
 
 
-def _rewrite_csv(path: Path, drop: set[str], queue: RequestQueue) -> int:
-    """Rewrite ``path`` without the rows whose hashed id is in ``drop``; return how many went."""
-    with path.open(newline="") as handle:
-        rows = list(csv.reader(handle))
-    kept = [rows[0]] + [row for row in rows[1:] if row and queue.hash_record_id(row[0]) not in drop]
-    removed = len(rows) - len(kept)
-    if removed:
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows(kept)
-        write_text(path, buffer.getvalue())  # temporary file and rename: never half a data file
-    return removed
+def _pointers(params: Params) -> list[Path]:
+    """The DVC pointers of the raw data a rewrite would change: a file's ``<file>.dvc``, an image folder's."""
+    cfg = params.prepare
+    roots = [Path(p) for p in (cfg.path, cfg.test_path, cfg.public_path, cfg.target_path) if p is not None]
+    return [pointer for root in roots if (pointer := root.with_name(f"{root.name}.dvc")).is_file()]
 
 
 def ensure_can_erase(params: Params, queue: RequestQueue) -> None:
-    """DataError before any request is touched when requests wait for records of the raw CSV and the
-    rewritten CSV could not be versioned: it is DVC-tracked (its ``.dvc`` pointer is there) in a folder
-    that is not a DVC repository."""
-    source = _source(params)
-    pointer = source.with_name(f"{source.name}.dvc")
-    if params.prepare.dataset != "digits" or not pointer.is_file() or Path(".dvc").is_dir():
+    """DataError before any request is touched when requests wait for records of raw data that an erasure
+    rewrites, and the rewritten data could not be versioned: it is DVC-tracked (its ``.dvc`` pointer is
+    there) in a folder that is not a DVC repository."""
+    pointers = _pointers(params)
+    if not _source(params).rewritable or not pointers or Path(".dvc").is_dir():
         return
     waiting = {r.record_hash for r in queue.waiting()}
     if waiting & {queue.hash_record_id(i) for i in pipeline_ids(params)}:
-        raise DataError(f"{pointer}: the raw data is DVC-tracked, but this project folder is not a DVC repository "
-                        "(no .dvc/: run `dvc init`); nothing was erased and every request stays queued")
+        raise DataError(f"{pointers[0]}: the raw data is DVC-tracked, but this project folder is not a DVC "
+                        "repository (no .dvc/: run `dvc init`); nothing was erased and every request stays queued")
 
 
 @dataclass(frozen=True)
@@ -149,14 +133,17 @@ def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: Re
     """Remove the records (named by hashed id) from the pipeline's raw data and version the result;
     safe to repeat. Text records are not looked for here: the text file is never rewritten."""
     source = _source(params)
-    if params.prepare.dataset != "digits":
+    if not source.rewritable:
         return SourceErasure(rewritten=False, removed_rows=0, data_version=source_version(params),
-                             note="IDX files keep positional ids: erasure is the prepare-time filter")
-    removed = _rewrite_csv(source, set(record_hashes), queue)
-    version = source_version(params)
-    if version.startswith("modified:"):  # DVC-tracked, and the file left its pointer
+                             note=f"{params.prepare.dataset} keeps positional ids: erasure is the prepare-time filter")
+    drop = set(record_hashes)
+    removed = source.erase(params.prepare, lambda record_id: queue.hash_record_id(record_id) in drop)
+    for pointer in _pointers(params):  # DVC-tracked: the new version recorded beside the file
         if not Path(".dvc").is_dir():
-            raise RuntimeError(f"{source}.dvc: DVC-tracked, but {Path.cwd()} is not a DVC repository; run `dvc init`")
-        dvc("add", "--quiet", str(source))
-        version = source_version(params)
-    return SourceErasure(rewritten=True, removed_rows=removed, data_version=version)
+            raise RuntimeError(f"{pointer}: DVC-tracked, but {Path.cwd()} is not a DVC repository; run `dvc init`")
+        target = pointer.with_name(pointer.name.removesuffix(".dvc"))
+        # a file whose bytes left its pointer (now, or in a run that died before this), or an image folder
+        # (its pointer's hash is DVC's own: re-adding an unchanged folder changes nothing)
+        if target.is_dir() or data_version([target]).startswith("modified:"):
+            dvc("add", "--quiet", str(target))
+    return SourceErasure(rewritten=True, removed_rows=removed, data_version=source_version(params))

@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from torch import nn
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import DATASET_CLASSES, Records
+from privpipe.data import DataShape, Records
 from privpipe.models import load_released
 from privpipe.privacy import Ledger
 from privpipe.removal import RemovableHead, RemovalGuarantee, combined_guarantee
@@ -33,7 +33,8 @@ from privpipe.removal.features import feature_extractor, head_features, stored_r
 from privpipe.requests import RequestQueue, base_id
 from tasks import paths
 from tasks.common import Skipped, read_json, skip_stage, stage_logger, staged_dir, write_json
-from tasks.features import feature_transform, transform_spec
+from tasks.features import feature_transform
+from tasks.prepared import read_shape
 from tasks.projection import load_projection
 from tasks.removal.noise import noise_for
 from tasks.removal.record_use import extractor_uses
@@ -49,7 +50,7 @@ __all__ = ["run_head", "head_task"]
 
 
 def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir: Path,
-                     input_dim: int) -> tuple[nn.Sequential, dict]:
+                     shape: DataShape) -> tuple[nn.Sequential, dict]:
     """Store the extractor under ``staging/extractor``; return it and the DP guarantee that covers it."""
     source = params.head.features
     folder = staging / "extractor"
@@ -68,7 +69,7 @@ def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir:
         extractor = feature_extractor("dp_pca", projection=projection)
     elif source == "transform":  # fixed and data-independent: nothing learned, so no DP to inherit
         ledger = None
-        extractor = feature_extractor("transform", transform=feature_transform(params, input_dim))
+        extractor = feature_extractor("transform", transform=feature_transform(params, shape))
     else:
         ledger = None
         extractor = feature_extractor("raw")
@@ -76,7 +77,10 @@ def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir:
     nothing_learnt = f"none ({'a fixed transform' if source == 'transform' else 'no extractor'})"
     dp = {"epsilon": spend.epsilon if spend else 0.0, "delta": spend.delta if spend else 0.0,
           "accountant": spend.accountant if spend else nothing_learnt}
-    write_json(folder / "source.json", {"source": source, "dp": dp, "input_dim": input_dim, **transform_spec(params)})
+    write_json(folder / "source.json", {"source": source, "dp": dp, "input_dim": shape.width,
+                                        "image": list(shape.image_shape) if shape.image_shape else None,
+                                        "transform": params.features.transform,
+                                        "scatter_j": params.features.scatter_j})
     return extractor, dp
 
 
@@ -90,11 +94,12 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
     model_dir = Path(model_dir if model_dir is not None else paths.deployed_dir(params))
     all_records, test_set = Records.load(sensitive), Records.load(test)
     guarantee = RemovalGuarantee(epsilon=cfg.epsilon, delta=cfg.delta, sigma=cfg.sigma)
-    classes = DATASET_CLASSES[params.prepare.dataset]
+    shape = read_shape(Path(sensitive).parent)
+    classes = shape.n_classes
     queue = RequestQueue(paths.REQUESTS)
     with queue.processing(wait=True), staged_dir(out) as staging:  # never beside a removal run
         records = _without_requested(all_records, queue, log)
-        extractor, dp = _extractor_files(params, staging, model_dir, dp_pca_dir, records.features.shape[1])
+        extractor, dp = _extractor_files(params, staging, model_dir, dp_pca_dir, shape)
         X = stored_rows(head_features(extractor, records.features))
         head = RemovableHead.train(X, records.labels, classes=classes, lam=cfg.lam, guarantee=guarantee,
                                    noise=noise_for(params, retrain=0), refresh_every=cfg.refresh_every)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from privpipe.data import Records
+from privpipe.data.records import RECORD_FILES
 from privpipe.requests import RequestQueue, base_id, hashes_in
 from tasks import paths
 from tasks.common import exclusive_lock, staged_dir, write_json
@@ -120,7 +121,7 @@ def _scrub_set(folder: Path, queue: RequestQueue, erased: set[str]) -> int:
         return 0
     with staged_dir(folder) as staging:
         for extra in folder.iterdir():  # anything else the set holds, unchanged
-            if extra.name not in ("features.npy", "labels.npy", "ids.npy", ERASED_FILE):
+            if extra.name not in (*RECORD_FILES, ERASED_FILE):
                 (shutil.copytree if extra.is_dir() else shutil.copy2)(extra, staging / extra.name)
         records.subset(~drop).save(staging)
         scrubbed = erased_in(folder) | {h for h, gone in zip(hashes, drop) if gone}

@@ -6,6 +6,7 @@ here trains or records anything.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,9 @@ def extractor_from(folder: Path) -> nn.Sequential:
     if source == "dp_pca":
         return feature_extractor("dp_pca", projection=np.load(folder / "extractor" / "projection.npy"))
     if source == "transform":
-        return feature_extractor("transform", transform=make_transform(spec["transform"], input_dim=spec["input_dim"],
+        side = math.isqrt(int(spec["input_dim"]))  # a head stored before images of any shape: square grey pixels
+        image = tuple(spec["image"]) if spec.get("image") else (1, side, side)
+        return feature_extractor("transform", transform=make_transform(spec["transform"], image=image,
                                                                        scatter_j=spec["scatter_j"]))
     return feature_extractor("raw")
 

@@ -1,0 +1,162 @@
+"""A user's images as records: an image folder (torchvision's layout) and CIFAR-10's python batches.
+
+    records, classes = load_image_folder(Path("data/raw/xrays"), channels=1, size=64)
+    splits, classes = load_cifar10(Path("data/raw/cifar-10-batches-py"), channels=3)
+
+Rows are the pixels channel-first, in [0, 1] (as ``load_mnist`` returns them). An image folder holds one
+sub-folder of PNG or JPEG files per class (classes sorted by name, as torchvision's ImageFolder does,
+unless the schema lists them), or, for an unlabeled pool, the images alone. A record's id is its file's
+path under the folder (``cat/0042.png``), which erasing other files never changes. Images of another size
+than the first are refused, naming the file, unless ``size`` resizes them all (bilinear).
+
+CIFAR-10's batches are pickles: they are read by an unpickler that builds nothing but the arrays,
+lists and dicts the format holds, so a crafted file cannot run code.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from privpipe.data.records import UNLABELED, DataError, Records
+
+__all__ = ["IMAGE_SUFFIXES", "image_files", "load_image_folder", "load_cifar10", "CIFAR10_FILES", "CIFAR10_SIDE"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+CIFAR10_FILES = {"train": tuple(f"data_batch_{k}" for k in range(1, 6)), "test": ("test_batch",)}
+CIFAR10_SIDE = 32
+_MODES = {1: "L", 3: "RGB"}
+
+
+def image_files(folder: Path) -> list[Path]:
+    """The PNG and JPEG files under ``folder`` (any depth), in a stable order."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _read_image(path: Path, *, channels: int, size: int | None) -> np.ndarray:
+    """One image as (channels, height, width) float32 in [0, 1]."""
+    from PIL import Image, UnidentifiedImageError  # deferred: Pillow, for image folders alone
+
+    try:
+        with Image.open(path) as image:
+            converted = image.convert(_MODES[channels])
+            if size is not None and converted.size != (size, size):
+                converted = converted.resize((size, size), Image.Resampling.BILINEAR)
+            pixels = np.asarray(converted, dtype=np.float32) / 255.0
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise DataError(f"{path}: not a readable image ({type(exc).__name__}: {exc})") from None
+    return pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
+
+
+def _stack(root: Path, files: list[Path], *, channels: int,
+           size: int | None) -> tuple[np.ndarray, tuple[int, int]]:
+    """The images as rows, and their (height, width): every image the first one's size unless ``size``
+    resizes them."""
+    rows = np.empty((len(files), 0), dtype=np.float32)
+    first: tuple[int, int] | None = None
+    for i, path in enumerate(files):
+        image = _read_image(path, channels=channels, size=size)
+        if first is None:
+            first = image.shape[1:]
+            rows = np.empty((len(files), image.size), dtype=np.float32)
+        elif image.shape[1:] != first:
+            raise DataError(f"{path}: {image.shape[2]}×{image.shape[1]} pixels, but {files[0].relative_to(root)} is "
+                            f"{first[1]}×{first[0]} (set prepare.image_size to resize every image to one side)")
+        rows[i] = image.reshape(-1)
+    assert first is not None  # callers pass at least one file
+    return rows, (int(first[0]), int(first[1]))
+
+
+def load_image_folder(root: Path, *, channels: int, size: int | None, classes: Sequence[str] | None = None,
+                      labeled: bool = True) -> tuple[Records, tuple[str, ...], tuple[int, int, int]]:
+    """The images under ``root`` as records, the class names (label order) and the image shape (C, H, W).
+
+    Labeled: one sub-folder per class; ``classes`` (the declared label set, if any) fixes the order and
+    refuses a sub-folder it does not list. Unlabeled: every image under ``root``, labels UNLABELED."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: {'a file, not a folder of images' if root.exists() else 'folder not found'}")
+    if labeled:
+        folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if not folders:
+            raise DataError(f"{root}: no class sub-folders (expected {root}/<class>/<image>.png, one folder a class)")
+        names = tuple(classes) if classes is not None else tuple(folders)
+        stray = [f for f in folders if f not in names]
+        if stray:
+            raise DataError(f"{root}/{stray[0]}: a class folder that prepare.schema.labels does not list "
+                            f"({', '.join(names)})")
+        files = [f for name in folders for f in image_files(root / name)]
+        labels = np.array([names.index(f.relative_to(root).parts[0]) for f in files], dtype=np.int64)
+    else:
+        names = tuple(classes or ())
+        files = image_files(root)
+        labels = np.full(len(files), UNLABELED, dtype=np.int64)
+    if not files:
+        raise DataError(f"{root}: no PNG or JPEG images")
+    rows, (height, width) = _stack(root, files, channels=channels, size=size)
+    ids = np.array([f.relative_to(root).as_posix() for f in files])
+    return Records(rows, labels, ids), names, (channels, height, width)
+
+
+class _ArraysOnly(pickle.Unpickler):
+    """Builds numpy arrays, dtypes and the plain containers CIFAR-10's batches hold, and nothing else."""
+
+    _ALLOWED: ClassVar[frozenset[tuple[str, str]]] = frozenset({
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"), ("numpy", "ndarray"),
+        ("numpy", "dtype"), ("_codecs", "encode")})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refusing {module}.{name}: a CIFAR-10 batch holds only arrays")
+        return super().find_class(module, name)
+
+
+def _unpickle(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise DataError(f"{path}: CIFAR-10 batch not found (prepare.path: the extracted cifar-10-batches-py folder)")
+    try:
+        data = _ArraysOnly(io.BytesIO(path.read_bytes()), encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
+        raise DataError(f"{path}: not a CIFAR-10 python batch ({exc})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: not a CIFAR-10 python batch (expected a dict)")
+    return {k.decode() if isinstance(k, bytes) else str(k): v for k, v in data.items()}
+
+
+def _luminance(rgb: np.ndarray) -> np.ndarray:
+    """(n, 3, H, W) in [0, 1] → (n, 1, H, W): ITU-R BT.601 weights, as Pillow's ``L``."""
+    return np.tensordot(rgb, np.array([0.299, 0.587, 0.114], dtype=np.float32), axes=([1], [0]))[:, None]
+
+
+def load_cifar10(folder: Path, *, channels: int = 3) -> tuple[dict[str, Records], tuple[str, ...]]:
+    """CIFAR-10 from its python batches in ``folder``: ``{"train", "test"}`` records (ids
+    ``cifar10-train-00042``: position, as MNIST's) and the class names (batches.meta)."""
+    folder = Path(folder)
+    meta = _unpickle(folder / "batches.meta")
+    names = tuple(n.decode() if isinstance(n, bytes) else str(n) for n in meta.get("label_names", []))
+    if len(names) < 2:
+        raise DataError(f"{folder / 'batches.meta'}: no label_names")
+    out = {}
+    for split, files in CIFAR10_FILES.items():
+        parts, labels = [], []
+        for name in files:
+            batch = _unpickle(folder / name)
+            data, batch_labels = np.asarray(batch.get("data")), np.asarray(batch.get("labels"), dtype=np.int64)
+            if data.ndim != 2 or data.shape[1] != 3 * CIFAR10_SIDE * CIFAR10_SIDE or data.dtype != np.uint8:
+                raise DataError(f"{folder / name}: data must be uint8 rows of 3072 pixels, got {data.dtype} "
+                                f"{data.shape}")
+            if batch_labels.shape != (len(data),) or (batch_labels < 0).any() or (batch_labels >= len(names)).any():
+                raise DataError(f"{folder / name}: labels must be {len(data)} integers in 0..{len(names) - 1}")
+            parts.append(data)
+            labels.append(batch_labels)
+        pixels = np.concatenate(parts).reshape(-1, 3, CIFAR10_SIDE, CIFAR10_SIDE).astype(np.float32) / 255.0
+        if channels == 1:
+            pixels = _luminance(pixels)
+        ids = np.array([f"cifar10-{split}-{i:05d}" for i in range(len(pixels))])
+        out[split] = Records(pixels.reshape(len(pixels), -1).astype(np.float32), np.concatenate(labels), ids)
+    return out, names

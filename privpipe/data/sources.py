@@ -1,0 +1,444 @@
+"""Where the pipeline's records come from: one class per data kind (``prepare.dataset``), chosen by name.
+
+    source = data_source("csv")
+    loaded = source.load(params.prepare, seed=0, client_column=None)
+    loaded.sets["sensitive"], loaded.shape, loaded.files
+
+Each kind reads its standard local format and returns the sets prepare stores: ``sensitive`` (the
+private training records), ``test``, ``public`` (the unlabeled query pool of PATE's student; its labels,
+where a share has them, only score the aggregation) and, where there is one, ``target`` (unlabeled
+data of a related domain) with ``target_test``. Kinds with a test set of their own (MNIST, CIFAR-10,
+SVHN) keep it: their first ``public_queries`` test records are the public pool, as in PATE. The others
+are split by keyed per-record draws (privpipe.data.split), so a record keeps its set in every data
+version; ``test_path``, ``public_path`` and ``target_path`` name files of the same kind instead.
+
+A kind also says which record ids exist (what a deletion request may name), which files a data
+version hashes, and how an erasure reaches the raw data: a table is rewritten without the rows, an
+image folder loses the files; positional ids (IDX files, CIFAR-10's batches, SVHN's .mat) are never
+rewritten, since a rewrite would shift every later id onto another record: there the erasure is
+prepare's filter alone, on every run.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from privpipe.config.errors import ConfigError
+from privpipe.config.prepare import PrepareConfig
+from privpipe.data.digits import load_labeled_csv
+from privpipe.data.domains import (
+    MNIST_BOX,
+    MNIST_SIDE,
+    as_mnist_canvas,
+    digits_target_transform,
+    uci_digits_as_mnist,
+)
+from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
+from privpipe.data.images import IMAGE_SUFFIXES, image_files, load_cifar10, load_image_folder
+from privpipe.data.mnist import load_mnist, mnist_files, read_idx
+from privpipe.data.records import DataError, Records, check_labels
+from privpipe.data.shape import DataShape
+from privpipe.data.split import split_by_shares
+from privpipe.data.tabular import encode_table, read_table, table_columns, write_table
+
+__all__ = ["LoadedData", "DataSource", "data_source", "SOURCES"]
+
+DIGIT_CLASSES = tuple(str(d) for d in range(10))
+
+
+@dataclass(frozen=True)
+class LoadedData:
+    """What a kind read: the sets (by name), the records' shape, and the raw files a data version hashes."""
+
+    sets: dict[str, Records]
+    shape: DataShape
+    files: list[Path]
+
+
+def _with_features(records: Records, features: np.ndarray, suffix: str) -> Records:
+    """A copy of ``records`` with other features; its ids keep the base id (plus ``suffix``): erasure and the
+    set both follow the raw record."""
+    return Records(features.astype(np.float32), records.labels, np.char.add(records.ids.astype(str), suffix))
+
+
+def _unique_across(sets: dict[str, Records], sources: dict[str, str]) -> None:
+    """Refuse an id in two of the user's files: a deletion request names one record."""
+    owner: dict[str, str] = {}
+    for name, records in sets.items():
+        for record_id in records.ids.astype(str):
+            if record_id in owner and owner[record_id] != sources.get(name, name):
+                raise DataError(f"{sources.get(name, name)}: record id {record_id!r} is also in "
+                                f"{owner[record_id]} (ids must name one record across the data set's files)")
+            owner.setdefault(record_id, sources.get(name, name))
+
+
+class DataSource(ABC):
+    """One data kind: how its records are read, split, named and erased."""
+
+    name: ClassVar[str]
+    #: whether an erasure rewrites the raw data (else: prepare leaves erased records out on every run)
+    rewritable: ClassVar[bool] = False
+
+    @abstractmethod
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+        """Every set, checked (labels in the label set, one shape), before anything is written."""
+
+    @abstractmethod
+    def record_ids(self, cfg: PrepareConfig) -> list[str]:
+        """Every id a deletion request may name, erased or not (cheap: no pixel is decoded)."""
+
+    @abstractmethod
+    def files(self, cfg: PrepareConfig) -> list[Path]:
+        """The raw files a data version hashes (and a rewrite replaces)."""
+
+    def erase(self, cfg: PrepareConfig, drop: Callable[[str], bool]) -> int:
+        """Remove the records whose id ``drop`` picks from the raw data; how many went. Only kinds whose ids do
+        not shift (``rewritable``)."""
+        raise NotImplementedError(f"{self.name}: record ids are positions; an erasure is prepare's filter alone")
+
+
+def _shares(cfg: PrepareConfig, *, test: bool, public: bool, target: bool) -> dict[str, float]:
+    """The keyed shares of the main file: those of the sets no other file gives."""
+    shares = {}
+    if test:
+        shares["test"] = cfg.test_fraction
+    if public:
+        shares["public"] = cfg.public_fraction
+    if target:  # cut into its unlabeled pool and its labeled part (which scores the domain adaptation)
+        shares["target"] = cfg.target_fraction * (1.0 - cfg.target_test_fraction)
+        shares["target_test"] = cfg.target_fraction * cfg.target_test_fraction
+    return shares
+
+
+class Digits(DataSource):
+    """scikit-learn's digits, as the CSV ``id,label,p0..p63`` (the embedded default). Its target domain is a
+    fixed restyling of held-out digits (privpipe.data.domains)."""
+
+    name = "digits"
+    rewritable = True
+
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+        source = Path(cfg.path)
+        records = load_labeled_csv(source)
+        check_labels(records, classes=10, source=str(source))
+        sets = split_by_shares(records, _shares(cfg, test=True, public=True, target=cfg.target_domain),
+                               rest="sensitive", seed=seed)
+        for name in ("target", "target_test") if cfg.target_domain else ():
+            sets[name] = _with_features(sets[name], digits_target_transform(sets[name].features), ":target")
+        return LoadedData(sets, DataShape.image(channels=1, height=8, width=8, classes=_classes(cfg, DIGIT_CLASSES)),
+                          [source])
+
+    def record_ids(self, cfg: PrepareConfig) -> list[str]:
+        return load_labeled_csv(Path(cfg.path)).ids.tolist()
+
+    def files(self, cfg: PrepareConfig) -> list[Path]:
+        return [Path(cfg.path)]
+
+    def erase(self, cfg: PrepareConfig, drop: Callable[[str], bool]) -> int:
+        table = read_table(Path(cfg.path))
+        keep = np.array([not drop(str(i)) for i in table.cells["id"]], dtype=bool)
+        if not keep.all():
+            write_table(table, keep)
+        return int((~keep).sum())
+
+
+def _classes(cfg: PrepareConfig, own: tuple[str, ...]) -> tuple[str, ...]:
+    """The kind's label set, or the schema's names for it (which must be as many)."""
+    if cfg.schema is None:
+        return own
+    if len(cfg.schema.labels) != len(own):
+        raise ConfigError(f"prepare.schema.labels: {cfg.dataset} has {len(own)} classes, the schema names "
+                          f"{len(cfg.schema.labels)}")
+    return cfg.schema.labels
+
+
+def _fixed_test_sets(cfg: PrepareConfig, train: Records, test: Records) -> dict[str, Records]:
+    """A kind with its own test set: train is sensitive; the first ``public_queries`` test records are the public
+    pool (by position, which erasure never shifts), the rest the test set; or the pool is ``public_path``."""
+    if cfg.public_path is not None:
+        return {"sensitive": train, "test": test}
+    if cfg.public_queries >= len(test):
+        raise ConfigError(f"prepare.public_queries: {cfg.public_queries} leaves no test images of {len(test)}")
+    index = np.arange(len(test))
+    return {"sensitive": train, "public": test.subset(index[:cfg.public_queries]),
+            "test": test.subset(index[cfg.public_queries:])}
+
+
+#: local target domains for MNIST: loader, image side, and the box the digit gets on the 28×28 canvas
+_MNIST_TARGETS = {"usps": (load_usps, 16, MNIST_BOX), "svhn": (load_svhn, 32, MNIST_SIDE),
+                  "mnist_m": (load_mnist_m, MNIST_SIDE, MNIST_SIDE)}
+
+
+class Mnist(DataSource):
+    """MNIST's four IDX files. Its target domain: the UCI digits at 28×28, or local USPS, SVHN or MNIST-M."""
+
+    name = "mnist"
+
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+        source = Path(cfg.path)
+        if cfg.download:
+            source.mkdir(parents=True, exist_ok=True)  # torchvision fetches into it
+        if not source.is_dir():
+            raise DataError(f"prepare.path: {source} is not a folder of MNIST IDX files")
+        splits = load_mnist(source, download=cfg.download)
+        sets = _fixed_test_sets(cfg, splits["train"], splits["test"])
+        if cfg.target_domain:
+            sets["target"], sets["target_test"] = self._target(cfg, seed)
+        return LoadedData(sets, DataShape.image(channels=1, height=28, width=28, classes=_classes(cfg, DIGIT_CLASSES)),
+                          mnist_files(source))
+
+    @staticmethod
+    def _target(cfg: PrepareConfig, seed: int) -> tuple[Records, Records]:
+        """(unlabeled target pool, labeled target test) in MNIST's 28×28 format."""
+        if cfg.target_source == "default":
+            from sklearn.datasets import load_digits  # deferred: sklearn.datasets takes ~2 s
+
+            uci = load_digits()  # ships with scikit-learn: no download
+            ids = np.array([f"uci-digits-{i:04d}" for i in range(len(uci.target))])
+            shifted = Records(uci_digits_as_mnist(uci.data), uci.target.astype(np.int64), ids)
+            sets = split_by_shares(shifted, {"target_test": cfg.target_test_fraction}, rest="target", seed=seed)
+            return sets["target"], sets["target_test"]
+        loader, side, box = _MNIST_TARGETS[cfg.target_source]
+        if cfg.target_path is None:  # config.prepare requires it for these sources
+            raise ConfigError(f"prepare.target_path: must name the folder of the local {cfg.target_source} files")
+        splits = loader(Path(cfg.target_path))  # their own train/test split: train is the unlabeled pool
+        pool, test = (_with_features(splits[name], as_mnist_canvas(splits[name].features, side=side, box=box), "")
+                      for name in ("train", "test"))
+        return pool, test
+
+    def record_ids(self, cfg: PrepareConfig) -> list[str]:
+        ids = []  # from the labels files alone: counts, not pixels
+        for split, labels in (("train", "train-labels"), ("test", "t10k-labels")):
+            file = next((f for f in mnist_files(Path(cfg.path)) if f.name.startswith(labels)), None)
+            count = len(read_idx(file)) if file is not None else 0
+            ids += [f"mnist-{split}-{i:05d}" for i in range(count)]
+        return ids
+
+    def files(self, cfg: PrepareConfig) -> list[Path]:
+        return mnist_files(Path(cfg.path))
+
+
+def _image_pools(cfg: PrepareConfig, shape: DataShape, sets: dict[str, Records]) -> None:
+    """Image kinds other than MNIST and digits: the public pool and the target domain from folders the user names
+    (unlabeled images, any depth), of the data set's size (``image_size`` resizes them too)."""
+    for name, path in (("public", cfg.public_path), ("target", cfg.target_path)):
+        if path is None or (name == "target" and not cfg.target_domain):
+            continue
+        records, _, image = load_image_folder(Path(path), channels=shape.channels, size=cfg.image_size,
+                                              labeled=False)
+        if image != shape.image_shape:
+            raise DataError(f"prepare.{name}_path: {path} holds {image[1]}×{image[2]} images with {image[0]} "
+                            f"channel(s), the data set {shape.describe()} (set prepare.image_size)")
+        sets[name] = _prefixed(records, Path(path))
+
+
+def _prefixed(records: Records, root: Path) -> Records:
+    """Ids as paths under the folder's parent (``train/cat/0042.png``): two folders of one data set (train and
+    test) may hold files of the same name, which must stay two records."""
+    return Records(records.features, records.labels, np.char.add(f"{root.name}/", records.ids.astype(str)),
+                   records.clients)
+
+
+class Cifar10(DataSource):
+    """CIFAR-10's python batches (the extracted ``cifar-10-batches-py`` folder): 50,000 training images are the
+    sensitive set, the 10,000 test images the test set and, their first ``public_queries``, the public pool."""
+
+    name = "cifar10"
+
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+        folder = Path(cfg.path)
+        if cfg.download and not (folder / "batches.meta").exists():
+            self._download(folder)
+        splits, names = load_cifar10(folder, channels=cfg.channels or 3)
+        shape = DataShape.image(channels=cfg.channels or 3, height=32, width=32, classes=_classes(cfg, names))
+        splits = {k: _resized(v, shape, cfg.image_size) for k, v in splits.items()}
+        shape = _resized_shape(shape, cfg.image_size)
+        sets = _fixed_test_sets(cfg, splits["train"], splits["test"])
+        _image_pools(cfg, shape, sets)
+        return LoadedData(sets, shape, self.files(cfg))
+
+    @staticmethod
+    def _download(folder: Path) -> None:
+        from torchvision.datasets import CIFAR10  # deferred: only when the user asks for a download
+
+        CIFAR10(root=str(folder.parent), train=True, download=True)
+        if folder.name != "cifar-10-batches-py":
+            raise DataError(f"prepare.path: torchvision fetched {folder.parent / 'cifar-10-batches-py'}; point "
+                            "prepare.path at it")
+
+    def record_ids(self, cfg: PrepareConfig) -> list[str]:
+        splits, _ = load_cifar10(Path(cfg.path), channels=1)
+        return [i for records in splits.values() for i in records.ids.tolist()]
+
+    def files(self, cfg: PrepareConfig) -> list[Path]:
+        folder = Path(cfg.path)
+        return [folder / "batches.meta"] + [folder / name for names in
+                                            (("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4",
+                                              "data_batch_5"), ("test_batch",)) for name in names]
+
+
+def _resized(records: Records, shape: DataShape, size: int | None) -> Records:
+    """Images resized to ``size`` a side (bilinear, as an image folder's are); None: as they are."""
+    if size is None or (size == shape.height == shape.side):
+        return records
+    import torch  # deferred: the library's data modules stay torch-free for the command line's checks
+    from torch.nn import functional
+
+    images = torch.as_tensor(records.features).reshape(len(records), shape.channels, shape.height, shape.side)
+    resized = functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+    return Records(resized.reshape(len(records), -1).clamp(0, 1).numpy().astype(np.float32), records.labels,
+                   records.ids, records.clients)
+
+
+def _resized_shape(shape: DataShape, size: int | None) -> DataShape:
+    if size is None:
+        return shape
+    return DataShape.image(channels=shape.channels, height=size, width=size, classes=shape.classes)
+
+
+class Svhn(DataSource):
+    """SVHN's cropped digits (``train_32x32.mat``, ``test_32x32.mat``): 32×32 colour (or, with channels 1,
+    luminance); label 10 is the digit 0."""
+
+    name = "svhn"
+
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+        channels = cfg.channels or 3
+        splits = load_svhn(Path(cfg.path), grayscale=channels == 1)
+        shape = DataShape.image(channels=channels, height=32, width=32, classes=_classes(cfg, DIGIT_CLASSES))
+        splits = {k: _resized(v, shape, cfg.image_size) for k, v in splits.items()}
+        shape = _resized_shape(shape, cfg.image_size)
+        sets = _fixed_test_sets(cfg, splits["train"], splits["test"])
+        _image_pools(cfg, shape, sets)
+        return LoadedData(sets, shape, self.files(cfg))
+
+    def record_ids(self, cfg: PrepareConfig) -> list[str]:
+        splits = load_svhn(Path(cfg.path), grayscale=True)
+        return [i for records in splits.values() for i in records.ids.tolist()]
+
+    def files(self, cfg: PrepareConfig) -> list[Path]:
+        return [Path(cfg.path) / "train_32x32.mat", Path(cfg.path) / "test_32x32.mat"]
+
+
+class ImageFolder(DataSource):
+    """torchvision's layout: ``prepare.path/<class>/<image>.png`` (PNG or JPEG), any size (``image_size``
+    resizes) and 1 or 3 channels. A record's id is its path under the folder's parent (``xrays/cat/0042.png``);
+    an erasure deletes the file."""
+
+    name = "imagefolder"
+    rewritable = True
+
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+        channels = cfg.channels or 3
+        declared = cfg.schema.labels if cfg.schema is not None else None
+        root = Path(cfg.path)
+        records, classes, image = load_image_folder(root, channels=channels, size=cfg.image_size, classes=declared)
+        shape = DataShape.image(channels=image[0], height=image[1], width=image[2], classes=classes)
+        sets = split_by_shares(_prefixed(records, root), _shares(cfg, test=cfg.test_path is None,
+                                                                  public=cfg.public_path is None, target=False),
+                               rest="sensitive", seed=seed)
+        if cfg.test_path is not None:
+            test, _, test_image = load_image_folder(Path(cfg.test_path), channels=channels, size=cfg.image_size,
+                                                    classes=classes)
+            if test_image != shape.image_shape:
+                raise DataError(f"prepare.test_path: {cfg.test_path} holds {test_image[1]}×{test_image[2]} images, "
+                                f"{cfg.path} {shape.height}×{shape.side} (set prepare.image_size)")
+            sets["test"] = _prefixed(test, Path(cfg.test_path))
+        _image_pools(cfg, shape, sets)
+        _unique_across(sets, {"test": str(cfg.test_path), "public": str(cfg.public_path),
+                              "target": str(cfg.target_path)})
+        return LoadedData(sets, shape, self.files(cfg))
+
+    @staticmethod
+    def _roots(cfg: PrepareConfig) -> list[Path]:
+        return [Path(p) for p in (cfg.path, cfg.test_path, cfg.public_path, cfg.target_path) if p is not None]
+
+    def record_ids(self, cfg: PrepareConfig) -> list[str]:
+        return [f"{root.name}/{f.relative_to(root).as_posix()}" for root in self._roots(cfg) if root.is_dir()
+                for f in image_files(root)]
+
+    def files(self, cfg: PrepareConfig) -> list[Path]:
+        return [f for root in self._roots(cfg) if root.is_dir() for f in image_files(root)]
+
+    def erase(self, cfg: PrepareConfig, drop: Callable[[str], bool]) -> int:
+        removed = 0
+        for root in self._roots(cfg):
+            for file in image_files(root) if root.is_dir() else []:
+                if file.suffix.lower() in IMAGE_SUFFIXES and drop(f"{root.name}/{file.relative_to(root).as_posix()}"):
+                    file.unlink()
+                    removed += 1
+        return removed
+
+
+class Table(DataSource):
+    """A table (CSV, or Parquet by suffix) with an id column, a label column and feature columns, encoded by the
+    declared schema (privpipe.data.tabular). ``test_path`` (labeled), ``public_path`` and ``target_path``
+    (unlabeled: a label column is ignored) are tables with the same columns. An erasure rewrites the file
+    without the rows."""
+
+    name = "csv"
+    rewritable = True
+
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+        if cfg.schema is None:  # config.prepare refuses csv without one
+            raise ConfigError("prepare.schema: a csv data set needs its public schema")
+        table = read_table(Path(cfg.path))
+        features = table_columns(table, id_column=cfg.id_column, label_column=cfg.label_column,
+                                 client_column=client_column, feature_columns=cfg.feature_columns)
+        records, shape = encode_table(table, cfg.schema, id_column=cfg.id_column, label_column=cfg.label_column,
+                                      feature_columns=features, client_column=client_column)
+        sets = split_by_shares(records, _shares(cfg, test=cfg.test_path is None, public=cfg.public_path is None,
+                                                target=False), rest="sensitive", seed=seed)
+        files = [Path(cfg.path)]
+        for name, path, labeled in (("test", cfg.test_path, True), ("public", cfg.public_path, False),
+                                    ("target", cfg.target_path if cfg.target_domain else None, False)):
+            if path is None:
+                continue
+            # the main file's feature columns, which the other file must have too (its label column, in an
+            # unlabeled pool, is neither read nor a feature)
+            sets[name], _ = encode_table(read_table(Path(path)), cfg.schema, id_column=cfg.id_column,
+                                         label_column=cfg.label_column if labeled else None, feature_columns=features)
+            files.append(Path(path))
+        _unique_across(sets, {"sensitive": cfg.path, "test": str(cfg.test_path), "public": str(cfg.public_path),
+                              "target": str(cfg.target_path)})
+        return LoadedData(sets, shape, files)
+
+    def record_ids(self, cfg: PrepareConfig) -> list[str]:
+        ids = []
+        for path in self.files(cfg):
+            table = read_table(path)
+            if cfg.id_column not in table.names:
+                raise ConfigError(f"prepare.id_column: {cfg.id_column!r} is not a column of {path}")
+            ids += [str(v).strip() for v in table.cells[cfg.id_column]]
+        return ids
+
+    def files(self, cfg: PrepareConfig) -> list[Path]:
+        return [Path(p) for p in (cfg.path, cfg.test_path, cfg.public_path, cfg.target_path) if p is not None]
+
+    def erase(self, cfg: PrepareConfig, drop: Callable[[str], bool]) -> int:
+        removed = 0
+        for path in self.files(cfg):
+            table = read_table(path)
+            keep = np.array([not drop(str(v).strip()) for v in table.cells[cfg.id_column]], dtype=bool)
+            if not keep.all():
+                write_table(table, keep)
+                removed += int((~keep).sum())
+        return removed
+
+
+SOURCES: dict[str, DataSource] = {source.name: source for source in
+                                  (Digits(), Mnist(), Table(), ImageFolder(), Cifar10(), Svhn())}
+
+
+def data_source(name: str) -> DataSource:
+    """The kind ``prepare.dataset`` names."""
+    try:
+        return SOURCES[name]
+    except KeyError:
+        raise ConfigError(f"prepare.dataset: unknown value {name!r} (choose one of {', '.join(SOURCES)})") from None

@@ -1,0 +1,237 @@
+"""A user's table (CSV, or Parquet by suffix) as records, encoded by its declared public schema.
+
+    table = read_table(Path("data/raw/patients.csv"))
+    records, shape = encode_table(table, schema, id_column="patient_id", label_column="diagnosis")
+
+- numeric columns with public bounds ``{min, max}`` are scaled to [-1, 1] and clipped outside the
+  bounds; with a public scale ``{center, scale}`` they become (x − center)/scale;
+- categorical columns ``{categories: [...]}`` become one-hot columns, one per declared category;
+- labels are the index of the label in ``schema.labels``.
+
+Nothing is learned from the rows: every statistic the encoding uses is the schema's. A label or
+category outside the declared set, a missing or non-numeric value, or a repeated id is refused with
+one line naming the file, the line and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privpipe.config.errors import ConfigError
+from privpipe.config.schema import ColumnSchema, DataSchema
+from privpipe.data.records import UNLABELED, DataError, Records, read_text
+from privpipe.data.shape import DataShape
+
+__all__ = ["Table", "read_table", "write_table", "encode_table", "table_columns", "PARQUET_SUFFIXES"]
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A file's columns, in file order, each a list of cells (str from a CSV; Parquet's own values)."""
+
+    path: Path
+    names: tuple[str, ...]
+    cells: dict[str, list[Any]]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.cells.values()))) if self.cells else 0
+
+    def where(self, row: int) -> str:
+        """The row as a user finds it: its line in a CSV (after the header), its row number in Parquet."""
+        return f"row {row + 1}" if self.path.suffix in PARQUET_SUFFIXES else f"line {row + 2}"
+
+
+def _read_csv(path: Path) -> Table:
+    with io.StringIO(read_text(path), newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if not header:
+            raise DataError(f"{path}: empty file (expected a header of column names)")
+        repeated = sorted({name for name in header if header.count(name) > 1})
+        if repeated:
+            raise DataError(f"{path}: column {repeated[0]!r} appears twice in the header")
+        rows = []
+        for line_no, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise DataError(f"{path}: line {line_no} has {len(row)} fields, expected {len(header)}")
+            rows.append(row)
+    return Table(path, tuple(header), {name: [row[i] for row in rows] for i, name in enumerate(header)})
+
+
+def _read_parquet(path: Path) -> Table:
+    import pandas as pd  # deferred: pandas (with pyarrow, which MLflow brings) only for Parquet files
+
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises its own errors on a damaged or non-Parquet file
+        raise DataError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    names = tuple(str(c) for c in frame.columns)
+    return Table(path, names, {str(c): frame[c].tolist() for c in frame.columns})
+
+
+def read_table(path: Path) -> Table:
+    """The file's columns; a ``.parquet`` (or ``.pq``) file as Parquet, anything else as a CSV with a header."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: {'is a folder, not a file' if path.is_dir() else 'file not found'}")
+    table = _read_parquet(path) if path.suffix.lower() in PARQUET_SUFFIXES else _read_csv(path)
+    if not len(table):
+        raise DataError(f"{path}: no records")
+    return table
+
+
+def write_table(table: Table, keep: np.ndarray) -> None:
+    """Rewrite the table's file with only the rows ``keep`` marks (its format, its column order)."""
+    if table.path.suffix.lower() in PARQUET_SUFFIXES:
+        import pandas as pd  # deferred: pandas only for Parquet files
+
+        frame = pd.DataFrame({name: [v for v, k in zip(table.cells[name], keep) if k] for name in table.names})
+        tmp = table.path.with_name(f".{table.path.name}.tmp")
+        frame.to_parquet(tmp, index=False)
+        tmp.replace(table.path)
+        return
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(table.names)
+    for row in np.flatnonzero(keep):
+        writer.writerow([table.cells[name][row] for name in table.names])
+    tmp = table.path.with_name(f".{table.path.name}.tmp")
+    tmp.write_text(buffer.getvalue())
+    tmp.replace(table.path)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str)
+                                                                                  and not value.strip())
+
+
+def _text(value: Any) -> str:
+    """A cell as the name it is compared by: integers written as such (a Parquet 1.0 reads as "1")."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def table_columns(table: Table, *, id_column: str, label_column: str | None, client_column: str | None,
+                  feature_columns: Sequence[str] | None) -> list[str]:
+    """The feature columns: those named, or every column but the id, label and client ones. A named column
+    the file lacks is refused, naming the key."""
+    for key, name in (("prepare.id_column", id_column), ("prepare.label_column", label_column),
+                      ("federated.client_column", client_column)):
+        if name is not None and name not in table.names:
+            raise ConfigError(f"{key}: {name!r} is not a column of {table.path} (its columns: "
+                              f"{', '.join(table.names)})")
+    if feature_columns is not None:
+        missing = [name for name in feature_columns if name not in table.names]
+        if missing:
+            raise ConfigError(f"prepare.feature_columns: {missing[0]!r} is not a column of {table.path} (its "
+                              f"columns: {', '.join(table.names)})")
+        return list(feature_columns)
+    return [name for name in table.names if name not in (id_column, label_column, client_column)]
+
+
+def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
+    """One column's cells encoded by its schema: (n, width) float32."""
+    cells = table.cells[column.name]
+    out = np.zeros((len(cells), column.width), dtype=np.float32)
+    if column.categories is not None:
+        index = {name: i for i, name in enumerate(column.categories)}
+        for row, value in enumerate(cells):
+            if _missing(value):
+                raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} has no value")
+            position = index.get(_text(value))
+            if position is None:
+                raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is {_text(value)!r}, not "
+                                f"one of its declared categories ({', '.join(column.categories)}; "
+                                f"prepare.schema.columns.{column.name})")
+            out[row, position] = 1.0
+        return out
+    for row, value in enumerate(cells):
+        if _missing(value):
+            raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} has no value")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is {_text(value)!r}, not a "
+                            "number (declare its categories in prepare.schema if it is categorical)") from None
+        if not math.isfinite(number):
+            raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is {number}, not finite")
+        out[row, 0] = number
+    if column.min is not None and column.max is not None:
+        scaled = 2.0 * (out - column.min) / (column.max - column.min) - 1.0
+        return np.clip(scaled, -1.0, 1.0).astype(np.float32)
+    assert column.center is not None and column.scale is not None  # ColumnSchema.parse: one of the two pairs
+    return ((out - column.center) / column.scale).astype(np.float32)
+
+
+def _labels(table: Table, label_column: str, classes: tuple[str, ...]) -> np.ndarray:
+    index = {name: i for i, name in enumerate(classes)}
+    labels = np.empty(len(table), dtype=np.int64)
+    for row, value in enumerate(table.cells[label_column]):
+        position = index.get(_text(value)) if not _missing(value) else None
+        if position is None:
+            raise DataError(f"{table.path}: {table.where(row)}: label {_text(value) if value is not None else ''!r} "
+                            f"(column {label_column!r}) is not in prepare.schema.labels ({', '.join(classes)})")
+        labels[row] = position
+    return labels
+
+
+def _ids(table: Table, id_column: str) -> np.ndarray:
+    seen: dict[str, int] = {}
+    ids = []
+    for row, value in enumerate(table.cells[id_column]):
+        if _missing(value):
+            raise DataError(f"{table.path}: {table.where(row)}: the id (column {id_column!r}) is empty")
+        text = _text(value)
+        if text in seen:
+            raise DataError(f"{table.path}: {table.where(row)}: id {text!r} (column {id_column!r}) repeats "
+                            f"{table.where(seen[text])}")
+        seen[text] = row
+        ids.append(text)
+    return np.array(ids)
+
+
+def _clients(table: Table, client_column: str) -> np.ndarray:
+    values = table.cells[client_column]
+    empty = next((row for row, value in enumerate(values) if _missing(value)), None)
+    if empty is not None:
+        raise DataError(f"{table.path}: {table.where(empty)}: the client (column {client_column!r}) is empty")
+    return np.array([_text(v) for v in values])
+
+
+def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_column: str | None,
+                 feature_columns: Sequence[str] | None = None, client_column: str | None = None,
+                 ) -> tuple[Records, DataShape]:
+    """The table's records, encoded by ``schema``, and their shape. ``label_column`` None: an unlabeled pool
+    (every label UNLABELED; a label column, if the file has one, is neither read nor a feature)."""
+    features = table_columns(table, id_column=id_column, label_column=label_column, client_column=client_column,
+                             feature_columns=feature_columns)
+    if not features:
+        raise DataError(f"{table.path}: no feature columns besides the id, label and client columns")
+    undeclared = [name for name in features if schema.column(name) is None]
+    if undeclared:
+        raise ConfigError(f"prepare.schema.columns: no entry for column {undeclared[0]!r} of {table.path} (every "
+                          "feature column needs its public bounds {min, max}, scale {center, scale} or categories)")
+    extra = [c.name for c in schema.columns if c.name not in features]
+    if extra:
+        raise ConfigError(f"prepare.schema.columns.{extra[0]}: not a feature column of {table.path}")
+    columns = [c for name in features if (c := schema.column(name)) is not None]
+    encoded = np.concatenate([_encode_column(table, c) for c in columns], axis=1)
+    names = [name for c in columns for name in ([f"{c.name}={k}" for k in c.categories] if c.categories else [c.name])]
+    labels = _labels(table, label_column, schema.labels) if label_column is not None else \
+        np.full(len(table), UNLABELED, dtype=np.int64)
+    clients = _clients(table, client_column) if client_column is not None else None
+    records = Records(encoded, labels, _ids(table, id_column), clients)
+    return records, DataShape.table(features=names, classes=schema.labels)
