@@ -1,5 +1,7 @@
-"""Federated text classification with client-level DP, as a Prefect flow:
-prepare text → clients → encode → DP-FedAvg (client updates as mapped tasks) → evaluate → MLflow.
+"""Text classification with DP, as a Prefect flow:
+prepare text → clients → encode → DP-FedAvg (client updates as mapped tasks) → evaluate → MLflow;
+or, with ``text.training: dpsgd`` (texts held in one place), central DP-SGD on the frozen encoder's
+embeddings in place of the federated rounds (record-level DP; the finetune section's DP-SGD knobs).
 
     privpipe federated [--params params.yaml]
 
@@ -34,11 +36,12 @@ from tasks.common import one_at_a_time, use_torch_threads
 from tasks.privacy import budget
 from tasks.privacy import tracking as audit_tracking
 from tasks.registered import RegisteredModel
+from tasks.text.dpsgd import run_text_dpsgd
 from tasks.text.features import text_features_task
 from tasks.text.prepare import prepare_text_task
 from tasks.text.tracking import register_text_model
 from tasks.text.train import record_ledger, run_federated_text
-from tasks.text.trained import FederatedTextModel
+from tasks.text.trained import DpSgdTextModel, TextModel
 
 __all__ = ["federated_text", "federated_markdown", "FederatedTextResult"]
 
@@ -48,13 +51,17 @@ class FederatedTextResult:
     """What a federated text run produced: the model and its figures, its registered version, and where the run
     is recorded."""
 
-    model: FederatedTextModel
+    model: TextModel
     registered: RegisteredModel | None
     run_id: str
     flow_run_id: str
     url_hint: str  # how to open the MLflow run
 
     def headline(self, prefix: str) -> str:
+        if isinstance(self.model, DpSgdTextModel):
+            return run_view.headline(prefix, accuracy_test=self.model.accuracy_test, epsilon=self.model.epsilon,
+                                     delta=self.model.delta,
+                                     models=[f"model {self.registered}"] if self.registered else [])
         spend = self.model.private
         return run_view.headline(prefix, accuracy_test=self.model.accuracy_test,
                                  epsilon=spend.epsilon if spend else None, delta=spend.delta if spend else None,
@@ -62,7 +69,14 @@ class FederatedTextResult:
                                  models=[f"model {self.registered}"] if self.registered else [])
 
 
-def federated_markdown(model: FederatedTextModel) -> str:
+def federated_markdown(model: TextModel) -> str:
+    if isinstance(model, DpSgdTextModel):
+        return "\n".join(["# privpipe text run (central DP-SGD)", "",
+                          f"Test accuracy **{model.accuracy_test:.4f}** after {model.epochs} epochs "
+                          f"({model.steps} steps, Poisson lots at q = {model.sample_rate:.4g}).",
+                          f"Record-level privacy (one text): **ε = {model.epsilon:.4f}**, δ = {model.delta:g} "
+                          f"({model.accountant.upper()} accountant; noise σ = {model.noise_multiplier:.4g}, "
+                          f"clip C = {model.clip_norm:g}), what the dataset's lifetime budget is charged."])
     lines = ["# privpipe federated text run", "",
              f"Test accuracy **{model.accuracy_test:.4f}** after {model.rounds} of {model.rounds_planned} rounds, "
              f"K = {model.clients} clients, {model.sampling} sampling at q = {model.sample_rate:g}."]
@@ -88,36 +102,47 @@ def federated_text(params_file: str = "params.yaml") -> FederatedTextResult:
         log.warning(INSECURE_RNG_WARNING)
     use_torch_threads(params, "federated")  # each stage sets it again; client updates set their own
     dataset = budget.dataset_name(params, flow="federated-text")
+    central = params.text.training == "dpsgd"
     with one_at_a_time(paths.TEXT_LOCK, what="another federated text run"), \
             budget.admitted(params, dataset, what="federated text run", flow="federated-text",
-                            private=params.federated.private,
-                            client_level=noise_mode(params.federated.noise).client_level) as admission:
+                            private=central or params.federated.private,
+                            client_level=not central and noise_mode(params.federated.noise).client_level) \
+            as admission:
         return _run(params, params_file, dataset, log, admission)
 
 
 def _run(params: Params, params_file: str, dataset: str, log: logging.Logger | logging.LoggerAdapter,
          admission: budget.Admission) -> FederatedTextResult:
-    record_level = not noise_mode(params.federated.noise).client_level
+    central = params.text.training == "dpsgd"
+    record_level = central or not noise_mode(params.federated.noise).client_level
     with tracking.tracked_run(params, params_file=params_file, flow="federated-text",
                               dataset=dataset) as run, mapping_runner(params) as runner:
-        log.info("federated: client updates run on %s", describe_runner(params))
+        if not central:
+            log.info("federated: client updates run on %s", describe_runner(params))
         prepared = prepare_text_task(params, run)
         encoded = text_features_task(params, run, prepared)
 
         def lifetime_can_pay(planned: Event) -> None:
             # hold the planned rounds' record-level cost instead of the client-level floor, then start
-            epsilon, delta, basis = budget.planned_cost(params, planned, record_level=record_level)
-            admission.resize(epsilon=epsilon, delta=delta, basis=basis, before="its first round")
+            epsilon, delta, basis = budget.planned_cost(params, planned, record_level=record_level,
+                                                         unit="steps" if central else "rounds")
+            admission.resize(epsilon=epsilon, delta=delta, basis=basis,
+                             before="its first step" if central else "its first round")
             admission.mark_published()  # the rounds log their curves as they go
 
-        model = run_federated_text(params, text_dir=prepared.dir, features_dir=encoded.dir,
-                                   updates_for=mapped_client_updates(runner), before_rounds=lifetime_can_pay)
+        model: TextModel
+        if central:
+            model = run_text_dpsgd(params, text_dir=prepared.dir, features_dir=encoded.dir,
+                                   before_training=lifetime_can_pay)
+        else:
+            model = run_federated_text(params, text_dir=prepared.dir, features_dir=encoded.dir,
+                                       updates_for=mapped_client_updates(runner), before_rounds=lifetime_can_pay)
         model.log(run, params)
         ledger = Ledger.from_json(model.ledger_file.read_text())
         # the lifetime ledger composes records: charge the record-level form, before the model is released
         audit_tracking.charge_run(params, run, flow="federated-text", dataset=dataset,
-                                  ledger=record_ledger(params, ledger), data_version=prepared.data_version,
-                                  admission=admission)
+                                  ledger=ledger if central else record_ledger(params, ledger),
+                                  data_version=prepared.data_version, admission=admission)
         registered = register_text_model(params, run, model, encoded.encoder)
         audit_tracking.log_audit_view(params, run, dataset=dataset, ledger=ledger)
         result = FederatedTextResult(model=model, registered=registered, run_id=run.run_id,

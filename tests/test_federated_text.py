@@ -5,6 +5,7 @@ charge to the lifetime budget."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import mlflow
@@ -316,3 +317,47 @@ def test_text_model_versions_registered_before_the_regroup_still_unpickle():
 
     old_reference = b"ctasks.text_serving\nFederatedTextClassifier\n."  # protocol 0: a global by module and name
     assert pickle.loads(old_reference) is FederatedTextClassifier
+
+
+def test_texts_held_in_one_place_train_by_central_dpsgd(project, encoder, prefect_harness, capsys):
+    from flows.cli.flow_runs import _report_federated
+    from flows.federated import federated_text
+
+    text_project(project, encoder, text={"training": "dpsgd"},
+                 finetune={"lot_size": 16, "epochs": 2, "learning_rate": 1.0, "target_epsilon": 2.0,
+                           "noise_multiplier": None, "max_grad_norm": 1.0})
+    out = federated_text(params_file="params.yaml")
+    ledger = Ledger.from_json((project / "artifacts/federated/ledger.json").read_text())
+    (event,) = ledger.events
+    # one text is one record: Poisson lots over the texts, no client level and no group-of-two conversion
+    assert (event.mechanism, event.stage) == ("poisson_gaussian", "dpsgd")
+    texts = len(np.load(project / "artifacts/text_features/train_labels.npy"))
+    # Opacus' convention: ceil(n/L) lots an epoch at q = 1/ceil(n/L)
+    assert event.sample_rate == pytest.approx(1 / math.ceil(texts / 16)) and event.steps == 2 * math.ceil(texts / 16)
+    assert out.model.steps == event.steps
+    spend = ledger.epsilon()
+    assert out.model.epsilon == pytest.approx(spend.epsilon) and spend.epsilon <= 2.0
+    assert 0 <= out.model.accuracy_test <= 1
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    run = client.get_run(out.run_id)
+    assert run.data.metrics["privacy.epsilon"] == pytest.approx(spend.epsilon)
+    assert run.data.tags["privacy.dpsgd.adjacency"].startswith("record")
+    assert [m.step for m in client.get_metric_history(out.run_id, "privacy.dpsgd.epsilon_by_step")][-1] == event.steps
+    version = client.get_model_version("privpipe-text", out.registered.version)
+    assert (version.tags["privacy.adjacency"], float(version.tags["privacy.epsilon"])) == (
+        "record", pytest.approx(spend.epsilon, rel=1e-5))
+    model = mlflow.pyfunc.load_model(f"models:/privpipe-text/{out.registered.version}")
+    assert set(model.predict(["apple banana with plum", "gear and clutch"])) <= {"engine", "fruit"}
+    # the lifetime ledger is charged the run's ε as it is
+    (entry,) = json.loads((project / "data/budget/texts.json").read_text())["entries"]
+    assert (entry["epsilon"], entry["delta"]) == (pytest.approx(spend.epsilon), spend.delta)
+    capsys.readouterr()
+    _report_federated(load_params("params.yaml"), out)
+    report = capsys.readouterr().out
+    assert f"privacy spent   ε = {spend.epsilon:.4f}, δ = 1e-05  (PLD, record-level: one text" in report
+    assert "epochs of central DP-SGD" in report and "privpipe-text version 1" in report
+
+
+def test_dpsgd_text_training_needs_the_frozen_encoder(project, encoder):
+    with pytest.raises(ConfigError, match="text.mode: lora cannot train with text.training: dpsgd"):
+        text_project(project, encoder, text={"training": "dpsgd", "mode": "lora"})

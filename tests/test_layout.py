@@ -307,7 +307,7 @@ DICT_RETURNS = {
     "tasks.privacy.budget._this_process": "the lock holder written into a budget file (pid, host, start)",
     "tasks.privacy.budget._repro_holder": "the lock holder written into a budget file (pid, host, start)",
     "tasks.privacy.membership_audit.audit_figures": "the audit's figures under their MLflow metric names",
-    "tasks.text.train._privacy_audit": "the audit's figures under their MLflow metric names",
+    "tasks.text.train.text_audit": "the audit's figures under their MLflow metric names",
     "tasks.privacy.uncovered.without": "filters any figures mapping (metrics files, MLflow) by key",
     "tasks.removal.steps.audit_records": "the journal's audit record of each request (JSON, kept as written)",
     "tasks.removal.store.load_head": "the head's meta.json, which the removal steps update in place",

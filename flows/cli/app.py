@@ -3,7 +3,7 @@
     privpipe run [--params params.yaml]          the pipeline as a Prefect flow, tracked in MLflow
     privpipe stage NAME [--params ...] [--track] one stage alone (what dvc repro calls); NAME is one of prepare
                                                  partition dp_pca teachers aggregate student finetune head evaluate
-    privpipe federated [--params params.yaml]    federated text classification with client-level DP (Prefect flow)
+    privpipe federated [--params params.yaml]    text classification with DP: federated (client-level) or central DP-SGD
     privpipe init-data                           write the embedded default data (digits) if missing
     privpipe forget ID... [--reason TEXT]        queue deletion requests (durable; unknown ids are refused)
     privpipe removals [--params ...]             process the queue as a Prefect flow (remove, register, new data
@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="evaluate only: record the finished pipeline's outputs as an MLflow run")
 
     federated = _command(commands, "federated", "flows.cli.flow_runs:federated",
-                         "federated text classification with client-level DP (text and federated sections of the "
-                         "params file)")
+                         "text classification with DP: federated with client-level DP (text and federated sections "
+                         "of the params file), or central DP-SGD with text.training: dpsgd (text and finetune "
+                         "sections)")
     _params_option(federated)
 
     init = _command(commands, "init-data", "flows.cli.init_data:init_data",

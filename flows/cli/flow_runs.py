@@ -71,7 +71,9 @@ def _report_run(params: Params, result: RunResult) -> None:
 def federated(args: argparse.Namespace) -> int:
     params = load_params(args.params)  # validate before Prefect starts anything
     _read_text_file(params)
-    check_federated_use(params, clients=None if params.text.client_column else params.federated.clients)
+    central = params.text.training == "dpsgd"  # central DP-SGD: the federated section is not used
+    if not central:
+        check_federated_use(params, clients=None if params.text.client_column else params.federated.clients)
     check_text_use(params)
     if params.text.mode == "lora":  # adapter targets named from the encoder's own layers, before anything is encoded
         from privpipe.text import check_lora_targets, encoder_dir  # deferred: torch and transformers (seconds)
@@ -81,9 +83,9 @@ def federated(args: argparse.Namespace) -> int:
     from privpipe.federated import noise_mode
     from tasks.privacy import budget
 
-    client_level = noise_mode(params.federated.noise).client_level
+    client_level = not central and noise_mode(params.federated.noise).client_level
     budget.check_lifetime(params, budget.dataset_name(params, flow="federated-text"), what="federated text run",
-                          private=params.federated.private, client_level=client_level)
+                          private=central or params.federated.private, client_level=client_level)
     # deferred until the input is known good and the budget allows the run: Prefect and MLflow take seconds
     from flows.cli.run_report import let_prefect_record
     from flows.federated import federated_text
@@ -99,9 +101,20 @@ def federated(args: argparse.Namespace) -> int:
 def _report_federated(params: Params, result: FederatedTextResult) -> None:
     # deferred like the imports above (Prefect and MLflow take seconds); the run has made them by now
     from flows.cli.run_report import print_audit
+    from tasks.text.trained import DpSgdTextModel
 
-    model, spend = result.model, result.model.private
     print()
+    if isinstance(result.model, DpSgdTextModel):
+        central = result.model
+        print(f"test accuracy   {central.accuracy_test:.4f}   after {central.epochs} epochs of central DP-SGD "
+              f"({central.steps} steps, q = {central.sample_rate:.4g}; frozen encoder)")
+        print(f"privacy spent   ε = {central.epsilon:.4f}, δ = {central.delta:g}  ({central.accountant.upper()}, "
+              f"record-level: one text added or removed; σ = {central.noise_multiplier:.4g}, clip C = "
+              f"{central.clip_norm:g}; charged to the lifetime budget)")
+        print_audit(dict(central.privacy_audit))
+        _print_registered(result)
+        return
+    model, spend = result.model, result.model.private
     print(f"test accuracy   {model.accuracy_test:.4f}   after {model.rounds} rounds, K = {model.clients} clients "
           f"({params.text.mode} encoder)")
     if spend is not None and not spend.client_level:
@@ -119,6 +132,10 @@ def _report_federated(params: Params, result: FederatedTextResult) -> None:
     print_audit(dict(model.privacy_audit))
     if model.stopped:
         print(f"note            {model.stopped}")
+    _print_registered(result)
+
+
+def _print_registered(result: FederatedTextResult) -> None:
     if result.registered is not None:
         print(f"model           {result.registered.name} version {result.registered.version} (MLflow registry)")
     print(f"MLflow          {result.url_hint}", flush=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from privpipe.config.errors import one_of, registered_model_name, require
 
 TEXT_FORMATS = ("auto", "jsonl", "csv", "20newsgroups")
+TRAININGS = ("federated", "dpsgd")
 ENCODER_MODES = ("frozen", "lora")
 HEAD_INITS = ("class_names", "zeros")
 
@@ -31,6 +32,8 @@ class TextConfig:
     lora_alpha: float = 16.0
     lora_targets: str = "auto"  # the attention's query/value layers, by the names the architecture gives them
     model_name: str = "privpipe-text"
+    training: str = "federated"  # federated (the federated section: clients, rounds) | dpsgd (central DP-SGD on the
+    # frozen encoder's embeddings, with the finetune section's DP-SGD knobs: for texts held in one place)
 
 
 def check(text: TextConfig) -> None:
@@ -38,6 +41,10 @@ def check(text: TextConfig) -> None:
     registered_model_name(text.model_name, "text.model_name")
     require(0 < text.test_fraction < 1, "text.test_fraction", "must be in (0, 1)")
     one_of(text.mode, ENCODER_MODES, "text.mode")
+    one_of(text.training, TRAININGS, "text.training")
+    require(text.training != "dpsgd" or text.mode == "frozen", "text.mode",
+            "lora cannot train with text.training: dpsgd (its per-example gradients run through the encoder); "
+            "use text.mode: frozen, or text.training: federated")
     one_of(text.head_init, HEAD_INITS, "text.head_init")
     for key in ("max_length", "embed_batch_size", "lora_rank"):
         require(getattr(text, key) >= 1, f"text.{key}", "must be >= 1")

@@ -280,13 +280,14 @@ def admitted(params: Params, dataset: str, *, what: str, flow: str, private: boo
         admission.end()
 
 
-def planned_cost(params: Params, planned: Event, *, record_level: bool) -> tuple[float, float, str]:
-    """(ε, δ, basis) of a run's planned event for one record: as it is (client noise), or in its
-    record-level form (privpipe.privacy.group) when it is client-level."""
+def planned_cost(params: Params, planned: Event, *, record_level: bool,
+                 unit: str = "rounds") -> tuple[float, float, str]:
+    """(ε, δ, basis) of a run's planned event (its ``unit``: rounds or steps) for one record: as it is (client
+    noise, DP-SGD), or in its record-level form (privpipe.privacy.group) when it is client-level."""
     run_ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
                         accountant=params.privacy.accountant, events=[planned])
     spend = (run_ledger if record_level else record_level_ledger(run_ledger)).epsilon()
-    basis = f"its planned rounds for one record, by {spend.accountant.upper()}" + (
+    basis = f"its planned {unit} for one record, by {spend.accountant.upper()}" + (
         "" if record_level else ": one record changes one client")
     return spend.epsilon, spend.delta, basis
 

@@ -15,7 +15,7 @@ from privpipe.config import Params
 from tasks.privacy import membership_audit
 from tasks.registered import RegisteredModel
 from tasks.release import register_logged_model
-from tasks.text.trained import FederatedTextModel
+from tasks.text.trained import DpSgdTextModel, TextModel
 from tasks.tracking import TrackedRun
 
 __all__ = ["register_text_model"]
@@ -23,11 +23,13 @@ __all__ = ["register_text_model"]
 SERVED_MODEL_CODE = Path(__file__).with_name("served_model.py")  # what MLflow runs to load a version
 
 
-def register_text_model(params: Params, run: TrackedRun, model: FederatedTextModel,
+def register_text_model(params: Params, run: TrackedRun, model: TextModel,
                         encoder: str) -> RegisteredModel | None:
     """Log the text-in, label-out model (encoder bundled) and register it with its privacy tags."""
-    spend = model.private
-    if spend is not None:
+    if isinstance(model, DpSgdTextModel):
+        tags = {"privacy.epsilon": f"{model.epsilon:.6g}", "privacy.delta": f"{model.delta:g}",
+                "privacy.accountant": model.accountant, "privacy.adjacency": "record"}
+    elif (spend := model.private) is not None:
         tags = {"privacy.epsilon": f"{spend.epsilon:.6g}", "privacy.delta": f"{spend.delta:g}",
                 "privacy.accountant": spend.accountant, "privacy.adjacency": "client",
                 "privacy.record_epsilon": f"{spend.record_epsilon:.6g}",

@@ -38,7 +38,7 @@ from tasks.text.features import input_names
 from tasks.text.model import predict_batches
 from tasks.text.trained import FederatedTextModel, PrivateSpend
 
-__all__ = ["run_federated_text", "client_job", "record_ledger"]
+__all__ = ["run_federated_text", "client_job", "record_ledger", "start_from_class_names", "text_audit"]
 
 STAGE = "federated"
 
@@ -66,7 +66,7 @@ def client_job(params: Params, *, text_dir: Path, features_dir: Path) -> ClientJ
                      device=str(training_device(params)))
 
 
-def _start_from_class_names(model: torch.nn.Module, class_embeddings: np.ndarray) -> None:
+def start_from_class_names(model: torch.nn.Module, class_embeddings: np.ndarray) -> None:
     """Zero-shot start: class c's weight row is the unit embedding of its name, so the first global
     model scores input_scale·cos(text, name). The names are public (the label set), so it is free."""
     container: Any = getattr(model, "head", model)  # linear: Sequential(scale, linear); lora: .head is that Sequential
@@ -81,8 +81,8 @@ def record_ledger(params: Params, ledger: Ledger) -> Ledger:
     return noise_mode(params.federated.noise).record_level_ledger(ledger)
 
 
-def _privacy_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, record: Spend | None, *,
-                   features_dir: Path, test: tuple[tuple[np.ndarray, ...], np.ndarray]) -> dict[str, Any]:
+def text_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, record: Spend | None, *,
+               features_dir: Path, test: tuple[tuple[np.ndarray, ...], np.ndarray]) -> dict[str, Any]:
     """The membership audit of the final global model, against the record-level claim; {} when off."""
     if not params.privacy_audit.enabled:
         return {}
@@ -115,7 +115,7 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
                     accountant=params.privacy.accountant)
     model = build_model(job.model)  # the server's copy: initial weights and evaluation
     if params.text.head_init == "class_names":
-        _start_from_class_names(model, np.load(Path(features_dir) / "class_embeddings.npy"))
+        start_from_class_names(model, np.load(Path(features_dir) / "class_embeddings.npy"))
     meta = read_json(Path(text_dir) / "meta.json")
     if meta.get("natural_clients"):
         log.info("federated: K = %d natural clients (text.client_column), taken as public: the guarantee's "
@@ -137,7 +137,7 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
             "encoder_digest": features["encoder_digest"],
             "data_version": meta["data_version"], "private": params.federated.private}
     final = run.result.history[-1] if run.result.history else evaluate(run.result.weights)
-    audit = _privacy_audit(params, model, run.result.weights, record, features_dir=Path(features_dir),
+    audit = text_audit(params, model, run.result.weights, record, features_dir=Path(features_dir),
                            test=(test_inputs, test_labels))
     with staged_dir(out) as staging:
         np.save(staging / "weights.npy", run.result.weights)

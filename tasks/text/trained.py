@@ -1,5 +1,6 @@
-"""What the federated text step trained: :class:`FederatedTextModel` (artifacts/federated/), its public figures,
-and what it records in MLflow (the per-round curves, client-level ε and one record's ε)."""
+"""What the text flow trained (artifacts/federated/): :class:`FederatedTextModel` (DP-FedAvg over the clients) or
+:class:`DpSgdTextModel` (central DP-SGD, ``text.training: dpsgd``), their public figures, and what each records
+in MLflow (the per-round or per-step curves, and its ε)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tasks.privacy import membership_audit, uncovered
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run alone never needs
     from tasks.tracking import TrackedRun
 
-__all__ = ["FederatedTextModel", "PrivateSpend"]
+__all__ = ["FederatedTextModel", "DpSgdTextModel", "TextModel", "PrivateSpend"]
 
 STAGE = "federated"
 
@@ -95,3 +96,52 @@ class FederatedTextModel:
             run.set_tag("privacy.audit", membership_audit.AUDIT_TAG)
         run.set_tag("privacy.private", str(self.private is not None).lower())
         run.set_tag("privacy.not_covered", uncovered.note(params))
+
+
+@dataclass(frozen=True)
+class DpSgdTextModel:
+    """The text classifier DP-SGD trained centrally on the frozen encoder's embeddings (``text.training: dpsgd``),
+    under ``dir`` in the federated model's format (weights, spec, history, ledger): record-level DP."""
+
+    dir: Path
+    epochs: int
+    steps: int
+    sample_rate: float  # q of the Poisson lots
+    noise_multiplier: float  # σ
+    clip_norm: float  # C, per example
+    epsilon: float  # record-level, the run's total (the text flow's ledger has this one stage)
+    delta: float
+    accountant: str
+    accuracy_test: float
+    privacy_audit: Mapping[str, Any]  # the membership audit's figures ({} when off)
+
+    @property
+    def ledger_file(self) -> Path:
+        return self.dir / "ledger.json"
+
+    def figures(self) -> dict[str, Any]:
+        """What MLflow records under ``dpsgd.*``."""
+        return {"epochs": self.epochs, "steps": self.steps, "sample_rate": self.sample_rate,
+                "noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm}
+
+    def log(self, run: TrackedRun, params: Params) -> None:
+        """MLflow: ε by step (and the loss only with privacy.log_uncovered), the figures, test accuracy, the
+        run's privacy and the membership audit (its figures only when asked)."""
+        history = read_json(self.dir / "history.json")
+        metrics = [("dpsgd.loss", h["loss"], h["step"]) for h in history["epochs"]] if uncovered.recorded(params) \
+            else []
+        metrics += [("privacy.dpsgd.epsilon_by_step", c["epsilon"], c["step"]) for c in history["epsilon_by_step"]]
+        run.log_batch(metrics=metrics)
+        run.log_stage_figures("dpsgd", self.figures())
+        audit = dict(self.privacy_audit)
+        run.log_figures({"accuracy.test": self.accuracy_test,
+                         **(membership_audit.metric_items(audit) if uncovered.recorded(params) else {})})
+        if membership_audit.metric_items(audit):
+            run.set_tag("privacy.audit", membership_audit.AUDIT_TAG)
+        run.set_tag("privacy.private", "true")
+        run.set_tag("privacy.dpsgd.adjacency", "record (add or remove one text; central DP-SGD on its embedding)")
+        run.set_tag("privacy.not_covered", uncovered.note(params))
+        run.log_privacy(Ledger.from_json(self.ledger_file.read_text()))
+
+
+TextModel = FederatedTextModel | DpSgdTextModel
