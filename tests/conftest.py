@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import subprocess
+import sys
 import tempfile
 from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -106,3 +110,148 @@ def trained_dvc_project(folder: Path, stages: tuple[str, ...], **sections: dict)
         return {name: getattr(importlib.import_module(STAGE_MODULES[name]), f"run_{name}")(params) for name in stages}
     finally:
         os.chdir(previous)
+
+
+# --------------------------------------------------------------------------------------------
+# many short commands, each in a process of its own, without each paying the imports
+
+
+_ZYGOTE = r'''
+import atexit, importlib, json, os, runpy, signal, sys, threading, time, types
+
+with open(sys.argv[1]) as handle:
+    spec = json.load(handle)
+here = os.getcwd()
+# what the command imports before its own code runs (`python -m flows.cli` imports flows.cli.dispatch, and so
+# registers logging's atexit handler before main registers its own): imported as the command would
+for name in spec["early"]:
+    importlib.import_module(name)
+# the rest a command imports while it runs, after main registered its atexit handler (which ends the process):
+# their handlers are held here and registered in each child right after that one, as they would be
+held = []
+register, unregister = atexit.register, atexit.unregister
+atexit.register = lambda func, *args, **kwargs: held.append((func, args, kwargs)) or func
+atexit.unregister = lambda func: held.__setitem__(slice(None), [h for h in held if h[0] != func])
+callbacks = atexit._ncallbacks()
+try:
+    for name in spec["preload"]:
+        importlib.import_module(name)
+finally:
+    atexit.register, atexit.unregister = register, unregister
+if atexit._ncallbacks() != callbacks:
+    raise SystemExit("zygote: an import registered an atexit handler past atexit.register")
+# (native worker pools, OpenBLAS' and jemalloc's, are fork-aware: they have pthread_atfork handlers)
+if threading.active_count() != 1:
+    raise SystemExit(f"zygote: {threading.enumerate()} run after the imports: a fork would copy their locks")
+
+
+def children():
+    """Fork the jobs, spec["workers"] at a time, and return each job in its child; here, when all ended,
+    print their outcomes and exit."""
+    pending, running, outcomes = list(spec["jobs"]), {}, {}
+    while pending or running:
+        while pending and len(running) < spec["workers"]:
+            job = pending.pop(0)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                return job
+            running[pid] = [job, time.monotonic() + job["timeout"], False]
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            for child, entry in running.items():
+                if not entry[2] and time.monotonic() > entry[1]:
+                    os.kill(child, signal.SIGKILL)
+                    entry[2] = True
+            time.sleep(0.005)
+            continue
+        job, _, timed_out = running.pop(pid)
+        outcomes[job["id"]] = {"returncode": os.waitstatus_to_exitcode(status), "timed_out": timed_out}
+    sys.stdout.write(json.dumps({"outcomes": outcomes, "left_here": sorted(os.listdir(here))}))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+job = children()
+# a forked child: from here on the command's own process, in its folder, its output to the job's files
+for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+    opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(opened, fd)
+    os.close(opened)
+os.chdir(job["cwd"])
+
+
+def then_held(func, *args, **kwargs):
+    atexit.register, atexit.unregister = register, unregister
+    register(func, *args, **kwargs)
+    for func_, args_, kwargs_ in held:
+        register(func_, *args_, **kwargs_)
+    return func
+
+
+if job["hold_atexit"]:  # until the command's first handler
+    atexit.register = then_held
+else:
+    then_held(lambda: None)
+sys.modules["__main__"] = types.ModuleType("__main__")
+if "module" in job:
+    sys.path[0] = os.getcwd()  # as `python -m`: the working directory first
+    sys.argv = ["-m", *job["args"]]
+    runpy._run_module_as_main(job["module"])
+else:
+    sys.path[0] = os.path.dirname(os.path.abspath(job["script"]))  # as `python SCRIPT`: its folder first
+    sys.argv = [job["script"], *job["args"]]
+    runpy.run_path(job["script"], run_name="__main__")
+'''
+
+
+@dataclass(frozen=True)
+class ForkedJob:
+    """One command: ``python -m module ARGS`` (or ``python script ARGS``) in ``cwd``."""
+
+    id: str
+    cwd: Path
+    args: tuple[str, ...]
+    module: str | None = "flows.cli"
+    script: Path | None = None
+
+
+@pytest.fixture(scope="session")
+def forked_commands(tmp_path_factory: pytest.TempPathFactory):
+    """``run(jobs, preload=..., early=..., workers=..., timeout=...)``: each job in a process of its own, as
+    ``subprocess.run(capture_output=True, text=True)`` runs it, with the environment of this session, but
+    forked from one process that imported ``early`` and then ``preload`` once: each job pays no imports.
+
+    Each child runs the command as the interpreter would (``runpy``: ``__main__``, ``sys.argv``,
+    ``sys.path[0]``), with the atexit handlers of the ``preload`` modules registered in the order the command
+    would have (just after ``flows.cli``'s own, which ends the process; ``hold_atexit``), and its exit is the
+    interpreter's own. The imports happen in an empty folder that must stay empty: nothing they write is
+    missed. Returns {job id: subprocess.CompletedProcess}; a job past ``timeout`` s raises TimeoutExpired."""
+    def run(jobs: list[ForkedJob], *, preload: tuple[str, ...], early: tuple[str, ...] = ("flows.cli.dispatch",),
+            workers: int, timeout: float, hold_atexit: bool = True) -> dict[str, subprocess.CompletedProcess]:
+        root = tmp_path_factory.mktemp("forked")
+        (root / "cwd").mkdir()
+        spec = {"early": list(early), "preload": list(preload), "workers": workers, "jobs": [
+            {"id": job.id, "cwd": str(job.cwd), "args": list(job.args), "timeout": timeout,
+             "hold_atexit": hold_atexit, "stdout": str(root / f"{n}.out"), "stderr": str(root / f"{n}.err"),
+             **({"module": job.module} if job.script is None else {"script": str(job.script)})}
+            for n, job in enumerate(jobs)]}
+        (root / "spec.json").write_text(json.dumps(spec))
+        zygote = subprocess.run([sys.executable, "-c", _ZYGOTE, str(root / "spec.json")], cwd=root / "cwd",
+                                capture_output=True, text=True, timeout=timeout * len(jobs) + 300)
+        assert zygote.returncode == 0, zygote.stderr
+        report = json.loads(zygote.stdout)
+        assert report["left_here"] == [], f"importing {preload} wrote into the working directory"
+        done = {}
+        for n, job in enumerate(jobs):
+            outcome = report["outcomes"][job.id]
+            command = [sys.executable, *(("-m", job.module) if job.script is None else (str(job.script),)),
+                       *job.args]
+            if outcome["timed_out"]:
+                raise subprocess.TimeoutExpired(command, timeout)
+            done[job.id] = subprocess.CompletedProcess(command, outcome["returncode"],
+                                                       (root / f"{n}.out").read_text(), (root / f"{n}.err").read_text())
+        return done
+
+    return run

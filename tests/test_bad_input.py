@@ -1,14 +1,16 @@
 """Bad input, as a user gives it: each case is refused with one line naming the key or file, a
 non-zero exit code, and nothing written or changed in the project folder.
 
-Every case runs the real command line in a subprocess (``python -m flows.cli …`` in a copy of a
-small project). The command costs seconds of imports (torch, scikit-learn), so the module runs
-the selected cases side by side, one per core, and each parametrized test then checks its own
-case's outcome.
+Every case runs the real command line in a process of its own (``python -m flows.cli …`` in a copy
+of a small project). The command costs seconds of imports (torch, Prefect, MLflow), so the module runs
+the selected cases side by side, one per core, each forked from one process that imported the commands'
+modules once (conftest's ``forked_commands``), and each parametrized test then checks its own case's
+outcome.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gzip
 import hashlib
@@ -17,9 +19,7 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import PROJECT
+from conftest import PROJECT, ForkedJob
 
 DIGITS_CSV = "data/raw/digits.csv"
 TEXTS = "data/raw/texts.jsonl"
@@ -416,15 +416,21 @@ def _base_projects(root: Path, needed: set[str]) -> dict[str, Path]:
     return bases
 
 
-def _run(case: Case, folder: Path) -> Outcome:
-    before = snapshot(folder)  # right before the command
-    done = subprocess.run([sys.executable, "-m", "flows.cli", *case.args], cwd=folder, capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
-    return Outcome(before, snapshot(folder), done)
+def _preload() -> tuple[str, ...]:
+    """What the commands import as they run: each command's module (flows/cli/app.py names them), the
+    flows and the stages they start."""
+    from flows.cli.app import build_parser
+    from tasks import STAGE_MODULES
+
+    subcommands = [action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    commands = {parser.get_default("runs").split(":")[0] for action in subcommands
+                for parser in action.choices.values() if parser.get_default("runs")}
+    return (*sorted(commands), "flows.pipeline", "flows.federated", "flows.removals", *STAGE_MODULES.values())
 
 
 @pytest.fixture(scope="module")
-def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
+def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             forked_commands) -> dict[str, Outcome]:
     """The outcome of every selected case, run side by side (the command is mostly import time)."""
     selected = [item.callspec.params["case"] for item in request.session.items
                 if item.path == request.path and hasattr(item, "callspec") and "case" in item.callspec.params]
@@ -433,10 +439,10 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     for case in selected:  # in this thread: a set-up may change the working directory
         shutil.copytree(bases[case.base], root / case.id)
         case.setup(root / case.id)
-    workers = max(1, len(os.sched_getaffinity(0)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {case.id: pool.submit(_run, case, root / case.id) for case in selected}
-        return {case_id: future.result() for case_id, future in futures.items()}
+    before = {case.id: snapshot(root / case.id) for case in selected}  # no case touches another's folder
+    done = forked_commands([ForkedJob(case.id, root / case.id, case.args) for case in selected],
+                           preload=_preload(), workers=max(1, len(os.sched_getaffinity(0))), timeout=TIMEOUT_S)
+    return {case.id: Outcome(before[case.id], snapshot(root / case.id), done[case.id]) for case in selected}
 
 
 def test_cases_are_distinct():
