@@ -236,3 +236,22 @@ def test_a_user_named_public_pool_and_target_domain_feed_pate_unlabeled(project)
     assert labels.queries == 80 and labels.label_accuracy is None  # nothing to score against
     student = run_student(params)
     assert student.unlabeled_source == "target" and student.accuracy_target is None
+
+
+def test_the_readmes_worked_table_example_prepares_with_its_own_params(project):
+    import importlib.util
+
+    from conftest import PROJECT
+
+    spec = importlib.util.spec_from_file_location("breast_cancer", PROJECT / "examples/breast_cancer.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.write_patients_csv(project / "data/raw/patients.csv") == 569
+    params = load_params(PROJECT / "examples/params-breast-cancer.yaml")
+    prepared = prepared_sets(params)
+    shape = prepared.shape
+    assert shape.kind == "tabular" and shape.classes == ("malignant", "benign") and shape.width == 30
+    features = prepared.sets["sensitive"].features
+    # the documented ranges scale every column into [-1, 1], none squashed to a sliver of it
+    assert features.min() >= -1 and features.max() <= 1 and (features.max(axis=0) - features.min(axis=0)).min() > 0.3
+    assert sum(len(s.ids) for s in prepared.sets.values()) == 569
