@@ -147,8 +147,15 @@ if threading.active_count() != 1:
 
 def children():
     """Fork the jobs, spec["workers"] at a time, and return each job in its child; here, when all ended,
-    print their outcomes and exit."""
+    print their outcomes and exit. SIGTERM: kill the children and exit."""
     pending, running, outcomes = list(spec["jobs"]), {}, {}
+
+    def stop(*_):
+        for child in running:
+            os.kill(child, signal.SIGKILL)
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, stop)
     while pending or running:
         while pending and len(running) < spec["workers"]:
             job = pending.pop(0)
@@ -156,6 +163,7 @@ def children():
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 return job
             running[pid] = [job, time.monotonic() + job["timeout"], False]
         pid, status = os.waitpid(-1, os.WNOHANG)
@@ -176,6 +184,9 @@ def children():
 job = children()
 # a forked child: from here on the command's own process, in its folder, its output to the job's files
 for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+    if path is None:  # stderr to stdout
+        os.dup2(1, fd)
+        continue
     opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(opened, fd)
     os.close(opened)
@@ -208,50 +219,85 @@ else:
 
 @dataclass(frozen=True)
 class ForkedJob:
-    """One command: ``python -m module ARGS`` (or ``python script ARGS``) in ``cwd``."""
+    """One command: ``python -m module ARGS`` (or ``python script ARGS``) in ``cwd``; ``stderr_to_stdout`` as
+    ``stderr=subprocess.STDOUT``."""
 
     id: str
     cwd: Path
     args: tuple[str, ...]
     module: str | None = "flows.cli"
     script: Path | None = None
+    stderr_to_stdout: bool = False
+
+    def command(self) -> list[str]:
+        return [sys.executable, *(("-m", str(self.module)) if self.script is None else (str(self.script),)), *self.args]
+
+
+class ForkedRun:
+    """Jobs under way, each in a process forked by one that imported their modules once (``forked_commands``)."""
+
+    def __init__(self, jobs: list[ForkedJob], root: Path, zygote: subprocess.Popen, preload: tuple[str, ...],
+                 timeout: float) -> None:
+        self.jobs, self.root, self.zygote, self.preload, self.timeout = jobs, root, zygote, preload, timeout
+        self._done: dict[str, subprocess.CompletedProcess] | None = None
+
+    def wait(self) -> dict[str, subprocess.CompletedProcess]:
+        """{job id: its CompletedProcess} once every job ended; a job past ``timeout`` s raises TimeoutExpired."""
+        if self._done is None:
+            out, err = self.zygote.communicate(timeout=self.timeout * len(self.jobs) + 300)
+            assert self.zygote.returncode == 0, err
+            report = json.loads(out)
+            assert report["left_here"] == [], f"importing {self.preload} wrote into the working directory"
+            done = {}
+            for n, job in enumerate(self.jobs):
+                outcome = report["outcomes"][job.id]
+                if outcome["timed_out"]:
+                    raise subprocess.TimeoutExpired(job.command(), self.timeout)
+                stderr = None if job.stderr_to_stdout else (self.root / f"{n}.err").read_text()
+                done[job.id] = subprocess.CompletedProcess(job.command(), outcome["returncode"],
+                                                           (self.root / f"{n}.out").read_text(), stderr)
+            self._done = done
+        return self._done
+
+    def output(self, job_id: str) -> str:
+        """What the job has written to its stdout so far."""
+        n = [job.id for job in self.jobs].index(job_id)
+        path = self.root / f"{n}.out"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        """Kill whatever still runs (the zygote kills its children on SIGTERM)."""
+        if self.zygote.poll() is None:
+            self.zygote.terminate()
+            self.zygote.communicate(timeout=60)
 
 
 @pytest.fixture(scope="session")
 def forked_commands(tmp_path_factory: pytest.TempPathFactory):
-    """``run(jobs, preload=..., early=..., workers=..., timeout=...)``: each job in a process of its own, as
-    ``subprocess.run(capture_output=True, text=True)`` runs it, with the environment of this session, but
-    forked from one process that imported ``early`` and then ``preload`` once: each job pays no imports.
+    """``start(jobs, preload=..., workers=..., timeout=...)``: each job in a process of its own, as
+    ``subprocess.Popen(stdout=PIPE, stderr=PIPE, text=True)`` starts it (in ``env``, default this session's),
+    but forked from one process that imported ``early`` and then ``preload`` once: a job pays no imports.
+    Returns a :class:`ForkedRun`.
 
     Each child runs the command as the interpreter would (``runpy``: ``__main__``, ``sys.argv``,
     ``sys.path[0]``), with the atexit handlers of the ``preload`` modules registered in the order the command
-    would have (just after ``flows.cli``'s own, which ends the process; ``hold_atexit``), and its exit is the
-    interpreter's own. The imports happen in an empty folder that must stay empty: nothing they write is
-    missed. Returns {job id: subprocess.CompletedProcess}; a job past ``timeout`` s raises TimeoutExpired."""
-    def run(jobs: list[ForkedJob], *, preload: tuple[str, ...], early: tuple[str, ...] = ("flows.cli.dispatch",),
-            workers: int, timeout: float, hold_atexit: bool = True) -> dict[str, subprocess.CompletedProcess]:
+    would have (with ``hold_atexit``: just after ``flows.cli``'s own, which ends the process; else at once),
+    and its exit is the interpreter's own. The imports happen in an empty folder that must stay empty: nothing
+    they write is missed."""
+    def start(jobs: list[ForkedJob], *, preload: tuple[str, ...], workers: int, timeout: float,
+              early: tuple[str, ...] = ("flows.cli.dispatch",), hold_atexit: bool = True,
+              env: dict[str, str] | None = None) -> ForkedRun:
         root = tmp_path_factory.mktemp("forked")
         (root / "cwd").mkdir()
         spec = {"early": list(early), "preload": list(preload), "workers": workers, "jobs": [
             {"id": job.id, "cwd": str(job.cwd), "args": list(job.args), "timeout": timeout,
-             "hold_atexit": hold_atexit, "stdout": str(root / f"{n}.out"), "stderr": str(root / f"{n}.err"),
+             "hold_atexit": hold_atexit, "stdout": str(root / f"{n}.out"),
+             "stderr": None if job.stderr_to_stdout else str(root / f"{n}.err"),
              **({"module": job.module} if job.script is None else {"script": str(job.script)})}
             for n, job in enumerate(jobs)]}
         (root / "spec.json").write_text(json.dumps(spec))
-        zygote = subprocess.run([sys.executable, "-c", _ZYGOTE, str(root / "spec.json")], cwd=root / "cwd",
-                                capture_output=True, text=True, timeout=timeout * len(jobs) + 300)
-        assert zygote.returncode == 0, zygote.stderr
-        report = json.loads(zygote.stdout)
-        assert report["left_here"] == [], f"importing {preload} wrote into the working directory"
-        done = {}
-        for n, job in enumerate(jobs):
-            outcome = report["outcomes"][job.id]
-            command = [sys.executable, *(("-m", job.module) if job.script is None else (str(job.script),)),
-                       *job.args]
-            if outcome["timed_out"]:
-                raise subprocess.TimeoutExpired(command, timeout)
-            done[job.id] = subprocess.CompletedProcess(command, outcome["returncode"],
-                                                       (root / f"{n}.out").read_text(), (root / f"{n}.err").read_text())
-        return done
+        zygote = subprocess.Popen([sys.executable, "-c", _ZYGOTE, str(root / "spec.json")], cwd=root / "cwd",
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return ForkedRun(jobs, root, zygote, preload, timeout)
 
-    return run
+    return start

@@ -441,7 +441,7 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         case.setup(root / case.id)
     before = {case.id: snapshot(root / case.id) for case in selected}  # no case touches another's folder
     done = forked_commands([ForkedJob(case.id, root / case.id, case.args) for case in selected],
-                           preload=_preload(), workers=max(1, len(os.sched_getaffinity(0))), timeout=TIMEOUT_S)
+                           preload=_preload(), workers=max(1, len(os.sched_getaffinity(0))), timeout=TIMEOUT_S).wait()
     return {case.id: Outcome(before[case.id], snapshot(root / case.id), done[case.id]) for case in selected}
 
 

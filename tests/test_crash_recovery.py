@@ -30,7 +30,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import trained_dvc_project, write_digits_pointer, write_params
+from conftest import ForkedJob, ForkedRun, trained_dvc_project, write_digits_pointer, write_params
 from crash_removals import STEPS
 from privpipe.config import load_params
 from privpipe.data import Records
@@ -132,32 +132,37 @@ def _run_removals(folder: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[st
         return removals(params_file="params.yaml")
 
 
+# what a removal run imports (crash_removals.py wraps a function of the first four; `privpipe removals` the rest)
+REMOVAL_IMPORTS = ("flows.removals", "tasks.removal.steps", "privpipe.requests.queue", "flows.cli.dispatch",
+                   "flows.cli.erasure", "flows.prefect_api", "flows.notify", "tasks.removal.erase")
+
+
 @dataclass(frozen=True)
 class Killed:
     folder: Path
-    process: subprocess.Popen
-    log: Path
+    runs: ForkedRun  # the runs of every step
+    step: str
+
+    def outcome(self) -> subprocess.CompletedProcess:
+        """The run's exit and its output (stdout and stderr), once it ended."""
+        return self.runs.wait()[self.step]
 
 
 @pytest.fixture(scope="module")
-def killed(template: Template, api_url: str, tmp_path_factory) -> dict[str, Killed]:
-    """One copy of the template per step, each with a removal run that is killed at that step.
+def killed(template: Template, api_url: str, tmp_path_factory, forked_commands) -> dict[str, Killed]:
+    """One copy of the template per step, each with a removal run (``python tests/crash_removals.py STEP``)
+    that is killed at that step.
 
-    Started all at once: they are independent, and most of each is Python's imports."""
+    Started all at once: they are independent. Most of each would be Python's imports: each run is a
+    process forked from one that imported them once (conftest's ``forked_commands``)."""
     root = tmp_path_factory.mktemp("crashes")
-    runs = {}
-    for step in STEPS:
-        folder = _copy(template, root / step)
-        log = root / f"{step}.log"
-        with log.open("w") as out:
-            process = subprocess.Popen([sys.executable, str(RUNNER), step], cwd=folder, env=_env(api_url),
-                                       stdout=out, stderr=subprocess.STDOUT)
-        runs[step] = Killed(folder, process, log)
-    yield runs
-    for run in runs.values():  # a test that failed early: leave no process behind
-        if run.process.poll() is None:
-            run.process.kill()
-            run.process.wait(timeout=30)
+    folders = {step: _copy(template, root / step) for step in STEPS}
+    runs = forked_commands([ForkedJob(step, folders[step], (step,), module=None, script=RUNNER,
+                                      stderr_to_stdout=True) for step in STEPS],
+                           preload=REMOVAL_IMPORTS, early=(), hold_atexit=False, workers=len(STEPS), timeout=300,
+                           env=_env(api_url))
+    yield {step: Killed(folders[step], runs, step) for step in STEPS}
+    runs.stop()  # a test that failed early: leave no process behind
 
 
 @dataclass(frozen=True)
@@ -206,7 +211,8 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
 
     run = killed[step]
     folder = run.folder
-    assert run.process.wait(timeout=300) == -signal.SIGKILL, run.log.read_text()[-4000:]
+    outcome = run.outcome()
+    assert outcome.returncode == -signal.SIGKILL, outcome.stdout[-4000:]
     queue = RequestQueue(folder / "data/requests")
     batch_id, open_requests = queue.open_batch()
     assert [r.request_id for r in open_requests] == template.request_ids  # announced, none lost
@@ -283,7 +289,7 @@ def _unused_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_concurrent_forget_processes_lose_and_double_nothing(tmp_path: Path) -> None:
+def test_concurrent_forget_processes_lose_and_double_nothing(tmp_path: Path, forked_commands) -> None:
     # `forget` notifies a Prefect server if one answers: point it at a port nobody listens on
     api = f"http://127.0.0.1:{_unused_port()}/api"
     write_params(tmp_path, schedule={"prefect_api_url": api})
@@ -292,13 +298,15 @@ def test_concurrent_forget_processes_lose_and_double_nothing(tmp_path: Path) -> 
     ids = sorted(_csv_ids(tmp_path))[:800]
     assert len(ids) == 800 and all(i.startswith("digits-") for i in ids)
     chunks = [ids[w * 100:(w + 1) * 100] for w in range(8)]
-    workers = [subprocess.Popen([sys.executable, "-m", "flows.cli", "forget", *chunk, "--reason", f"worker {w}"],
-                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for w, chunk in enumerate(chunks)]  # started together; each submits its 100 at once
-    for worker in workers:
-        out, err = worker.communicate(timeout=300)
-        assert worker.returncode == 0, err[-3000:]
-        assert "100 deletion request(s) queued" in out and f"no Prefect server at {api}" in out
+    # eight `privpipe forget` processes, forked together from one that imported what forget does (conftest's
+    # forked_commands): they start at once instead of a few seconds of imports apart; each submits its 100 at once
+    workers = forked_commands([ForkedJob(f"worker {w}", tmp_path, ("forget", *chunk, "--reason", f"worker {w}"))
+                               for w, chunk in enumerate(chunks)],
+                              preload=("flows.cli.erasure", "tasks.removal.erase", "flows.notify"), workers=len(chunks),
+                              timeout=300).wait()
+    for worker in workers.values():
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        assert "100 deletion request(s) queued" in worker.stdout and f"no Prefect server at {api}" in worker.stdout
 
     events = _journal(tmp_path)  # every line parses as JSON: no torn or interleaved write
     assert Counter(e["event"] for e in events) == {"received": 800}
