@@ -196,11 +196,73 @@ def cut_gzip(name: str) -> Callable[[Path], None]:
     return steps(write_mnist, run)
 
 
+def own_table(**prepare: object) -> Callable[[Path], None]:
+    """The README's worked table: the breast cancer rows under a natural header, with its public schema."""
+    from own_data import cancer_schema, write_cancer_csv
+
+    def run(folder: Path) -> None:
+        write_cancer_csv(folder / "clinic/patients.csv", rows=120)
+        set_params(folder, prepare={"dataset": "csv", "path": "clinic/patients.csv", "id_column": "patient_id",
+                                    "label_column": "diagnosis", "schema": cancer_schema(),
+                                    "target_domain": False, **prepare},
+                   dp_pca={"enabled": False}, finetune={"hidden_units": [16]}, privacy={"delta": 1e-4})
+    return run
+
+
+def own_images(folder: Path) -> None:
+    """An image folder of 12×12 colour PNGs, one of them 24×20."""
+    from PIL import Image
+
+    from own_data import write_image_folder
+
+    write_image_folder(folder / "photos", per_class=20)
+    Image.fromarray(np.zeros((20, 24, 3), np.uint8)).save(folder / "photos/square/odd.png")
+    set_params(folder, prepare={"dataset": "imagefolder", "path": "photos", "target_domain": False},
+               dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+
+
+def replace_in(path: str, old: str, new: str) -> Callable[[Path], None]:
+    def run(folder: Path) -> None:
+        text = (folder / path).read_text()
+        (folder / path).write_text(text.replace(old, new, 1))
+    return run
+
+
 BAD_ROW, NAN_ROW = 5, 7  # data rows of the digits CSV (line = row + 1, after the header)
 QUEUE_ERROR = f"privpipe: error: {QUEUE}: line 1: not valid JSON (Expecting property name enclosed in double quotes)"
 BROKEN_QUEUE = '{"event": "received", "request_id": "req-1", "record_id": "digits-0001", "reason": null,\n'
 
 CASES = [
+    # -- a team's own data (README: Your own data): each mistake there, before any work
+    Case("own-csv-label-column-missing", ("run",),
+         "privpipe: error: prepare.label_column: 'outcome' is not a column of clinic/patients.csv (its columns: "
+         "patient_id, mean_radius, mean_texture, mean_concave_points, worst_radius, worst_concave_points, site, "
+         "diagnosis)",
+         setup=own_table(label_column="outcome")),
+    Case("own-csv-label-outside-schema", ("run",),
+         "privpipe: error: clinic/patients.csv: line 2: label 'maybe' (column 'diagnosis') is not in "
+         "prepare.schema.labels (malignant, benign)",
+         setup=steps(own_table(), replace_in("clinic/patients.csv", ",malignant\n", ",maybe\n"))),
+    Case("own-csv-column-without-schema", ("run",),
+         "privpipe: error: prepare.schema.columns: no entry for column 'mean_radius' of clinic/patients.csv "
+         "(every feature column needs its public bounds {min, max}, scale {center, scale} or categories)",
+         setup=steps(own_table(), replace_in("params.yaml", "mean_radius:", "mean_radios:"))),
+    Case("own-csv-too-small-for-the-partition", ("run",),
+         "privpipe: error: partition.shards: 50 shards for 89 records leaves shard 0 with 1 records (need ≥ 5); "
+         "use fewer shards",
+         setup=steps(own_table(), params(partition={"shards": 50}, student={"enabled": True}))),
+    Case("own-csv-cnn-on-a-table", ("run",),
+         "privpipe: error: finetune.model: cnn trains on images; csv data is a table (use mlp)",
+         setup=steps(own_table(), params(finetune={"model": "cnn"}))),
+    Case("own-csv-client-column-missing", ("run",),
+         "privpipe: error: federated.client_column: 'hospital' is not a column of clinic/patients.csv (its "
+         "columns: patient_id, mean_radius, mean_texture, mean_concave_points, worst_radius, worst_concave_points, "
+         "site, diagnosis)",
+         setup=steps(own_table(), params(finetune={"mode": "federated"}, federated={"client_column": "hospital"}))),
+    Case("own-image-of-another-size", ("run",),
+         "privpipe: error: photos/square/odd.png: 24×20 pixels, but circle/circle-000.png is 12×12 (set "
+         "prepare.image_size to resize every image to one side)",
+         setup=own_images),
     # -- params: refused by load_params, before any work
     Case("epsilon-budget-zero", ("run",), "privpipe: error: privacy.epsilon_budget: must be > 0",
          setup=params(privacy={"epsilon_budget": 0})),
