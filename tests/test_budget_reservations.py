@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_params
+from conftest import ForkedJob, write_params
 from privpipe.config import load_params
 from privpipe.data import DataError
 from privpipe.privacy import LifetimeBudgetExceeded, LifetimeLedger, Reservation, RunSpend
@@ -27,6 +27,10 @@ from text_fixtures import write_corpus, write_tiny_encoder
 REPO = Path(__file__).resolve().parents[1]
 
 RACER = Path(__file__).with_name("budget_racer.py")  # one run asking for admission, in its own process
+# what `privpipe federated` imports as it runs: the flow, then (deferred in the libraries) transformers' models,
+# torch's compiler (torch.optim's first optimizer) and MLflow's SQL store
+FEDERATED_IMPORTS = ("flows.cli.flow_runs", "flows.federated", "transformers", "torch._dynamo",
+                     "mlflow.store.tracking.sqlalchemy_store")
 
 
 def _start(folder: Path, name: str, mode: str) -> subprocess.Popen:
@@ -187,9 +191,11 @@ def test_a_stage_is_refused_while_a_pipeline_run_holds_the_project(project, caps
     assert not (project / "data/prepared").exists()
 
 
-def test_two_federated_runs_at_once_sharing_a_budget_directory_cannot_both_spend(tmp_path, prefect_harness):
+def test_two_federated_runs_at_once_sharing_a_budget_directory_cannot_both_spend(tmp_path, prefect_harness,
+                                                                                  forked_commands):
     """The reproduction: two `privpipe federated` processes on the same text file, started together, in
-    two projects whose lifetime ledgers are one folder; the budget pays one run's record-level cost."""
+    two projects whose lifetime ledgers are one folder; the budget pays one run's record-level cost.
+    (Both forked at once from one process that imported the federated flow: conftest's forked_commands.)"""
     from prefect.settings import PREFECT_API_URL
 
     encoder = write_tiny_encoder(tmp_path / "tiny-bert")
@@ -204,10 +210,10 @@ def test_two_federated_runs_at_once_sharing_a_budget_directory_cannot_both_spend
                                 "local_batch_size": 8, "target_epsilon": None, "noise_multiplier": 1.6},
                      lifetime={"ledger_dir": str(shared), "epsilon_budget": 8.0})
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(REPO)}
-    runs = [subprocess.Popen([sys.executable, "-m", "flows.cli", "federated"], cwd=folder, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for folder in folders]
-    outputs = [p.communicate(timeout=600) for p in runs]
-    codes = [p.returncode for p in runs]
+    runs = forked_commands([ForkedJob(folder.name, folder, ("federated",)) for folder in folders],
+                           preload=FEDERATED_IMPORTS, workers=len(folders), timeout=600, env=env).wait()
+    outputs = [(runs[folder.name].stdout, runs[folder.name].stderr) for folder in folders]
+    codes = [runs[folder.name].returncode for folder in folders]
     assert sorted(codes) == [0, 1], outputs
     refused = outputs[codes.index(1)][1].strip().splitlines()[-1]
     assert refused.startswith("privpipe: refused: federated text run: dataset 'texts'"), refused
