@@ -161,11 +161,14 @@ def children():
             job = pending.pop(0)
             sys.stdout.flush()
             sys.stderr.flush()
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # until the child has its own disposition
             pid = os.fork()
             if pid == 0:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
                 return job
             running[pid] = [job, time.monotonic() + job["timeout"], False]
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
             for child, entry in running.items():
