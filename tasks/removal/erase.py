@@ -139,11 +139,14 @@ def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: Re
     drop = set(record_hashes)
     removed = source.erase(params.prepare, lambda record_id: queue.hash_record_id(record_id) in drop)
     for pointer in _pointers(params):  # DVC-tracked: the new version recorded beside the file
-        if not Path(".dvc").is_dir():
-            raise RuntimeError(f"{pointer}: DVC-tracked, but {Path.cwd()} is not a DVC repository; run `dvc init`")
         target = pointer.with_name(pointer.name.removesuffix(".dvc"))
         # a file whose bytes left its pointer (now, or in a run that died before this), or an image folder
         # (its pointer's hash is DVC's own: re-adding an unchanged folder changes nothing)
         if target.is_dir() or data_version([target]).startswith("modified:"):
+            if not Path(".dvc").is_dir():
+                if removed == 0 and target.is_dir():  # nothing of this batch was in it (e.g. text records)
+                    continue
+                raise RuntimeError(f"{pointer}: DVC-tracked, but {Path.cwd()} is not a DVC repository; "
+                                   "run `dvc init`")
             dvc("add", "--quiet", str(target))
     return SourceErasure(rewritten=True, removed_rows=removed, data_version=source_version(params))
