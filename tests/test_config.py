@@ -297,3 +297,59 @@ def test_cross_section_feature_and_engine_checks(changes, message):
         raw[section].update(values)
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_params(raw)
+
+
+def _numeric(annotation: str) -> bool:
+    return any(re.search(rf"\b{name}\b", annotation) for name in ("int", "float"))
+
+
+def test_every_numeric_knob_declares_a_range_that_holds_its_default():
+    """Issue 35: a numeric knob without a range (finetune.learning_rate: 1e308) was accepted and crashed the
+    run minutes in. Each int or float field of each section has its range, beside the field, and the
+    default lies in it."""
+    for section in fields(Params):
+        config = section.default_factory()  # type: ignore[misc]
+        ranges = getattr(type(config), "RANGES", {})
+        numeric = {f.name for f in fields(config) if _numeric(str(f.type))}
+        assert numeric == set(ranges), f"{section.name}: ranges for {sorted(set(ranges) ^ numeric)}"
+        for name in numeric:
+            default = getattr(config, name)
+            for value in default if isinstance(default, tuple) else (default,):
+                assert value is None or value in ranges[name], f"{section.name}.{name}: default {value!r}"
+
+
+@pytest.mark.parametrize(("section", "key", "value", "message"), [
+    ("finetune", "learning_rate", 1e308, "finetune.learning_rate: must be in (0, 1000] (got 1e+308)"),
+    ("finetune", "epochs", 10**12, "finetune.epochs: must be in [1, 100000] (got 1000000000000)"),
+    ("finetune", "hidden_units", [10, 10**8], "finetune.hidden_units: must be in [1, 1000000] (got 100000000)"),
+    ("federated", "local_learning_rate", 1e30, "federated.local_learning_rate: must be in (0, 1000] (got 1e+30)"),
+    ("teachers", "batch_size", 10**9, "teachers.batch_size: must be in [1, 10000000] (got 1000000000)"),
+    ("privacy", "epsilon_budget", 1e300, "privacy.epsilon_budget: must be in (0, 10000] (got 1e+300)"),
+    ("text", "max_length", 10**7, "text.max_length: must be in [1, 1000000] (got 10000000)"),
+    ("head", "lam", 1e200, "head.lam: must be in (0, 1e+06] (got 1e+200)"),
+])
+def test_a_value_past_its_knobs_range_is_refused_by_name(section, key, value, message):
+    with pytest.raises(ConfigError) as caught:
+        parse_params({section: {key: value}})
+    assert str(caught.value) == message
+
+
+def test_a_number_as_a_key_is_named_not_a_crash():
+    """Issue 35: `1: 2` beside named keys made sorting the unknown keys raise TypeError (str < int)."""
+    with pytest.raises(ConfigError, match=r"^finetune\.1: unknown key$"):
+        parse_params({"finetune": {"epochs": 3, 1: 2, True: 5}})
+    with pytest.raises(ConfigError, match=r"^1: unknown section"):
+        parse_params({"run": {}, 1: 2})
+
+
+def test_an_alias_is_refused_naming_the_key_under_it(tmp_path):
+    """Issue 35: the refusal named only `params.yaml: line 3`; it names the key, then the file and line."""
+    path = tmp_path / "params.yaml"
+    path.write_text("finetune:\n  lot_size: &a 64\n  epochs: *a\nteachers:\n  hidden_units: [1, *a]\n")
+    with pytest.raises(ConfigError) as caught:
+        load_params(path)
+    assert str(caught.value) == (f"finetune.epochs: YAML alias *a (aliases and anchors are not accepted in a params "
+                                 f"file) ({path}, line 3)")
+    path.write_text("teachers:\n  hidden_units: [1, *a]\n")
+    with pytest.raises(ConfigError, match=r"^teachers\.hidden_units\[1\]: YAML alias \*a"):
+        load_params(path)

@@ -4,9 +4,11 @@ and how the data-dependent cost of those answers is released (smooth sensitivity
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import one_of, require
 from privpipe.config.privacy import PrivacyConfig
+from privpipe.config.ranges import MAX_COUNT, MAX_SCALE, Range, above, at_least, fraction
 
 #: privpipe.pate.registry's aggregators and each one's noise parameters (the others are ignored). Written out:
 #: the registry imports torch, which checking params must not; tests/test_config.py fails if they ever differ
@@ -35,6 +37,14 @@ class AggregateConfig:
     ss_beta: float = 0.01  # below 1/(2·rdp_order) = 0.025, as the smooth-sensitivity release needs
     ss_noise: float = 20.0
     ss_failure_probability: float = 1e-7  # spent out of privacy.delta: 1 % of the default δ
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "queries": at_least(0, MAX_COUNT), "gamma": above(0, MAX_SCALE), "sigma": above(0, MAX_SCALE),
+        "threshold": at_least(-MAX_COUNT, MAX_COUNT), "sigma1": above(0, MAX_SCALE), "sigma2": above(0, MAX_SCALE),
+        "rdp_order": above(1, 1024), "ss_beta": above(0, 1), "ss_noise": above(0, MAX_SCALE),
+        "ss_failure_probability": fraction(),
+    }
 
 
 def check(aggregate: AggregateConfig, *, privacy: PrivacyConfig) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import noise_or_epsilon, require
+from privpipe.config.ranges import MAX_EPSILON, MAX_SCALE, Range, above, at_least
 
 
 @dataclass(frozen=True)
@@ -13,6 +15,11 @@ class DpPcaConfig:
     components: int = 30
     noise_multiplier: float | None = 8.0
     epsilon: float | None = None
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "components": at_least(1, 10**6), "noise_multiplier": above(0, MAX_SCALE), "epsilon": above(0, MAX_EPSILON),
+    }
 
 
 def check(dp_pca: DpPcaConfig) -> None:

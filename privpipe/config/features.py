@@ -9,11 +9,13 @@ privacy anywhere; it replaces DP-PCA, which projects raw pixels.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import one_of, require
 from privpipe.config.head import HeadConfig
 from privpipe.config.prepare import PrepareConfig
+from privpipe.config.ranges import Range, at_least
 from privpipe.config.student import StudentConfig
 
 TRANSFORMS = ("none", "scatternet")  # privpipe.features.TRANSFORMS (config does not import torch)
@@ -24,6 +26,9 @@ IMAGE_SIDES = {"digits": 8, "mnist": 28, "cifar10": 32, "svhn": 32}  # the built
 class FeaturesConfig:
     transform: str = "none"
     scatter_j: int = 2  # scales J: maps of side/2^J, 1 + 8J + 32J(J−1) of them (81 at J = 2)
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {"scatter_j": at_least(1, 3)}
 
 
 def check(features: FeaturesConfig, *, dp_pca: DpPcaConfig, prepare: PrepareConfig, student: StudentConfig,

@@ -7,12 +7,25 @@ Its check_use runs only where the section is used (use.py: check_federated_use).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import noise_or_epsilon, one_of, require
 from privpipe.config.finetune import FinetuneConfig
 from privpipe.config.partition import PARTITION_STRATEGIES
 from privpipe.config.prepare import PrepareConfig
 from privpipe.config.privacy import PrivacyConfig
+from privpipe.config.ranges import (
+    MAX_BATCH,
+    MAX_COUNT,
+    MAX_EPOCHS,
+    MAX_EPSILON,
+    MAX_RATE,
+    MAX_SCALE,
+    Range,
+    above,
+    at_least,
+    fraction,
+)
 
 # privpipe.federated's SAMPLINGS, NOISE_MODES and SERVER_OPTIMIZERS, written out because privpipe.federated
 # imports torch; tests/test_config.py fails if they ever differ
@@ -48,6 +61,18 @@ class FederatedConfig:
     server_beta2: float = 0.99
     server_epsilon: float = 0.001
     epsilon_curve_points: int = 20
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "clients": at_least(1, MAX_COUNT), "alpha": above(0, MAX_SCALE), "labels_per_shard": at_least(1, 10**6),
+        "min_records": at_least(0, MAX_COUNT), "sample_rate": fraction(one=True), "rounds": at_least(1, 10**6),
+        "local_epochs": at_least(1, MAX_EPOCHS), "local_batch_size": at_least(1, MAX_BATCH),
+        "local_learning_rate": above(0, MAX_RATE), "prox_mu": at_least(0, MAX_SCALE),
+        "clip_norm": at_least(0, MAX_SCALE), "noise_multiplier": above(0, MAX_SCALE),
+        "target_epsilon": above(0, MAX_EPSILON), "server_learning_rate": above(0, MAX_RATE),
+        "server_momentum": fraction(zero=True), "server_beta1": fraction(zero=True),
+        "server_beta2": fraction(zero=True), "server_epsilon": above(0, 1), "epsilon_curve_points": at_least(2, 10**4),
+    }
 
 
 def check_client_column(federated: FederatedConfig, *, prepare: PrepareConfig) -> None:

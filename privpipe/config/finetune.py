@@ -7,10 +7,23 @@ the first failing check is the one reported, and that order is kept as it always
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import noise_or_epsilon, one_of, require
 from privpipe.config.privacy import PrivacyConfig
+from privpipe.config.ranges import (
+    MAX_BATCH,
+    MAX_COUNT,
+    MAX_EPOCHS,
+    MAX_EPSILON,
+    MAX_RATE,
+    MAX_SCALE,
+    Range,
+    above,
+    at_least,
+    fraction,
+)
 from privpipe.config.teachers import MODELS
 
 FINETUNE_MODES = ("dpsgd", "federated")
@@ -43,6 +56,16 @@ class FinetuneConfig:
     max_physical_batch: int | None = None  # records per forward/backward pass within a lot (bk); None: the whole lot
     ema_decay: float = 0.0  # bk: release an exponential moving average of the iterates (per step); 0: the last one
     epsilon_curve_points: int = 20
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "hidden_units": at_least(1, 10**6), "input_scale": above(0, MAX_SCALE), "epochs": at_least(1, MAX_EPOCHS),
+        "lot_size": at_least(1, MAX_COUNT), "learning_rate": above(0, MAX_RATE), "lr_end": above(0, MAX_RATE),
+        "lr_decay_epochs": at_least(1, MAX_EPOCHS), "momentum": fraction(zero=True),
+        "max_grad_norm": above(0, MAX_SCALE), "noise_multiplier": above(0, MAX_SCALE),
+        "target_epsilon": above(0, MAX_EPSILON), "max_physical_batch": at_least(1, MAX_BATCH),
+        "ema_decay": fraction(zero=True), "epsilon_curve_points": at_least(2, 10**4),
+    }
 
 
 def check_something_to_deploy(finetune: FinetuneConfig, *, student_enabled: bool) -> None:

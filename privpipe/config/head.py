@@ -6,9 +6,11 @@ Trained without DP noise: its guarantee is certified removal, not DP.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import one_of, require
+from privpipe.config.ranges import MAX_COUNT, MAX_EPSILON, MAX_SCALE, Range, above, at_least, fraction
 
 HEAD_FEATURES = ("model", "dp_pca", "transform", "raw")  # privpipe.removal.features.FEATURE_SOURCES
 
@@ -22,6 +24,12 @@ class HeadConfig:
     epsilon: float = 1.0
     delta: float = 1e-4
     refresh_every: int = 100  # removals between moving the reference point to the current weights (0: at retrains)
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "lam": above(0, MAX_SCALE), "sigma": above(0, MAX_SCALE), "epsilon": above(0, MAX_EPSILON),
+        "delta": fraction(), "refresh_every": at_least(0, MAX_COUNT),
+    }
 
 
 def check(head: HeadConfig, *, dp_pca: DpPcaConfig) -> None:

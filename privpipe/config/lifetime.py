@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import require
+from privpipe.config.ranges import MAX_EPSILON, Range, above, fraction
 
 
 @dataclass(frozen=True)
@@ -13,6 +15,9 @@ class LifetimeConfig:
     epsilon_budget: float = 30.0
     delta_budget: float = 1e-4
     ledger_dir: str = "data/budget"  # with the data, so DVC versions the spend with what it was spent on
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {"epsilon_budget": above(0, 100 * MAX_EPSILON), "delta_budget": fraction()}
 
 
 def check(lifetime: LifetimeConfig) -> None:

@@ -26,29 +26,44 @@ MAX_DEPTH = 8
 class _UnsafeYaml(yaml.YAMLError):
     """A params file that attacks the loader: an alias (a billion laughs) or nesting past MAX_DEPTH."""
 
-    def __init__(self, line: int, what: str) -> None:
+    def __init__(self, key: str | None, line: int, what: str) -> None:
         super().__init__(what)
-        self.line, self.what = line, what
+        self.key, self.line, self.what = key, line, what
 
 
 class _ParamsLoader(yaml.SafeLoader):
     """safe_load without aliases and with a depth cap: a 275-byte file of nested aliases expands to
-    gigabytes once anything walks it, and deep nesting ends in a RecursionError."""
+    gigabytes once anything walks it, and deep nesting ends in a RecursionError. It keeps the path of
+    keys it is under, so that a refusal names the key (``finetune.lot_size``), not a line."""
 
     _depth = 0
 
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._path: list[str] = []
+
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent):
-            raise _UnsafeYaml(event.start_mark.line + 1, f"YAML alias *{event.anchor} (aliases and anchors are "
-                                                         "not accepted in a params file)")
-        self._depth += 1
+        # a mapping's value is composed with its key's node as index, a list's item with its position
+        step = (f"{index.value}" if isinstance(index, yaml.ScalarNode)
+                else f"[{index}]" if isinstance(index, int) and not isinstance(index, bool) else None)
+        if step is not None:
+            self._path.append(step)
         try:
-            if self._depth > MAX_DEPTH:
-                raise _UnsafeYaml(event.start_mark.line + 1, f"nested deeper than {MAX_DEPTH} levels")
-            return super().compose_node(parent, index)
+            event = self.peek_event()
+            key = ".".join(self._path).replace(".[", "[") or None
+            if isinstance(event, yaml.AliasEvent):
+                raise _UnsafeYaml(key, event.start_mark.line + 1, f"YAML alias *{event.anchor} (aliases and "
+                                                                  "anchors are not accepted in a params file)")
+            self._depth += 1
+            try:
+                if self._depth > MAX_DEPTH:
+                    raise _UnsafeYaml(key, event.start_mark.line + 1, f"nested deeper than {MAX_DEPTH} levels")
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
         finally:
-            self._depth -= 1
+            if step is not None:
+                self._path.pop()
 
 
 def load_params(path: str | Path) -> Params:
@@ -60,7 +75,9 @@ def load_params(path: str | Path) -> Params:
     try:
         raw = yaml.load(text, Loader=_ParamsLoader)
     except _UnsafeYaml as exc:
-        raise ConfigError(f"{path}: line {exc.line}: {exc.what}") from None
+        if exc.key is None:  # the whole document is the alias: no key to name
+            raise ConfigError(f"{path}: line {exc.line}: {exc.what}") from None
+        raise ConfigError(f"{exc.key}: {exc.what} ({path}, line {exc.line})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -73,7 +90,7 @@ def parse_params(raw: Any, *, source: str = "params") -> Params:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source}: expected a mapping of sections at the top level")
     sections = [f.name for f in fields(Params)]
-    unknown = sorted(set(raw) - set(sections))
+    unknown = sorted(set(raw) - set(sections), key=str)  # a YAML key may be a number: `1: x`
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown section (known: {', '.join(sections)})")
     built = {}
@@ -91,7 +108,7 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{name}: expected a mapping, got {type(raw).__name__}")
     known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(raw) - set(known))
+    unknown = sorted(set(raw) - set(known), key=str)  # a YAML key may be a number or true: `1: x`
     if unknown:
         raise ConfigError(f"{name}.{unknown[0]}: unknown key")
     defaults = cls()

@@ -27,6 +27,8 @@ from privpipe.config import (
     teachers,
     text,
 )
+from privpipe.config.errors import require
+from privpipe.config.ranges import check_ranges
 from privpipe.config.urls import redact_url
 
 __all__ = ["Params", "check_all", "flatten"]
@@ -87,6 +89,23 @@ def check_all(p: Params) -> None:
     schedule.check(p.schedule)
     privacy_audit.check(p.privacy_audit)
     finetune.check_clipping_engine(p.finetune)
+    for section in dataclasses.fields(p):  # every numeric knob within its range (ranges.py)
+        check_ranges(section.name, getattr(p, section.name))
+    check_recordable(p)
+
+
+#: MLflow's limits on a parameter (every knob is recorded as one on each run)
+MAX_PARAM_KEY_LENGTH, MAX_PARAM_VALUE_LENGTH = 250, 6000
+
+
+def check_recordable(p: Params) -> None:
+    """Each knob fits the run's parameters in MLflow (checked here: MLflow would refuse it only after the
+    run's work, with a traceback), e.g. a list of 800 feature columns, a schema column's 300-character name."""
+    for key, value in p.flat().items():
+        require(len(key) <= MAX_PARAM_KEY_LENGTH, key,
+                f"{len(key)} characters as a parameter name; MLflow records at most {MAX_PARAM_KEY_LENGTH}")
+        require(len(str(value)) <= MAX_PARAM_VALUE_LENGTH, key,
+                f"{len(str(value))} characters; MLflow records a parameter's value in at most {MAX_PARAM_VALUE_LENGTH}")
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

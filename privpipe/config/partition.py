@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import one_of, require
+from privpipe.config.ranges import MAX_COUNT, MAX_SCALE, Range, above, at_least
 
 #: how records are dealt out; the federated section splits into clients the same ways. privpipe.data.partition's
 #: STRATEGIES, written out because importing privpipe.data (numpy) would double the time checking params takes;
@@ -19,6 +21,12 @@ class PartitionConfig:
     alpha: float = 0.5
     labels_per_shard: int = 2
     min_records: int = 5
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "shards": at_least(1, MAX_COUNT), "alpha": above(0, MAX_SCALE), "labels_per_shard": at_least(1, 10**6),
+        "min_records": at_least(1, MAX_COUNT),
+    }
 
 
 def check(partition: PartitionConfig) -> None:

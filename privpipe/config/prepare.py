@@ -17,8 +17,10 @@ files of the same kind instead of shares.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import one_of, require
+from privpipe.config.ranges import MAX_COUNT, Range, at_least, fraction
 from privpipe.config.schema import DataSchema
 
 # the data kinds privpipe.data.sources reads (written out: privpipe.data imports numpy and scipy);
@@ -61,6 +63,14 @@ class PrepareConfig:
     def own_test_set(self) -> bool:
         """Whether the test set comes from a file (the kind's own, or ``test_path``), not a share."""
         return self.dataset in WITH_TEST_SET or self.test_path is not None
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "image_size": at_least(4, 4096), "channels": at_least(1, 3), "test_fraction": fraction(),
+        "public_fraction": fraction(zero=True), "target_fraction": fraction(zero=True),
+        "public_queries": at_least(1, MAX_COUNT), "target_test_fraction": fraction(zero=True),
+        "max_train_records": at_least(0, MAX_COUNT),
+    }
 
 
 def check(prepare: PrepareConfig) -> None:

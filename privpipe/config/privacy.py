@@ -7,8 +7,10 @@ the stages run: check_pipeline_use, in use.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import one_of, require
+from privpipe.config.ranges import MAX_EPSILON, Range, above, fraction
 
 ACCOUNTANTS = ("best", "pld", "rdp")  # privpipe.privacy.ledger.ACCOUNTANTS (config does not import torch)
 
@@ -22,6 +24,9 @@ class PrivacyConfig:
     # figures computed on sensitive records without noise (train accuracy, DP-SGD's loss, the membership
     # audit's) are not covered by ε: stored nowhere (MLflow, metrics/, Prefect) unless this is true
     log_uncovered: bool = False
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {"epsilon_budget": above(0, MAX_EPSILON), "delta": fraction()}
 
 
 def check(privacy: PrivacyConfig) -> None:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import require
+from privpipe.config.ranges import MAX_BATCH, MAX_COUNT, MAX_EPOCHS, MAX_RATE, Range, above, at_least, fraction
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,13 @@ class PrivacyAuditConfig:
     reference_epochs: int = 60
     reference_batch_size: int = 32
     reference_learning_rate: float = 0.003
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "records": at_least(20, MAX_COUNT), "reference_fraction": fraction(),
+        "confidence": Range(0.5, 1, high_open=True), "reference_epochs": at_least(1, MAX_EPOCHS),
+        "reference_batch_size": at_least(1, MAX_BATCH), "reference_learning_rate": above(0, MAX_RATE),
+    }
 
 
 def check(privacy_audit: PrivacyAuditConfig) -> None:

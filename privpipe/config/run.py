@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import one_of, registered_model_name, require
+from privpipe.config.ranges import Range, at_least
 
 DEVICES = ("auto", "cpu", "cuda")  # privpipe.device.DEVICES (config does not import torch)
-#: the tracking stores MLflow has (a database's may name its driver: postgresql+psycopg2); a plain path is a file store
-TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+#: the tracking stores MLflow has (a database's may name its driver: postgresql+psycopg2). Not its file store
+#: (file:// or a plain folder): MLflow 3 keeps it in maintenance mode and refuses to open it
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+#: MLflow's SQL stores hold an experiment's and a registered model's name in 256 characters
+MAX_NAME_LENGTH = 256
 SEED_MAX = 2**32 - 1  # scikit-learn's and numpy's legacy seeds are 32-bit
 
 
@@ -21,13 +26,22 @@ class RunConfig:
     torch_threads: int = 1  # results repeat byte for byte only at a fixed count, and 1 keeps a busy host usable
     device: str = "auto"  # where every training stage runs: auto = CUDA when torch sees a GPU, else the CPU
 
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {"seed": at_least(0, SEED_MAX), "torch_threads": at_least(0, 4096)}
+
 
 def check(run: RunConfig) -> None:
     require(0 <= run.seed <= SEED_MAX, "run.seed", f"must be in 0..{SEED_MAX}")
     require(run.torch_threads >= 0, "run.torch_threads", "must be >= 0 (0 = torch's default, one per core)")
-    if "://" in run.tracking_uri:
-        scheme = run.tracking_uri.split("://", 1)[0].split("+", 1)[0]
-        require(scheme in TRACKING_SCHEMES, "run.tracking_uri",
-                f"unknown scheme {scheme!r} (MLflow stores: {', '.join(TRACKING_SCHEMES)}, or a folder path)")
+    scheme = run.tracking_uri.split("://", 1)[0].split("+", 1)[0] if "://" in run.tracking_uri else None
+    require(scheme not in (None, "file"), "run.tracking_uri",
+            "MLflow's file store (a folder, or file://) is in maintenance mode and refused by MLflow; use "
+            "sqlite:///mlflow.db (a database file in the project folder) or a tracking server's http(s) address")
+    require(scheme in TRACKING_SCHEMES, "run.tracking_uri",
+            f"unknown scheme {scheme!r} (MLflow stores: {', '.join(TRACKING_SCHEMES)})")
     one_of(run.device, DEVICES, "run.device")
+    for key in ("experiment", "model_name"):
+        require(len(getattr(run, key)) <= MAX_NAME_LENGTH, f"run.{key}",
+                f"{len(getattr(run, key))} characters; MLflow's stores hold at most {MAX_NAME_LENGTH}")
+    require(bool(run.experiment.strip()), "run.experiment", "must not be blank (the MLflow experiment's name)")
     registered_model_name(run.model_name, "run.model_name")

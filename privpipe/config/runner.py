@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import one_of, require
+from privpipe.config.ranges import Range, at_least
 
 RUNNERS = ("threads", "processes", "dask", "ray")
 
@@ -14,6 +16,9 @@ class RunnerConfig:
     kind: str = "threads"  # needs no extra process or package
     workers: int = 0  # one per core
     address: str | None = None  # start a local cluster rather than assume one exists
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {"workers": at_least(0, 4096)}
 
 
 def check(runner: RunnerConfig) -> None:

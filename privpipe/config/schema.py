@@ -86,7 +86,7 @@ class ColumnSchema:
                 require(second > 0, f"{key}.scale", "must be > 0")
                 return cls(name=name, center=first, scale=second)
         raise ConfigError(f"{key}: expected exactly one of {{min, max}}, {{center, scale}} or {{categories}}, "
-                          f"got {sorted(given)}")
+                          f"got {sorted(given, key=str)}")
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class DataSchema:
         """Read the mapping of params.yaml; ConfigError naming the key of the first wrong value."""
         if not isinstance(raw, Mapping):
             raise ConfigError(f"{key}: expected a mapping with labels (and columns), got {raw!r}")
-        unknown = sorted(set(raw) - {"labels", "columns"})
+        unknown = sorted(set(raw) - {"labels", "columns"}, key=str)  # a YAML key may be a number
         require(not unknown, f"{key}.{unknown[0]}" if unknown else key, "unknown key (known: labels, columns)")
         require("labels" in raw, f"{key}.labels", "must list the public label set (e.g. [benign, malignant])")
         labels = _names(raw["labels"], f"{key}.labels")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import one_of, require
 from privpipe.config.finetune import FinetuneConfig
+from privpipe.config.ranges import MAX_BATCH, MAX_COUNT, MAX_RATE, MAX_SCALE, Range, above, at_least, fraction
 
 # as privpipe.pate.student's (config imports no torch)
 COVER_TARGETS = ("samples", "classes")
@@ -32,6 +34,16 @@ class StudentConfig:
     consistency_weight: float = 0.0
     confidence_threshold: float = 0.95
     lr_schedule: str = "constant"  # constant | cosine (FixMatch's lr·cos(7πk/16K))
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "steps": at_least(0, MAX_COUNT), "labeled_batch": at_least(1, MAX_BATCH),
+        "unlabeled_batch": at_least(1, MAX_BATCH), "learning_rate": above(0, MAX_RATE),
+        "weight_decay": at_least(0, MAX_RATE), "walker_weight": at_least(0, MAX_SCALE),
+        "visit_weight": at_least(0, MAX_SCALE), "cover_weight": at_least(0, MAX_SCALE),
+        "delay_steps": at_least(0, MAX_COUNT), "ramp_steps": at_least(0, MAX_COUNT),
+        "consistency_weight": at_least(0, MAX_SCALE), "confidence_threshold": fraction(one=True),
+    }
 
 
 def check(student: StudentConfig, *, finetune: FinetuneConfig) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import one_of, require
+from privpipe.config.ranges import MAX_BATCH, MAX_EPOCHS, MAX_RATE, Range, above, at_least
 
 MODELS = ("mlp", "cnn")  # also the choices of finetune.model; privpipe.models.MODELS (config does not import torch)
 
@@ -18,6 +20,12 @@ class TeachersConfig:
     batch_size: int = 32
     learning_rate: float = 0.003  # Adam
     weight_decay: float = 0.0001
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "hidden_units": at_least(1, 10**6), "epochs": at_least(1, MAX_EPOCHS), "batch_size": at_least(1, MAX_BATCH),
+        "learning_rate": above(0, MAX_RATE), "weight_decay": at_least(0, MAX_RATE),
+    }
 
 
 def check(teachers: TeachersConfig, *, dp_pca: DpPcaConfig) -> None:

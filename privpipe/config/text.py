@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from privpipe.config.errors import one_of, registered_model_name, require
+from privpipe.config.ranges import MAX_BATCH, MAX_SCALE, Range, above, at_least, fraction
 
 TEXT_FORMATS = ("auto", "jsonl", "csv", "20newsgroups")
 TRAININGS = ("federated", "dpsgd")
@@ -33,6 +35,12 @@ class TextConfig:
     lora_targets: str = "auto"  # the attention's query/value layers, by the names the architecture gives them
     model_name: str = "privpipe-text"
     training: str = "federated"  # federated (the federated section: clients, rounds) | dpsgd (central DP-SGD on the
+
+    #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
+    RANGES: ClassVar[dict[str, Range]] = {
+        "test_fraction": fraction(), "input_scale": above(0, MAX_SCALE), "max_length": at_least(1, 10**6),
+        "embed_batch_size": at_least(1, MAX_BATCH), "lora_rank": at_least(1, 10**5), "lora_alpha": above(0, MAX_SCALE),
+    }
     # frozen encoder's embeddings, with the finetune section's DP-SGD knobs: for texts held in one place)
 
 
