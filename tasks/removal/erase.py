@@ -40,11 +40,12 @@ from privpipe.data import DataError
 from privpipe.data.sources import DataSource, data_source
 from privpipe.requests import RequestQueue
 from privpipe.text.corpus import load_corpus
+from tasks.removal import dvc_cache
 from tasks.source import ensure_default_data
-from tasks.versioning import data_version, dvc
+from tasks.versioning import data_version, dvc, file_md5
 
 __all__ = ["SourceErasure", "current_record_ids", "ensure_can_erase", "erase_from_source", "source_version",
-           "pipeline_ids", "text_ids", "TEXT_NOT_REWRITTEN"]
+           "pipeline_ids", "text_ids", "prune_cached_versions", "TEXT_NOT_REWRITTEN"]
 
 TEXT_NOT_REWRITTEN = ("the text file is not rewritten (the operator's own file; identical rows are told apart by "
                       "their order, which a rewrite would shift): every later text prepare leaves the record out")
@@ -98,6 +99,18 @@ def _pointers(params: Params) -> list[Path]:
     return [pointer for root in roots if (pointer := root.with_name(f"{root.name}.dvc")).is_file()]
 
 
+def _file_versions(params: Params) -> list[list[tuple[str, str]]]:
+    """A table of several files (``csv`` with test_path, …): each file's md5, in the source's order, as a
+    model's data version (``untracked:<digest of them>``) names the set: by the files' bytes, and by their
+    DVC pointers (which lag the bytes after a run that died before its ``dvc add``). None for one file."""
+    files = _source(params).files(params.prepare)
+    if params.prepare.dataset != "csv" or len(files) < 2 or not all(f.is_file() for f in files):
+        return []
+    by_bytes = [(str(f), file_md5(f)) for f in files]
+    by_pointer = [(name, dvc_cache.pointer_md5(Path(f"{name}.dvc")) or md5) for name, md5 in by_bytes]
+    return [by_bytes, by_pointer]
+
+
 def ensure_can_erase(params: Params, queue: RequestQueue) -> None:
     """DataError before any request is touched when requests wait for records of raw data that an erasure
     rewrites, and the rewritten data could not be versioned: it is DVC-tracked (its ``.dvc`` pointer is
@@ -137,6 +150,7 @@ def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: Re
         return SourceErasure(rewritten=False, removed_rows=0, data_version=source_version(params),
                              note=f"{params.prepare.dataset} keeps positional ids: erasure is the prepare-time filter")
     drop = set(record_hashes)
+    before = _file_versions(params)
     removed = source.erase(params.prepare, lambda record_id: queue.hash_record_id(record_id) in drop)
     for pointer in _pointers(params):  # DVC-tracked: the new version recorded beside the file
         target = pointer.with_name(pointer.name.removesuffix(".dvc"))
@@ -148,5 +162,16 @@ def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: Re
                     continue
                 raise RuntimeError(f"{pointer}: DVC-tracked, but {Path.cwd()} is not a DVC repository; "
                                    "run `dvc init`")
+            # the version replaced, recorded before the add: the next step deletes it from the cache
+            dvc_cache.remember_replaced(target, dvc_cache.pointer_md5(pointer))
             dvc("add", "--quiet", str(target))
+    dvc_cache.remember_sets([*before, *_file_versions(params)])
     return SourceErasure(rewritten=True, removed_rows=removed, data_version=source_version(params))
+
+
+def prune_cached_versions(params: Params, queue: RequestQueue, erased: set[str]) -> dvc_cache.CachePrune:
+    """The pipeline's raw files' old versions in DVC's cache (and local remotes) that hold a record of
+    ``erased`` (hashed ids), deleted where no registered model version needs them; safe to repeat."""
+    if not _source(params).rewritable:  # never rewritten: no version of them was made by an erasure
+        return dvc_cache.CachePrune(files=[])
+    return dvc_cache.prune_versions(params, _pointers(params), queue, erased)

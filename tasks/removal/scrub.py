@@ -11,6 +11,7 @@ and the ones it cannot reach, listed.
   flow's prepared texts and their vectors): removed when a text record was erased; while a text
   run holds its lock, by the next removal run. The next text run rebuilds them without the record.
 - The head's rows are the removal's own work (:func:`tasks.removal.store.forget_removed`).
+- The raw data's old versions in DVC's cache: ``tasks.removal.dvc_cache``.
 
 What privpipe cannot reach is :data:`UNREACHABLE`: each audit record carries it.
 """
@@ -42,9 +43,12 @@ TEXT_PENDING = paths.REQUESTS / "text-scrub.pending"  # beside the journal: the 
 
 #: copies of an erased record that privpipe does not hold and cannot remove; said in every audit record
 UNREACHABLE = [
-    "the DVC cache (.dvc/cache) keeps every committed version of data/ and artifacts/: remove unused "
-    "entries with `dvc gc --workspace` once no branch or commit needs them",
-    "a DVC remote keeps what was pushed: `dvc gc --workspace --cloud` (or the remote's own tools)",
+    "the DVC cache (.dvc/cache) keeps the versions of data/prepared and artifacts/ that `dvc repro` or "
+    "`dvc commit` stored, and any raw data version privpipe did not record (the pointer's git history): remove "
+    "them with `dvc gc --workspace` once no branch or commit needs them (the raw data's versions that held an "
+    "erased record: see dvc_cache)",
+    "a DVC remote that is not a folder on this machine keeps what was pushed: `dvc gc --workspace --cloud` "
+    "(or the remote's own tools; dvc_cache.remotes names the raw data's objects to delete)",
     "the artifacts of model versions registered before the erasure (MLflow): coverage says which hold the "
     "record and what to do with each",
     "the raw data when it is not privpipe's to rewrite: MNIST's IDX files and the text file (every prepare "

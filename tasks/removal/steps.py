@@ -10,7 +10,9 @@
 - **register**: a new head version in MLflow, tagged ``removal.batch_id``, with its record
   manifest; a re-run that finds a version with that tag reuses it.
 - **erase**: a new data version without the records (see ``tasks.removal.erase``), and the copies
-  privpipe keeps scrubbed, those it cannot reach listed (``tasks.removal.scrub``); idempotent.
+  privpipe keeps scrubbed, those it cannot reach listed (``tasks.removal.scrub``); the raw data's old
+  versions in DVC's cache that held an erased record deleted, or listed with the model versions that
+  need them (``tasks.removal.dvc_cache``); idempotent.
 - **coverage**: every registered version of the DP model, the head and the text model, and
   how each covers each record (``tasks.removal.coverage``); versions that do not are tagged.
 
@@ -40,11 +42,13 @@ from tasks import paths
 from tasks.common import stage_logger, staged_dir
 from tasks.removal import registry
 from tasks.removal.coverage import UNCOVERED, Coverage, coverage_audit, requested_since_data
+from tasks.removal.dvc_cache import CachePrune
 from tasks.removal.erase import (
     TEXT_NOT_REWRITTEN,
     SourceErasure,
     erase_from_source,
     pipeline_ids,
+    prune_cached_versions,
     source_version,
     text_ids,
 )
@@ -248,15 +252,16 @@ class Copies:
     head: str
     prepared: PreparedScrub
     text: TextScrub
+    dvc_cache: CachePrune  # the raw data's old versions that held an erased record
 
     @property
     def rows_scrubbed(self) -> int:
-        return sum(self.prepared.rows_removed.values()) + len(self.text.removed)
+        return sum(self.prepared.rows_removed.values()) + len(self.text.removed) + self.dvc_cache.deleted_now
 
     def to_json(self) -> dict[str, Any]:
         """As the audit record holds it (``erasure.copies``)."""
         return {"head": self.head, "prepared": self.prepared.to_json(), "text": self.text.to_json(),
-                "unreachable": UNREACHABLE}
+                "dvc_cache": self.dvc_cache.to_json(), "unreachable": UNREACHABLE}
 
 
 @dataclass(frozen=True)
@@ -286,8 +291,9 @@ def scrub_copies(params: Params, batch: set[str]) -> Copies:
     text = bool(batch & {queue.hash_record_id(str(i)) for i in text_ids(params)}) if batch else False
     head = ("removed rows' features and labels are zeros, their ids hashed, in artifacts/head" if head_present()
             else "no head")
-    return Copies(head=head, prepared=scrub_prepared(queue, queue.erased_record_hashes() | batch),
-                  text=scrub_text(text))
+    erased = queue.erased_record_hashes() | batch
+    return Copies(head=head, prepared=scrub_prepared(queue, erased), text=scrub_text(text),
+                  dvc_cache=prune_cached_versions(params, queue, erased))
 
 
 def _guarantee(params: Params, mechanism: str) -> str:
