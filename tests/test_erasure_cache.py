@@ -29,6 +29,8 @@ def dvc_project(project: Path) -> Path:
     subprocess.run([*DVC, "init", "--no-scm", "-q"], cwd=project, check=True)
     subprocess.run([*DVC, "remote", "add", "-d", "local", ".dvcstore"], cwd=project, check=True)
     assert "url = ../.dvcstore" in (project / ".dvc/config").read_text()  # relative to .dvc/, as the project's
+    # a remote that is not a folder here: never touched, its objects to delete named
+    subprocess.run([*DVC, "remote", "add", "cloud", "s3://bucket/store"], cwd=project, check=True)
     return project
 
 
@@ -93,8 +95,10 @@ def test_versions_holding_an_erased_record_leave_the_cache_unless_a_model_needs_
     cache = copies["dvc_cache"]
     assert cache["deleted"] == [{"file": "data/raw/digits.csv", "md5": v2}]
     assert [k["md5"] for k in cache["kept"]] == [v1]
-    (remote,) = cache["remotes"]
-    assert remote["name"] == "local" and remote["folder"] and remote["holds_kept"] == [v1]
+    local, cloud = sorted(cache["remotes"], key=lambda r: r["name"] != "local")
+    assert local["name"] == "local" and local["folder"] and local["holds_kept"] == [v1]
+    assert cloud["url"] == "s3://bucket/store" and not cloud["folder"]
+    assert cloud["objects"] == [f"files/md5/{v2[:2]}/{v2[2:]}"]
     assert any("dvc gc" in line for line in copies["unreachable"])
 
     # once the model version is deleted, the next removal run (nothing pending) deletes v1 too

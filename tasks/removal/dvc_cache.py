@@ -306,7 +306,6 @@ def prune_versions(params: Params, pointers: list[Path], queue: RequestQueue, er
     gone = {md5: file for md5, file in ledger["deleted"].items()
             if not any(cache_object(root, md5).is_file() for root in [CACHE, *(r.folder for r in remotes if r.folder)])}
     out.deleted = [{"file": file, "md5": md5} for md5, file in sorted(gone.items())]
-    named = [*gone, *(k["md5"] for k in out.kept)]
     for remote in remotes:
         if remote.folder is not None:
             out.remotes.append({"name": remote.name, "url": remote.url, "folder": True,
@@ -315,9 +314,8 @@ def prune_versions(params: Params, pointers: list[Path], queue: RequestQueue, er
                                                if cache_object(remote.folder, k["md5"]).is_file()]})
         else:
             out.remotes.append({"name": remote.name, "url": remote.url, "folder": False,
-                                "cleaned": "not reached from here: delete each version's object, "
-                                           "<url>/files/md5/<first 2 hex>/<other 30>, with the remote's own tools "
-                                           "(`dvc gc --cloud` deletes every version the workspace does not use, the "
-                                           "kept ones too)",
-                                "objects": [f"files/md5/{md5[:2]}/{md5[2:]}" for md5 in named]})
+                                "cleaned": "not reached from here: delete each deleted version's object (objects, "
+                                           "under the url) with the remote's own tools; `dvc gc --cloud` deletes "
+                                           "every version the workspace does not use, the kept ones too",
+                                "objects": [f"files/md5/{md5[:2]}/{md5[2:]}" for md5 in sorted(gone)]})
     return out
