@@ -21,6 +21,7 @@ deployment's one slot for good), and of the runs missed while nothing served, on
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -256,5 +257,23 @@ def _runs_of(deployments: list[Any], *states: Any, due_before: Any = None
 
 
 def serve_deployments(params: Params, *, params_file: str) -> None:
-    """Register both deployments with the server and run their flow runs until interrupted."""
-    serve(*build_deployments(params, params_file=params_file), limit=2)
+    """Register both deployments with the server and run their flow runs until interrupted.
+
+    Ctrl-C (SIGINT) stops serving as SIGTERM does: Prefect's runner handles SIGTERM itself (it stops and
+    the process exits), while on SIGINT asyncio cancelled the runner, which then waited for every flow run
+    in progress to end (minutes: a retrain's teachers) before serve stopped."""
+    previous = signal.signal(signal.SIGINT, _stop_as_on_sigterm)
+    try:
+        serve(*build_deployments(params, params_file=params_file), limit=2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_as_on_sigterm(_signum: int, frame: Any) -> None:
+    """SIGINT while serving: whatever SIGTERM's handler does now (the runner's, once it has started);
+    before there is one, Python's own Ctrl-C."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if callable(handler):
+        handler(signal.SIGTERM, frame)
+        return
+    raise KeyboardInterrupt

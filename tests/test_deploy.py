@@ -349,3 +349,40 @@ def test_a_run_records_to_this_projects_running_server_and_says_so(prefect_api, 
         patch.delenv("PREFECT_API_URL", raising=False)
         with flow_api(params) as where:  # another project's server: Prefect's temporary one, as before
             assert where is None and PREFECT_API_URL.value() != url
+
+
+
+
+def test_ctrl_c_stops_serve_as_sigterm_does(monkeypatch):
+    """Issue 35, point 8: while `privpipe serve` serves, SIGINT (Ctrl-C) takes the path SIGTERM takes (Prefect's
+    runner stops and the process exits), not asyncio's KeyboardInterrupt, after which the runner waited for
+    every flow run in progress to end (it did not stop within 40 s; SIGTERM did)."""
+    import os
+    import signal
+
+    from flows import deploy
+
+    seen = []
+
+    def runner_serving(*_deployments, **_options):
+        # what Prefect's runner does as it starts: its own SIGTERM handler (stop, then sys.exit(0))
+        def handle_sigterm(signum, _frame):
+            seen.append(signum)
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, handle_sigterm)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while serving
+            signal.pause()  # not reached: a handler has raised
+        except KeyboardInterrupt:  # asyncio's path: the runner then waits for the runs in progress
+            seen.append("KeyboardInterrupt")
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(deploy, "serve", runner_serving)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            deploy.serve_deployments(parse_params({}), params_file="params.yaml")
+    finally:
+        signal.signal(signal.SIGTERM, before[1])
+    assert stopped.value.code == 0 and seen == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGINT) is before[0]  # serving over: Ctrl-C is Python's own again
