@@ -51,7 +51,7 @@ from prefect.states import Cancelled, Crashed
 from prefect.types._datetime import now
 
 from flows.children import stop_with_parent
-from flows.notify import DELETION_EVENT, server_answers, whose_server
+from flows.notify import DELETION_EVENT, deletion_resource, server_answers, whose_server
 from flows.pipeline import pipeline
 from flows.removals import removals
 from privpipe.config import ConfigError, Params, redact_url
@@ -73,8 +73,9 @@ def build_deployments(params: Params, *, params_file: str) -> list[Any]:
         description="Retrain on the current data version (deleted records excluded); charged to the lifetime budget.")
     deletions = removals.to_deployment(
         name="deletion-processing", schedules=[Cron(params.schedule.removals_cron, timezone=tz)],
+        # this project's requests only: another project's `forget` on a shared server must not start a run here
         triggers=[DeploymentEventTrigger(name="on deletion request", expect={DELETION_EVENT},
-                                         parameters=parameters)],
+                                         match={"prefect.resource.id": deletion_resource()}, parameters=parameters)],
         parameters=parameters, concurrency_limit=1, tags=["privpipe", "removals"],
         description="Process queued deletion requests: on a schedule and on each `privpipe forget`.")
     return [retrain, deletions]

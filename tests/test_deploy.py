@@ -9,7 +9,7 @@ from privpipe.config import parse_params
 
 def test_deployments_carry_their_schedules_trigger_and_concurrency_limit():
     from flows.deploy import build_deployments
-    from flows.notify import DELETION_EVENT
+    from flows.notify import DELETION_EVENT, deletion_resource
 
     params = parse_params({"schedule": {"retrain_cron": "15 2 * * 1", "removals_cron": "0 * * * *",
                                         "timezone": "Europe/Berlin"}})
@@ -26,6 +26,8 @@ def test_deployments_carry_their_schedules_trigger_and_concurrency_limit():
     (trigger,) = deletions.triggers
     assert trigger.expect == {DELETION_EVENT}
     assert trigger.parameters == {"params_file": "ops.yaml"}
+    # only this project's deletion events (issue 35 point 7)
+    assert trigger.match.model_dump() == {"prefect.resource.id": deletion_resource()}
 
 
 def test_serve_list_prints_each_deployment_and_its_schedule(project, capsys):
@@ -50,6 +52,73 @@ def test_forget_without_a_server_says_the_queue_waits(project, capsys):
     out = capsys.readouterr().out
     assert "1 deletion request(s) queued" in out
     assert "no Prefect server at http://127.0.0.1:9/api: the requests wait" in out
+
+
+class _FakePrefect:
+    """Answers a Prefect server's health check and settings (``home``: its PREFECT_HOME) on 127.0.0.1."""
+
+    def __init__(self, home: str):
+        import http.server
+        import json
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = {"/api/health": b"true", "/api/admin/settings": json.dumps({"home": home}).encode()}
+                self.send_response(200 if self.path in body else 404)
+                self.end_headers()
+                self.wfile.write(body.get(self.path, b""))
+
+            def log_message(self, *_args):
+                """Quiet: the test's output stays clean."""
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/api"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_forget_notifies_only_this_projects_serve_wherever_it_listens(project, tmp_path, monkeypatch, capsys):
+    """Issue 35, point 7: another project's server at schedule.prefect_api_url is not notified (its serve
+    would start a removal run for every forget here); this project's serve on another port is."""
+
+    from prefect.settings import PREFECT_HOME, temporary_settings
+
+    from conftest import write_params
+    from flows import notify
+    from flows.cli import main
+
+    sent = []
+    monkeypatch.setattr(notify, "emit_event", lambda **event: sent.append((notify.PREFECT_API_URL.value(), event)))
+    monkeypatch.setattr(notify.EventsWorker, "drain_all", staticmethod(lambda *a, **k: True))
+    ours = project / ".prefect"
+    stranger, own = _FakePrefect(str(tmp_path / "other-project/.prefect")), _FakePrefect(str(ours))
+    try:
+        with temporary_settings(updates={PREFECT_HOME: ours}):
+            write_params(project, schedule={"prefect_api_url": stranger.url})
+            assert main(["init-data"]) == 0
+            assert main(["forget", "digits-0007"]) == 0
+            out = capsys.readouterr().out
+            assert sent == [] and f"the Prefect server at {stranger.url} is not this project's" in out
+
+            # this project's serve, started with another params file on another port, noted where it serves
+            with notify.serving_at(own.url):
+                assert main(["forget", "digits-0008"]) == 0
+            assert f"notified {own.url}: deletion processing starts now" in capsys.readouterr().out
+            ((url, event),) = sent
+            assert url == own.url and event["resource"]["prefect.resource.id"] == notify.deletion_resource()
+            assert not (ours / "serving.json").exists()  # serve stopped: its note went with it
+
+            (ours / "serving.json").write_text(f'{{"api_url": "{own.url}", "pid": {2**22 + 7}}}')  # died, note left
+            write_params(project, schedule={"prefect_api_url": own.url})  # now at the configured address
+            assert main(["forget", "digits-0009"]) == 0
+            assert len(sent) == 2 and sent[1][0] == own.url
+    finally:
+        stranger.close()
+        own.close()
 
 
 # --- a real Prefect server, started by privpipe's own code -------------------------------------------------

@@ -23,6 +23,7 @@ def serve(args: argparse.Namespace) -> int:
         prefect_server,
         serve_deployments,
     )
+    from flows.notify import serving_at
 
     if args.list:
         for deployment in build_deployments(params, params_file=args.params):
@@ -40,5 +41,6 @@ def serve(args: argparse.Namespace) -> int:
         orphans = crash_orphaned_runs(deployments) if server.started else []
         for line in orphans + cancel_missed_runs(deployments):
             print(line, flush=True)
-        serve_deployments(params, params_file=args.params)
+        with serving_at(url):  # `privpipe forget` notifies this project's serve wherever it listens
+            serve_deployments(params, params_file=args.params)
     return 0
