@@ -115,3 +115,22 @@ def test_a_non_private_federated_run_is_refused_it_has_no_finite_epsilon(project
     assert err.startswith("privpipe: refused: federated text run (not private): dataset 'texts' has spent ε = 0")
     assert "may cost up to ε = inf" in err
     assert not (project / "mlflow.db").exists()
+
+
+def test_budget_counts_the_runs_left_at_what_a_run_of_that_flow_is_charged(project, capsys):
+    """Issue 35, point 11: a federated text run (client-level DP, privacy.epsilon_budget = 3) is charged the
+    record-level ε of its rounds, here 7.2: 22.8 left holds 3 such runs, not 7."""
+    from flows.cli import main
+
+    write_params(project)  # text.path data/raw/texts.jsonl: dataset "texts"; federated.noise server: client-level
+    ledger = LifetimeLedger(dataset="texts", epsilon_budget=30.0, delta_budget=1e-4)
+    ledger.record(RunSpend(run="text-run-1", flow="federated-text", recorded_at="2026-11-23T03:00:00+00:00",
+                           data_version="abc", epsilon=7.2, delta=1e-5, accountant="rdp"))
+    _ledger_file(project, [9.0])  # and a digits ledger: pipeline runs, each charged at most privacy.epsilon_budget
+    (project / "data/budget/texts.json").write_text(json.dumps(ledger.to_dict()))
+    assert main(["budget"]) == 0
+    out = capsys.readouterr().out
+    texts = out[out.index("dataset texts"):]
+    assert "left ε = 22.8" in texts
+    assert "room for 3 more run(s) at ε = 7.2 each (the record-level ε a federated text run is charged" in texts
+    assert "room for 7 more run(s) at privacy.epsilon_budget = 3" in out[:out.index("dataset texts")]  # digits

@@ -41,9 +41,32 @@ def budget(args: argparse.Namespace) -> int:
         for r in ledger.reservations:
             print(f"  {r.reserved_at:<26} {r.flow:<15} {r.run:<33} {_holder(lifetime, r):<34} {r.epsilon:>8.4g} "
                   f"{r.delta:>9.3g}  reserved")
-        runs_left = int(life["left"] // params.privacy.epsilon_budget)
-        print(f"  room for {runs_left} more run(s) at privacy.epsilon_budget = {params.privacy.epsilon_budget:g}")
+        cost, basis = _run_cost(params, ledger, lifetime)
+        print(f"  room for {int(life['left'] // cost)} more run(s) at {basis}")
     return 0
+
+
+def _run_cost(params, ledger, lifetime) -> tuple[float, str]:
+    """What one more run on ``ledger``'s dataset is charged, and where that figure comes from. A pipeline run,
+    or a record-level text run, is charged at most privacy.epsilon_budget; a client-level federated text run
+    is charged its rounds' record-level cost (one record moves one client: a group of two), more than its
+    client-level budget: counted as the last such run on the dataset was charged."""
+    budget = params.privacy.epsilon_budget
+    at_budget = budget, f"privacy.epsilon_budget = {budget:g}"
+    if ledger.dataset != lifetime.dataset_name(params, flow="federated-text") \
+            or ledger.dataset == lifetime.dataset_name(params):
+        return at_budget
+    from privpipe.federated import noise_mode  # deferred: torch (seconds), for a text dataset only
+
+    if params.text.training == "dpsgd" or not noise_mode(params.federated.noise).client_level:
+        return at_budget
+    charged = [e for e in ledger.entries if e.flow == "federated-text"]
+    if not charged or charged[-1].epsilon <= budget:
+        return budget, (f"privacy.epsilon_budget = {budget:g} (at most: a federated text run is charged its "
+                        "record-level ε, more than its client-level budget)")
+    last = charged[-1]
+    return last.epsilon, (f"ε = {last.epsilon:.4g} each (the record-level ε a federated text run is charged, as "
+                          f"run {last.run} was; privacy.epsilon_budget = {budget:g} is client-level)")
 
 
 def _holder(lifetime, reservation) -> str:
