@@ -11,9 +11,10 @@ tasks on the runner ``runner`` in params.yaml chooses (threads, processes, Dask,
 
 Before any work the run reserves its most on the dataset's lifetime budget, beside what other
 runs hold (refused if it cannot); at the end its spend replaces the reservation
-(``privpipe budget``). The flow ends with a markdown artifact (in Prefect) that summarises
-the run's privacy spend, data version and model, and links to the MLflow run (which is
-tagged with the flow run: ``prefect.flow_run_id``).
+(``privpipe budget``). A run that fails before its first figure computed from the sensitive records
+leaves (a crash while DP-SGD trains, say) gives its reservation back; one that fails after is charged it.
+The flow ends with a markdown artifact (in Prefect) that summarises the run's privacy spend, data
+version and model, and links to the MLflow run (which is tagged with the flow run: ``prefect.flow_run_id``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from tasks.pate.student import run_student, student_task
 from tasks.pate.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
 from tasks.prepare import prepare_task, prepared_sets
 from tasks.prepared import PreparedSets
-from tasks.privacy import budget
+from tasks.privacy import budget, uncovered
 from tasks.privacy import tracking as audit_tracking
 from tasks.progress import progress
 from tasks.projection import Projection
@@ -204,7 +205,9 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
     if params.student.enabled:
         with clock.timed("partition"):
             shards = partition_task(params, run, prepared)
-    admission.mark_published()  # the spending stages log their figures as they go
+    # Until the first figure computed from the sensitive records leaves for MLflow or Prefect's logs, the run
+    # has released nothing, and a failure gives its reservation back (Admission.end). DP-PCA logs its σ and ε
+    # (the params decide them; its projection stays in artifacts/), the teachers their settings: not yet.
     with clock.timed("dp_pca"):
         projection = dp_pca_task(params, run, prepared)
     if params.student.enabled:
@@ -212,6 +215,7 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
         with clock.timed("teachers"):
             vote_files = _teachers(params, runner, prepared, shards, projection)
             votes = collect_votes_task(params, run, prepared, projection, vote_files)
+        admission.mark_published()  # the noisy votes' answers and their data-dependent analysis
         with clock.timed("aggregate"):
             labels = aggregate_task(params, run, votes, prepared, projection)
         with clock.timed("student"):
@@ -221,6 +225,7 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
             skip(params)
     start = start_dir(params)
     if params.finetune.enabled and params.finetune.mode == "federated":
+        admission.mark_published()  # each round logs the test accuracy of the noisy model as it goes
         with clock.timed("finetune"):
             # the rounds run here, in the flow, so each round's client updates are mapped tasks
             deployed = run_finetune(params, sensitive=prepared.sensitive, test=prepared.test,
@@ -228,8 +233,11 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
             if not isinstance(deployed, Skipped):
                 deployed.log(run, params)
     elif params.finetune.enabled:
+        if uncovered.recorded(params):  # privacy.log_uncovered: each epoch's loss goes to the logs as it goes
+            admission.mark_published()
         with clock.timed("finetune"):
-            finetune_task(params, run, prepared, projection, start)
+            # the stage's figures, once DP-SGD is done: a crash while training released nothing
+            finetune_task(params, run, prepared, projection, start, before_release=admission.mark_published)
     else:
         run_finetune(params)
     model_dir = paths.deployed_dir(params)

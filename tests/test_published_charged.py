@@ -1,5 +1,7 @@
-"""Nothing a run publishes goes uncharged: a run refused after its first spending stage logged its
-figures to MLflow is charged (its reservation, the most it can have spent) in the lifetime ledger."""
+"""Nothing a run publishes goes uncharged, and nothing is charged for a run that published nothing: a run
+that dies after its first figure computed from the sensitive records reached MLflow is charged (its
+reservation, the most it can have spent) in the lifetime ledger; one that dies before gives its
+reservation back (issue 35 point 1)."""
 
 from __future__ import annotations
 
@@ -11,24 +13,57 @@ from conftest import write_params
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
+SMALL_RUN = {"student": {"enabled": False}, "head": {"enabled": False}, "privacy_audit": {"enabled": False},
+             "finetune": {"epochs": 2, "hidden_units": [16]}}
 
-def test_a_run_refused_at_finetune_is_charged_for_what_it_published(project, prefect_harness, capsys):
-    from flows.cli import main
 
-    # finetune at a fixed σ far too small for the run's ε = 3: refused by the run's ledger at finetune,
-    # after DP-PCA logged its figures
-    write_params(project, student={"enabled": False}, head={"enabled": False}, privacy_audit={"enabled": False},
-                 finetune={"epochs": 2, "noise_multiplier": 0.3, "target_epsilon": None, "hidden_units": [16]})
-    assert main(["run"]) == 1
-    assert "over privacy.epsilon_budget" in capsys.readouterr().err.strip().splitlines()[-1]
+def _metrics(project) -> dict:
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("privpipe").experiment_id])
-    assert any(key.startswith("privacy.dp_pca") for key in run.data.metrics)  # it did publish
+    return dict(run.data.metrics)
+
+
+def test_a_run_that_crashes_while_dp_sgd_trains_gives_its_reservation_back(project, prefect_harness, monkeypatch):
+    """The issue's run overflowed in torch's SGD mid-training; here DP-SGD raises. DP-PCA had logged its σ and ε
+    (the params decide them), nothing computed from the records: the ledger is not charged."""
+    from flows.cli import main
+    from tasks.finetune import stage
+
+    def crash(*_args, **_kwargs):
+        raise RuntimeError("value cannot be converted to type float without overflow")
+
+    monkeypatch.setattr(stage, "train_dpsgd", crash)
+    write_params(project, **SMALL_RUN)
+    with pytest.raises(RuntimeError, match="without overflow"):  # a bug: its traceback, as before
+        main(["run"])
+    assert any(key.startswith("privacy.dp_pca") for key in _metrics(project))  # DP-PCA's own, params-decided
+    ledger = project / "data/budget/digits.json"
+    assert not ledger.exists() or json.loads(ledger.read_text())["entries"] == []
+    assert json.loads((project / "data/budget/.digits.reservations.json").read_text())["reservations"] == []
+
+
+def test_a_run_that_dies_after_its_figures_reached_mlflow_is_charged_its_reservation(project, prefect_harness,
+                                                                                       monkeypatch, capsys):
+    from flows.cli import main
+    from tasks.finetune.deployed import DpSgdModel
+
+    logged = DpSgdModel.log
+
+    def log_then_die(self, run, params):
+        logged(self, run, params)
+        raise RuntimeError("died after logging")
+
+    monkeypatch.setattr(DpSgdModel, "log", log_then_die)
+    write_params(project, **SMALL_RUN)
+    with pytest.raises(RuntimeError, match="died after logging"):
+        main(["run"])
+    assert "privacy.finetune.epsilon" in _metrics(project)  # it did publish
     (entry,) = json.loads((project / "data/budget/digits.json").read_text())["entries"]
     assert (entry["flow"], entry["epsilon"]) == ("pipeline (failed)", 3.0)
     assert json.loads((project / "data/budget/.digits.reservations.json").read_text())["reservations"] == []
+    capsys.readouterr()
     assert main(["budget"]) == 0 and "pipeline (failed)" in capsys.readouterr().out
 
 

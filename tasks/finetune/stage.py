@@ -140,12 +140,15 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
 
 @task(name="finetune", cache_policy=NO_CACHE)
 def finetune_task(params: Params, run: TrackedRun, prepared: PreparedSets, projection: Projection,
-                  start: Path) -> FinetunedModel:
+                  start: Path, before_release: Callable[[], None] | None = None) -> FinetunedModel:
     """DP-SGD (federated rounds run in the flow, so that their client updates are mapped tasks); then the
-    stage's figures and curves in MLflow."""
+    stage's figures and curves in MLflow. ``before_release``: called once training is done, before those
+    figures leave (the flow's lifetime budget: from then on, the run has released its model's figures)."""
     deployed = run_finetune(params, sensitive=prepared.sensitive, test=prepared.test, dp_pca_dir=projection.dir,
                             start=start)
     if isinstance(deployed, Skipped):
         raise RuntimeError("finetune_task runs only when finetune.enabled is true")
+    if before_release is not None:
+        before_release()
     deployed.log(run, params)
     return deployed

@@ -13,9 +13,11 @@ A client-level run (the federated text flow) costs more per record than its own 
 once its rounds are planned it resizes its reservation to their record-level cost
 (:meth:`Admission.resize`). When the run has released its model, :meth:`Admission.charge`
 replaces the reservation with what it actually spent, record-level. A run that ends without
-spending releases its reservation; one that fails after it may have released private output
-(MLflow figures of a spending stage, from DP-PCA on) is charged its reservation, an upper bound
-of what it released, so that nothing leaves a run uncharged.
+spending releases its reservation, and so does one that fails before its first figure computed from
+the sensitive records leaves (a crash while DP-SGD trains: DP-PCA's σ and ε, which the params decide,
+are no such figure); one that fails after it may have released private output (the noisy votes'
+answers, a model's figures in MLflow, a round's accuracy in the logs) is charged its reservation, an
+upper bound of what it released, so that nothing leaves a run uncharged.
 A run that was killed cannot do either: the next update of the ledger drops its
 reservation if its process is gone and it never released anything, and otherwise keeps it
 counted (over-count, never under-count) until a person says otherwise
