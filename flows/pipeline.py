@@ -171,8 +171,9 @@ def pipeline(params_file: str = "params.yaml") -> RunResult:
     One run at a time (a lock under artifacts/); refused before any work if the dataset's
     lifetime budget cannot pay for the run's ``privacy.epsilon_budget``."""
     params = load_params(params_file)
-    check_pipeline_use(params)  # a deployment's run starts here, not in preflight
-    training_device(params)
+    # a deployment's run starts here, not at `privpipe run`: the same checks before any run state exists
+    # (the lock, the reservation, the MLflow run), so bad data fails it with one line, not mid-run
+    preflight(params)
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)

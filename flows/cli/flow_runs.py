@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from privpipe.config import Params, check_federated_use, check_text_use, load_params
+from privpipe.config import ConfigError, Params, check_federated_use, check_text_use, load_params
 from privpipe.data import DataError
 
 if TYPE_CHECKING:  # types only: the flows import Prefect, MLflow and torch (seconds), deferred below
@@ -70,11 +70,11 @@ def _report_run(params: Params, result: RunResult) -> None:
 
 def federated(args: argparse.Namespace) -> int:
     params = load_params(args.params)  # validate before Prefect starts anything
-    _read_text_file(params)
     central = params.text.training == "dpsgd"  # central DP-SGD: the federated section is not used
     if not central:
         check_federated_use(params, clients=None if params.text.client_column else params.federated.clients)
     check_text_use(params)
+    _check_text_data(params)
     if params.text.mode == "lora":  # adapter targets named from the encoder's own layers, before anything is encoded
         from privpipe.text import check_lora_targets, encoder_dir  # deferred: torch and transformers (seconds)
 
@@ -141,22 +141,38 @@ def _print_registered(result: FederatedTextResult) -> None:
     print(f"MLflow          {result.url_hint}", flush=True)
 
 
-def _read_text_file(params: Params) -> None:
-    """Read the text file once before Prefect starts: a missing file or a bad line fails now, not in the
-    flow after MLflow opened a run."""
+def _check_text_data(params: Params) -> None:
+    """Read the text file once before Prefect starts, and make the clients the flow would make, writing
+    nothing: a missing file, a bad line, or a corpus too small for its clients fails now, not in the flow
+    after MLflow opened a run (issue 35 point 6)."""
     text = params.text
-    if text.format == "20newsgroups":  # a tarball, scikit-learn's cache or a folder: the loader says which is wrong
-        from privpipe.text.corpus import load_corpus  # deferred: privpipe.text imports torch (seconds)
-
-        load_corpus(text.path, format=text.format, text_column=text.text_column, label_column=text.label_column,
-                    client_column=None, split_column=None, test_fraction=text.test_fraction, seed=params.run.seed,
-                    download=text.download)
-        return
-    if not Path(text.path).is_file():
+    if text.format != "20newsgroups" and not Path(text.path).is_file():
         raise DataError(f"{text.path}: text file not found (text.path: a JSONL or CSV file with "
                         f"{text.text_column!r} and {text.label_column!r} columns)")
-    from privpipe.text.corpus import load_corpus  # deferred: privpipe.text imports torch (seconds)
+    # deferred: privpipe.text imports torch, the prepare task Prefect (seconds)
+    from privpipe.requests import RequestQueue
+    from privpipe.text.corpus import load_corpus
+    from tasks import paths
+    from tasks.text.prepare import drop_withheld
 
-    load_corpus(text.path, format=text.format, text_column=text.text_column, label_column=text.label_column,
-                client_column=text.client_column, split_column=text.split_column,
-                test_fraction=text.test_fraction, seed=params.run.seed)
+    # a 20newsgroups tarball, scikit-learn's cache or a folder: the loader says which is wrong
+    natural = text.format != "20newsgroups"
+    corpus = load_corpus(text.path, format=text.format, text_column=text.text_column, label_column=text.label_column,
+                         client_column=text.client_column if natural else None,
+                         split_column=text.split_column if natural else None, test_fraction=text.test_fraction,
+                         seed=params.run.seed, download=text.download)
+    corpus, _ = drop_withheld(corpus, RequestQueue(paths.REQUESTS))
+    if text.training == "dpsgd":  # central DP-SGD: no clients
+        return
+    import numpy as np
+
+    from privpipe.federated import noise_mode
+    from tasks.federated.training import assign_clients
+
+    assignment, clients = assign_clients(params, ids=corpus.train.ids, labels=corpus.train.labels,
+                                         classes=len(corpus.classes), natural=corpus.train.clients)
+    check_federated_use(params, clients=clients)  # natural clients: K is known only now
+    fed = params.federated
+    if fed.private and noise_mode(fed.noise).clients_run_dpsgd and np.bincount(assignment, minlength=clients).min() < 1:
+        raise ConfigError("federated.noise: client needs every client to hold records (a client with none runs no "
+                          "DP-SGD); set federated.min_records >= 1")
