@@ -22,6 +22,7 @@ from privpipe.privacy import (
     record_level_event,
     record_level_ledger,
 )
+from privpipe.privacy.events import ReplaceOnePoissonGaussianEvent
 
 ORDERS = (1.5, 2.0, 4.0, 10.0, 32.0)
 
@@ -90,7 +91,7 @@ def test_the_poisson_curve_bounds_one_record_changing_a_sampled_clients_update(q
 def test_record_level_costs_more_than_client_level_and_fedavg_config_charges_it():
     event = PoissonGaussianEvent(stage="federated", noise_multiplier=1.1, sample_rate=0.01, steps=1000)
     record = record_level_event(event)
-    assert isinstance(record, RdpCurveEvent) and record.stage == "federated" and record.delta == 0.0
+    assert isinstance(record, ReplaceOnePoissonGaussianEvent) and record.stage == "federated"
     client_eps = compute_epsilon([event], delta=1e-5).epsilon
     record_eps = compute_epsilon([record], delta=1e-5).epsilon
     triangle = RdpCurveEvent(stage="federated", orders=RDP_ORDERS, rdp=tuple(group_of_two_rdp(event)))
@@ -108,7 +109,7 @@ def test_record_level_ledger_keeps_delta_and_refuses_what_it_cannot_convert():
                     events=[PoissonGaussianEvent(stage="federated", noise_multiplier=3.0, sample_rate=0.5, steps=20)])
     record = record_level_ledger(client)
     spend = record.epsilon()
-    assert spend.delta == 1e-5 and spend.accountant == "rdp"  # a curve has no PLD: RDP for the pld ledger
+    assert spend.delta == 1e-5 and spend.accountant == "pld"  # the Poisson round's record-level form has a PLD
     assert spend.epsilon > 2 * client.epsilon().epsilon and math.isinf(record.epsilon_budget)
     fixed = Ledger(epsilon_budget=3.0, delta=1e-5, accountant="pld",
                    events=[GaussianEvent(stage="federated", noise_multiplier=3.0, count=20)])
