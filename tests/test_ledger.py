@@ -156,7 +156,7 @@ def test_best_splits_delta_between_pld_and_a_custom_curve():
     joint = compute_epsilon([*standard, curve], delta=1e-5, accountant="rdp")
     # by hand: basic composition of PLD (standard events, δ₁) and RDP at order 20 (the curve, δ₂ − its own δ),
     # the PLD at the discretisation the ledger refined to
-    interval = refined_pld(standard, 1e-5 / 2, span=max(joint.epsilon, 1.0))[2]
+    interval = refined_pld(standard, 1e-5 / 2)[2]
     pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=interval)
     for event in standard:
         pld.compose(event.to_dp_event())

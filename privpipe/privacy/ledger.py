@@ -6,16 +6,23 @@
     ledger.epsilon()                    # → Spend(epsilon, delta, accountant)
 
 Accountants (all from the maintained ``dp_accounting`` library, add-or-remove-one
-adjacency, the same relation Opacus and Abadi et al. use):
+adjacency of one record, the same relation Opacus and Abadi et al. use; a record-level DP-FedAvg
+round is analysed as a substitution inside its client, see
+:class:`~privpipe.privacy.events.ReplaceOnePoissonGaussianEvent`):
 
 - ``rdp``: Rényi DP, converted to (ε, δ) with the improved conversion of
   Balle et al. 2020 / Canonne et al. 2020 (tighter than the ε = RDP + log(1/δ)/(α-1)
   of the original moments accountant, which :func:`classic_rdp_epsilon` keeps for
   comparison with published numbers).
 - ``pld``: privacy-loss distributions with pessimistic discretisation, so the
-  reported ε is an upper bound. Only when every event has a PLD (not custom RDP curves).
+  reported ε is an upper bound. Only when every event has a PLD (not custom RDP curves). Each
+  event builds its own PLD with dp_accounting's constructors and the ledger composes them
+  (``PrivacyLossDistribution.compose``), so that PLDs derived under different relations of the
+  same unit compose (why that is sound: ReplaceOnePoissonGaussianEvent's docstring).
 - ``best``: both where possible; the smaller ε is reported, and named. Each is a
-  sound upper bound, so their minimum is one too. With custom RDP curves (which have no
+  sound upper bound, so their minimum is one too. Where the PLD is below RDP's ε at the one or
+  two orders nearest the optimum (any orders give an upper bound), the full RDP curve is not
+  computed: it could be at most the PLD's rounding (under 0.2 %) below the PLD. With custom RDP curves (which have no
   PLD) ``best`` also tries ``pld+rdp``: PLD for the standard events at δ₁ and RDP for the
   curves at δ₂, added by basic composition (ε₁ + ε₂, δ₁ + δ₂ = δ), for a few fixed
   splits of δ. A curve known at one order only (PATE's sanitised bound) would otherwise
@@ -26,6 +33,7 @@ adjacency, the same relation Opacus and Abadi et al. use):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -36,12 +44,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
+from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import optimize
 
 from privpipe.privacy.calibrate import calibrate_noise_multiplier
-from privpipe.privacy.events import Event, PoissonGaussianEvent, RdpCurveEvent, event_from_dict
+from privpipe.privacy.events import (
+    Event,
+    PoissonGaussianEvent,
+    RdpCurveEvent,
+    ReplaceOnePoissonGaussianEvent,
+    event_from_dict,
+)
 
 __all__ = ["Ledger", "Spend", "BudgetExceeded", "compute_epsilon", "epsilon_curve", "classic_rdp_epsilon",
            "RDP_ORDERS"]
@@ -53,14 +67,21 @@ RDP_ORDERS: tuple[float, ...] = tuple(float(a) for a in rdp_privacy_accountant.D
 #: about 0.1 % of theirs at moderate ε, far looser at large ε (no orders below 2), an upper bound always.
 #: Only the search's start and the PLD grid's span come from it, never a reported figure.
 SEARCH_ORDERS: tuple[float, ...] = tuple(a for a in RDP_ORDERS if a.is_integer() and (a <= 32 or a % 8 == 0 or a > 64))
-#: PLD discretisation interval h: pessimistic rounding makes the ε of every h an upper bound, and its
-#: excess over the tight value falls as h² (×8.6–9 per 3× finer at σ = 4, 40,000 steps, measured). So
-#: h starts coarse and is refined 3×, then straight to the h where the excess the last two levels imply
-#: falls to half of PLD_TOLERANCE of ε, until the excess implied is under PLD_TOLERANCE: within 0.2 % of
-#: the tight value at a few coarse grids' cost.
+#: PLD discretisation interval h: pessimistic rounding makes the ε of every h an upper bound. Its excess
+#: over the tight value is sized before any PLD is built (:func:`_grid_for`): pessimistic
+#: connect-the-dots rounding moves the mass of each grid cell to its two ends keeping both
+#: distributions' masses, a spread that raises E[e^{λL}] of each discretised factor by about
+#: λ(λ + 1)/2 · E[d(h − d)] relative, d = L mod h under the loss tilted by e^{λL} (h²/6 where the
+#: density is smooth across cells); over the factors ε rises by the sum of that divided by λ, at the
+#: tilt λ where the saddle-point approximation of δ(ε) meets δ. So h is chosen for a predicted excess of
+#: PLD_TOLERANCE of the ε that approximation gives, and one PLD is built (measured within 0.2 % of the
+#: tight value: tests/test_ledger.py, bench/out/accounting/speed.md). Where no prediction can be made,
+#: h starts coarse and is refined (the former way, :func:`_refined_by_levels`).
 PLD_COARSEST, PLD_FINEST = 1e-2, 1e-5
 PLD_TOLERANCE = 1.5e-3
-#: a PLD's grid spans the privacy losses up to about ε (RDP's, an upper bound): h is never so fine
+#: the refinement's tolerance where no size is predicted (:func:`_refined_by_levels`)
+LEVELS_TOLERANCE = 1.5e-3
+#: a PLD's grid spans the privacy losses up to about ε: h is never so fine
 #: that it needs more points than this (σ = 0.01 at the fixed 1e-4 took 4.6 minutes)
 PLD_MAX_POINTS = 2_000_000
 #: past this many composed steps a PLD takes minutes (10⁷ DP-SGD steps: 37 s a level; 10⁹ asked
@@ -110,12 +131,7 @@ def _compose_rdp(events: Sequence[Event], orders: tuple[float, ...]) -> np.ndarr
 @functools.lru_cache(maxsize=512)
 def _event_rdp(event: Event, orders: tuple[float, ...]) -> np.ndarray:
     """One event's RDP curve (RDP composes by addition, so a total and a stage alone share it)."""
-    if isinstance(event, RdpCurveEvent):
-        curve = event.rdp_at(orders)
-    else:
-        accountant = rdp_privacy_accountant.RdpAccountant(orders=orders)
-        accountant.compose(event.to_dp_event())
-        curve = accountant.rdp  # (a copy each time it is read)
+    curve = np.array(event.rdp_at(orders), dtype=float)  # (a copy: the event may cache its own)
     curve.flags.writeable = False  # shared by every caller of the cache: changed in place, ε would be wrong
     return curve
 
@@ -135,32 +151,115 @@ def _rdp_epsilon(events: tuple[Event, ...], delta: float, orders: tuple[float, .
 
 
 @functools.lru_cache(maxsize=4)  # the σ search's last PLDs are the reported figure's; up to 32 MB each
-def _pld(events: tuple[Event, ...], interval: float) -> pld_privacy_accountant.PLDAccountant:
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=interval)
-    accountant.compose(dp_event.ComposedDpEvent([e.to_dp_event() for e in events]))
-    return accountant
+def _pld(events: tuple[Event, ...], interval: float) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """The events' PLDs at h = ``interval``, composed (each event's own: see the module docstring)."""
+    pld = privacy_loss_distribution.identity(value_discretization_interval=interval)
+    for event in events:
+        pld = pld.compose(event.to_pld(interval))
+    return pld
 
 
-def refined_pld(events: Sequence[Event], delta: float, *,
-                span: float) -> tuple[pld_privacy_accountant.PLDAccountant, float, float]:
-    """(the PLD, its ε at ``delta``, its h): h refined until the ε is within PLD_TOLERANCE of the tight
-    value (see PLD_TOLERANCE); the ε is the smallest of the levels tried (each is an upper bound).
-    ``span``: about the largest privacy loss that matters (RDP's ε), which bounds the grid. The PLD is
-    cached and shared: read it, never compose onto it."""
+@functools.lru_cache(maxsize=512)
+def _saddle(events: tuple[Event, ...], delta: float) -> tuple[float, float] | None:
+    """(ε, λ) by the saddle-point approximation of δ(ε) = E[(1 − e^{ε−L})₊] from the events' cumulant
+    generating function K(λ) = Σ log E[e^{λL}]: log δ ≈ K − λK′ − log(λ(λ + 1)) − ½·log(2πK″) at the tilt
+    λ whose mean K′(λ) is ε. An estimate (typically within a few % of the tight ε), used only to size
+    the PLD's grid; None where it cannot be had (K infinite or not finite, no root)."""
+    def k(lam: float) -> tuple[float, float, float]:
+        parts = [e.log_mgf(lam) for e in events]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
+
+    def gap(log_lam: float) -> float:
+        lam = math.exp(log_lam)
+        value, slope, curvature = k(lam)
+        if not (math.isfinite(value) and math.isfinite(slope) and curvature > 0):
+            raise FloatingPointError
+        return value - lam * slope - math.log(lam * (lam + 1)) - 0.5 * math.log(2 * math.pi * curvature) \
+            - math.log(delta)
+
+    try:
+        with np.errstate(all="ignore"):
+            low, high = math.log(0.5), math.log(2.0)
+            while gap(low) < 0:  # gap falls as λ grows: bracket the root
+                low, high = low - math.log(4), low
+                if low < math.log(1e-6):
+                    return None
+            while gap(high) > 0:
+                low, high = high, high + math.log(4)
+                if high > math.log(1e5):
+                    return None
+            lam = math.exp(optimize.brentq(gap, low, high, xtol=1e-3))
+            epsilon = k(lam)[1]
+    except (FloatingPointError, OverflowError, ZeroDivisionError, ValueError):
+        return None
+    return (epsilon, lam) if math.isfinite(epsilon) and epsilon > 0 else None
+
+
+def _grid_for(events: tuple[Event, ...], epsilon: float, lam: float) -> float:
+    """The h whose predicted excess (module constants' comment) is at most PLD_TOLERANCE of ``epsilon``:
+    (λ + 1)/2 · Σ E[d(h − d)], d = L mod h under the tilted loss of each factor (h²/6 for a smooth one).
+    The spread wobbles with h where mass sits near one loss (a sampled Gaussian's bulk near log(1 − q)):
+    from the smooth guess, a few steps of h ← h·√(target/predicted), then the last step down until it fits."""
+    target = PLD_TOLERANCE * epsilon
+
+    def excess(h: float) -> float:
+        return (lam + 1) / 2 * sum(e.rounding_spread(lam, h) for e in events)
+
+    interval = math.sqrt(12 * target / ((lam + 1) * sum(e.pld_factors for e in events)))
+    for _ in range(3):
+        interval *= min(math.sqrt(target / excess(interval)), 1.5)
+    while excess(interval) > target:
+        interval *= 0.95
+    return interval
+
+
+def refined_pld(events: Sequence[Event],
+                delta: float) -> tuple[privacy_loss_distribution.PrivacyLossDistribution, float, float]:
+    """(the PLD, its ε at ``delta``, its h): h sized so that the ε is within PLD_TOLERANCE of the tight
+    value (see PLD_TOLERANCE); the ε is the smallest of the grids tried (each is an upper bound). The
+    PLD is cached and shared: read it, never compose onto it."""
     events = tuple(events)
-    best, interval = _refined_pld(events, delta, span)
+    best, interval = _refined_pld(events, delta)
     return _pld(events, interval), best, interval  # (the last PLD built: cached, unless evicted since)
 
 
 @functools.lru_cache(maxsize=512)
-def _refined_pld(events: tuple[Event, ...], delta: float, span: float) -> tuple[float, float]:
-    """(ε, h) of :func:`refined_pld`; the PLDs themselves stay in _pld's small cache (up to 32 MB each)."""
+def _refined_pld(events: tuple[Event, ...], delta: float) -> tuple[float, float]:
+    """(ε, h) of :func:`refined_pld`; the PLDs themselves stay in _pld's small cache (up to 32 MB each).
+
+    One PLD at the h sized from the saddle-point ε; a second, finer, only where the PLD's own ε shows
+    that estimate was more than 20 % high (its h then too coarse) or the grid could not hold the losses
+    (ε = inf). Without an estimate, the former refinement from a coarse grid."""
+    saddle = _saddle(events, delta)
+    if saddle is None:
+        span = _rdp_epsilon(events, delta)
+        if math.isinf(span):
+            return math.inf, PLD_COARSEST
+        return _refined_by_levels(events, delta, max(span, 1.0))
+    predicted, lam = saddle
+    finest = max(PLD_FINEST, max(predicted, 1.0) / PLD_MAX_POINTS)
+    interval = min(max(_grid_for(events, predicted, lam), finest), PLD_COARSEST)
+    epsilon = float(_pld(events, interval).get_epsilon_for_delta(delta))
+    if math.isinf(epsilon):
+        finer = interval / 3
+    elif epsilon < predicted / 1.2:
+        finer = _grid_for(events, epsilon, lam)
+    else:
+        return epsilon, interval
+    if finer >= interval or interval <= finest:
+        return epsilon, interval
+    finer = max(finer, finest)
+    return min(epsilon, float(_pld(events, finer).get_epsilon_for_delta(delta))), finer
+
+
+def _refined_by_levels(events: tuple[Event, ...], delta: float, span: float) -> tuple[float, float]:
+    """h from coarse to fine until the excess the last two levels imply (∝ h²) is under PLD_TOLERANCE of
+    ε; ``span``: about the largest privacy loss that matters (RDP's ε), which bounds the grid."""
     finest = max(PLD_FINEST, span / PLD_MAX_POINTS)
     interval, best = max(PLD_COARSEST, finest), math.inf
     previous = None  # (h, ε) of the level before
     while True:
-        pld = _pld(events, interval)
-        epsilon = float(pld.get_epsilon(delta))
+        epsilon = float(_pld(events, interval).get_epsilon_for_delta(delta))
         best = min(best, epsilon)
         if previous is None:
             finer = interval / 3
@@ -171,9 +270,9 @@ def _refined_pld(events: tuple[Event, ...], delta: float, span: float) -> tuple[
         else:
             ratio = previous[0] / interval
             excess = max(previous[1] - epsilon, 0.0) / (ratio ** 2 - 1)  # ε(h) - tight, if excess ∝ h²
-            if excess <= PLD_TOLERANCE * epsilon:
+            if excess <= LEVELS_TOLERANCE * epsilon:
                 return best, interval
-            finer = interval * min(math.sqrt(PLD_TOLERANCE / 2 * epsilon / excess), 1 / 1.5)
+            finer = interval * min(math.sqrt(LEVELS_TOLERANCE / 2 * epsilon / excess), 1 / 1.5)
         if interval <= finest:
             return best, interval
         previous, interval = (interval, epsilon), max(finer, finest)
@@ -182,13 +281,13 @@ def _refined_pld(events: tuple[Event, ...], delta: float, span: float) -> tuple[
 def pld_epsilon_at(events: Sequence[Event], delta: float, interval: float) -> float:
     """ε at ``delta`` of one PLD at a fixed h: an upper bound at any h (the σ search and the ε curve
     use the h :func:`refined_pld` chose for the final figure)."""
-    return float(_pld(tuple(events), interval).get_epsilon(delta))
+    return float(_pld(tuple(events), interval).get_epsilon_for_delta(delta))
 
 
 def clear_caches() -> None:
     """Forget the ledger's cached RDP curves, PLDs and ε (for timings that must start cold; the
     record-level curves of :mod:`privpipe.privacy.group` have their own cache)."""
-    for cached in (_event_rdp, _rdp_epsilon, _pld, _refined_pld, _composed):
+    for cached in (_event_rdp, _rdp_epsilon, _pld, _saddle, _refined_pld, _composed):
         cached.cache_clear()
 
 
@@ -216,51 +315,66 @@ def _composed(events: tuple[Event, ...], delta: float, accountant: str) -> Spend
     pld_ok = all(e.supports_pld for e in events)
     if accountant == "pld" and not pld_ok:
         raise ValueError("PLD accounting needs every event to have a PLD; custom RDP curves do not (use rdp or best)")
-    rdp = Spend(_rdp_epsilon(events, delta), delta, "rdp")  # cheap at any σ and step count; sizes the PLD
-    if accountant == "rdp" or math.isinf(rdp.epsilon) or sum(getattr(e, "steps", 1) for e in events) > PLD_MAX_STEPS:
+    if accountant == "rdp" or sum(getattr(e, "steps", 1) for e in events) > PLD_MAX_STEPS:
+        return Spend(_rdp_epsilon(events, delta), delta, "rdp")  # cheap at any σ and step count
+    saddle = _saddle(events, delta) if pld_ok else None
+    if saddle is not None:  # the usual case: one PLD, sized in advance, and RDP at the orders that matter
+        try:
+            pld = _refined_pld(events, delta)[0]
+        except (ValueError, MemoryError):
+            pld = math.inf  # (the full path below says why)
+        if math.isfinite(pld) and (accountant == "pld"
+                                   or pld < _rdp_epsilon(events, delta, _orders_near(saddle[1] + 1))):
+            return Spend(pld, delta, "pld")
+    rdp = Spend(_rdp_epsilon(events, delta), delta, "rdp")  # the full curve: where the PLD is not below it
+    if math.isinf(rdp.epsilon):
         return rdp
     candidates = [rdp] if accountant == "best" else []
-    span = max(rdp.epsilon, 1.0)
     if pld_ok:
         try:
-            candidates.append(Spend(_refined_pld(events, delta, span)[0], delta, "pld"))
+            candidates.append(Spend(_refined_pld(events, delta)[0], delta, "pld"))
         except (ValueError, MemoryError):
             # very little noise over many steps needs a PLD larger than dp_accounting allows
             # (or than memory holds); ``best`` then reports the (also sound) RDP bound alone
             if accountant == "pld":
                 raise
     if accountant == "best" and not pld_ok:
-        candidates += _split_candidates(events, delta, span=span)
+        candidates += _split_candidates(events, delta)
     return min(candidates, key=lambda s: s.epsilon)
+
+
+def _orders_near(alpha: float) -> tuple[float, ...]:
+    """The integer RDP orders either side of ``alpha`` (at least 2): RDP's ε at a few orders is an upper
+    bound on its ε at all, and integer orders are dp_accounting's fastest."""
+    return tuple(sorted({float(max(2, math.floor(alpha))), float(max(2, math.ceil(alpha)))}))
 
 
 def epsilon_curve(event_at: Callable[[int], Event], steps: Sequence[int], *, delta: float,
                   accountant: str = "best") -> list[float]:
     """ε of ``event_at(s)`` alone at each of the ascending ``steps``: the last is :func:`compute_epsilon`'s
     figure; the others, where that figure is a PLD's, one PLD each at the h it needed (upper bounds, at
-    most the last; a Poisson-subsampled Gaussian's curve self-composes one single-step PLD), else RDP's."""
+    most the last; a Poisson-subsampled Gaussian's curve, either relation, self-composes one single-step PLD),
+    else RDP's."""
     steps = [int(s) for s in steps]
     last = event_at(steps[-1])
     final = compute_epsilon([last], delta=delta, accountant=accountant)
     if final.accountant != "pld":
         return [compute_epsilon([event_at(s)], delta=delta, accountant="rdp").epsilon for s in steps[:-1]] + \
             [final.epsilon]
-    interval = _refined_pld((last,), delta, max(_rdp_epsilon((last,), delta), 1.0))[1]
-    if isinstance(last, PoissonGaussianEvent):
+    interval = _refined_pld((last,), delta)[1]
+    if isinstance(last, (PoissonGaussianEvent, ReplaceOnePoissonGaussianEvent)):
         points = _composed_incrementally(last, steps[:-1], delta, interval)
     else:
         points = [pld_epsilon_at([event_at(s)], delta, interval) for s in steps[:-1]]
     return [min(p, final.epsilon) for p in points] + [final.epsilon]
 
 
-def _composed_incrementally(event: PoissonGaussianEvent, steps: Sequence[int], delta: float,
-                            interval: float) -> list[float]:
+def _composed_incrementally(event: PoissonGaussianEvent | ReplaceOnePoissonGaussianEvent, steps: Sequence[int],
+                            delta: float, interval: float) -> list[float]:
     """ε after each of ``steps`` steps of ``event``'s mechanism: one PLD grown from the last point by
     composing the PLD of the steps in between (one self-composition per distinct gap, about two for
     evenly spread steps); composition truncates tails pessimistically, so each is an upper bound."""
-    single = privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=event.noise_multiplier, value_discretization_interval=interval,
-        sampling_prob=event.sample_rate)
+    single = dataclasses.replace(event, steps=1).to_pld(interval)
     gaps: dict[int, privacy_loss_distribution.PrivacyLossDistribution] = {1: single}
     points, pld, done = [], None, 0
     for step in steps:
@@ -273,16 +387,16 @@ def _composed_incrementally(event: PoissonGaussianEvent, steps: Sequence[int], d
     return points
 
 
-def _split_candidates(events: Sequence[Event], delta: float, *, span: float) -> list[Spend]:
+def _split_candidates(events: Sequence[Event], delta: float) -> list[Spend]:
     """PLD for the standard events plus RDP for the custom curves, for each fixed split of δ."""
     standard = [e for e in events if e.supports_pld]
     custom = [e for e in events if not e.supports_pld]
     if not standard:
         return []
     spent = sum(e.delta for e in custom if isinstance(e, RdpCurveEvent))
-    pld = refined_pld(standard, delta / 2, span=span)[0]  # one PLD, read at each δ₁
-    return [Spend(float(pld.get_epsilon(delta * (1 - share))) + _rdp_epsilon(tuple(custom), delta * share), delta,
-                  "pld+rdp")
+    pld = refined_pld(standard, delta / 2)[0]  # one PLD, read at each δ₁
+    return [Spend(float(pld.get_epsilon_for_delta(delta * (1 - share))) + _rdp_epsilon(tuple(custom), delta * share),
+                  delta, "pld+rdp")
             for share in SPLIT_DELTA_SHARES if delta * share > spent]
 
 
@@ -387,11 +501,10 @@ class Ledger:
             return calibrate_noise_multiplier(total("best"), target_epsilon=target_epsilon, start=sigma)
         if sum(getattr(e, "steps", 1) for e in planned) > PLD_MAX_STEPS:  # compute_epsilon reports RDP there
             return calibrate_noise_multiplier(total("rdp"), target_epsilon=target_epsilon, start=sigma)
-        span = _rdp_epsilon(tuple(planned), self.delta, orders)  # (an upper bound on the full RDP's)
-        pld, _, interval = refined_pld(planned, self.delta, span=max(span, 1.0))
+        pld, _, interval = refined_pld(planned, self.delta)
         sigma = calibrate_noise_multiplier(
             lambda s: pld_epsilon_at([*self.events, make_event(s)], self.delta, interval),
-            target_epsilon=target_epsilon, start=sigma, start_epsilon=float(pld.get_epsilon(self.delta)))
+            target_epsilon=target_epsilon, start=sigma, start_epsilon=float(pld.get_epsilon_for_delta(self.delta)))
         while total(self.accountant)(sigma) > target_epsilon:
             sigma *= 1.001
         return sigma
