@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from privpipe.data import DataError
+from privpipe.files import private_file
 from privpipe.locks import exclusive_lock
 from tasks import paths
 
 if TYPE_CHECKING:  # a type only: privpipe.config stays off this module's import path
     from privpipe.config import Params
 
-__all__ = ["write_json", "read_json", "load_array", "write_text", "staged_dir", "stage_logger", "skip_stage",
-           "Skipped", "was_skipped", "seed_for",
+__all__ = ["write_json", "read_json", "load_array", "save_private_array", "write_text", "staged_dir", "stage_logger",
+           "skip_stage", "Skipped", "was_skipped", "seed_for",
            "SEED_STREAMS", "exclusive_lock", "one_at_a_time", "one_pipeline_at_a_time",
            "PipelineBusy", "warn_insecure_rng",
            "INSECURE_STAGE_WARNING", "stage_threads", "task_threads", "use_torch_threads", "apply_torch_threads"]
@@ -97,6 +98,13 @@ def one_pipeline_at_a_time() -> AbstractContextManager[None]:
 
 def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def save_private_array(path: Path, array: np.ndarray) -> None:
+    """``np.save`` (the same bytes) into a file of mode 0600: records, their features or their ids
+    (:func:`privpipe.files.private_file`)."""
+    with private_file(path) as out:
+        np.save(out, array)
 
 
 def load_array(path: Path) -> np.ndarray:

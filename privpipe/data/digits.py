@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from privpipe.data.records import DataError, Records, read_text
+from privpipe.files import private_file
 
 __all__ = ["export_digits_csv", "load_labeled_csv", "EMBEDDED_DIGITS_MD5", "EMBEDDED_DIGITS_SIZE"]
 
@@ -36,7 +37,8 @@ def export_digits_csv(path: Path) -> None:
         writer.writerow([f"digits-{i:04d}", int(label), *row.tolist()])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(buffer.getvalue())
+    with private_file(tmp, "w") as out:  # the records: their owner's alone (0600)
+        out.write(buffer.getvalue())
     tmp.replace(path)
 
 

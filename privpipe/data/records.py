@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from privpipe.files import read_user_text
+from privpipe.files import private_file, private_folder, read_user_text
 
 __all__ = ["Records", "DataError", "UNLABELED", "RECORD_FILES", "check_labels"]
 
@@ -64,12 +64,14 @@ class Records:
                        None if self.clients is None else self.clients[index])
 
     def save(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        np.save(folder / "features.npy", self.features)
-        np.save(folder / "labels.npy", self.labels)
-        np.save(folder / "ids.npy", self.ids.astype(str))
+        """The set's arrays in ``folder``, for their owner only (files 0600, the folder 0700)."""
+        private_folder(folder)
+        arrays = {"features": self.features, "labels": self.labels, "ids": self.ids.astype(str)}
         if self.clients is not None:
-            np.save(folder / "clients.npy", self.clients.astype(str))
+            arrays["clients"] = self.clients.astype(str)
+        for name, array in arrays.items():
+            with private_file(folder / f"{name}.npy") as out:
+                np.save(out, array)
 
     @classmethod
     def load(cls, folder: Path, rows: np.ndarray | None = None) -> Records:

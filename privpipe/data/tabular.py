@@ -29,6 +29,7 @@ from privpipe.config.errors import ConfigError
 from privpipe.config.schema import ColumnSchema, DataSchema
 from privpipe.data.records import UNLABELED, DataError, Records, read_text
 from privpipe.data.shape import DataShape
+from privpipe.files import private_file
 
 __all__ = ["Table", "read_table", "write_table", "encode_table", "table_columns", "PARQUET_SUFFIXES"]
 
@@ -93,13 +94,15 @@ def read_table(path: Path) -> Table:
 
 
 def write_table(table: Table, keep: np.ndarray) -> None:
-    """Rewrite the table's file with only the rows ``keep`` marks (its format, its column order)."""
+    """Rewrite the table's file with only the rows ``keep`` marks (its format, its column order), for its
+    owner only (mode 0600: it holds the records)."""
     if table.path.suffix.lower() in PARQUET_SUFFIXES:
         import pandas as pd  # deferred: pandas only for Parquet files
 
         frame = pd.DataFrame({name: [v for v, k in zip(table.cells[name], keep) if k] for name in table.names})
         tmp = table.path.with_name(f".{table.path.name}.tmp")
-        frame.to_parquet(tmp, index=False)
+        with private_file(tmp) as out:
+            frame.to_parquet(out, index=False)
         tmp.replace(table.path)
         return
     buffer = io.StringIO()
@@ -108,7 +111,8 @@ def write_table(table: Table, keep: np.ndarray) -> None:
     for row in np.flatnonzero(keep):
         writer.writerow([table.cells[name][row] for name in table.names])
     tmp = table.path.with_name(f".{table.path.name}.tmp")
-    tmp.write_text(buffer.getvalue())
+    with private_file(tmp, "w") as out:
+        out.write(buffer.getvalue())
     tmp.replace(table.path)
 
 

@@ -48,6 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from privpipe.files import private_folder
 from privpipe.locks import exclusive_lock
 
 __all__ = ["RequestQueue", "Request", "QueueError", "UnknownRecord", "QueueBusy"]
@@ -267,7 +268,7 @@ class RequestQueue:
     def _locked(self) -> Iterator[int]:
         """queue.lock held, and the journal open for appending (its torn tail cut); yields its fd."""
         # around the caller's writes too: a full disk is one line
-        with _os_errors(self.path), exclusive_lock(self.folder / "queue.lock"):
+        with _os_errors(self.path), exclusive_lock(private_folder(self.folder) / "queue.lock"):
             created = not self.path.exists()
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             try:
@@ -358,6 +359,7 @@ class RequestQueue:
         """Hold processing.lock for one removal run; QueueBusy if another holds it (unless ``wait``)."""
         path = self.folder / "processing.lock"
         with ExitStack() as held:
+            private_folder(self.folder)  # its owner's alone (0700), as the journal and the salt in it are (0600)
             try:
                 held.enter_context(exclusive_lock(path, blocking=wait))
             except BlockingIOError:
@@ -396,7 +398,7 @@ class RequestQueue:
 
     def _read_or_create_salt(self, path: Path) -> bytes:
         if not path.exists():
-            self.folder.mkdir(parents=True, exist_ok=True)
+            private_folder(self.folder)
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".salt.")  # mkstemp: mode 0600
             try:
                 with os.fdopen(fd, "w") as handle:

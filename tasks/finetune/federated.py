@@ -21,10 +21,11 @@ import torch
 from privpipe.config import Params
 from privpipe.data import Records
 from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainable_vector
+from privpipe.files import private_folder
 from privpipe.models import apply_front, network_maps, released_model, save_released
 from privpipe.privacy import BudgetExceeded
 from tasks import paths
-from tasks.common import stage_logger, staged_dir, task_threads, write_json, write_text
+from tasks.common import save_private_array, stage_logger, staged_dir, task_threads, write_json, write_text
 from tasks.device import training_device
 from tasks.federated.clients import ClientData, ClientJob, ModelSpec, forget_arrays, sequential_updates
 from tasks.federated.training import assign_clients, train_federated
@@ -48,10 +49,10 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
 
     # the clients' data as files the client tasks map (scratch: removed when the stage ends)
     work = out.with_name(f".{out.name}.clients")
-    work.mkdir(parents=True, exist_ok=True)
-    np.save(work / "features.npy", begin.features)
-    np.save(work / "labels.npy", records.labels)
-    np.save(work / "assignment.npy", assignment)
+    private_folder(work)  # the records' features: their owner's alone
+    save_private_array(work / "features.npy", begin.features)
+    save_private_array(work / "labels.npy", records.labels)
+    save_private_array(work / "assignment.npy", assignment)
     forget_arrays()
     spec = ModelSpec(kind="network", network=cfg.model, in_features=int(np.prod(begin.features.shape[1:])),
                      hidden_units=tuple(cfg.hidden_units), classes=begin.classes,

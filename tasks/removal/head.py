@@ -26,6 +26,7 @@ from torch import nn
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DataShape, Records
+from privpipe.files import private_folder
 from privpipe.models import load_released
 from privpipe.privacy import Ledger
 from privpipe.removal import RemovableHead, RemovalGuarantee, combined_guarantee
@@ -53,8 +54,7 @@ def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir:
                      shape: DataShape) -> tuple[nn.Sequential, dict]:
     """Store the extractor under ``staging/extractor``; return it and the DP guarantee that covers it."""
     source = params.head.features
-    folder = staging / "extractor"
-    folder.mkdir()
+    folder = private_folder(staging / "extractor")  # record_use.json: the hashed ids of its training sets
     if source == "model":
         ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))  # first: a missing model is one line
         for name in ("model.pt", "model.json"):

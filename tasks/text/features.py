@@ -23,9 +23,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
+from privpipe.files import private_file, private_folder
 from privpipe.text import embed, embedding_key, encoder_digest, encoder_dir, hidden_size, load_encoder, tokenize
 from tasks import paths
-from tasks.common import stage_logger, staged_dir, use_torch_threads, write_json
+from tasks.common import save_private_array, stage_logger, staged_dir, use_torch_threads, write_json
 from tasks.progress import progress
 from tasks.text.encoded import EncodedTexts
 from tasks.text.prepare import load_split
@@ -48,10 +49,10 @@ def class_text(name: str) -> str:
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy")
+    private_folder(path.parent)  # the cache holds the records' embeddings: its owner's alone
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy")  # mode 0600
     os.close(fd)
-    np.save(tmp, array)
+    save_private_array(Path(tmp), array)
     os.replace(tmp, path)
 
 
@@ -83,14 +84,16 @@ def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path 
             if params.text.mode == "frozen":
                 vectors, hit = _cached_embeddings(model, tokenizer, texts, digest=digest, params=params, cache=cache,
                                                   split=split, log=log)
-                np.save(staging / f"{split}_embeddings.npy", vectors)
+                save_private_array(staging / f"{split}_embeddings.npy", vectors)
                 cached[split] = hit
                 log.info("encode: %s, %d texts %s", split, len(texts), "from the cache" if hit else "encoded")
             else:
                 ids, mask = tokenize(tokenizer, texts, max_length=params.text.max_length)
-                np.save(staging / f"{split}_input_ids.npy", ids)
-                np.save(staging / f"{split}_attention_mask.npy", mask)
-            shutil.copyfile(Path(text_dir) / f"{split}_labels.npy", staging / f"{split}_labels.npy")
+                save_private_array(staging / f"{split}_input_ids.npy", ids)  # the texts themselves, as tokens
+                save_private_array(staging / f"{split}_attention_mask.npy", mask)
+            with open(Path(text_dir) / f"{split}_labels.npy", "rb") as labels, \
+                    private_file(staging / f"{split}_labels.npy") as copy:
+                shutil.copyfileobj(labels, copy)
         classes = PreparedTexts.read(text_dir).classes
         np.save(staging / "class_embeddings.npy", embed(model, tokenizer, [class_text(c) for c in classes],
                                                         max_length=params.text.max_length,

@@ -25,7 +25,7 @@ from privpipe.data import DataError
 from privpipe.requests import RequestQueue, version_suffix
 from privpipe.text import Corpus, TextSet, load_corpus
 from tasks import paths
-from tasks.common import read_json, stage_logger, staged_dir, write_json
+from tasks.common import read_json, save_private_array, stage_logger, staged_dir, write_json
 from tasks.federated.training import assign_clients
 from tasks.text.prepared import PreparedTexts
 from tasks.versioning import data_version
@@ -87,9 +87,9 @@ def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> PreparedTexts
     with staged_dir(out) as staging:
         for name, part in (("train", corpus.train), ("test", corpus.test)):
             write_json(staging / f"{name}_texts.json", part.texts)
-            np.save(staging / f"{name}_labels.npy", part.labels)
-            np.save(staging / f"{name}_ids.npy", part.ids.astype(str))
-        np.save(staging / "assignment.npy", assignment)
+            save_private_array(staging / f"{name}_labels.npy", part.labels)
+            save_private_array(staging / f"{name}_ids.npy", part.ids.astype(str))
+        save_private_array(staging / "assignment.npy", assignment)
         write_json(staging / "meta.json", prepared.to_json())
     log.info("prepare_text: %d train / %d test texts, %d classes, %d clients (%s; median %.0f records each)%s",
              prepared.n_train, prepared.n_test, len(corpus.classes), clients,
