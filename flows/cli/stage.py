@@ -32,6 +32,7 @@ def stage(args: argparse.Namespace) -> int:
     training_device(params)  # run.device: cuda on a machine without one is refused before any work
     with one_pipeline_at_a_time():  # never beside a `privpipe run`, which writes the same artifacts
         if args.name in SPENDING_STAGES:
+            _check_inputs(params, args.name)  # before the reservation: a stage refused here wrote nothing
             # dvc repro: the stages share one reservation of the project, settled at evaluate --track
             budget.reserve_for_stages(params, budget.dataset_name(params), what=f"stage {args.name}")
         use_torch_threads(params, args.name, quiet=True)  # run.torch_threads; the torch-heavy stages say so themselves
@@ -40,6 +41,35 @@ def stage(args: argparse.Namespace) -> int:
         if args.track:
             _record(params, out, params_file=args.params)
     return 0
+
+
+def _check_inputs(params: Params, name: str) -> None:
+    """A spending stage's inputs, and the checks they and the params decide, before it reserves on the
+    lifetime budget (issue 35 point 6): a stage run before the one that writes its input, or one its data
+    refuses, fails with one line and leaves no reservation behind."""
+    # deferred: the stage modules import torch (seconds)
+    from tasks import paths
+    from tasks.common import read_json
+
+    if name == "dp_pca":
+        from privpipe.data.records import Records
+        from tasks.dp_pca import check_components
+
+        records = Records.load(paths.SENSITIVE)
+        if params.dp_pca.enabled:
+            check_components(params, records.features.shape[1])
+    elif name == "aggregate" and params.student.enabled:
+        from tasks.privacy.ledger import load_ledger
+
+        load_ledger(paths.DP_PCA / "ledger.json", params)
+        read_json(paths.TEACHERS / "summary.json")
+    elif name == "finetune" and params.finetune.enabled:
+        from tasks.finetune.stage import check_lot_size, start_dir
+        from tasks.finetune.start import finetune_start
+
+        begin = finetune_start(params, sensitive=paths.SENSITIVE, dp_pca_dir=paths.DP_PCA, start=start_dir(params))
+        if params.finetune.mode != "federated":
+            check_lot_size(params, len(begin.records))
 
 
 def _record(params: Params, evaluation: Evaluation, *, params_file: str) -> None:
