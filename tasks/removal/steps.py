@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -55,7 +54,15 @@ from tasks.removal.erase import (
 from tasks.removal.noise import noise_for
 from tasks.removal.record_use import head_uses
 from tasks.removal.scrub import UNREACHABLE, PreparedScrub, TextScrub, scrub_prepared, scrub_text
-from tasks.removal.store import HeadVersion, forget_removed, head_model_name, load_head, row_hashes, save_head
+from tasks.removal.store import (
+    DamagedHeadFile,
+    HeadVersion,
+    forget_removed,
+    head_model_name,
+    load_head,
+    row_hashes,
+    save_head,
+)
 
 if TYPE_CHECKING:  # a type only: the removal flow and the head task hand it in
     from tasks.tracking import TrackedRun
@@ -102,18 +109,16 @@ def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path = paths
 
 
 def _ensure_head_loads(folder: Path) -> None:
-    """DataError, before the journal is touched, when the head's files cannot be read back whole
-    (a truncated state.npz failed the run after it had announced its batch)."""
+    """DataError naming the file, before the journal is touched, when one of the head's files cannot be read
+    back whole (a truncated state.npz failed the run after it had announced its batch)."""
+    unchanged = "nothing was changed and every request stays pending (`privpipe stage head` retrains it)"
     try:
         head, ids, _ = load_head(folder)
-    except DataError:  # a missing file: already one line naming it
-        raise
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataError(f"{folder}: the head's files are damaged ({type(exc).__name__}: {exc}); nothing was "
-                        "changed and every request stays pending (`privpipe stage head` retrains it)") from None
+    except DamagedHeadFile as exc:
+        raise DataError(f"{exc.file}: {exc.why}; {unchanged}") from None
     if len(ids) != len(head.y):
-        raise DataError(f"{folder}: ids.npy has {len(ids)} rows, state.npz {len(head.y)}; nothing was changed "
-                        "and every request stays pending (`privpipe stage head` retrains it)")
+        raise DataError(f"{folder / 'ids.npy'}: {len(ids)} rows, but {folder / 'state.npz'} holds {len(head.y)}; "
+                        f"{unchanged}")
 
 
 def _removed_by(meta: dict[str, Any], before: np.ndarray, step: Any) -> None:
