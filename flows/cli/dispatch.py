@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from flows.cli.app import build_parser
-from flows.cli.exits import exit_for
+from flows.cli.exits import clip_values, exit_for
 
 __all__ = ["main"]
 
@@ -45,7 +45,7 @@ def _run(argv: Sequence[str] | None) -> int:
         outcome = exit_for(exc)
         if outcome is None:
             raise
-        print(f"{outcome.prefix}{exc}", file=sys.stderr)
+        print(f"{outcome.prefix}{clip_values(str(exc))}", file=sys.stderr)
         return outcome.code
 
 
