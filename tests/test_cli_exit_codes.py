@@ -122,6 +122,59 @@ def test_a_malformed_command_line_is_argparses_exit_2():
     assert raised.value.code == 2
 
 
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every subcommand's parser under it (``privpipe privacy dpsgd`` included)."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _parsers(sub)
+    return found
+
+
+def test_every_parsers_error_starts_privpipe_error(capsys):
+    """Issue 35: a subcommand's argparse error started with its own name (``privpipe privacy dpsgd: error: …``);
+    every one starts ``privpipe: error: `` like the rest, its usage before it, exit 2."""
+    parsers = _parsers(build_parser())
+    assert {p.prog for p in parsers} >= {"privpipe", "privpipe forget", "privpipe privacy dpsgd"}
+    for parser in parsers:
+        with pytest.raises(SystemExit) as raised:
+            parser.error("argument --steps: must be >= 1, got 0")
+        assert raised.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"usage: {parser.prog}") and \
+            err.splitlines()[-1] == "privpipe: error: argument --steps: must be >= 1, got 0", (parser.prog, err)
+
+
+def test_long_values_are_cut_in_the_error_line():
+    """Issue 35: a 120 KB record id was echoed whole; a value is cut to 80 characters, an ellipsis and its length,
+    quoted or not, and the rest of the line kept."""
+    from flows.cli.exits import clip_values
+
+    long_id = "digits-" + "7" * 120_000
+    assert clip_values(f"record id {long_id!r}: not in the current data (nothing was queued)") == \
+        f"record id {long_id[:80]!r}"[:-1] + "…' (120007 characters): not in the current data (nothing was queued)"
+    assert clip_values(f"finetune.{'k' * 300}: unknown key") == f"finetune.{'k' * 71}… (309 characters): unknown key"
+    short = "the head's files: record id 'digits-0001' and " + repr("x" * 80) + " stay as they were"
+    assert clip_values(short) == short
+    path = "/tmp/" + "/".join(["folder"] * 30)  # 214 characters: a path deep in a temporary folder, whole
+    assert clip_values(f"{path}: not found") == f"{path}: not found"
+    with_quotes = repr("it's \"x\" " * 40)
+    cut = f"{with_quotes[:81]}…{with_quotes[-1]} ({len(with_quotes) - 2} characters)"  # escapes and all
+    assert clip_values(f"value {with_quotes}.") == f"value {cut}."
+
+
+@pytest.mark.parametrize("exc, said", [
+    (UnknownRecord(f"record id {'r' * 5000!r}: not in the current data"),
+     f"privpipe: error: record id '{'r' * 80}…' (5000 characters): not in the current data\n"),
+    (ConfigError(f"prepare.dataset: unknown value {'d' * 5000!r}"),
+     f"privpipe: error: prepare.dataset: unknown value '{'d' * 80}…' (5000 characters)\n"),
+], ids=["UnknownRecord", "ConfigError"])
+def test_the_error_line_cuts_long_values(monkeypatch, exc, said):
+    raising(monkeypatch, exc)
+    assert cli("budget") == (2, "", said)
+
+
 def test_track_is_refused_before_the_stage_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no params file: the option is refused before it would be read
     assert cli("stage", "prepare", "--track") == (2, "", "privpipe: error: --track: only the evaluate stage can "

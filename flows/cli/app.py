@@ -27,11 +27,24 @@ that module only when the command runs, so ``privpipe --help`` and argument erro
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import NoReturn
 
 from flows.cli.arguments import positive_float, positive_int
+from flows.cli.exits import ERROR, clip_values
 from tasks import STAGE_MODULES
 
 __all__ = ["build_parser"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors end like every other: ``privpipe: error: …`` (a subcommand's parser,
+    ``privpipe privacy dpsgd``, would start its line with its own name), the values in it cut
+    (:func:`flows.cli.exits.clip_values`); its usage first, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{ERROR}{clip_values(message)}\n")
 
 
 def _command(commands: argparse._SubParsersAction, name: str, runs: str, help: str) -> argparse.ArgumentParser:
@@ -46,7 +59,8 @@ def _params_option(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="privpipe", description="Privacy-preserving ML pipeline.")
+    # its subcommands' parsers are of its class (add_subparsers' default)
+    parser = _Parser(prog="privpipe", description="Privacy-preserving ML pipeline.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = _command(commands, "run", "flows.cli.flow_runs:run", "run the whole pipeline as a Prefect flow")
