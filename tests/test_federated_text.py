@@ -116,7 +116,7 @@ def test_a_run_whose_record_level_cost_the_lifetime_cannot_pay_is_refused_before
     from flows.cli import main
     from privpipe.privacy import LifetimeLedger, RunSpend
 
-    # a fixed z (no calibration search): client-level ε ≈ 3 over the 3 rounds, record-level ≈ 5.0
+    # a fixed z (no calibration search): client-level ε ≈ 3 over the 3 rounds, record-level ≈ 4.6 (PLD)
     text_project(project, encoder, federated={"noise_multiplier": 1.6, "target_epsilon": None})
     # 26 of 30 spent: 4 left pays the run's client-level budget (3), not its record-level cost
     lifetime = LifetimeLedger(dataset="texts", epsilon_budget=30.0, delta_budget=1e-4, entries=[RunSpend(
@@ -128,8 +128,8 @@ def test_a_run_whose_record_level_cost_the_lifetime_cannot_pay_is_refused_before
     assert main(["federated"]) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]  # the flow's own logs come before it
     assert last.startswith("privpipe: refused: federated text run: dataset 'texts' has spent ε = 26")
-    assert "this run may cost up to ε = 4.98" in last and last.endswith(
-        "(its planned rounds for one record, by RDP: one record changes one client); refusing before its first round")
+    assert "this run may cost up to ε = 4.60" in last and last.endswith(
+        "(its planned rounds for one record, by PLD: one record changes one client); refusing before its first round")
     assert (project / "data/budget/texts.json").read_bytes() == before  # nothing charged
     assert not (project / "artifacts/federated").exists()  # no round ran, nothing saved or released
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
