@@ -130,7 +130,7 @@ def test_a_run_killed_between_recording_and_deleting_deletes_when_run_again(dvc_
         patched.setattr(Path, "unlink", killed)
         _batch(params, queue, "digits-0002")
     assert (Path(".dvc/cache/files/md5") / v1[:2] / v1[2:]).is_file()
-    assert dvc_cache._ledger()["deleted"] == {v1: "data/raw/digits.csv"}
+    assert dvc_cache._ledger().deleted == {v1: "data/raw/digits.csv"}
     # the re-run (the open batch first) deletes it and lists it
     _, todo = queue.open_batch()
     from tasks.removal.steps import erase_batch

@@ -47,6 +47,7 @@ from privpipe.data.tabular import PARQUET_SUFFIXES
 from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import write_json
+from tasks.run_view import resolve_tracking_uri
 
 if TYPE_CHECKING:  # MLflow only when a removal run prunes: tasks.removal.erase (and `privpipe forget`) import this
     from mlflow.tracking import MlflowClient
@@ -73,9 +74,23 @@ def cache_object(root: Path, md5: str) -> Path:
     return root / "files" / "md5" / md5[:2] / md5[2:]
 
 
-def _ledger() -> dict[str, Any]:
+@dataclass
+class _VersionLedger:
+    """What removal runs recorded of the raw data's versions (``LEDGER``): each file's replaced md5s, the
+    md5 sets of multi-file data, and the md5s deleted (→ their file)."""
+
+    replaced: dict[str, list[str]] = field(default_factory=dict)
+    sets: list[list[list[str]]] = field(default_factory=list)
+    deleted: dict[str, str] = field(default_factory=dict)
+
+    def save(self) -> None:
+        write_json(LEDGER, {"replaced": self.replaced, "sets": self.sets, "deleted": self.deleted})
+
+
+def _ledger() -> _VersionLedger:
     data = json.loads(LEDGER.read_text()) if LEDGER.is_file() else {}
-    return {"replaced": data.get("replaced", {}), "sets": data.get("sets", []), "deleted": data.get("deleted", {})}
+    return _VersionLedger(replaced=data.get("replaced", {}), sets=data.get("sets", []),
+                          deleted=data.get("deleted", {}))
 
 
 def remember_replaced(file: Path, md5: str | None) -> None:
@@ -83,10 +98,10 @@ def remember_replaced(file: Path, md5: str | None) -> None:
     if md5 is None:
         return
     ledger = _ledger()
-    known = ledger["replaced"].setdefault(str(file), [])
+    known = ledger.replaced.setdefault(str(file), [])
     if md5 not in known:
         known.append(md5)
-        write_json(LEDGER, ledger)
+        ledger.save()
 
 
 def remember_sets(sets: Iterable[list[tuple[str, str]]]) -> None:
@@ -94,10 +109,10 @@ def remember_sets(sets: Iterable[list[tuple[str, str]]]) -> None:
     model tagged with the set's label (``untracked:<digest of the md5s>``) names the files' versions."""
     ledger = _ledger()
     new = [[list(pair) for pair in s] for s in sets if len(s) > 1]
-    new = [s for i, s in enumerate(new) if s not in ledger["sets"] and s not in new[:i]]
+    new = [s for i, s in enumerate(new) if s not in ledger.sets and s not in new[:i]]
     if new:
-        ledger["sets"] += new
-        write_json(LEDGER, ledger)
+        ledger.sets += new
+        ledger.save()
 
 
 def _file_version(label: str) -> str:
@@ -224,14 +239,14 @@ def _protected(pointers: list[Path]) -> set[str]:
     return keep
 
 
-def _candidates(files: list[Path], ledger: dict[str, Any], queue: RequestQueue,
+def _candidates(files: list[Path], ledger: _VersionLedger, queue: RequestQueue,
                 needed: dict[str, list[str]]) -> dict[str, set[str]]:
     """md5 → the raw files it may be a version of."""
     found: dict[str, set[str]] = {}
     for file in files:
-        for md5 in ledger["replaced"].get(str(file), []):
+        for md5 in ledger.replaced.get(str(file), []):
             found.setdefault(md5, set()).add(str(file))
-        for s in ledger["sets"]:
+        for s in ledger.sets:
             for name, md5 in s:
                 if name == str(file):
                     found.setdefault(md5, set()).add(name)
@@ -258,18 +273,17 @@ def prune_versions(params: Params, pointers: list[Path], queue: RequestQueue, er
                         "objects it held before (`dvc gc --workspace` once no commit needs them)")
         return out
     ledger = _ledger()
-    if not erased and not ledger["deleted"]:
+    if not erased and not ledger.deleted:
         return out
     remotes = _remotes()
+    # deferred: MLflow's client loads only when a removal run prunes (not for `privpipe forget`)
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
-
-    from tasks.run_view import resolve_tracking_uri
 
     registry_read = True
     try:
         client = MlflowClient(tracking_uri=resolve_tracking_uri(params.run.tracking_uri))
-        needed, out.unknown_data_version = _needed(client, ledger["sets"])
+        needed, out.unknown_data_version = _needed(client, ledger.sets)
     except (MlflowException, OSError) as error:
         needed, registry_read = {}, False
         out.note = (f"the model registry could not be read ({type(error).__name__}): no version was deleted; "
@@ -297,13 +311,13 @@ def prune_versions(params: Params, pointers: list[Path], queue: RequestQueue, er
                                      "next `privpipe removals` deletes this version" if users else
                                      "the model registry could not be read")})
             continue
-        if ledger["deleted"].get(md5) != str(file):
-            ledger["deleted"][md5] = str(file)  # first: a run killed before the unlinks keeps naming it
-            write_json(LEDGER, ledger)
+        if ledger.deleted.get(md5) != str(file):
+            ledger.deleted[md5] = str(file)  # first: a run killed before the unlinks keeps naming it
+            ledger.save()
         for copy in copies:
             copy.unlink(missing_ok=True)
         out.deleted_now += 1
-    gone = {md5: file for md5, file in ledger["deleted"].items()
+    gone = {md5: file for md5, file in ledger.deleted.items()
             if not any(cache_object(root, md5).is_file() for root in [CACHE, *(r.folder for r in remotes if r.folder)])}
     out.deleted = [{"file": file, "md5": md5} for md5, file in sorted(gone.items())]
     for remote in remotes:
