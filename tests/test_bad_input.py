@@ -326,14 +326,47 @@ CASES = [
     Case("seed-past-32-bits", ("run",), "privpipe: error: run.seed: must be in 0..4294967295",
          setup=params(run={"seed": 2**32})),
     Case("tracking-uri-unknown-scheme", ("run",), "privpipe: error: run.tracking_uri: unknown scheme 'ftp' (MLflow "
-         "stores: sqlite, file, http, https, postgresql, mysql, mssql, databricks, or a folder path)",
+         "stores: sqlite, http, https, postgresql, mysql, mssql, databricks)",
          setup=params(run={"tracking_uri": "ftp://example.org/mlflow"})),
+    # -- issue 35 (params): a range for every numeric knob, keys that are numbers, the servers' own limits
+    Case("learning-rate-past-its-range", ("run",),
+         "privpipe: error: finetune.learning_rate: must be in (0, 1000] (got 1e+308)",
+         setup=params(finetune={"learning_rate": 1e308})),
+    Case("epochs-past-their-range", ("run",), "privpipe: error: teachers.epochs: must be in [1, 100000] (got 10000000)",
+         setup=params(teachers={"epochs": 10**7})),
+    Case("params-integer-key-beside-names", ("run",), "privpipe: error: finetune.1: unknown key",
+         setup=params(finetune={1: 2})),
+    Case("experiment-name-too-long", ("run",),
+         "privpipe: error: run.experiment: 300 characters; MLflow's stores hold at most 256",
+         setup=params(run={"experiment": "e" * 300})),
+    Case("tracking-uri-file-store", ("run",),
+         "privpipe: error: run.tracking_uri: MLflow's file store (a folder, or file://) is in maintenance mode and "
+         "refused by MLflow; use sqlite:///mlflow.db (a database file in the project folder) or a tracking server's "
+         "http(s) address",
+         setup=params(run={"tracking_uri": "file:///tmp/privpipe-mlruns"})),
+    Case("registered-model-name-too-long", ("run",),
+         "privpipe: error: run.model_name: 7000 characters; MLflow's stores hold at most 256",
+         setup=params(run={"model_name": "m" * 7000})),
+    Case("parameter-too-long-for-mlflow", ("run",),
+         "privpipe: error: text.lora_targets: 7199 characters; MLflow records a parameter's value in at most 6000",
+         setup=params(text={"lora_targets": ",".join(["query"] * 1200)})),
     Case("dp-pca-more-components-than-features", ("run",),
          "privpipe: error: dp_pca.components: 100 exceeds the feature dimension 64",
          setup=params(dp_pca={"components": 100})),
     Case("lot-larger-than-the-sensitive-set", ("run",),
          "privpipe: error: finetune.lot_size: 5000 exceeds the 1024 sensitive records",
          setup=params(finetune={"lot_size": 5000})),
+
+    # -- issue 35 (preflight): every check that params and data decide, before any work, in every flow
+    Case("federated-clients-more-than-texts", ("federated",),
+         "privpipe: error: federated.clients: 500 shards for 9 records leaves shard 0 with 0 records (need ≥ 1); "
+         "use fewer shards",
+         setup=lambda folder: write_texts(folder, json.dumps({"text": "text number 2", "label": 0, "split": "train"}))),
+    # a spending stage run before the one that writes its input: before, it left a dvc-repro reservation behind
+    Case("stage-dp-pca-before-prepare", ("stage", "dp_pca"),
+         "privpipe: error: data/prepared/sensitive/features.npy: missing (run the prepare stage first)"),
+    Case("stage-finetune-before-dp-pca", ("stage", "finetune"),
+         "privpipe: error: artifacts/dp_pca/ledger.json: missing (run the earlier stages first)", base="prepared"),
 
     # -- data files
     Case("mnist-gz-truncated", ("stage", "prepare"),
@@ -360,10 +393,11 @@ CASES = [
                      lambda folder: (folder / TEXTS).write_bytes((folder / TEXTS).read_bytes().replace(
                          b"XX", b"\xff\xfe")))),
     # YAML that attacks the loader: aliases expand to gigabytes when walked, deep nesting recurses
-    Case("params-yaml-aliases", ("run",), "privpipe: error: params.yaml: line 2: YAML alias *a (aliases and anchors "
-         "are not accepted in a params file)",
+    Case("params-yaml-aliases", ("run",), "privpipe: error: privacy.accountant: YAML alias *a (aliases and anchors "
+         "are not accepted in a params file) (params.yaml, line 2)",
          setup=write("params.yaml", 'run: {experiment: &a "lol"}\nprivacy: {accountant: *a}\n')),
-    Case("params-nested-deep", ("run",), "privpipe: error: params.yaml: line 1: nested deeper than 8 levels",
+    Case("params-nested-deep", ("run",),
+         "privpipe: error: run.seed[0][0][0][0][0][0]: nested deeper than 8 levels (params.yaml, line 1)",
          setup=write("params.yaml", "run: {seed: " + "[" * 500 + "]" * 500 + "}\n")),
     Case("params-file-is-a-folder", ("run", "--params", "data"), "privpipe: error: data: is a folder, not a file"),
     # nonsense a loader used to accept: one class trains to "accuracy 1.0"
@@ -428,8 +462,8 @@ CASES = [
          setup=steps(queue_request, write_head)),
     # before, the run announced its batch in the journal, then failed loading the head: requests stuck
     Case("removals-head-state-truncated", ("removals",),
-         "privpipe: error: artifacts/head: the head's files are damaged (BadZipFile: File is not a zip file); "
-         "nothing was changed and every request stays pending (`privpipe stage head` retrains it)",
+         "privpipe: error: artifacts/head/state.npz: the head's file is damaged (BadZipFile: File is not a zip "
+         "file); nothing was changed and every request stays pending (`privpipe stage head` retrains it)",
          setup=steps(queue_request, lambda folder: write_head(folder, truncate=True))),
 
     # -- the lifetime budget
@@ -442,6 +476,55 @@ CASES = [
          f"privpipe: error: {LEDGER}: damaged lifetime ledger (Expecting value: line 1 column 47 (char 46)); "
          f"restore it with `dvc checkout {LEDGER}`",
          setup=write(LEDGER, '{"format": "privpipe.lifetime/1", "entries": [')),
+    # -- issue 35: a damaged head names its file, not the folder; argparse's errors of every subcommand (the
+    #    calculator's too) start `privpipe: error: `; a long value is cut in the error line
+    Case("removals-head-ids-missing", ("removals",),
+         "privpipe: error: artifacts/head/ids.npy: missing; nothing was changed and every request stays pending "
+         "(`privpipe stage head` retrains it)",
+         setup=steps(queue_request, write_head, lambda folder: (folder / "artifacts/head/ids.npy").unlink())),
+    Case("removals-head-state-without-an-array", ("removals",),
+         "privpipe: error: artifacts/head/state.npz: the head's file is damaged (no array 'B'); nothing was changed "
+         "and every request stays pending (`privpipe stage head` retrains it)",
+         setup=steps(queue_request, write_head, lambda folder: np.savez(
+             folder / "artifacts/head/state.npz",
+             **{k: v for k, v in np.load(folder / "artifacts/head/state.npz").items() if k != "B"}))),
+    Case("removals-head-ids-of-other-rows", ("removals",),
+         "privpipe: error: artifacts/head/ids.npy: 39 rows, but artifacts/head/state.npz holds 40; nothing was "
+         "changed and every request stays pending (`privpipe stage head` retrains it)",
+         setup=steps(queue_request, write_head, lambda folder: np.save(
+             folder / "artifacts/head/ids.npy", np.load(folder / "artifacts/head/ids.npy")[:39]))),
+    Case("calculator-steps-zero", ("privacy", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01",
+                                   "--steps", "0", "--delta", "1e-5"),
+         "privpipe: error: argument --steps: must be >= 1, got 0"),
+    Case("calculator-delta-zero", ("privacy", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01",
+                                   "--steps", "10", "--delta", "0"),
+         "privpipe: error: argument --delta: must be a finite number > 0, got 0"),
+    Case("calculator-noise-infinite", ("privacy", "dpsgd", "--noise-multiplier", "inf", "--sample-rate", "0.01",
+                                       "--steps", "10", "--delta", "1e-5"),
+         "privpipe: error: argument --noise-multiplier: must be a finite number > 0, got inf"),
+    Case("calculator-noise-nan", ("privacy", "dpsgd", "--noise-multiplier", "nan", "--sample-rate", "0.01",
+                                  "--steps", "10", "--delta", "1e-5"),
+         "privpipe: error: argument --noise-multiplier: must be a finite number > 0, got nan"),
+    Case("calculator-unknown-accountant", ("privacy", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01",
+                                           "--steps", "10", "--delta", "1e-5", "--accountant", "gdp"),
+         "privpipe: error: argument --accountant: invalid choice: 'gdp' (choose from 'best', 'pld', 'rdp')"),
+    Case("calculator-missing", ("privacy",), "privpipe: error: the following arguments are required: calculator"),
+    Case("forget-without-record-ids", ("forget", "--reason", "asked"),
+         "privpipe: error: the following arguments are required: RECORD_ID"),
+    Case("forget-unknown-option", ("forget", "digits-0001", "--bogus"),
+         "privpipe: error: unrecognized arguments: --bogus"),
+    Case("budget-release-without-value", ("budget", "--release"),
+         "privpipe: error: argument --release: expected one argument"),
+    Case("forget-record-id-of-120kb", ("forget", "digits-" + "7" * 120_000),
+         "privpipe: error: record id 'digits-" + "7" * 73 + "…' (120007 characters): not in the current data "
+         "(nothing was queued)"),
+    Case("stage-name-of-120kb", ("stage", "x" * 120_000),
+         "privpipe: error: argument name: invalid choice: '" + "x" * 80 + "…' (120000 characters) (choose from "
+         "'prepare', 'partition', 'dp_pca', 'teachers', 'aggregate', 'student', 'finetune', 'head', 'evaluate')"),
+    Case("params-value-of-100kb", ("run",),
+         "privpipe: error: prepare.dataset: unknown value '" + "x" * 80 + "…' (100000 characters) (choose one of "
+         "digits, mnist, csv, imagefolder, cifar10, svhn)",
+         setup=params(prepare={"dataset": "x" * 100_000})),
 ]
 
 
