@@ -29,6 +29,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privpipe.privacy.substitution import mixture_log_mgf, mixture_rounding_spread
+from privpipe.privacy.triangle import record_level_step_rdp
 
 __all__ = [
     "Event",
@@ -226,9 +227,6 @@ class ReplaceOnePoissonGaussianEvent(Event):
         _count(self.steps)
 
     def rdp_at(self, orders: Sequence[float]) -> np.ndarray:
-        # (imported here: privpipe.privacy.group builds on the ledger, which builds on these events)
-        from privpipe.privacy.group import record_level_step_rdp
-
         return self.steps * record_level_step_rdp(self.noise_multiplier, self.sample_rate,
                                                   tuple(float(a) for a in orders))
 

@@ -38,11 +38,9 @@ analysis is often half the triangle's ε (z = 1, q = 0.1, 100 rounds: 11.47 agai
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 import numpy as np
-from dp_accounting.rdp import rdp_privacy_accountant
 
 from privpipe.privacy.events import (
     Event,
@@ -52,8 +50,8 @@ from privpipe.privacy.events import (
     RdpCurveEvent,
     ReplaceOnePoissonGaussianEvent,
 )
-from privpipe.privacy.ledger import RDP_ORDERS, Ledger, quiet_rdp_warnings
-from privpipe.privacy.substitution import substitution_rdp
+from privpipe.privacy.ledger import RDP_ORDERS, Ledger
+from privpipe.privacy.triangle import record_level_step_rdp, triangle_rdp
 
 __all__ = ["group_of_two_rdp", "record_level_event", "record_level_ledger", "record_level_step_rdp"]
 
@@ -62,13 +60,7 @@ def group_of_two_rdp(event: Event, orders: Sequence[float] = RDP_ORDERS) -> np.n
     """RDP at ``orders`` of ``event`` between datasets two add-or-remove steps apart."""
     if isinstance(event, RdpCurveEvent):  # known only at its own orders, not at 2α and 2α − 1
         raise TypeError("a custom RDP curve has no group-of-two form")
-    alphas = np.asarray(orders, dtype=float)
-    needed = sorted({*(2 * alphas), *(2 * alphas - 1)})
-    accountant = rdp_privacy_accountant.RdpAccountant(orders=needed)
-    with quiet_rdp_warnings():  # orders it cannot evaluate come back as +inf (sound, never chosen)
-        accountant.compose(event.to_dp_event())
-    at = dict(zip(needed, accountant.rdp))
-    return np.array([(a - 0.5) / (a - 1) * at[2 * a] + at[2 * a - 1] for a in alphas])
+    return triangle_rdp(event.to_dp_event(), orders)
 
 
 def record_level_event(event: Event) -> Event:
@@ -79,20 +71,6 @@ def record_level_event(event: Event) -> Event:
         return ReplaceOnePoissonGaussianEvent(stage=event.stage, noise_multiplier=event.noise_multiplier,
                                               sample_rate=event.sample_rate, steps=event.steps)
     return RdpCurveEvent(stage=event.stage, orders=RDP_ORDERS, rdp=tuple(group_of_two_rdp(event)))
-
-
-@functools.lru_cache(maxsize=64)
-def record_level_step_rdp(noise_multiplier: float, sample_rate: float,
-                          orders: tuple[float, ...] = RDP_ORDERS) -> np.ndarray:
-    """One DP-FedAvg round's record-level RDP at ``orders``: the smaller of the triangle's and the direct
-    substitution's at each order (RDP composes by addition: T rounds cost T times this). Computed once per
-    (σ, q, orders): the σ search and the ε-by-round curve ask for many round counts."""
-    step = PoissonGaussianEvent(stage="record_level", noise_multiplier=noise_multiplier, sample_rate=sample_rate,
-                                steps=1)
-    curve = np.minimum(group_of_two_rdp(step, orders),
-                       substitution_rdp(noise_multiplier=noise_multiplier, sample_rate=sample_rate, orders=orders))
-    curve.flags.writeable = False
-    return curve
 
 
 def record_level_ledger(ledger: Ledger) -> Ledger:

@@ -36,10 +36,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +54,7 @@ from privpipe.privacy.events import (
     ReplaceOnePoissonGaussianEvent,
     event_from_dict,
 )
+from privpipe.privacy.quiet import quiet_rdp_warnings
 
 __all__ = ["Ledger", "Spend", "BudgetExceeded", "compute_epsilon", "epsilon_curve", "classic_rdp_epsilon",
            "RDP_ORDERS"]
@@ -104,19 +103,6 @@ class Spend:
 
     def __str__(self) -> str:
         return f"(ε = {self.epsilon:.4g}, δ = {self.delta:g}) by {self.accountant.upper()}"
-
-
-@contextmanager
-def quiet_rdp_warnings() -> Iterator[None]:
-    """dp_accounting warns for each RDP order it cannot evaluate (a large sampling rate, a tiny σ);
-    it skips that order (still sound) and the warning is not the user's to act on."""
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        absl_logger.setLevel(level)
 
 
 def _rdp_curve(events: Sequence[Event], orders: tuple[float, ...] = RDP_ORDERS) -> np.ndarray:
