@@ -164,6 +164,7 @@ def _check_text_data(params: Params) -> None:
     corpus, _ = drop_withheld(corpus, RequestQueue(paths.REQUESTS))
     if text.training == "dpsgd":  # central DP-SGD: no clients
         return
+    # deferred: the federated modules import torch, which central DP-SGD's check above does not need
     import numpy as np
 
     from privpipe.federated import noise_mode

@@ -52,6 +52,7 @@ def _check_inputs(params: Params, name: str) -> None:
     from tasks.common import read_json
 
     if name == "dp_pca":
+        # deferred: each branch imports its own stage's module (torch), only for that stage
         from privpipe.data.records import Records
         from tasks.dp_pca import check_components
 
@@ -59,11 +60,12 @@ def _check_inputs(params: Params, name: str) -> None:
         if params.dp_pca.enabled:
             check_components(params, records.features.shape[1])
     elif name == "aggregate" and params.student.enabled:
-        from tasks.privacy.ledger import load_ledger
+        from tasks.privacy.ledger import load_ledger  # deferred: as above, this stage's own module
 
         load_ledger(paths.DP_PCA / "ledger.json", params)
         read_json(paths.TEACHERS / "summary.json")
     elif name == "finetune" and params.finetune.enabled:
+        # deferred: as above, this stage's own modules
         from tasks.finetune.stage import check_lot_size, start_dir
         from tasks.finetune.start import finetune_start
 
