@@ -34,7 +34,7 @@ from prefect.task_runners import TaskRunner
 
 from flows.client_map import mapped_client_updates
 from flows.runner import describe_runner, mapping_runner
-from privpipe.config import Params, check_pipeline_use, load_params
+from privpipe.config import Params, check_federated_use, check_pipeline_use, load_params
 from privpipe.privacy import Ledger, LifetimeLedger
 from tasks import paths, run_view, tracking
 from tasks.common import Skipped, one_pipeline_at_a_time, read_json, use_torch_threads
@@ -43,7 +43,8 @@ from tasks.dp_pca import check_components, dp_pca_task
 from tasks.evaluate import evaluate_task, release_task
 from tasks.evaluation import Evaluation
 from tasks.features import check_model
-from tasks.finetune.stage import check_lot_size, finetune_task, run_finetune, start_dir
+from tasks.federated.training import assign_clients
+from tasks.finetune.stage import check_lot_size, check_target_reachable, finetune_task, run_finetune, start_dir
 from tasks.pate.aggregate import aggregate_task, run_aggregate
 from tasks.pate.partition import Shards, partition_task, run_partition, shard_assignment
 from tasks.pate.student import run_student, student_task
@@ -161,7 +162,14 @@ def preflight(params: Params) -> None:
     # each stage's own checks against the data, made here too: mid-run they would fail after MLflow wrote
     check_components(params, prepared.shape.width)
     check_lot_size(params, len(prepared.sensitive))
+    check_target_reachable(params, len(prepared.sensitive))
     check_model(params, prepared.shape)
+    if params.finetune.enabled and params.finetune.mode == "federated":  # the clients finetune would make
+        sensitive = prepared.sensitive
+        _, clients = assign_clients(params, ids=sensitive.ids, labels=sensitive.labels,
+                                    classes=prepared.shape.n_classes,
+                                    natural=sensitive.clients if params.federated.client_column else None)
+        check_federated_use(params, clients=clients)  # natural clients: K (public) is known only now
 
 
 @flow(name="privpipe-pipeline")

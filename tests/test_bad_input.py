@@ -358,6 +358,14 @@ CASES = [
          setup=params(finetune={"lot_size": 5000})),
 
     # -- issue 35 (preflight): every check that params and data decide, before any work, in every flow
+    Case("finetune-target-unreachable", ("run",),
+         "privpipe: error: finetune.target_epsilon: target ε = 1e-06 cannot be reached at any noise multiplier "
+         "<= 10000 (already spent: ε = 0.4348)",
+         setup=params(finetune={"target_epsilon": 1e-6})),
+    Case("federated-finetune-clients-more-than-records", ("run",),
+         "privpipe: error: federated.clients: 5000 shards for 1024 records leaves shard 0 with 0 records (need ≥ 1); "
+         "use fewer shards",
+         setup=params(finetune={"mode": "federated"}, federated={"clients": 5000})),
     Case("federated-clients-more-than-texts", ("federated",),
          "privpipe: error: federated.clients: 500 shards for 9 records leaves shard 0 with 0 records (need ≥ 1); "
          "use fewer shards",

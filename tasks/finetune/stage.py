@@ -20,10 +20,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
+from privpipe.dp_pca import dp_pca_event
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
 from privpipe.federated import ClientUpdates
 from privpipe.models import DIVERGED, diverged, released_model, save_released
 from privpipe.privacy import epsilon_curve
+from privpipe.privacy.calibrate import HIGH
 from tasks import paths
 from tasks.common import (
     Skipped,
@@ -41,7 +43,7 @@ from tasks.finetune.deployed import DpSgdModel, FinetunedModel
 from tasks.finetune.federated import run_finetune_federated
 from tasks.finetune.start import finetune_start
 from tasks.privacy import uncovered
-from tasks.privacy.ledger import calibrate_for
+from tasks.privacy.ledger import calibrate_for, new_ledger
 from tasks.progress import progress
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
@@ -49,7 +51,7 @@ if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by
     from tasks.projection import Projection
     from tasks.tracking import TrackedRun
 
-__all__ = ["run_finetune", "finetune_task", "start_dir", "check_lot_size"]
+__all__ = ["run_finetune", "finetune_task", "start_dir", "check_lot_size", "check_target_reachable"]
 
 
 def start_dir(params: Params) -> Path:
@@ -63,6 +65,27 @@ def check_lot_size(params: Params, records: int) -> None:
     cfg = params.finetune
     if cfg.enabled and cfg.mode == "dpsgd" and cfg.lot_size > records:
         raise ConfigError(f"finetune.lot_size: {cfg.lot_size} exceeds the {records} sensitive records")
+
+
+def check_target_reachable(params: Params, records: int) -> None:
+    """ConfigError when no σ reaches ``finetune.target_epsilon`` after what dp_pca spends (the σ search would
+    fail only after the earlier stages ran); PATE's data-dependent cost can only add, and is still checked
+    when finetune calibrates. The preflight calls it: one ε of the DP-SGD schedule at the search's largest σ."""
+    cfg = params.finetune
+    if not cfg.enabled or cfg.mode != "dpsgd" or cfg.noise_multiplier is not None or cfg.target_epsilon is None:
+        return
+    ledger = new_ledger(params)
+    spent = []
+    if params.dp_pca.enabled:
+        sigma = params.dp_pca.noise_multiplier
+        if sigma is None:
+            sigma = calibrate_for(ledger, dp_pca_event, target_epsilon=params.dp_pca.epsilon, key="dp_pca.epsilon")
+        spent.append(dp_pca_event(noise_multiplier=sigma))
+    loudest = dpsgd_schedule(n=records, lot_size=cfg.lot_size, epochs=cfg.epochs).event(noise_multiplier=HIGH)
+    if ledger.epsilon([*spent, loudest]).epsilon > cfg.target_epsilon:
+        already = ledger.epsilon(spent).epsilon if spent else 0.0
+        raise ConfigError(f"finetune.target_epsilon: target ε = {cfg.target_epsilon:g} cannot be reached at any "
+                          f"noise multiplier <= {HIGH:g} (already spent: ε = {already:.4g})")
 
 
 def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
