@@ -30,7 +30,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from flows.cli.arguments import positive_float, positive_int
+from flows.cli.arguments import noise_multiplier, positive_float, step_count
 from flows.cli.exits import ERROR, clip_values
 from tasks import STAGE_MODULES
 
@@ -131,10 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     calculators = privacy.add_subparsers(dest="calculator", required=True)
     dpsgd = _command(calculators, "dpsgd", "flows.cli.calculator:dpsgd",
                      "ε of DP-SGD (Poisson-subsampled Gaussian) for given σ, q, T, δ")
-    dpsgd.add_argument("--noise-multiplier", type=positive_float, required=True, help="σ")
+    dpsgd.add_argument("--noise-multiplier", type=noise_multiplier, required=True, help="σ, at most 1e6")
     dpsgd.add_argument("--sample-rate", type=positive_float, required=True,
                        help="q, the Poisson sampling rate (≈ lot size / n), at most 1")
-    dpsgd.add_argument("--steps", type=positive_int, required=True, help="T")
+    dpsgd.add_argument("--steps", type=step_count, required=True, help="T")
     dpsgd.add_argument("--delta", type=positive_float, required=True, help="δ, below 1")
     dpsgd.add_argument("--accountant", choices=("best", "pld", "rdp"), default="best",
                        help="best (default): the smaller ε of PLD and RDP, and which one it is")

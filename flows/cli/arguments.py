@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["positive_float", "positive_int"]
+from privpipe.config.ranges import MAX_COUNT, MAX_SCALE
+
+__all__ = ["positive_float", "positive_int", "noise_multiplier", "step_count"]
 
 
 def positive_float(text: str) -> float:
@@ -29,3 +31,20 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
 
+
+
+def noise_multiplier(text: str) -> float:
+    """σ: a finite number in (0, 1e6], the range params.yaml gives every noise multiplier (past it dp_accounting
+    overflows and reports ε = inf for what is almost no privacy loss)."""
+    value = positive_float(text)
+    if value > MAX_SCALE:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SCALE:g}, got {text}")
+    return value
+
+
+def step_count(text: str) -> int:
+    """T: an integer in [1, 1e9], the range params.yaml gives counts."""
+    value = positive_int(text)
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT}, got {text}")
+    return value
