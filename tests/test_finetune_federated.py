@@ -21,10 +21,10 @@ FEDERATED = {"clients": 6, "rounds": 4, "sample_rate": 0.5, "local_epochs": 2, "
              "local_learning_rate": 0.1, "min_records": 1}
 
 
-def prepared(project, **federated):
+def prepared(project, accountant="rdp", **federated):
     (project / "mnist").mkdir()
     write_mnist(project / "mnist", n_train=60, n_test=10)
-    write_params(project, privacy={"accountant": "rdp"},
+    write_params(project, privacy={"accountant": accountant},
                  prepare={"dataset": "mnist", "path": "mnist", "public_queries": 5, "target_domain": False},
                  dp_pca={"components": 5}, student={"enabled": False}, head={"enabled": False},
                  finetune={"mode": "federated", "hidden_units": [8]}, federated=FEDERATED | federated)
@@ -65,10 +65,9 @@ def test_federated_finetune_stops_before_the_budget_and_says_so(project):
 def test_pld_accountant_is_refused_where_the_pipeline_meets_an_rdp_curve():
     from privpipe.config import check_pipeline_use, parse_params
 
-    federated = parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": False},
-                              "finetune": {"mode": "federated"}})
-    with pytest.raises(ConfigError, match="^privacy.accountant: pld cannot account for finetune.mode: federated"):
-        check_pipeline_use(federated)
+    # server noise under Poisson sampling: its record-level rounds have a PLD (replace-one), so pld accounts
+    check_pipeline_use(parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": False},
+                                     "finetune": {"mode": "federated"}}))
     with pytest.raises(ConfigError, match="^privacy.accountant: pld cannot account for aggregate.analysis"):
         check_pipeline_use(parse_params({"privacy": {"accountant": "pld"}, "student": {"enabled": True},
                                          "aggregate": {"analysis": "data_dependent"}}))  # PATE's release
@@ -117,3 +116,14 @@ def test_federated_finetune_trains_the_scatternet_cnn(project):
     assert type(model[0]).__name__ == "ScatterNet"
     assert json.loads((project / "artifacts/finetune/model.json").read_text())["mode"] == "federated"
     assert 0.0 <= run_evaluate(params).accuracy_test <= 1.0
+
+
+def test_federated_finetune_is_accounted_by_pld_alone(project):
+    """Issue 36: the record-level rounds have a PLD (replace-one), so ``privacy.accountant: pld`` runs and its ε
+    is the ledger's PLD figure, below the RDP conversion of the same events."""
+    params = prepared(project, accountant="pld", target_epsilon=2.5)
+    run_finetune(params)
+    ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
+    spend = ledger.epsilon()
+    assert spend.accountant == "pld" and 2.4 < spend.epsilon <= 2.5
+    assert compute_epsilon(ledger.events, delta=params.privacy.delta, accountant="rdp").epsilon > spend.epsilon

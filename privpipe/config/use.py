@@ -28,10 +28,7 @@ def _rdp_curve_stages(p: Params) -> list[str]:
     # (auto never picks the data-dependent curve under pld: tasks.pate.aggregate.decide_analysis)
     if p.student.enabled and p.aggregate.analysis == "data_dependent":
         stages.append("aggregate.analysis: data_dependent")
-    if (p.finetune.enabled and p.finetune.mode == "federated" and p.federated.private
-            and p.federated.noise == "server" and p.federated.sampling == "poisson"):
-        stages.append("finetune.mode: federated with poisson sampling (its record-level cost, two add-or-remove "
-                      "steps of one client)")
+    # (federated server noise's record-level rounds have a PLD: privpipe.privacy.events' replace-one event)
     return stages
 
 
