@@ -358,6 +358,10 @@ CASES = [
          setup=params(finetune={"lot_size": 5000})),
 
     # -- issue 35 (preflight): every check that params and data decide, before any work, in every flow
+    Case("finetune-fixed-noise-over-budget", ("run",),
+         "privpipe: refused: finetune: would raise total ε from 0.4348 to 193.5 (δ = 1e-05, PLD), over "
+         "privacy.epsilon_budget = 3; refusing before any work",
+         code=1, setup=params(finetune={"noise_multiplier": 0.3, "target_epsilon": None})),
     Case("finetune-target-unreachable", ("run",),
          "privpipe: error: finetune.target_epsilon: target ε = 1e-06 cannot be reached at any noise multiplier "
          "<= 10000 (already spent: ε = 0.4348)",

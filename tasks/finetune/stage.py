@@ -68,24 +68,27 @@ def check_lot_size(params: Params, records: int) -> None:
 
 
 def check_target_reachable(params: Params, records: int) -> None:
-    """ConfigError when no σ reaches ``finetune.target_epsilon`` after what dp_pca spends (the σ search would
-    fail only after the earlier stages ran); PATE's data-dependent cost can only add, and is still checked
-    when finetune calibrates. The preflight calls it: one ε of the DP-SGD schedule at the search's largest σ."""
+    """Before any work (the preflight calls it): ConfigError when no σ reaches ``finetune.target_epsilon``
+    after what dp_pca spends, BudgetExceeded when a fixed ``finetune.noise_multiplier`` would pass
+    ``privacy.epsilon_budget`` — both known from the params and the record count, and otherwise found only
+    after the earlier stages ran. PATE's data-dependent cost can only add; it is still checked when finetune
+    calibrates. Costs one ε of the DP-SGD schedule (at the search's largest σ, or at the fixed one)."""
     cfg = params.finetune
-    if not cfg.enabled or cfg.mode != "dpsgd" or cfg.noise_multiplier is not None or cfg.target_epsilon is None:
+    if not cfg.enabled or cfg.mode != "dpsgd":
         return
     ledger = new_ledger(params)
-    spent = []
     if params.dp_pca.enabled:
         sigma = params.dp_pca.noise_multiplier
         if sigma is None:
             sigma = calibrate_for(ledger, dp_pca_event, target_epsilon=params.dp_pca.epsilon, key="dp_pca.epsilon")
-        spent.append(dp_pca_event(noise_multiplier=sigma))
-    loudest = dpsgd_schedule(n=records, lot_size=cfg.lot_size, epochs=cfg.epochs).event(noise_multiplier=HIGH)
-    if ledger.epsilon([*spent, loudest]).epsilon > cfg.target_epsilon:
-        already = ledger.epsilon(spent).epsilon if spent else 0.0
+        ledger.record(dp_pca_event(noise_multiplier=sigma))
+    schedule = dpsgd_schedule(n=records, lot_size=cfg.lot_size, epochs=cfg.epochs)
+    if cfg.noise_multiplier is not None:
+        ledger.ensure_affordable(schedule.event(noise_multiplier=cfg.noise_multiplier))
+    elif cfg.target_epsilon is not None and ledger.epsilon([schedule.event(noise_multiplier=HIGH)]).epsilon > \
+            cfg.target_epsilon:
         raise ConfigError(f"finetune.target_epsilon: target ε = {cfg.target_epsilon:g} cannot be reached at any "
-                          f"noise multiplier <= {HIGH:g} (already spent: ε = {already:.4g})")
+                          f"noise multiplier <= {HIGH:g} (already spent: ε = {ledger.epsilon().epsilon:.4g})")
 
 
 def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
