@@ -45,6 +45,8 @@ def mlflow_view(folder: Path) -> list[dict]:
 
     client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("privpipe")
+    if experiment is None:  # no run ever opened one (a run refused before any work)
+        return []
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
     view = []
     for run in runs:
@@ -81,22 +83,30 @@ def main() -> None:
     subprocess.run([str(BIN / "dvc"), "init", "--no-scm", "-q"], cwd=folder, check=True)
     report: dict = {"project": str(folder), "date": time.strftime("%Y-%m-%d")}
 
-    # 1. refused at finetune, after DP-PCA logged its figures
+    # 1. a fixed σ that would pass the budget: refused by the preflight, before any stage ran
     write_params(folder, finetune={"noise_multiplier": 0.3, "target_epsilon": None})
     start = time.perf_counter()
     refused = privpipe(folder, "run")
     said = [line for line in refused.stderr.splitlines() if line.startswith("privpipe")]
+    # before anything below opens MLflow's store (which creates mlflow.db); .dvcignore is `dvc init`'s
+    written = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                     if p.is_file() and not p.is_relative_to(folder / ".dvc")
+                     and p.name not in ("params.yaml", "digits.csv.dvc", ".dvcignore"))
     report["refused"] = {"exit_code": refused.returncode, "message": said[-1:],
                          "wall_s": round(time.perf_counter() - start, 1), "mlflow": mlflow_view(folder),
                          "metrics_files": metrics_files(folder),
-                         "ledger": json.loads((folder / "data/budget/digits.json").read_text())["entries"]}
+                         "ledger": json.loads(ledger.read_text())["entries"] if (ledger := folder /
+                                                                                  "data/budget/digits.json").is_file()
+                         else [],
+                         "written": written}
 
     # 2. the defaults
     write_params(folder)
     start = time.perf_counter()
     ran = privpipe(folder, "run")
     assert ran.returncode == 0, ran.stderr[-3000:]
-    report["run"] = {"wall_s": round(time.perf_counter() - start, 1), "mlflow": mlflow_view(folder)[1:],
+    report["run"] = {"wall_s": round(time.perf_counter() - start, 1),
+                     "mlflow": mlflow_view(folder)[len(report["refused"]["mlflow"]):],
                      "metrics_files": metrics_files(folder),
                      "terminal": [line for line in ran.stdout.splitlines() if line.startswith(("test", "privacy"))]}
 
@@ -137,12 +147,16 @@ def main() -> None:
 def markdown(report: dict) -> str:
     refused, run, erasure = report["refused"], report["run"], report["erasure"]
     lines = [f"# What an auditor finds ({report['date']}, `bench/auditor_view.py`, digits defaults)", "",
-             "## A run refused at finetune (σ = 0.3 fixed, ε budget 3)", "",
+             "## A run whose finetune would pass the budget (σ = 0.3 fixed, ε budget 3)", "",
              f"- exit {refused['exit_code']} after {refused['wall_s']} s: `{''.join(refused['message'])}`"]
     for r in refused["mlflow"]:
         lines.append(f"- MLflow run ({r['flow']}, {r['status']}): metrics {', '.join(r['metrics']) or 'none'}; "
                      f"uncovered keys: {r['uncovered_keys'] or 'none'}")
+    if not refused["mlflow"]:
+        lines.append("- MLflow: no run, no experiment")
     lines.append(f"- metrics/: {refused['metrics_files'] or 'nothing'}")
+    lines.append(f"- files in the project after it (beyond params.yaml and the DVC pointer; data/raw/digits.csv is the "
+                 f"embedded default, exported by the first command that needs it): {refused.get('written') or 'none'}")
     lines += [f"- lifetime ledger: {[(e['flow'], e['epsilon']) for e in refused['ledger']]}", "",
               "## A run with the defaults", "", f"- wall {run['wall_s']} s; terminal: {run['terminal']}"]
     for r in run["mlflow"]:
