@@ -228,3 +228,15 @@ def test_cached_rdp_curves_cannot_be_changed_in_place():
     for event in (abadi(1)[0], RdpCurveEvent(stage="x", orders=(2.0,), rdp=(0.5,))):
         with pytest.raises(ValueError, match="read-only"):
             _event_rdp(event, RDP_ORDERS)[:] = 0
+
+
+def test_a_huge_epsilon_gets_a_grid_of_at_most_the_point_cap():
+    """σ = 1e-3 (ε ≈ 5·10⁵): the grid sized from the saddle-point ε was capped at h = 0.01, 10⁸ points and
+    18 GB; h now never needs more than PLD_MAX_POINTS points over that ε."""
+    from privpipe.privacy import ledger as ledger_module
+
+    events = (GaussianEvent(stage="s", noise_multiplier=1e-3),)
+    epsilon, interval = ledger_module._refined_pld(events, 1e-5)
+    predicted, _ = ledger_module._saddle(events, 1e-5)
+    assert interval >= predicted / ledger_module.PLD_MAX_POINTS > ledger_module.PLD_COARSEST
+    assert epsilon >= predicted * 0.99  # an upper bound, near the Gaussian's own ε

@@ -224,7 +224,9 @@ def _refined_pld(events: tuple[Event, ...], delta: float) -> tuple[float, float]
         return _refined_by_levels(events, delta, max(span, 1.0))
     predicted, lam = saddle
     finest = max(PLD_FINEST, max(predicted, 1.0) / PLD_MAX_POINTS)
-    interval = min(max(_grid_for(events, predicted, lam), finest), PLD_COARSEST)
+    # never coarser than PLD_COARSEST, unless even that needs more than PLD_MAX_POINTS (σ = 1e-3: ε ≈ 5·10⁵, at
+    # h = 0.01 a grid of 10⁸ points and 18 GB)
+    interval = min(max(_grid_for(events, predicted, lam), finest), max(PLD_COARSEST, finest))
     epsilon = float(_pld(events, interval).get_epsilon_for_delta(delta))
     if math.isinf(epsilon):
         finer = interval / 3
