@@ -353,3 +353,10 @@ def test_an_alias_is_refused_naming_the_key_under_it(tmp_path):
     path.write_text("teachers:\n  hidden_units: [1, *a]\n")
     with pytest.raises(ConfigError, match=r"^teachers\.hidden_units\[1\]: YAML alias \*a"):
         load_params(path)
+
+
+def test_the_calculators_limits_are_the_params_ranges():
+    from flows.cli import arguments
+    from privpipe.config import ranges
+
+    assert (arguments.MAX_SCALE, arguments.MAX_COUNT) == (ranges.MAX_SCALE, ranges.MAX_COUNT)

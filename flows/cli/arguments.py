@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from privpipe.config.ranges import MAX_COUNT, MAX_SCALE
+#: params.yaml's ranges for noise multipliers and counts (privpipe.config.ranges' MAX_SCALE and MAX_COUNT,
+#: written out: importing privpipe.config would slow `--help`; tests/test_config.py keeps them equal)
+MAX_SCALE = 1e6
+MAX_COUNT = 10**9
 
 __all__ = ["positive_float", "positive_int", "noise_multiplier", "step_count"]
 
