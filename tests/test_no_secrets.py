@@ -243,6 +243,7 @@ def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
     events: list[dict[str, Any]] = []
     # `privpipe forget` tells a serving Prefect: here a stand-in that keeps what would be sent
     monkeypatch.setattr(flows.notify, "server_answers", lambda *_a, **_k: True)
+    monkeypatch.setattr(flows.notify, "whose_server", lambda *_a, **_k: None)  # this project's own
     monkeypatch.setattr(flows.notify, "emit_event", lambda **event: events.append(event))
     monkeypatch.setattr(EventsWorker, "drain_all", classmethod(lambda cls: None))
     try:
