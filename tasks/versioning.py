@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-__all__ = ["git_commit", "data_version", "file_md5", "dvc"]
+__all__ = ["git_commit", "data_version", "combined_version", "file_md5", "pointer_md5", "dvc", "MD5_PATTERN"]
+
+MD5_PATTERN = re.compile(r"[0-9a-f]{32}")  # a file's md5 in a DVC pointer (a folder's ends in .dir)
 
 
 def git_commit(root: Path = Path(".")) -> str:
@@ -32,13 +35,18 @@ def file_md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _dvc_md5(path: Path) -> str | None:
-    """The md5 that ``<path>.dvc`` records for a DVC-tracked file, if there is one."""
-    pointer = path.with_name(path.name + ".dvc")
+def pointer_md5(pointer: Path) -> str | None:
+    """The md5 a file's DVC pointer (``<file>.dvc``) names; None without a pointer, or for a folder's ``.dir``."""
     if not pointer.is_file():
         return None
     outs = (yaml.safe_load(pointer.read_text()) or {}).get("outs") or [{}]
-    return outs[0].get("md5")
+    md5 = str(outs[0].get("md5", ""))
+    return md5 if MD5_PATTERN.fullmatch(md5) else None
+
+
+def combined_version(md5s: list[str]) -> str:
+    """The label of several files' bytes (or of one outside DVC): ``untracked:`` and a digest of their md5s."""
+    return "untracked:" + hashlib.md5("".join(md5s).encode()).hexdigest()
 
 
 def data_version(paths: list[Path]) -> str:
@@ -50,11 +58,10 @@ def data_version(paths: list[Path]) -> str:
     """
     hashes = [file_md5(p) for p in paths]
     if len(paths) == 1:
-        tracked = _dvc_md5(paths[0])
+        tracked = pointer_md5(paths[0].with_name(paths[0].name + ".dvc"))
         if tracked is not None:
             return tracked if tracked == hashes[0] else f"modified:{hashes[0]}"
-    combined = hashlib.md5("".join(hashes).encode()).hexdigest()
-    return f"untracked:{combined}"
+    return combined_version(hashes)
 
 
 def dvc(*args: str) -> None:

@@ -82,12 +82,14 @@ def _read_parquet(path: Path) -> Table:
     return Table(path, names, {str(c): frame[c].tolist() for c in frame.columns})
 
 
-def read_table(path: Path) -> Table:
-    """The file's columns; a ``.parquet`` (or ``.pq``) file as Parquet, anything else as a CSV with a header."""
+def read_table(path: Path, *, suffix: str | None = None) -> Table:
+    """The file's columns; a ``.parquet`` (or ``.pq``) file as Parquet, anything else as a CSV with a header.
+    ``suffix``: the format's suffix when the name has none (a version in DVC's cache)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: {'is a folder, not a file' if path.is_dir() else 'file not found'}")
-    table = _read_parquet(path) if path.suffix.lower() in PARQUET_SUFFIXES else _read_csv(path)
+    parquet = (path.suffix if suffix is None else suffix).lower() in PARQUET_SUFFIXES
+    table = _read_parquet(path) if parquet else _read_csv(path)
     if not len(table):
         raise DataError(f"{path}: no records")
     return table

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import configparser
 import csv
-import hashlib
-import io
 import json
 import re
 from collections.abc import Iterable
@@ -42,31 +40,22 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from privpipe.config import Params, redact_url
-from privpipe.data.records import read_text
-from privpipe.data.tabular import PARQUET_SUFFIXES
+from privpipe.data import DataError
+from privpipe.data.tabular import read_table
 from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import write_json
 from tasks.run_view import resolve_tracking_uri
+from tasks.versioning import MD5_PATTERN, combined_version, pointer_md5
 
 if TYPE_CHECKING:  # MLflow only when a removal run prunes: tasks.removal.erase (and `privpipe forget`) import this
     from mlflow.tracking import MlflowClient
 
-__all__ = ["LEDGER", "CachePrune", "pointer_md5", "cache_object", "remember_replaced", "remember_sets",
+__all__ = ["LEDGER", "CachePrune", "cache_object", "remember_replaced", "remember_sets",
            "prune_versions"]
 
 LEDGER = paths.REQUESTS / "dvc-versions.json"  # beside the journal: versions replaced, sets seen, versions deleted
 CACHE = Path(".dvc/cache")
-_MD5 = re.compile(r"[0-9a-f]{32}")
-
-
-def pointer_md5(pointer: Path) -> str | None:
-    """The md5 a file's DVC pointer names (None: no pointer, or a folder's ``.dir``)."""
-    if not pointer.is_file():
-        return None
-    outs = (yaml.safe_load(pointer.read_text()) or {}).get("outs") or [{}]
-    md5 = str(outs[0].get("md5", ""))
-    return md5 if _MD5.fullmatch(md5) else None
 
 
 def cache_object(root: Path, md5: str) -> Path:
@@ -120,10 +109,6 @@ def _file_version(label: str) -> str:
     return label.partition("+")[0]
 
 
-def _set_label(pairs: list[list[str]]) -> str:
-    return "untracked:" + hashlib.md5("".join(md5 for _, md5 in pairs).encode()).hexdigest()
-
-
 def _model_versions(client: MlflowClient) -> list[Any]:
     out, token = [], None
     while True:
@@ -150,8 +135,8 @@ def _needed(client: MlflowClient, sets: list[list[list[str]]]) -> tuple[dict[str
             continue
         base = _file_version(label)
         kind, _, digest = base.rpartition(":")
-        md5s = ([digest] if kind in ("", "modified") and _MD5.fullmatch(digest) else
-                [md5 for s in sets if _set_label(s) == base for _, md5 in s])
+        md5s = ([digest] if kind in ("", "modified") and MD5_PATTERN.fullmatch(digest) else
+                [md5 for s in sets if combined_version([md5 for _, md5 in s]) == base for _, md5 in s])
         for md5 in dict.fromkeys(md5s):
             needed.setdefault(md5, []).append(name)
     return needed, unknown
@@ -185,22 +170,15 @@ def _remotes() -> list[_Remote]:
 
 
 def _ids(obj: Path, file: Path, id_column: str) -> list[str] | None:
-    """The record ids in a cached version of ``file`` (read as the file's suffix says: CSV or Parquet);
-    None when its bytes are not such a table."""
+    """The record ids in a cached version of ``file``, read as prepare reads ``file`` (its suffix names the
+    format); None when its bytes are not such a table."""
     try:
-        if file.suffix.lower() in PARQUET_SUFFIXES:
-            import pandas as pd  # deferred, as privpipe.data.tabular does
-
-            return [str(v).strip() for v in pd.read_parquet(obj, columns=[id_column])[id_column].tolist()]
-        with io.StringIO(read_text(obj), newline="") as handle:
-            reader = csv.reader(handle)
-            header = next(reader, [])
-            if id_column not in header:
-                return None
-            column = header.index(id_column)
-            return [row[column].strip() for row in reader if len(row) > column]
-    except Exception:  # bytes of another kind (pyarrow, the decoder, csv raise their own errors)
+        table = read_table(obj, suffix=file.suffix)
+    except (DataError, csv.Error):
         return None
+    if id_column not in table.names:
+        return None
+    return [str(v).strip() for v in table.cells[id_column]]
 
 
 @dataclass
@@ -255,7 +233,7 @@ def _candidates(files: list[Path], ledger: _VersionLedger, queue: RequestQueue,
                   for key in ("data_version_before", "data_version_after")]
         for label in labels:
             digest = _file_version(str(label)).rpartition(":")[2]
-            if _MD5.fullmatch(digest):
+            if MD5_PATTERN.fullmatch(digest):
                 found.setdefault(digest, set()).add(str(files[0]))
         for md5 in needed:
             found.setdefault(md5, set()).add(str(files[0]))

@@ -42,7 +42,7 @@ from privpipe.requests import RequestQueue
 from privpipe.text.corpus import load_corpus
 from tasks.removal import dvc_cache
 from tasks.source import ensure_default_data
-from tasks.versioning import data_version, dvc, file_md5
+from tasks.versioning import data_version, dvc, file_md5, pointer_md5
 
 __all__ = ["SourceErasure", "current_record_ids", "ensure_can_erase", "erase_from_source", "source_version",
            "pipeline_ids", "text_ids", "prune_cached_versions", "TEXT_NOT_REWRITTEN"]
@@ -107,7 +107,7 @@ def _file_versions(params: Params) -> list[list[tuple[str, str]]]:
     if params.prepare.dataset != "csv" or len(files) < 2 or not all(f.is_file() for f in files):
         return []
     by_bytes = [(str(f), file_md5(f)) for f in files]
-    by_pointer = [(name, dvc_cache.pointer_md5(Path(f"{name}.dvc")) or md5) for name, md5 in by_bytes]
+    by_pointer = [(name, pointer_md5(Path(f"{name}.dvc")) or md5) for name, md5 in by_bytes]
     return [by_bytes, by_pointer]
 
 
@@ -163,7 +163,7 @@ def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: Re
                 raise RuntimeError(f"{pointer}: DVC-tracked, but {Path.cwd()} is not a DVC repository; "
                                    "run `dvc init`")
             # the version replaced, recorded before the add: the next step deletes it from the cache
-            dvc_cache.remember_replaced(target, dvc_cache.pointer_md5(pointer))
+            dvc_cache.remember_replaced(target, pointer_md5(pointer))
             dvc("add", "--quiet", str(target))
     dvc_cache.remember_sets([*before, *_file_versions(params)])
     return SourceErasure(rewritten=True, removed_rows=removed, data_version=source_version(params))
