@@ -149,29 +149,17 @@ def _check_text_data(params: Params) -> None:
     if text.format != "20newsgroups" and not Path(text.path).is_file():
         raise DataError(f"{text.path}: text file not found (text.path: a JSONL or CSV file with "
                         f"{text.text_column!r} and {text.label_column!r} columns)")
-    # deferred: privpipe.text imports torch, the prepare task Prefect (seconds)
-    from privpipe.requests import RequestQueue
-    from privpipe.text.corpus import load_corpus
-    from tasks import paths
-    from tasks.text.prepare import drop_withheld
-
-    # a 20newsgroups tarball, scikit-learn's cache or a folder: the loader says which is wrong
-    natural = text.format != "20newsgroups"
-    corpus = load_corpus(text.path, format=text.format, text_column=text.text_column, label_column=text.label_column,
-                         client_column=text.client_column if natural else None,
-                         split_column=text.split_column if natural else None, test_fraction=text.test_fraction,
-                         seed=params.run.seed, download=text.download)
-    corpus, _ = drop_withheld(corpus, RequestQueue(paths.REQUESTS))
-    if text.training == "dpsgd":  # central DP-SGD: no clients
-        return
-    # deferred: the federated modules import torch, which central DP-SGD's check above does not need
+    # deferred: the text and federated modules import torch, the prepare task Prefect (seconds)
     import numpy as np
 
     from privpipe.federated import noise_mode
-    from tasks.federated.training import assign_clients
+    from tasks.text.prepare import current_corpus, text_clients
 
-    assignment, clients = assign_clients(params, ids=corpus.train.ids, labels=corpus.train.labels,
-                                         classes=len(corpus.classes), natural=corpus.train.clients)
+    # a 20newsgroups tarball, scikit-learn's cache or a folder: the loader says which is wrong
+    corpus, _ = current_corpus(params)
+    if text.training == "dpsgd":  # central DP-SGD: no clients
+        return
+    assignment, clients = text_clients(params, corpus)
     check_federated_use(params, clients=clients)  # natural clients: K is known only now
     fed = params.federated
     if fed.private and noise_mode(fed.noise).clients_run_dpsgd and np.bincount(assignment, minlength=clients).min() < 1:

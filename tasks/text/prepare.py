@@ -33,7 +33,7 @@ from tasks.versioning import data_version
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.tracking import TrackedRun
 
-__all__ = ["run_prepare_text", "prepare_text_task", "load_split"]
+__all__ = ["run_prepare_text", "prepare_text_task", "load_split", "current_corpus", "text_clients"]
 
 
 def _version(params: Params, texts: list[str]) -> str:
@@ -67,15 +67,26 @@ def drop_withheld(corpus: Corpus, queue: RequestQueue) -> tuple[Corpus, set[str]
     return replace(corpus, train=parts["train"], test=parts["test"]), dropped
 
 
-def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> PreparedTexts:
-    log = stage_logger("prepare_text")
+def current_corpus(params: Params) -> tuple[Corpus, set[str]]:
+    """The text file as the flow reads it (checked; each record with a deletion request left out), and the
+    left-out records' hashes."""
     cfg = params.text
     corpus = load_corpus(cfg.path, format=cfg.format, text_column=cfg.text_column, label_column=cfg.label_column,
                          client_column=cfg.client_column, split_column=cfg.split_column,
                          test_fraction=cfg.test_fraction, seed=params.run.seed, download=cfg.download)
-    corpus, withheld = drop_withheld(corpus, RequestQueue(paths.REQUESTS))
-    assignment, clients = assign_clients(params, ids=corpus.train.ids, labels=corpus.train.labels,
-                                         classes=len(corpus.classes), natural=corpus.train.clients)
+    return drop_withheld(corpus, RequestQueue(paths.REQUESTS))
+
+
+def text_clients(params: Params, corpus: Corpus) -> tuple[np.ndarray, int]:
+    """Each training text's client and the client count K (a client column's values, or federated's shards)."""
+    return assign_clients(params, ids=corpus.train.ids, labels=corpus.train.labels, classes=len(corpus.classes),
+                          natural=corpus.train.clients)
+
+
+def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> PreparedTexts:
+    log = stage_logger("prepare_text")
+    corpus, withheld = current_corpus(params)
+    assignment, clients = text_clients(params, corpus)
     sizes = np.bincount(assignment, minlength=clients)
     prepared = PreparedTexts(
         dir=out, classes=list(corpus.classes), clients=int(clients), source=corpus.source,
