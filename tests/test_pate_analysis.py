@@ -535,6 +535,39 @@ def test_local_sensitivity_of_several_queries_bounds_a_teacher_moving_on_all(spe
             assert abs(changed - base) <= ls0 + 1e-12
 
 
+def test_brute_force_covers_both_ways_of_bounding_the_interval():
+    # where the one-step change has Algorithm 3's shape the bound is taken at its peaks, elsewhere cell by cell:
+    # the brute-force tests above check both
+    shapes = {analysis._argmax_peaks(spec, order) is None for spec, order in SMALL_SPECS}
+    assert shapes == {True, False}
+
+
+LOCAL_REFERENCE = REFERENCE["local_sensitivity"]
+
+
+@pytest.mark.parametrize("case", LOCAL_REFERENCE, ids=lambda c: f"{c['votes'][:3]}-{c['teachers']}-s{c['sigma']:g}")
+def test_local_sensitivity_is_never_above_the_reference_algorithm(case):
+    """PATE 2018's Algorithms 3–5 (research/pate_2018/smooth_sensitivity.py, via fixtures/make_pate_reference.py)."""
+    spec = make_aggregator("gnmax", case["teachers"], len(case["votes"]), sigma=case["sigma"])
+    ours = local_sensitivity_by_distance(spec, np.array([case["votes"]]), order=case["order"])
+    reference = np.array(case["by_distance"])  # d = 0 .. teachers − 1
+    assert (ours[:len(reference)] <= reference * (1 + 1e-6) + 1e-300).all()
+    assert ours.max() >= 0.9 * reference.max()  # the same quantity: not vacuously small
+
+
+@pytest.mark.parametrize("beta", [0.01, 0.02])
+def test_smooth_sensitivity_of_an_mnist_like_batch_is_at_most_the_references(beta):
+    cases = [c for c in LOCAL_REFERENCE if c["teachers"] == 250]
+    spec = make_aggregator("gnmax", 250, 10, sigma=40.0)
+    ours = smooth_sensitivity(local_sensitivity_by_distance(spec, np.array([c["votes"] for c in cases]), order=20.0),
+                              beta=beta)
+    reference = np.sum([c["by_distance"] for c in cases], axis=0)
+    reference_smooth = float(np.max(np.exp(-beta * np.arange(len(reference))) * reference))
+    # (before the 2018 bounds: 3.8× the reference's on MNIST's votes)
+    assert ours <= reference_smooth * (1 + 1e-6)
+    assert ours >= 0.5 * reference_smooth
+
+
 def test_local_sensitivity_is_small_where_the_votes_agree():
     # near-unanimous MNIST-like votes: one more teacher changes little; an even split sits at the cap
     agree = np.array([[240, 5, 5] + [0] * 7] * 10)

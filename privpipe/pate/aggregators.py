@@ -11,8 +11,8 @@ An aggregator is a noisy vote (privpipe.pate.aggregate) together with what the p
 - one query's data-dependent RDP: log q̃ of its argmax step from the gaps to the top count, the
   argmax step's RDP given log q̃, and the threshold step's RDP per top count where it has one;
 - the data-independent ledger events of the queries asked (every one charged, answered or not);
-- for the local-sensitivity bound: ρ, the most one changed teacher moves a term of the argmax
-  step's union bound, either way.
+- for the local-sensitivity bound: the range of the argmax step's union bound over the histograms
+  one changed teacher away.
 
 Adjacency is the analysis module's: one record added or removed changes one teacher, so every
 query's histogram moves by at most one vote (one count −1, another +1).
@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from scipy.special import log_ndtr
 
 from privpipe.pate.aggregate import confident_gnmax, gnmax, lnmax
 from privpipe.pate.query_rdp import (
     gaussian_rdp,
+    gnmax_neighbour_logq,
     laplace_rdp,
     logpr_answered,
     logq_gnmax_from_gaps,
@@ -98,9 +98,9 @@ class Aggregator(ABC):
         """Ledger events of the data-independent bound for ``queries`` ≥ 1 queries asked (every one charged)."""
 
     @abstractmethod
-    def log_step_ratio(self) -> float:
-        """log ρ: one changed teacher moves every term of the argmax step's union bound by at most a factor ρ
-        either way (a gap x becomes x ± 2)."""
+    def argmax_neighbour_logq(self, logq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bounds (low, high) on log q̃ of the argmax step's union bound for any histogram one changed teacher
+        away from one whose union bound is ``logq`` (every gap x becomes at most x ± 2); uncapped."""
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,10 @@ class LNMax(Aggregator):
     def data_independent_events(self, *, queries: int, stage: str) -> list[Event]:
         return [LaplaceEvent(stage=stage, noise_multiplier=1.0 / self.gamma, count=2 * queries)]
 
-    def log_step_ratio(self) -> float:
-        return 2.0 * self.gamma  # (2 + γ(x − 2))/(2 + γx)·e^{2γ} ≤ e^{2γ}
+    def argmax_neighbour_logq(self, logq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # each term (2 + γx)/(4e^{γx}) moves by a factor in [e^{−2γ}, e^{2γ}] when x moves by 2
+        logq = np.asarray(logq, dtype=np.float64)
+        return logq - 2.0 * self.gamma, logq + 2.0 * self.gamma
 
 
 @dataclass(frozen=True)
@@ -153,11 +155,8 @@ class _GaussianArgmax(Aggregator):
         # two counts move by one: L2 sensitivity √2, noise multiplier σ/√2
         return GaussianEvent(stage=stage, noise_multiplier=self.argmax_sigma / math.sqrt(2.0), count=queries)
 
-    def log_step_ratio(self) -> float:
-        # the ratio of the terms at x − 2 and x grows with x, so x = teachers bounds it
-        scale = math.sqrt(2.0) * self.argmax_sigma
-        x = float(self.teachers) + 2.0
-        return float(log_ndtr(-(x - 2.0) / scale) - log_ndtr(-x / scale))
+    def argmax_neighbour_logq(self, logq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return gnmax_neighbour_logq(logq, sigma=self.argmax_sigma, classes=self.classes)
 
 
 @dataclass(frozen=True)

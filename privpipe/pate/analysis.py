@@ -43,17 +43,22 @@ costs and the δ conversion).
 **Sanitised release** (2018, §4 and Theorem 23). The data-dependent value F(D) depends on
 the data, so it is released as U = F + SS·(c·σ_s + N(0, σ_s²)) with SS a β-smooth bound on
 F's local sensitivity and c = Φ⁻¹(1 − p): U ≥ F except with probability p, which the
-ledger takes out of δ. The local sensitivity at distance d (our bound, not the reference's
-Algorithm 3, whose correctness rests on conditions C5/C6 checked numerically per setting):
-one changed teacher moves every gap to the top by at most 2 (matching classes, the old and
-new top swapped when the top changes), so within d teachers q̃ lies between the union bound
-at gaps + 2d and at gaps − 2d (floored at 0), and, the per-query RDP being non-decreasing
-in q̃ (checked on a grid per setting; otherwise the bound falls back to the
-data-independent RDP), the most one more teacher can change the query's RDP is its range
-over that interval. The threshold depends on the top count alone (moves ≤ 1 per teacher):
-an exact sliding-window maximum over its table. The shift by c·σ_s·SS is itself GNSS with
-a smooth bound inflated by (1 + c·σ_s·(e^β − 1)), and that is what the release cost is
-computed for.
+ledger takes out of δ. The local sensitivity at distance d (2018 Prop. 13 and Algorithms 3–5,
+each step proved here rather than assumed): one changed teacher moves every sorted gap to the
+top by at most 2, so a neighbour's q̃ lies in [B_l(q̃), B_u(q̃)] (Jensen over the union bound's
+terms: :func:`privpipe.pate.query_rdp.gnmax_neighbour_logq`); within d teachers q̃ lies between
+the union bounds of the gaps the top's gaining d votes from the others allows (water-filling, the
+least) and its losing d to the nearest class (the most). One more teacher then changes the
+argmax's RDP β by at most max(β(B_u(q)) − β(q), β(q) − β(B_l(q))) over that interval, its
+neighbours held within the interval at d + 1. The maximum over the interval is taken at the
+points where it can lie when β and the two differences have the shape Algorithm 3 rests on
+(checked per setting on a grid of 200,001 values, as the reference checks its conditions C5/C6
+numerically), else cell by cell over that grid (needs only β non-decreasing; otherwise the bound
+falls back to the data-independent RDP). On MNIST's votes (σ 40, order 20) the smooth
+sensitivity is at most the reference code's (tests/test_pate_analysis.py). The threshold depends
+on the top count alone (moves ≤ 1 per teacher): an exact sliding-window maximum over its table.
+The shift by c·σ_s·SS is itself GNSS with a smooth bound inflated by (1 + c·σ_s·(e^β − 1)), and
+that is what the release cost is computed for.
 """
 
 from __future__ import annotations
@@ -214,23 +219,25 @@ def choose_analysis(aggregator: Aggregator, *, queries: int, order: float, beta:
 # -- smooth sensitivity and the sanitised release ---------------------------------
 
 #: cell edges in log q̃, from −100,000 up to −1e−6, finer where q̃ is large (uniform in log(−log q̃))
-_LOGQ_EDGES = -np.geomspace(1e5, 1e-6, 20001)
+_LOGQ_EDGES = -np.geomspace(1e5, 1e-6, 200001)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=8)
 def _argmax_step_table(aggregator: Aggregator, order: float) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per cell of log q̃ (cell 0 below the first edge, cell k between edges k − 1 and k), a bound on how
-    much one more teacher can change the argmax's RDP from any q̃ in the cell, β(ρ·q_hi) − β(q_lo/ρ), as
-    a sparse table for range maxima; None where that RDP is not non-decreasing in q̃ on the edges (then no
-    such bound holds; the reference code checks its own conditions C5/C6 numerically the same way)."""
+    """Per cell of log q̃ (cell 0 up to the first edge, cell k between edges k − 1 and k), a bound on how
+    much one changed teacher can change the argmax's RDP β from any q̃ in the cell [a, b]:
+    max(β(B_u(b)) − β(a), β(b) − β(B_l(a))), with [B_l, B_u] the neighbours' range of q̃
+    (``aggregator.argmax_neighbour_logq``), as a sparse table for range maxima. None where β is not
+    non-decreasing in q̃ on the edges (then no such bound holds; the reference code checks its own
+    conditions C5/C6 numerically the same way)."""
     edges = cap_logq(_LOGQ_EDGES, aggregator.classes)
     values = _argmax_rdp_at(aggregator, edges, order)
     if not (np.diff(values) >= -1e-12).all():
         return None
-    ratio = aggregator.log_step_ratio()
-    up = _argmax_rdp_at(aggregator, edges + ratio, order)
-    down = _argmax_rdp_at(aggregator, edges - ratio, order)
-    cells = np.r_[up[0], up[1:] - down[:-1]]
+    low, high = aggregator.argmax_neighbour_logq(edges)
+    up = _argmax_rdp_at(aggregator, high, order) - np.r_[0.0, values[:-1]]  # from a (β(−∞) = 0) up to B_u(b)
+    down = values[1:] - _argmax_rdp_at(aggregator, low[:-1], order)  # from b down to B_l(a)
+    cells = np.maximum(up, np.r_[0.0, down])
     levels = [cells]
     while 2 ** len(levels) <= len(cells):
         width = 2 ** (len(levels) - 1)
@@ -240,6 +247,74 @@ def _argmax_step_table(aggregator: Aggregator, order: float) -> tuple[np.ndarray
     for j, level in enumerate(levels):
         table[j, :len(level)] = level
     return edges, table
+
+
+@functools.lru_cache(maxsize=8)
+def _argmax_peaks(aggregator: Aggregator, order: float) -> tuple[float, float] | None:
+    """(log q₁, log q₀) when the one-step change has the shape Papernot et al. 2018's Algorithm 3 rests
+    on, else None. q₀ is where the argmax's RDP β reaches its data-independent value and q₁ = B_l(q₀)
+    (so B_u(q₁) = q₀). Then up(q) = β(B_u(q)) − β(q) is indep − β(q) on [q₁, q₀] and falls, and
+    down(q) = β(q) − β(B_l(q)) falls beyond q₀; checked here on the grid, as the reference checks its
+    conditions C5/C6 numerically: β non-decreasing, up non-decreasing below q₁, down below q₀."""
+    edges = cap_logq(_LOGQ_EDGES, aggregator.classes)
+    values = _argmax_rdp_at(aggregator, edges, order)
+    independent = values[-1]
+    reached = np.flatnonzero(values >= independent)
+    if not (np.diff(values) >= -1e-12).all() or reached[0] == 0:
+        return None
+    below, above = float(edges[reached[0] - 1]), float(edges[reached[0]])
+    for _ in range(200):  # bisect to the float: β < indep at `below`, = indep at `above`
+        middle = 0.5 * (below + above)
+        if middle in (below, above):
+            break
+        if _argmax_rdp_at(aggregator, np.array([middle]), order)[0] >= independent:
+            above = middle
+        else:
+            below = middle
+    logq0 = above
+    logq1 = float(aggregator.argmax_neighbour_logq(np.array([logq0]))[0][0])
+    low, high = aggregator.argmax_neighbour_logq(edges)
+    up = _argmax_rdp_at(aggregator, high, order) - values
+    down = values - _argmax_rdp_at(aggregator, low, order)
+    if not ((np.diff(up[edges < logq1]) >= -1e-12).all() and (np.diff(down[edges < logq0]) >= -1e-12).all()):
+        return None
+    return logq1, logq0
+
+
+def _reach_low_gaps(gaps: np.ndarray, distance: int) -> np.ndarray:
+    """Gaps whose union bound is at most that of any histogram within ``distance`` teachers.
+
+    The top gains at most d votes and the others lose at most d in all (if another class becomes the
+    top, the old top's term takes its place and is no smaller), so q̃ ≥ min Σ_j t(g_j + d + r_j) over
+    r ≥ 0, Σr ≤ d. With t convex and decreasing the minimum over real r fills the smallest gaps up to
+    one level L (water-filling): Σ_j max(0, L − g_j − d) = d. (The reference's walk moves the votes one
+    at a time from the second class to the top: the same up to whole votes.)"""
+    raised = np.sort(gaps, axis=1) + float(distance)
+    if distance == 0:
+        return raised
+    filled = np.cumsum(raised, axis=1)
+    count = np.arange(1, raised.shape[1] + 1)
+    levels = (distance + filled) / count  # the level if the k smallest share the d votes
+    # the k that holds: the level reaches the k-th gap and stays below the (k + 1)-th
+    below_next = np.c_[levels[:, :-1] <= raised[:, 1:], np.ones((len(raised), 1), dtype=bool)]
+    k = np.argmax(below_next & (levels >= raised), axis=1)
+    level = levels[np.arange(len(raised)), k]
+    return np.maximum(raised, level[:, None])
+
+
+def _reach_high(aggregator: Aggregator, gaps: np.ndarray, distance: int) -> np.ndarray:
+    """An upper bound on log q̃ over the histograms within ``distance`` teachers: the top loses at most d
+    votes and the others gain at most d in all, so q̃ ≤ max Σ_j t(g_j − d − k_j) over k ≥ 0, Σk ≤ d, for t
+    a union-bound term. t is convex and decreasing for gaps ≥ 0 (Gaussian tail, 2017 Lemma 4's term), so
+    while the smallest gap is ≥ 2d the maximum is all of k on it (a vertex; the reference's walk from the
+    top to the second class); beyond, every gap − 2d (floored at 0), which is larger still."""
+    if distance == 0:
+        return aggregator.argmax_logq(gaps)
+    vertex = gaps - float(distance)
+    vertex[:, 0] -= float(distance)
+    spread = np.maximum(gaps - 2.0 * distance, 0.0)
+    convex = gaps[:, :1] >= 2.0 * distance
+    return aggregator.argmax_logq(np.where(convex, vertex, spread))
 
 
 def _range_max(table: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
@@ -264,24 +339,87 @@ def _dilate(values: np.ndarray, radius: int) -> np.ndarray:
     return values
 
 
+def _one_step_bound(aggregator: Aggregator, low: np.ndarray, high: np.ndarray, order: float,
+                    reach: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The most one changed teacher can change the argmax's RDP β from any log q̃ in [low, high] (β
+    non-decreasing): max(β(B_u(high)) − β(low), β(high) − β(B_l(low))), with the neighbours' range
+    [B_l, B_u] also held within ``reach``, where every neighbour of the histograms considered lies."""
+    below, _ = aggregator.argmax_neighbour_logq(low)
+    _, above = aggregator.argmax_neighbour_logq(high)
+    at_low, at_high = _argmax_rdp_at(aggregator, low, order), _argmax_rdp_at(aggregator, high, order)
+    return np.maximum(_argmax_rdp_at(aggregator, np.minimum(above, reach[1]), order) - at_low,
+                      at_high - _argmax_rdp_at(aggregator, np.maximum(below, reach[0]), order))
+
+
+def _unimodal_bound(aggregator: Aggregator, peaks: tuple[float, float], here: tuple[np.ndarray, np.ndarray],
+                    reach: tuple[np.ndarray, np.ndarray], order: float) -> np.ndarray:
+    """:func:`_one_step_bound` over ``here`` where :func:`_argmax_peaks` holds: each part's maximum lies at
+    one of a few points, each bounded on a cell of width ~1e−9 around it (so rounding cannot miss it).
+    up, held below β(reach high) − β(q), peaks where B_u(q) = reach high (q = B_l(reach high)) left of q₁,
+    else at q₁; down, held below β(q) − β(reach low), rises to q₀, then peaks where B_l(q) = reach low."""
+    low, high = here
+    logq1, logq0 = peaks
+    up_cross = aggregator.argmax_neighbour_logq(reach[1])[0]
+    down_cross = aggregator.argmax_neighbour_logq(reach[0])[1]
+    candidates = [low, high, np.clip(logq1, low, high), np.clip(logq0, low, high),
+                  np.clip(up_cross, low, np.minimum(high, logq1)), np.clip(down_cross, np.maximum(low, logq0), high)]
+    bound = np.zeros(len(low))
+    for point in candidates:
+        width = 1e-9 * (1.0 + np.abs(point))
+        piece = _one_step_bound(aggregator, np.maximum(point - width, low), np.minimum(point + width, high), order,
+                                reach)
+        bound = np.maximum(bound, piece)
+    return bound
+
+
+def _interval_bound(aggregator: Aggregator, steps: tuple[np.ndarray, np.ndarray], here: tuple[np.ndarray, np.ndarray],
+                    reach: tuple[np.ndarray, np.ndarray], order: float) -> np.ndarray:
+    """:func:`_one_step_bound` over log q̃ in ``here`` = (low, high), per row: exact on the two end pieces
+    (the parts of the first and last cells inside the interval), the table's cell bounds in between, no
+    more than the change from any q̃ in ``here`` to any in ``reach``."""
+    low, high = here
+    peaks = _argmax_peaks(aggregator, order)
+    if peaks is not None:
+        return _unimodal_bound(aggregator, peaks, here, reach, order)
+    edges, table = steps
+    first = np.minimum(np.searchsorted(edges, low), len(edges) - 1)
+    last = np.minimum(np.searchsorted(edges, high), len(edges) - 1)
+    first_end = np.where(first == last, high, edges[first])
+    last_start = np.where(first == last, low, edges[np.maximum(last - 1, 0)])
+    bound = np.maximum(_one_step_bound(aggregator, low, first_end, order, reach),
+                       _one_step_bound(aggregator, last_start, high, order, reach))
+    inner = last - first >= 2
+    if inner.any():
+        cells = _range_max(table, first[inner] + 1, last[inner] - 1)
+        beta = {name: _argmax_rdp_at(aggregator, value[inner], order)
+                for name, value in (("low", low), ("high", high), ("reach_low", reach[0]), ("reach_high", reach[1]))}
+        whole = np.maximum(beta["reach_high"] - beta["low"], beta["high"] - beta["reach_low"])
+        bound[inner] = np.maximum(bound[inner], np.minimum(cells, whole))
+    return bound
+
+
 def _local_sensitivity_rows(aggregator: Aggregator, counts: np.ndarray, order: float) -> np.ndarray:
-    """LS(d) of each query's RDP, (queries, teachers + 1): within d teachers the gaps lie within 2d of
-    today's, so q̃ lies in [union bound at gaps + 2d, union bound at max(gaps − 2d, 0)]; one more teacher
-    then changes the argmax's RDP by at most the largest cell value over that interval."""
+    """LS(d) of each query's RDP, (queries, teachers + 1): within d teachers q̃ lies between the union
+    bounds at :func:`_reach_low_gaps` and :func:`_reach_high`, and their neighbours within the same at
+    d + 1; one more teacher then changes the argmax's RDP by at most :func:`_one_step_bound` over that
+    interval (Papernot et al. 2018, Prop. 13 and Algorithms 4–5, with the interval's maximum taken cell
+    by cell instead of assuming where it lies)."""
     size = aggregator.teachers + 1
     ls = np.zeros((len(counts), size))
     steps = _argmax_step_table(aggregator, order)
     if steps is None:  # no interval bound: the per-query RDP lies in [0, data-independent]
         ls += float(_argmax_rdp_at(aggregator, np.zeros(1), order)[0])
     else:
-        edges, table = steps
         gaps = top_gaps(counts)
+
+        def reach(d: int) -> tuple[np.ndarray, np.ndarray]:
+            return aggregator.argmax_logq(_reach_low_gaps(gaps, d)), _reach_high(aggregator, gaps, d)
+
+        here = reach(0)
         for d in range(size):
-            low = aggregator.argmax_logq(gaps + 2.0 * d)
-            high = aggregator.argmax_logq(np.maximum(gaps - 2.0 * d, 0.0))
-            first = np.minimum(np.searchsorted(edges, low), len(edges) - 1)
-            last = np.minimum(np.searchsorted(edges, high), len(edges) - 1)
-            ls[:, d] = _range_max(table, first, last)
+            further = reach(d + 1)
+            ls[:, d] = _interval_bound(aggregator, steps, here, further, order)
+            here = further
     threshold = aggregator.threshold_rdp_table(order=order)
     if threshold is not None:
         tops = counts.max(axis=1)

@@ -21,10 +21,10 @@ import math
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy.special import log_ndtr, logsumexp
+from scipy.special import log_ndtr, logsumexp, ndtri_exp
 
 __all__ = ["top_gaps", "cap_logq", "logq_gnmax_from_gaps", "logq_lnmax_from_gaps", "logq_gnmax", "logq_lnmax",
-           "logpr_answered", "gaussian_rdp", "laplace_rdp", "threshold_rdp"]
+           "gnmax_neighbour_logq", "logpr_answered", "gaussian_rdp", "laplace_rdp", "threshold_rdp"]
 
 
 # -- q̃: bounds on Pr[output ≠ likely outcome] (reference: pate_2018/core.py) -------------
@@ -62,6 +62,25 @@ def logq_lnmax(histograms: np.ndarray, *, gamma: float) -> np.ndarray:
     """log q̃ for LNMax: Σ_{i≠i*} (2 + γΔ_i)/(4e^{γΔ_i}), Δ_i = n_{i*} − n_i (2017 Lemma 4), ≤ log(1 − 1/m)."""
     gaps = top_gaps(histograms)
     return logq_lnmax_from_gaps(gaps, gamma, gaps.shape[1] + 1)
+
+
+def gnmax_neighbour_logq(logq: np.ndarray, *, sigma: float, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds (low, high) on log q̃ of GNMax's union bound one changed teacher away (uncapped).
+
+    With m − 1 terms x_i = Φ̄(g_i/s), s = √2σ, summing to q: one teacher moves every (sorted) gap by at
+    most 2, so a neighbour's bound is at most Σ F(x_i) with F(x) = Φ̄(Φ̄⁻¹(x) − 2/s), and at least
+    Σ G(x_i) with G(x) = Φ̄(Φ̄⁻¹(x) + 2/s). F is concave and G convex (the trade-off curves of a Gaussian
+    shift test), so by Jensen high = (m − 1)·F(q/(m − 1)) and low = (m − 1)·G(q/(m − 1))
+    (Papernot et al. 2018, Prop. 13: B_u and B_l; the reference's ``_compute_bu_gnmax``).
+    """
+    logq = np.asarray(logq, dtype=np.float64)
+    log_terms = math.log(classes - 1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        x = -ndtri_exp(np.minimum(logq - log_terms, 0.0))  # Φ̄⁻¹(q/(m − 1))
+        shift = 2.0 / (math.sqrt(2.0) * sigma)
+        high = log_terms + log_ndtr(shift - x)
+        low = log_terms + log_ndtr(-x - shift)
+    return np.where(np.isneginf(logq), -np.inf, low), np.where(np.isneginf(logq), -np.inf, high)
 
 
 def logpr_answered(tops: np.ndarray, *, threshold: float, sigma1: float) -> np.ndarray:
