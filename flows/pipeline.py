@@ -45,7 +45,7 @@ from tasks.evaluation import Evaluation
 from tasks.features import check_model
 from tasks.federated.training import assign_clients
 from tasks.finetune.stage import check_lot_size, check_target_reachable, finetune_task, run_finetune, start_dir
-from tasks.pate.aggregate import aggregate_task, run_aggregate
+from tasks.pate.aggregate import aggregate_task, check_filter_budget, run_aggregate
 from tasks.pate.partition import Shards, partition_task, run_partition, shard_assignment
 from tasks.pate.student import run_student, student_task
 from tasks.pate.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
@@ -159,6 +159,7 @@ def preflight(params: Params) -> None:
     prepared = prepared_sets(params)
     if params.student.enabled:
         shard_assignment(params, prepared.sensitive, classes=prepared.shape.n_classes, source=params.prepare.path)
+        check_filter_budget(params, classes=prepared.shape.n_classes)
     # each stage's own checks against the data, made here too: mid-run they would fail after MLflow wrote
     check_components(params, prepared.shape.width)
     check_lot_size(params, len(prepared.sensitive))

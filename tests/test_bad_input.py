@@ -283,6 +283,17 @@ CASES = [
          "an RDP curve has no PLD (use best or rdp)",
          setup=params(privacy={"accountant": "pld"}, student={"enabled": True},
                       aggregate={"analysis": "data_dependent"})),
+    # a GDP filter needs Gaussian steps, its budget, and room for one query at its worst: before any work
+    Case("filter-on-laplace-votes", ("run",), "privpipe: error: aggregate.analysis: filter needs Gaussian noise "
+         "on every step (gnmax or confident_gnmax), not lnmax",
+         setup=params(student={"enabled": True}, aggregate={"analysis": "filter", "filter_epsilon": 1.0,
+                                                            "mechanism": "lnmax", "gamma": 0.1})),
+    Case("filter-without-its-budget", ("run",), "privpipe: error: aggregate.filter_epsilon: must be set for "
+         "aggregate.analysis: filter (the aggregation's ε at privacy.delta)",
+         setup=params(student={"enabled": True}, aggregate={"analysis": "filter"})),
+    Case("filter-budget-holds-no-query", ("run",), "privpipe: error: aggregate.filter_epsilon: 0.001 holds no "
+         "query (one query at its worst is μ = 0.03536-GDP, the budget μ = 0.00058); raise it or the noise",
+         setup=params(student={"enabled": True}, aggregate={"analysis": "filter", "filter_epsilon": 0.001})),
     # δ < 1/n needs n, the sensitive records: the prepare stage refuses it before it writes
     Case("delta-not-below-1-over-n", ("stage", "prepare"),
          "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.000977 (n = 1024 sensitive records); "

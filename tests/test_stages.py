@@ -81,6 +81,22 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
         run_aggregate(load_params("params.yaml"))
     assert not (project / "artifacts/aggregate").exists()
 
+    # under a GDP filter (a threshold every query clears) the budget stops the queries early, and the
+    # ledger records the budget fixed up front, as one Gaussian event
+    write_params(project, **{**SETTINGS, "aggregate": {**SETTINGS["aggregate"], "analysis": "filter",
+                                                       "threshold": -1000.0, "filter_epsilon": 0.3}})
+    filtered = run_aggregate(load_params("params.yaml"))
+    analysis = json.loads((project / "artifacts/aggregate/analysis.json").read_text())
+    budget = analysis["filter"]["budget_mu"]
+    assert analysis["filter"]["recorded_mu"] == budget and analysis["filter"]["pool"] == 10
+    assert filtered.analysis == "filter" and 0 < filtered.queries == filtered.answered < 10
+    assert filtered.queries * (1 / 50**2 + 2 / 50**2) <= budget**2 < (filtered.queries + 1) * (3 / 50**2)
+    events = Ledger.from_json((project / "artifacts/aggregate/ledger.json").read_text()).events
+    assert [(e.mechanism, e.count) for e in events] == [("gaussian", 1)]
+    assert events[0].noise_multiplier == pytest.approx(1 / budget)
+    assert filtered.epsilon == pytest.approx(0.3, abs=2e-3)
+    assert (np.load(project / "artifacts/aggregate/labels.npy")[filtered.queries:] == -1).all()
+
     # 250 teachers agreeing on every query (votes written as the teachers stage would): GNMax at σ = 5
     # is cheaper to account for by the sanitised data-dependent bound, and auto picks it
     queries = Records.load(project / "data/prepared/public", rows=np.arange(10))

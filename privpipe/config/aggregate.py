@@ -8,13 +8,15 @@ from typing import ClassVar
 
 from privpipe.config.errors import one_of, require
 from privpipe.config.privacy import PrivacyConfig
-from privpipe.config.ranges import MAX_COUNT, MAX_SCALE, Range, above, at_least, fraction
+from privpipe.config.ranges import MAX_COUNT, MAX_EPSILON, MAX_SCALE, Range, above, at_least, fraction
 
 #: privpipe.pate.registry's aggregators and each one's noise parameters (the others are ignored). Written out:
 #: the registry imports torch, which checking params must not; tests/test_config.py fails if they ever differ
 NOISE_KEYS = {"lnmax": ("gamma",), "gnmax": ("sigma",), "confident_gnmax": ("threshold", "sigma1", "sigma2")}
 AGGREGATORS = tuple(NOISE_KEYS)
-ANALYSES = ("auto", "data_dependent", "data_independent")
+ANALYSES = ("auto", "data_dependent", "data_independent", "filter")
+#: the aggregators whose every step is Gaussian, which a GDP filter can hold (privpipe.pate.gdp_filter)
+FILTERABLE = ("gnmax", "confident_gnmax")
 
 #: The RDP orders the privacy ledger composes at: dp_accounting's DEFAULT_RDP_ORDERS, as floats, exactly as
 #: privpipe.privacy.RDP_ORDERS builds them. Written out so that checking params does not import torch
@@ -33,6 +35,7 @@ class AggregateConfig:
     sigma1: float | None = None
     sigma2: float | None = None
     analysis: str = "auto"  # data-dependent only where its best case can beat data-independent
+    filter_epsilon: float | None = None  # analysis filter: the aggregation's own ε at privacy.delta, fixed up front
     rdp_order: float = 20.0
     ss_beta: float = 0.01  # below 1/(2·rdp_order) = 0.025, as the smooth-sensitivity release needs
     ss_noise: float = 20.0
@@ -42,8 +45,8 @@ class AggregateConfig:
     RANGES: ClassVar[dict[str, Range]] = {
         "queries": at_least(0, MAX_COUNT), "gamma": above(0, MAX_SCALE), "sigma": above(0, MAX_SCALE),
         "threshold": at_least(-MAX_COUNT, MAX_COUNT), "sigma1": above(0, MAX_SCALE), "sigma2": above(0, MAX_SCALE),
-        "rdp_order": above(1, 1024), "ss_beta": above(0, 1), "ss_noise": above(0, MAX_SCALE),
-        "ss_failure_probability": fraction(),
+        "filter_epsilon": above(0, MAX_EPSILON), "rdp_order": above(1, 1024), "ss_beta": above(0, 1),
+        "ss_noise": above(0, MAX_SCALE), "ss_failure_probability": fraction(),
     }
 
 
@@ -55,6 +58,11 @@ def check(aggregate: AggregateConfig, *, privacy: PrivacyConfig) -> None:
         require(key == "threshold" or value > 0, f"aggregate.{key}", "must be > 0")
     require(aggregate.queries >= 0, "aggregate.queries", "must be >= 0 (0 = the whole public pool)")
     one_of(aggregate.analysis, ANALYSES, "aggregate.analysis")
+    if aggregate.analysis == "filter":
+        require(aggregate.mechanism in FILTERABLE, "aggregate.analysis",
+                f"filter needs Gaussian noise on every step ({' or '.join(FILTERABLE)}), not {aggregate.mechanism}")
+        require(aggregate.filter_epsilon is not None, "aggregate.filter_epsilon",
+                "must be set for aggregate.analysis: filter (the aggregation's ε at privacy.delta)")
     require(aggregate.rdp_order in LEDGER_RDP_ORDERS, "aggregate.rdp_order",
             f"must be one of the ledger's RDP orders ({', '.join(f'{a:g}' for a in LEDGER_RDP_ORDERS)})")
     beta_bound = 1 / (2 * aggregate.rdp_order)

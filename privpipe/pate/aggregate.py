@@ -19,7 +19,7 @@ import numpy as np
 
 from privpipe.privacy.secure_noise import NoiseSource
 
-__all__ = ["UNANSWERED", "lnmax", "gnmax", "confident_gnmax"]
+__all__ = ["UNANSWERED", "lnmax", "gnmax", "confident_mask", "confident_gnmax"]
 
 UNANSWERED = -1
 
@@ -52,13 +52,20 @@ def gnmax(histograms: np.ndarray, *, sigma: float, noise: NoiseSource) -> np.nda
     return np.argmax(counts + noise.normal(counts.shape, std=sigma), axis=1).astype(np.int64)
 
 
+def confident_mask(histograms: np.ndarray, *, threshold: float, sigma1: float, noise: NoiseSource) -> np.ndarray:
+    """Confident-GNMax's first step: whether each query's top count + N(0, σ₁²) clears ``threshold``."""
+    _positive("sigma1", sigma1)
+    counts = _check_histograms(histograms)
+    return np.asarray(counts.max(axis=1) + noise.normal((len(counts),), std=sigma1) >= threshold)
+
+
 def confident_gnmax(histograms: np.ndarray, *, threshold: float, sigma1: float, sigma2: float,
                     noise: NoiseSource) -> np.ndarray:
     """Answer the queries whose noisy top count clears ``threshold``; GNMax (σ₂) on those."""
     _positive("sigma1", sigma1)
     _positive("sigma2", sigma2)
     counts = _check_histograms(histograms)
-    confident = counts.max(axis=1) + noise.normal((len(counts),), std=sigma1) >= threshold
+    confident = confident_mask(counts, threshold=threshold, sigma1=sigma1, noise=noise)
     labels = np.full(len(counts), UNANSWERED, dtype=np.int64)
     if confident.any():
         # noise is drawn only for answered queries: step 2 never looks at the others

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from privpipe.pate.aggregate import confident_gnmax, gnmax, lnmax
+from privpipe.pate.aggregate import confident_gnmax, confident_mask, gnmax, lnmax
 from privpipe.pate.query_rdp import (
     gaussian_rdp,
     gnmax_neighbour_logq,
@@ -93,6 +93,19 @@ class Aggregator(ABC):
         """The threshold step's RDP at ``order`` for every possible top count 0..teachers; None without one."""
         return None
 
+    def passes_threshold(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
+        """Which queries the threshold step lets through (drawing its noise); all of them without one."""
+        return np.ones(len(histograms), dtype=bool)
+
+    @abstractmethod
+    def argmax_answer(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
+        """The argmax step alone: a noisy label for every query."""
+
+    def gdp_costs(self) -> tuple[float, float] | None:
+        """(μ² of the steps every query asked runs, μ² of those only an answered one runs) where each step is
+        Gaussian, hence μ-GDP (privpipe.pate.gdp_filter); None otherwise."""
+        return None
+
     @abstractmethod
     def data_independent_events(self, *, queries: int, stage: str) -> list[Event]:
         """Ledger events of the data-independent bound for ``queries`` ≥ 1 queries asked (every one charged)."""
@@ -120,6 +133,9 @@ class LNMax(Aggregator):
 
     def answer(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
         return lnmax(histograms, gamma=self.gamma, noise=noise)
+
+    def argmax_answer(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
+        return self.answer(histograms, noise=noise)
 
     def argmax_logq(self, gaps: np.ndarray) -> np.ndarray:
         return logq_lnmax_from_gaps(gaps, self.gamma, self.classes)
@@ -157,6 +173,13 @@ class _GaussianArgmax(Aggregator):
 
     def argmax_neighbour_logq(self, logq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return gnmax_neighbour_logq(logq, sigma=self.argmax_sigma, classes=self.classes)
+
+    def argmax_answer(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
+        return gnmax(histograms, sigma=self.argmax_sigma, noise=noise)
+
+    def gdp_costs(self) -> tuple[float, float] | None:
+        # the histogram moves by √2 in L2: the argmax step is (√2/σ)-GDP
+        return 0.0, 2.0 / self.argmax_sigma**2
 
 
 @dataclass(frozen=True)
@@ -222,6 +245,13 @@ class ConfidentGNMax(_GaussianArgmax):
     def answer(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
         return confident_gnmax(histograms, threshold=self.threshold, sigma1=self.sigma1, sigma2=self.sigma2,
                                noise=noise)
+
+    def passes_threshold(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
+        return confident_mask(histograms, threshold=self.threshold, sigma1=self.sigma1, noise=noise)
+
+    def gdp_costs(self) -> tuple[float, float] | None:
+        # the top count moves by 1: the threshold step is (1/σ₁)-GDP, charged on every query asked
+        return 1.0 / self.sigma1**2, 2.0 / self.sigma2**2
 
     def threshold_rdp_table(self, *, order: float) -> np.ndarray:
         tops = np.arange(self.teachers + 1, dtype=np.float64)

@@ -9,7 +9,11 @@ data-independent events in the run's ε; a forced
 ``data_dependent`` that cannot win is refused before any noise is drawn. Then checks the
 worst case against the budget, aggregates (``aggregate.mechanism``) and records either the
 data-independent events or the sanitised data-dependent release. Every query asked is
-charged, answered or not: which ones were answered depends on the votes. The raw
+charged, answered or not: which ones were answered depends on the votes. ``aggregate.analysis:
+filter`` instead asks the queries in order under a GDP budget fixed by ``filter_epsilon``
+(privpipe.pate.gdp_filter): the threshold is charged on every query asked, the argmax only on the
+answered ones, and the queries stop when the next one might not fit; the budget is what the
+ledger records. The raw
 data-dependent bound is private: written only to artifacts/private/, never to MLflow,
 metrics or a DVC output.
 Output: artifacts/aggregate/{labels.npy (−1 = unanswered), query_ids.npy, analysis.json,
@@ -38,6 +42,7 @@ from privpipe.pate.analysis import (
     planned_release_event,
     sanitise,
 )
+from privpipe.pate.gdp_filter import answer_within_budget, filter_event, gdp_costs, gdp_mu_for_epsilon, recorded_mu
 from privpipe.pate.registry import aggregator_type, make_aggregator
 from privpipe.pate.teachers import vote_histograms
 from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_epsilon
@@ -65,7 +70,8 @@ if TYPE_CHECKING:  # types only: recording imports MLflow, which a stage run by 
     from tasks.projection import Projection
     from tasks.tracking import TrackedRun
 
-__all__ = ["Labels", "run_aggregate", "aggregate_task", "aggregator_spec", "decide_analysis"]
+__all__ = ["Labels", "run_aggregate", "aggregate_task", "aggregator_spec", "decide_analysis", "filter_budget",
+           "check_filter_budget"]
 
 
 def aggregator_spec(params: Params, *, teachers: int, classes: int) -> Aggregator:
@@ -75,10 +81,32 @@ def aggregator_spec(params: Params, *, teachers: int, classes: int) -> Aggregato
     return make_aggregator(cfg.mechanism, teachers, classes, **noise)
 
 
+def filter_budget(params: Params) -> float:
+    """μ of ``aggregate.analysis: filter``: the GDP budget whose (ε, δ) is ``filter_epsilon`` at privacy.delta."""
+    epsilon = params.aggregate.filter_epsilon
+    if epsilon is None:
+        raise ConfigError("aggregate.filter_epsilon: must be set for aggregate.analysis: filter")
+    return gdp_mu_for_epsilon(epsilon, delta=params.privacy.delta)
+
+
+def check_filter_budget(params: Params, *, classes: int) -> None:
+    """A filter whose budget holds not even one query at its worst would ask nothing: refused up front."""
+    if not (params.student.enabled and params.aggregate.analysis == "filter"):
+        return
+    ask, answer = gdp_costs(aggregator_spec(params, teachers=params.partition.shards, classes=classes))
+    budget = filter_budget(params)
+    if budget**2 < ask + answer:
+        raise ConfigError(f"aggregate.filter_epsilon: {params.aggregate.filter_epsilon:g} holds no query (one "
+                          f"query at its worst is μ = {(ask + answer) ** 0.5:.4g}-GDP, the budget μ = {budget:.4g}); "
+                          "raise it or the noise")
+
+
 def _planned(params: Params, spec: Aggregator, queries: int, analysis: str) -> list[Event]:
     cfg = params.aggregate
     if analysis == "data_independent":
         return data_independent_events(spec, queries=queries)
+    if analysis == "filter":
+        return [filter_event(spec, budget_mu=filter_budget(params), pool=queries)]
     return [planned_release_event(spec, queries=queries, order=cfg.rdp_order, beta=cfg.ss_beta,
                                   noise_scale=cfg.ss_noise, failure_probability=cfg.ss_failure_probability)]
 
@@ -94,6 +122,12 @@ def decide_analysis(params: Params, spec: Aggregator, queries: int, ledger: Ledg
     choice = choose_analysis(spec, queries=queries, order=cfg.rdp_order, beta=cfg.ss_beta, noise_scale=cfg.ss_noise,
                              failure_probability=cfg.ss_failure_probability,
                              epsilon_of=lambda events: ledger.epsilon(events).epsilon)
+    if cfg.analysis == "filter":
+        check_filter_budget(params, classes=spec.classes)
+        alone = _alone(_planned(params, spec, queries, "filter"), ledger)
+        return AnalysisChoice("filter", f"set by aggregate.analysis: a GDP filter of ε {alone:.4g} at δ "
+                              f"{ledger.delta:g}, the threshold charged on every query asked, the argmax on the "
+                              "answered ones", alone, choice.data_independent_epsilon)
     if cfg.analysis == "data_independent" or params.privacy.accountant == "pld":
         # under pld an RDP curve cannot be composed; config refuses a forced data_dependent there
         why = "set by aggregate.analysis" if cfg.analysis == "data_independent" else "privacy.accountant is pld"
@@ -110,7 +144,7 @@ class Labels:
     run's ledger so far, and the stage's public figures."""
 
     dir: Path
-    queries: int  # asked (every one charged)
+    queries: int  # asked (each one charged; under the filter, its argmax only when answered)
     answered: int
     teachers: int
     label_accuracy: float | None  # against the public pool's own labels, on the answered queries (None: unlabeled)
@@ -185,9 +219,15 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     warn_insecure_rng(params, "aggregate", what, flow_warns=True)
     histograms = vote_histograms(votes, classes=classes)
     noise = NoiseSource(seed=seed_for(params.run.seed, "aggregate"), secure=params.privacy.secure_rng)
-    labels = spec.answer(histograms, noise=noise)
+    asked = len(queries)
+    filtered = None
+    if choice.analysis == "filter":
+        filtered = answer_within_budget(spec, histograms, budget_mu=filter_budget(params), noise=noise)
+        labels, asked = filtered.labels, filtered.asked
+    else:
+        labels = spec.answer(histograms, noise=noise)
     answered = labels >= 0
-    independent = data_independent_events(spec, queries=len(queries))
+    independent = data_independent_events(spec, queries=asked)
     release = private = None
     if dependent:  # computing it publishes it, so only when the ledger pays for it
         raw_curve = data_dependent_rdp(spec, histograms, orders=RDP_ORDERS)
@@ -196,16 +236,23 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
                            noise_scale=cfg.ss_noise, failure_probability=cfg.ss_failure_probability,
                            noise=NoiseSource(seed=seed_for(params.run.seed, "sanitise"),
                                              secure=params.privacy.secure_rng))
-    ledger.record(*([release.event()] if release else independent))
+    if filtered:
+        ledger.record(*_planned(params, spec, len(queries), "filter"))
+    else:
+        ledger.record(*([release.event()] if release else independent))
 
     result = Labels(
-        dir=out, queries=len(queries), answered=int(answered.sum()), teachers=int(votes.shape[0]),
+        dir=out, queries=asked, answered=int(answered.sum()), teachers=int(votes.shape[0]),
         label_accuracy=_label_accuracy(labels, queries.labels, answered),
         analysis=choice.analysis, analysis_reason=choice.reason, epsilon=ledger.stage_epsilon("aggregate").epsilon,
         epsilon_data_independent=_alone(independent, ledger),
         epsilon_sanitised=_alone([release.event()], ledger) if release else None)
     analysis = {"mechanism": cfg.mechanism, "analysis_setting": cfg.analysis, "choice": choice.public(),
                 "spec": spec.public(), "sanitised_release": release.public() if release else None,
+                "filter": None if filtered is None else {
+                    "pool": len(queries), "asked": filtered.asked, "budget_mu": filtered.budget_mu,
+                    "recorded_mu": recorded_mu(spec, budget_mu=filtered.budget_mu, pool=len(queries)),
+                    "spent_mu": filtered.spent_mu},
                 **result.metrics()}
     if release:
         private = {"warning": "data-dependent values: do not publish", "orders": list(RDP_ORDERS),
@@ -219,8 +266,10 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     write_json(paths.metrics_file("aggregate"), result.metrics())
     if private:  # outside every DVC output and never logged: dvc push and MLflow do not see it
         write_json(paths.PRIVATE / "aggregate_data_dependent.json", private)
+    if filtered and filtered.asked < len(queries):
+        log.info("aggregate: the filter's budget stopped the queries after %d of %d", filtered.asked, len(queries))
     log.info("aggregate: %d of %d answered (label accuracy %s); stage ε = %.4g recorded (%s), "
-             "data-independent ε = %.4g; run total %s", result.answered, len(queries),
+             "data-independent ε = %.4g; run total %s", result.answered, asked,
              "unknown: an unlabeled pool" if result.label_accuracy is None else f"{result.label_accuracy:.3f}",
              result.epsilon, choice.analysis, result.epsilon_data_independent, ledger.epsilon())
     return result
