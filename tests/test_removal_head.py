@@ -23,6 +23,7 @@ from privpipe.removal import (
     hessian,
     objective,
 )
+from privpipe.removal import head as head_module
 from privpipe.removal.logistic import curvature
 
 LAM = 1e-2
@@ -219,6 +220,47 @@ def test_residual_never_exceeds_the_certified_bound(k: int, refresh_every: int) 
     assert head.retrains == 0 and head.reg == LAM * len(head.y)  # Λ stays λ·n₀
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_the_woodbury_solve_and_the_iterations_agree(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to 256 rows since the reference the update is solved by Woodbury from H₀⁻¹ (three O(d²) products a
+    row); past that, or with it switched off, by the preconditioned iterations: same weights, same bound."""
+    rows = [[3], [17], [40, 41, 58], [77], list(range(100, 130)), [131]]
+    fast = make_head(k, n=400, d=12)
+    for batch in rows:
+        fast.remove(batch, noise=noise(1))
+        assert fast._reference().Z is not None  # the Woodbury columns were kept
+    assert_certified(fast)
+    monkeypatch.setattr(head_module, "_WOODBURY_ROWS", 0)
+    slow = make_head(k, n=400, d=12)
+    for batch in rows:
+        slow.remove(batch, noise=noise(1))
+        assert slow._reference().Z is None
+    np.testing.assert_allclose(fast.W, slow.W, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(fast.used, slow.used, rtol=1e-6)
+    assert fast.removed_since_reference == slow.removed_since_reference
+
+
+def test_a_reference_that_stops_fitting_is_moved_before_the_head_retrains() -> None:
+    """refresh_every 0: no scheduled moves; when the bound from the reference would pass the budget, the
+    reference moves to the current weights (certified at their per-row bound) and the removal is tried
+    again from there, so removals go on as Newton updates where a fixed reference would have retrained."""
+    head = make_head(2, refresh_every=0)
+    first = RemovableHead.from_state(*head.state()).remove([0], noise=noise(0))
+    head.guarantee = RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=40 * first.used /
+                                      RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0).gradient_budget)
+    moves, newton_after_move = 0, 0
+    for row in range(1, 200):
+        before = head.removed_since_reference
+        step = head.remove([row], noise=noise(row))
+        assert_certified(head)
+        if step.mechanism == "retrain":
+            break
+        if head.removed_since_reference <= before:  # the reference moved during this removal
+            moves += 1
+            newton_after_move += 1
+    assert moves >= 2 and newton_after_move == moves and head.used_total <= head.budget
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_removal_orders_and_batches_stay_certified(seed: int) -> None:
     """Property test: random data, a random order of removals cut into random batches (1 to 9 rows, some
@@ -279,12 +321,16 @@ def test_gram_certificate_is_above_the_per_row_one(k: int) -> None:
         bounds = probe.certificates()
         assert np.all(bounds["gram"] >= bounds["rows"]) and np.all(bounds["rows"] > probe.ref_used)
         np.testing.assert_allclose(probe.used, bounds["gram"], rtol=1e-9)  # what the update certified
+    batch = make_head(k)
+    batch.remove(list(range(12)), noise=noise(1))  # one update from the reference for all twelve
+    bounds = batch.certificates()
     cheap, tight = (float(np.linalg.norm(b)) for b in (bounds["gram"], bounds["rows"]))
-    # a budget between the two certificates: the per-row one is what certifies the last updates
+    # a budget between the two certificates: the per-row one is what certifies the batch, the Gram one a single row
     sigma = 0.5 * (cheap + tight) / RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0).gradient_budget
     head = make_head(k, sigma=sigma)
-    seen = [head.remove([r], noise=noise(1)).certificate for r in range(12)]
-    assert seen[0] == "gram" and seen[-1] == "rows"
+    assert head.remove([0], noise=noise(1)).certificate == "gram"
+    head = make_head(k, sigma=sigma)
+    assert head.remove(list(range(12)), noise=noise(1)).certificate == "rows"
     assert_certified(head)
 
 

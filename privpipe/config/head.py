@@ -23,7 +23,7 @@ class HeadConfig:
     sigma: float = 1.0
     epsilon: float = 1.0
     delta: float = 1e-4
-    refresh_every: int = 100  # removals between moving the reference point to the current weights (0: at retrains)
+    refresh_every: int = 100  # removals between scheduled moves of the reference point (0: only the adaptive ones)
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
     RANGES: ClassVar[dict[str, Range]] = {
@@ -40,4 +40,4 @@ def check(head: HeadConfig, *, dp_pca: DpPcaConfig) -> None:
     require(head.sigma > 0, "head.sigma", "must be > 0 (the loss perturbation is what certifies removal)")
     require(head.epsilon > 0, "head.epsilon", "must be > 0")
     require(0 < head.delta < 1, "head.delta", "must be in (0, 1)")
-    require(head.refresh_every >= 0, "head.refresh_every", "must be >= 0 (0 = only when the head is retrained)")
+    require(head.refresh_every >= 0, "head.refresh_every", "must be >= 0 (0 = no scheduled moves, only the adaptive ones)")

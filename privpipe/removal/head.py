@@ -29,10 +29,12 @@ sound, the cheap one tried first:
 
 Removals may spend the budget σε/c (Theorem 3); when a batch would pass it, the head is
 retrained from scratch on what remains with a fresh b, which becomes the new reference with
-β₀ the optimiser's (rounding-level) residual. ``refresh_every`` makes the current weights the
-reference after that many removals (H₀ rebuilt in O(n d²), β₀ the per-row bound certified
-there), inside a batch too: the coherent part of many removals (they all pull the weights the
-same way) makes the bound from one reference grow quadratically in |R|, from refreshed ones linearly.
+β₀ the optimiser's (rounding-level) residual. The coherent part of many removals (they all pull
+the weights the same way) makes the bound from one reference grow quadratically in |R|, from
+moved ones linearly, so the reference moves to the current weights (H₀ rebuilt in O(n d²), β₀
+the per-row bound certified there): once the bound has grown by half the room the reference had
+left, when an update from it would not fit (then the update is tried again from the moved one
+before any retrain), and every ``refresh_every`` removals if that is set, inside a batch too.
 The classes are one joint model: the budget test is on ‖(β_1 … β_K)‖₂.
 """
 
@@ -56,6 +58,13 @@ __all__ = ["RemovableHead", "RemovalStep"]
 _SOLVE_TOLERANCE = 1e-10  # relative to ‖Δ‖; what is left, ‖H_R v − Δ‖, is added to the bound anyway
 _SOLVE_STEPS = 25  # preconditioned iterations before a direct solve of H_R
 _ROUNDING = 1e-9  # relative slack on the float64 norms and quadratic forms the bound is made of
+#: the reference moves once the bound has grown from it by this share of the room it had left: the growth
+#: from one reference is about quadratic in the rows removed, so moving at half the room certifies ~2.4×
+#: the removals of never moving, and each move (one O(n d²) Hessian) comes only after many cheap updates
+_MOVE_SHARE = 0.5
+#: the Woodbury solve keeps three d-columns per row removed since the reference; past this many it gives way to
+#: the preconditioned iterations (a batch of hundreds, or a long run without a move)
+_WOODBURY_ROWS = 256
 
 
 @dataclass
@@ -84,6 +93,13 @@ class _Reference:
     removed_X: np.ndarray  # (|R|, d): their features
     removed_curvature: np.ndarray  # (K, |R|): ℓ'' at w₀ on them
     delta: np.ndarray  # (K, d): Δ_R at w₀
+    # the removed rows' columns for the Woodbury solve (None: not kept, the iterative solve is used):
+    Z: np.ndarray | None = None  # (K, |R|, d): rows z_jᵀ, z_j = H₀⁻¹ x_j
+    HZ: np.ndarray | None = None  # (K, |R|, d): (H₀ z_j)ᵀ as computed (x_j up to the solve's rounding)
+    GZ: np.ndarray | None = None  # (K, |R|, d): (G₀ z_j)ᵀ
+    XZ: np.ndarray | None = None  # (K, |R|, |R|): x_iᵀ H₀⁻¹ x_j
+    slopes: np.ndarray | None = None  # (K, |R|): g_j with ∇ℓ_j(w₀) = g_j x_j, so Δ_R = Σ g_j x_j
+    buffers: dict[str, np.ndarray] | None = None  # room for _WOODBURY_ROWS rows; the five above are views of it
 
 
 @dataclass
@@ -105,6 +121,7 @@ class RemovableHead:
     retrains: int = 0
     _ref: _Reference | None = field(default=None, repr=False)
     _pending_hessians: np.ndarray | None = field(default=None, repr=False)
+    _move_due: bool = field(default=False, repr=False)
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -179,11 +196,16 @@ class RemovableHead:
         kinds: list[str] = []  # the certificate of each Newton update
         start = 0
         while start < len(todo):
-            if self.refresh_every and self.removed_since_reference >= self.refresh_every:
+            if self._move_due or (self.refresh_every and self.removed_since_reference >= self.refresh_every):
                 self._refresh()
             size = self.refresh_every - self.removed_since_reference if self.refresh_every else len(todo)
             chunk, start = todo[start:start + size], start + size
             certificate, bound = self._update(np.asarray(chunk))
+            if certificate is None and self.removed_since_reference:
+                # the bound from an older reference no longer fits: move the reference to the current
+                # weights (one O(n d²) Hessian) and try again from there before retraining
+                self._refresh()
+                certificate, bound = self._update(np.asarray(chunk))
             if certificate is None:
                 before = self.used_total
                 self.active[todo] = False
@@ -212,10 +234,17 @@ class RemovableHead:
         ref = self._reference()
         Xr = np.concatenate([ref.removed_X, self.X[new]])
         curv = np.concatenate([ref.removed_curvature, ref.curvature[:, new]], axis=1)
-        delta = ref.delta + self._loss_gradients(new)
-        steps, error = self._solve(ref, Xr, curv, delta)
+        slopes = self._loss_slopes(new)
+        delta = ref.delta + slopes @ self.X[new]
+        columns = self._woodbury_columns(ref, new, slopes) if ref.Z is not None else None
+        if columns is not None:
+            steps, error, gram_v = self._woodbury(Xr, curv, delta, columns)
+        else:
+            columns = None
+            steps, error = self._solve(ref, Xr, curv, delta)
+            gram_v = steps @ ref.gram
         linear = np.linalg.norm(error, axis=1)
-        certificate, used = "gram", self._bound(ref, linear, self._gram_spread(ref, Xr, steps))
+        certificate, used = "gram", self._bound(ref, linear, self._gram_spread(ref, Xr, steps, gram_v))
         if np.linalg.norm(used) > self.budget:
             remaining = self.active.copy()
             remaining[new] = False
@@ -225,20 +254,81 @@ class RemovableHead:
             return None, bound
         self.active[new] = False
         self.W, self.used = self.ref_W + steps, used
+        start = float(np.linalg.norm(self.ref_used))
+        self._move_due = bound - start > _MOVE_SHARE * (self.budget - start)
         ref.removed, ref.removed_X = np.concatenate([ref.removed, new]), Xr
         ref.removed_curvature, ref.delta = curv, delta
+        if columns is None:
+            ref.Z = ref.HZ = ref.GZ = ref.XZ = ref.slopes = None
+        else:
+            ref.Z, ref.HZ, ref.GZ, ref.XZ, ref.slopes = (columns[k] for k in ("Z", "HZ", "GZ", "XZ", "slopes"))
         return certificate, bound
+
+    def _loss_slopes(self, rows: np.ndarray) -> np.ndarray:
+        """(K, len(rows)): g_j with ∇ℓ_j(w₀) = g_j x_j for every class model."""
+        signs = self._sign_matrix(rows)
+        return -signs * expit(-signs * (self.ref_W @ self.X[rows].T))
 
     def _loss_gradients(self, rows: np.ndarray) -> np.ndarray:
         """(K, d): Σ_{j∈rows} ∇ℓ_j(w₀) for every class model."""
-        Xr, signs = self.X[rows], self._sign_matrix(rows)
-        margins = signs * (self.ref_W @ Xr.T)
-        return (-signs * expit(-margins)) @ Xr
+        return self._loss_slopes(rows) @ self.X[rows]
+
+    @staticmethod
+    def _empty_columns(k: int, d: int) -> dict[str, np.ndarray]:
+        return {"Z": np.zeros((k, 0, d)), "HZ": np.zeros((k, 0, d)), "GZ": np.zeros((k, 0, d)),
+                "XZ": np.zeros((k, 0, 0)), "slopes": np.zeros((k, 0))}
+
+    def _woodbury_columns(self, ref: _Reference, new: np.ndarray, slopes: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The removed rows' Woodbury columns with ``new`` appended (three O(d²) products per class and row),
+        written after the kept ones into buffers of room for _WOODBURY_ROWS: views, kept only if the caller
+        stores them (a refused update leaves the kept ones as they were). Stored as rows (K, |R|, d)."""
+        if ref.Z is None or ref.HZ is None or ref.GZ is None or ref.XZ is None or ref.slopes is None:
+            return None
+        old, m = ref.Z.shape[1], len(new)
+        if old + m > _WOODBURY_ROWS:
+            return None
+        k, d = self.W.shape
+        if ref.buffers is None:  # allocated once per reference, at its first removal
+            size = _WOODBURY_ROWS
+            ref.buffers = {"Z": np.zeros((k, size, d)), "HZ": np.zeros((k, size, d)), "GZ": np.zeros((k, size, d)),
+                           "XZ": np.zeros((k, size, size)), "slopes": np.zeros((k, size))}
+        b, top = ref.buffers, old + m
+        Xn = self.X[new]
+        Zn = np.matmul(Xn[None], ref.inverse)  # (K, m, d): z_jᵀ = x_jᵀ H₀⁻¹ (symmetric)
+        b["Z"][:, old:top] = Zn
+        b["HZ"][:, old:top] = np.matmul(Zn, ref.hessian)
+        b["GZ"][:, old:top] = Zn @ ref.gram
+        cross = np.matmul(Zn, ref.removed_X.T)  # (K, m, old): z_newᵀ x_i
+        b["XZ"][:, old:top, :old] = cross
+        b["XZ"][:, :old, old:top] = cross.transpose(0, 2, 1)
+        b["XZ"][:, old:top, old:top] = np.matmul(Zn, Xn.T)
+        b["slopes"][:, old:top] = slopes
+        return {"Z": b["Z"][:, :top], "HZ": b["HZ"][:, :top], "GZ": b["GZ"][:, :top],
+                "XZ": b["XZ"][:, :top, :top], "slopes": b["slopes"][:, :top]}
+
+    @staticmethod
+    def _woodbury(Xr: np.ndarray, curv: np.ndarray, delta: np.ndarray,
+                  columns: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """v = H_R⁻¹ Δ_R per class, the error Δ_R − H_R v, and G₀ v, in O(|R| d) from the kept columns.
+
+        H_R = H₀ − X_Rᵀ C X_R (C = diag ℓ''), so by Woodbury, with Z = H₀⁻¹ X_Rᵀ and S = √C,
+        H_R⁻¹ = H₀⁻¹ + Z S (I − S X_R Z S)⁻¹ S Zᵀ; and Δ_R = X_Rᵀ g gives H₀⁻¹ Δ_R = Z g and Zᵀ Δ_R = X_R Z g,
+        so v = Z a with a = g + S (I − S X_R Z S)⁻¹ S X_R Z g. The error is evaluated for the v used, through
+        H₀ v = (H₀ Z) a with H₀ Z as computed (so the solves' rounding is in it, not assumed away):
+        H_R v − Δ_R = (H₀ Z) a − X_Rᵀ (C X_R v) − X_Rᵀ g."""
+        Z, HZ, GZ, XZ, g = (columns[k] for k in ("Z", "HZ", "GZ", "XZ", "slopes"))
+        root = np.sqrt(curv)  # (K, k)
+        system = np.eye(XZ.shape[1])[None] - root[:, :, None] * XZ * root[:, None, :]
+        rhs = root * np.matmul(XZ, g[:, :, None])[:, :, 0]
+        a = (g + root * np.linalg.solve(system, rhs[:, :, None])[:, :, 0])[:, None, :]  # (K, 1, k)
+        V = np.matmul(a, Z)[:, 0]
+        applied = np.matmul(a, HZ)[:, 0] - (curv * (V @ Xr.T)) @ Xr
+        return V, delta - applied, np.matmul(a, GZ)[:, 0]
 
     @staticmethod
     def _apply_hessian(ref: _Reference, Xr: np.ndarray, curv: np.ndarray, V: np.ndarray) -> np.ndarray:
         """(K, d): H_R v for every class, as H₀v minus the removed rows' (Xr, ℓ'' curv) rank-one terms."""
-        return np.einsum("kij,kj->ki", ref.hessian, V) - (curv * (V @ Xr.T)) @ Xr
+        return _batched(ref.hessian, V) - (curv * (V @ Xr.T)) @ Xr
 
     def _solve(self, ref: _Reference, Xr: np.ndarray, curv: np.ndarray,
                delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -256,15 +346,15 @@ class RemovableHead:
             if size > 0.5 * previous:  # stalled: too many rows gone for H₀⁻¹ to precondition well
                 break
             previous = size
-            V = V + np.einsum("kij,kj->ki", ref.inverse, error)
+            V = V + _batched(ref.inverse, error)
         exact = np.stack([ref.hessian[c] - (Xr * curv[c][:, None]).T @ Xr for c in range(len(V))])
         V = np.linalg.solve(exact, delta[:, :, None])[:, :, 0]
         return V, delta - self._apply_hessian(ref, Xr, curv, V)
 
     @staticmethod
-    def _gram_spread(ref: _Reference, Xr: np.ndarray, V: np.ndarray) -> np.ndarray:
-        """(K,): ‖v‖·√(vᵀ G_R v) ≥ ‖q ⊙ q‖, from the Gram matrix in O(d²) (G_R = G₀ − Xrᵀ Xr)."""
-        quadratic = ((V @ ref.gram) * V).sum(axis=1) - ((V @ Xr.T) ** 2).sum(axis=1)
+    def _gram_spread(ref: _Reference, Xr: np.ndarray, V: np.ndarray, gram_v: np.ndarray) -> np.ndarray:
+        """(K,): ‖v‖·√(vᵀ G_R v) ≥ ‖q ⊙ q‖ from G₀ v (``gram_v``; G_R = G₀ − Xrᵀ Xr)."""
+        quadratic = (gram_v * V).sum(axis=1) - ((V @ Xr.T) ** 2).sum(axis=1)
         norms = np.linalg.norm(V, axis=1)
         quadratic = np.maximum(quadratic, 0.0) + _ROUNDING * norms ** 2 * ref.spectral ** 2
         return norms * np.sqrt(quadratic)
@@ -299,7 +389,7 @@ class RemovableHead:
         ref = self._reference()
         V = self.W - self.ref_W
         linear = np.linalg.norm(ref.delta - self._apply_hessian(ref, ref.removed_X, ref.removed_curvature, V), axis=1)
-        return {"gram": self._bound(ref, linear, self._gram_spread(ref, ref.removed_X, V)),
+        return {"gram": self._bound(ref, linear, self._gram_spread(ref, ref.removed_X, V, V @ ref.gram)),
                 "rows": self._bound(ref, linear, self._row_spread(self.active, V))}
 
     def _refresh(self) -> None:
@@ -312,15 +402,24 @@ class RemovableHead:
         built when the next removal needs them: a removal run that ends in a retrain never does)."""
         self.ref_W, self.ref_active, self.ref_used = self.W.copy(), self.active.copy(), used.copy()
         self.used = used.copy()
-        self._ref, self._pending_hessians = None, hessians
+        self._ref, self._pending_hessians, self._move_due = None, hessians, False
 
     def _reference(self) -> _Reference:
         if self._ref is None:  # after a retrain or refresh, or a head loaded from disk: build at w₀ over D₀
             self._ref = self._build_reference(self._pending_hessians)
             self._pending_hessians = None
             removed = np.flatnonzero(self.ref_active & ~self.active)
-            self._ref.removed, self._ref.delta = removed, self._loss_gradients(removed)
-            self._ref.removed_X, self._ref.removed_curvature = self.X[removed], self._ref.curvature[:, removed]
+            ref = self._ref
+            k, d = self.W.shape
+            ref.Z, ref.HZ, ref.GZ, ref.XZ, ref.slopes = (self._empty_columns(k, d)[name]
+                                                         for name in ("Z", "HZ", "GZ", "XZ", "slopes"))
+            if len(removed):  # a head loaded mid-way: its removed rows' columns, or the iterative solve
+                slopes = self._loss_slopes(removed)
+                columns = self._woodbury_columns(ref, removed, slopes)
+                ref.Z, ref.HZ, ref.GZ, ref.XZ, ref.slopes = ((None,) * 5 if columns is None else
+                                                             (columns[n] for n in ("Z", "HZ", "GZ", "XZ", "slopes")))
+            ref.removed, ref.delta = removed, self._loss_gradients(removed)
+            ref.removed_X, ref.removed_curvature = self.X[removed], ref.curvature[:, removed]
         return self._ref
 
     def _build_reference(self, hessians: np.ndarray | None = None) -> _Reference:
@@ -369,6 +468,11 @@ class RemovableHead:
                    ref_active=np.array(arrays.get("ref_active", active), dtype=bool),
                    ref_used=np.array(arrays.get("ref_used", used), dtype=np.float64),
                    refresh_every=int(meta["refresh_every"]), retrains=int(meta["retrains"]))
+
+
+def _batched(matrices: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """(K, d): matrices[k] @ vectors[k] for every k, by BLAS (einsum's loop took 86 % of a removal at d = 785)."""
+    return np.matmul(matrices, vectors[:, :, None])[:, :, 0]
 
 
 def _gram(A: np.ndarray) -> np.ndarray:

@@ -1,0 +1,141 @@
+"""Certified removal on raw pixels (MNIST 3 vs 8, d = 785): a removal, and 100 of them, against a retrain.
+
+    .venv/bin/python bench/removal_pixels.py [--repeats 5] [--refresh-every 0] [--out NAME]
+
+The head is privpipe.removal.RemovableHead as the pipeline trains it (rows x ← [x/‖x‖, 1]/√2 of the
+784 pixels, d = 785), on MNIST's 11,982 training threes and eights, λ 0.01, σ 10, ε 1, δ 1e-4 (the
+issue's setting). One BLAS thread, one torch thread. Interleaved, ``--repeats`` times:
+
+- *retrain*: the strongest plain baseline: scipy's L-BFGS from zero on the remaining rows to the head's
+  tolerance (gtol 1e-10), without the head's final Newton steps (which only the certificate needs);
+- *removal*: one random training row removed by ``head.remove`` (the Newton update and its certificate).
+
+Then 100 single removals in a row, one call each, from a freshly trained head (the first one builds
+the reference's Hessian, as in the pipeline), timed whole and as retrains' worth. Prints a Markdown
+table and writes bench/out/removal/pixels[_NAME].{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.optimize import minimize
+from threadpoolctl import threadpool_limits
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from privpipe.data import load_mnist  # noqa: E402
+from privpipe.privacy import NoiseSource  # noqa: E402
+from privpipe.removal import RemovableHead, RemovalGuarantee  # noqa: E402
+from privpipe.removal.features import feature_extractor, head_features, stored_rows  # noqa: E402
+from privpipe.removal.logistic import gradient, objective  # noqa: E402
+
+LAM, SIGMA, EPSILON, DELTA = 0.01, 10.0, 1.0, 1e-4
+OUT = ROOT / "bench/out/removal"
+
+
+def rows_3_vs_8(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    train = load_mnist(folder)["train"]
+    keep = np.isin(train.labels, (3, 8))
+    X = stored_rows(head_features(feature_extractor("raw"), train.features[keep])).astype(np.float64)
+    return X, (train.labels[keep] == 8).astype(np.int64)
+
+
+def retrain(X: np.ndarray, signs: np.ndarray, *, reg: float, b: np.ndarray) -> np.ndarray:
+    n = len(signs)
+    return minimize(lambda w: objective(w, X, signs, reg=reg, b=b) / n, np.zeros(X.shape[1]),
+                    jac=lambda w: gradient(w, X, signs, reg=reg, b=b) / n, method="L-BFGS-B",
+                    options={"maxiter": 1000, "gtol": 1e-10, "ftol": 1e-15}).x
+
+
+def fresh_head(X: np.ndarray, y: np.ndarray, refresh_every: int) -> RemovableHead:
+    return RemovableHead.train(X, y, classes=2, lam=LAM, refresh_every=refresh_every,
+                               guarantee=RemovalGuarantee(epsilon=EPSILON, delta=DELTA, sigma=SIGMA),
+                               noise=NoiseSource(seed=0, secure=False))
+
+
+def timed(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mnist", type=Path, default=ROOT / "../shared/data/mnist")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--refresh-every", type=int, default=0)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    X, y = rows_3_vs_8(args.mnist)
+    rng = np.random.default_rng(7)
+    load = os.getloadavg()[0]
+    with threadpool_limits(1):
+        head = fresh_head(X, y, args.refresh_every)
+        first = timed(lambda: head.remove([int(rng.choice(np.flatnonzero(head.active)))],
+                                          noise=NoiseSource(seed=1, secure=False)))
+        retrains, removals = [], []
+        for _ in range(args.repeats):  # interleaved: a retrain, then a removal
+            rows = head.active.copy()
+            signs = np.where(y[rows] == 1, 1.0, -1.0)
+            retrains.append(timed(lambda: retrain(X[rows], signs, reg=head.reg, b=head.B[0])))
+            removals.append(timed(lambda: head.remove([int(rng.choice(np.flatnonzero(head.active)))],
+                                                      noise=NoiseSource(seed=1, secure=False))))
+        run_head = fresh_head(X, y, args.refresh_every)
+        order = np.random.default_rng(11).permutation(len(y))[:100]
+        steps = []
+        hundred = timed(lambda: steps.extend(run_head.remove([int(r)], noise=NoiseSource(seed=1, secure=False))
+                                             for r in order))
+    retrain_median = statistics.median(retrains)
+    figures = {
+        "setting": {"digits": [3, 8], "n": len(y), "d": X.shape[1], "lam": LAM, "sigma": SIGMA, "epsilon": EPSILON,
+                    "delta": DELTA, "refresh_every": args.refresh_every, "repeats": args.repeats,
+                    "threads": 1, "load_avg_1min_before": load, "load_avg_1min_after": os.getloadavg()[0],
+                    "machine": platform.processor() or platform.machine()},
+        "retrain_s": spread(retrains), "removal_s": spread(removals), "first_removal_s": first,
+        "ratio_retrain_over_removal": {"median": retrain_median / statistics.median(removals),
+                                       "min": min(retrains) / max(removals), "max": max(retrains) / min(removals)},
+        "hundred_removals_s": hundred, "hundred_removals_in_retrains": hundred / retrain_median,
+        "hundred_mechanisms": {m: sum(s.mechanism == m for s in steps if s) for m in ("newton", "retrain")},
+        "hundred_updates": sum(s.updates for s in steps if s and s.mechanism == "newton"),
+        "hundred_bound_after": run_head.used_total, "budget": run_head.budget,
+    }
+    lines = [f"MNIST 3 vs 8 raw pixels (n {len(y)}, d {X.shape[1]}), λ {LAM:g}, σ {SIGMA:g}, ε {EPSILON:g}, "
+             f"δ {DELTA:g}, refresh_every {args.refresh_every}; 1 thread; load {load:.2f} → "
+             f"{figures['setting']['load_avg_1min_after']:.2f}; `.venv/bin/python bench/removal_pixels.py "
+             f"--repeats {args.repeats} --refresh-every {args.refresh_every}`", "",
+             "| | min | median | max |", "|---|---|---|---|",
+             "| retrain, L-BFGS from zero (s) | " + " | ".join(f"{figures['retrain_s'][k]:.3f}"
+                                                          for k in ("min", "median", "max")) + " |",
+             "| one removal (ms) | " + " | ".join(f"{1e3 * figures['removal_s'][k]:.2f}"
+                                                 for k in ("min", "median", "max")) + " |",
+             "| retrain / removal | " + " | ".join(f"{figures['ratio_retrain_over_removal'][k]:.0f}×"
+                                                  for k in ("min", "median", "max")) + " |",
+             "", f"First removal after training (builds the reference's Hessian): {first:.3f} s. 100 single "
+             f"removals from a fresh head: {hundred:.3f} s = {figures['hundred_removals_in_retrains']:.3f} retrains "
+             f"(median), {figures['hundred_mechanisms']}, {figures['hundred_updates']} Newton updates; bound "
+             f"{run_head.used_total:.4g} of the budget {run_head.budget:.4g}."]
+    print("\n".join(lines))
+    name = f"pixels{'_' + args.out if args.out else ''}"
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(figures, indent=1) + "\n")
+    (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
