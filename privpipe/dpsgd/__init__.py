@@ -8,15 +8,29 @@
 - ``arguments``: the engines and clipping modes, and the up-front check of the privacy arguments.
 - ``schedule``: steps, sampling rate, the ledger event, the learning-rate schedule.
 - ``bookkeeping``: per-example clipping in one backward pass (the default engine, ``bk``).
-- ``opacus_engine``: Opacus' engines (ghost, hooks, functorch, ew), for layers bk does not clip.
+- ``opacus_engine``: Opacus' engines (ghost, hooks, functorch, ew), for layers bk does not clip;
+  imported only when they are used (Opacus takes 1–1.5 s to import, and the default engine is bk).
 - ``train``: the loop both share; Poisson lots, noise (seeded or from the OS), physical batches.
 """
 
+from typing import Any
+
 from privpipe.dpsgd.arguments import CLIPPINGS, GRAD_SAMPLE_MODES, OPACUS_MODES, check_privacy_arguments
 from privpipe.dpsgd.bookkeeping import BookKeeping, UnsupportedLayer, clip_factors
-from privpipe.dpsgd.opacus_engine import PrivateTraining, make_private_training
 from privpipe.dpsgd.schedule import LR_SCHEDULES, DpSgdSchedule, dpsgd_schedule, learning_rate_at
 from privpipe.dpsgd.train import DpSgdResult, train_dpsgd
+
+_OPACUS_NAMES = ("PrivateTraining", "make_private_training")
+
+
+def __getattr__(name: str) -> Any:
+    """Opacus' engine on first use (PEP 562): importing privpipe.dpsgd does not import Opacus."""
+    if name in _OPACUS_NAMES:
+        from privpipe.dpsgd import opacus_engine  # deferred: Opacus is imported only by a run that uses it
+
+        return getattr(opacus_engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["BookKeeping", "UnsupportedLayer", "clip_factors", "OPACUS_MODES", "PrivateTraining",
            "make_private_training", "LR_SCHEDULES", "DpSgdSchedule", "dpsgd_schedule", "learning_rate_at",

@@ -30,7 +30,6 @@ from torch import nn
 
 from privpipe.dpsgd.arguments import check_privacy_arguments
 from privpipe.dpsgd.bookkeeping import BookKeeping, clip_factors
-from privpipe.dpsgd.opacus_engine import make_private_training, strip_opacus
 from privpipe.dpsgd.schedule import dpsgd_schedule, learning_rate_at
 from privpipe.privacy import PoissonGaussianEvent, secure_normal, secure_uniform
 
@@ -231,6 +230,9 @@ def _train_opacus(model: nn.Module, features: np.ndarray, labels: np.ndarray, *,
                   max_grad_norm: float, lot_size: int, epochs: int, learning_rate: float, momentum: float,
                   clipping: str, grad_sample_mode: str, secure_rng: bool, seed: int, device: torch.device,
                   on_epoch) -> tuple[nn.Module, list[dict[str, float]]]:
+    # deferred: Opacus takes 1–1.5 s to import, and only its engines (not bk, the default) need it
+    from privpipe.dpsgd.opacus_engine import make_private_training, strip_opacus
+
     run = make_private_training(
         model, features, labels, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
         lot_size=lot_size, epochs=epochs, learning_rate=learning_rate, momentum=momentum, clipping=clipping,
