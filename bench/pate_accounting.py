@@ -11,7 +11,11 @@ picks before seeing the votes. With ``--reference`` (a checkout of tensorflow/pr
 research/pate_2018; needs absl-py) also the figure the reference code reports: its
 data-dependent RDP with the argmax charged on answered queries only, not sanitised, converted
 at the best of its orders — not a bound the pipeline could publish (see privpipe/pate/analysis.py).
-Prints a table and writes bench/out/pate/accounting.txt.
+For Confident-GNMax also what a GDP filter (``aggregate.analysis: filter``) fixed at the row's
+data-independent ε asks and answers over the 9,000 queries (privpipe/pate/gdp_filter.py). For
+each GNMax row the smooth sensitivity of the sanitised release (β 0.01 and 0.02, order 20) and,
+with ``--reference``, the reference's (its Algorithms 3–5, smooth_sensitivity.py; needs sympy).
+Prints the tables and writes bench/out/pate/accounting.txt.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ sys.path.insert(0, str(ROOT))
 
 from privpipe.data import load_mnist  # noqa: E402
 from privpipe.pate.aggregators import Aggregator  # noqa: E402
-from privpipe.pate.analysis import choose_analysis, data_independent_events, sanitise  # noqa: E402
+from privpipe.pate.analysis import (  # noqa: E402
+    choose_analysis,
+    data_independent_events,
+    local_sensitivity_by_distance,
+    sanitise,
+    smooth_sensitivity,
+)
+from privpipe.pate.gdp_filter import answer_within_budget, gdp_mu_for_epsilon  # noqa: E402
 from privpipe.pate.registry import make_aggregator  # noqa: E402
 from privpipe.pate.teachers import vote_histograms  # noqa: E402
 from privpipe.privacy import NoiseSource, compute_epsilon  # noqa: E402
@@ -75,14 +86,18 @@ def main() -> None:
     parser.add_argument("--mnist", type=Path, default=ROOT / "../shared/data/mnist")
     parser.add_argument("--reference", type=Path, help="tensorflow/privacy's research/pate_2018 folder")
     args = parser.parse_args()
-    core = None
+    core = reference_ss = None
     if args.reference:
         sys.path.insert(0, str(args.reference))
         import core  # the reference module
+        import smooth_sensitivity as reference_ss  # the reference module
     histograms = vote_histograms(np.load(args.votes), classes=10)
     truth = load_mnist(args.mnist)["test"].labels[:len(histograms)]
     lines = ["| aggregator | queries | answered | label acc. | ε data-indep. (PLD) | ε sanitised data-dep. "
-             "| auto records | reference ε (answered only, unsanitised) |", "|---|---|---|---|---|---|---|---|"]
+             "| auto records | reference ε (answered only, unsanitised) | GDP filter at the data-indep. ε: asked, "
+             "answered, label acc. |", "|---|---|---|---|---|---|---|---|---|"]
+    smooth_lines = ["| aggregator | queries | SS β 0.01 (privpipe) | SS β 0.01 (reference) | SS β 0.02 (privpipe) "
+                    "| SS β 0.02 (reference) |", "|---|---|---|---|---|---|"]
     for name, spec, queries in AGGREGATORS:
         counts = histograms[:queries]
         labels = spec.answer(counts, noise=NoiseSource(seed=0, secure=False))
@@ -92,12 +107,36 @@ def main() -> None:
         release = sanitise(spec, counts, noise=NoiseSource(seed=1, secure=False), **RELEASE)
         choice = choose_analysis(spec, queries=queries, epsilon_of=_epsilon, **RELEASE)
         reference = f"{reference_epsilon(core, spec, counts, answered):.3f}" if core else "–"
+        filtered = "–"
+        if spec.gdp_costs() is not None and spec.mechanism == "confident_gnmax":
+            out = answer_within_budget(spec, histograms, budget_mu=gdp_mu_for_epsilon(independent, delta=DELTA),
+                                       noise=NoiseSource(seed=0, secure=False))
+            got = out.labels >= 0
+            filtered = f"{out.asked}, {out.answered}, {float((out.labels[got] == truth[got]).mean()):.4f}"
         lines.append(f"| {name} | {queries} | {int(answered.sum())} | {accuracy:.4f} | {independent:.3f} "
-                     f"| {_epsilon([release.event()]):.3f} | {choice.analysis} | {reference} |")
+                     f"| {_epsilon([release.event()]):.3f} | {choice.analysis} | {reference} | {filtered} |")
         print(lines[-1] if len(lines) > 3 else "\n".join(lines), flush=True)
-    out = ROOT / "bench/out/pate/accounting.txt"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"votes: {args.votes}\n" + "\n".join(lines) + "\n")
+        if spec.mechanism == "gnmax":
+            ours = local_sensitivity_by_distance(spec, counts, order=RELEASE["order"])
+            theirs = None
+            if reference_ss:
+                theirs = sum(reference_ss.compute_local_sensitivity_bounds_gnmax(h.astype(float), spec.teachers,
+                                                                                 spec.sigma, RELEASE["order"])
+                             for h in counts)
+            cells = []
+            for beta in (0.01, 0.02):
+                cells.append(f"{smooth_sensitivity(ours, beta=beta):.5f}")
+                cells.append("–" if theirs is None else
+                             f"{float(np.max(np.exp(-beta * np.arange(len(theirs))) * theirs)):.5f}")
+            smooth_lines.append(f"| {name} | {queries} | " + " | ".join(cells) + " |")
+    print("\n".join(smooth_lines))
+    out_file = ROOT / "bench/out/pate/accounting.txt"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(f"votes: {args.votes}\n`.venv/bin/python bench/pate_accounting.py"
+                        f"{' --reference ' + str(args.reference) if args.reference else ''}`; δ {DELTA:g}\n\n"
+                        + "\n".join(lines) + "\n\nSmooth sensitivity of the sanitised release's bound (order "
+                        f"{RELEASE['order']:g}), privpipe vs the reference code's Algorithms 3–5:\n\n"
+                        + "\n".join(smooth_lines) + "\n")
 
 
 if __name__ == "__main__":
