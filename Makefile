@@ -2,11 +2,12 @@
 #   make run     the pipeline on the embedded default (scikit-learn's digits)
 #   make test    the quality gates (ruff, mypy) and the test suite (fast, offline)
 #   make repro   the same pipeline through DVC (dvc repro)
-#   make ui      the MLflow UI on http://127.0.0.1:5000
+#   make ui      the MLflow UI on http://127.0.0.1:5000 (another port: make ui PORT=5001)
 #   make serve   the scheduled deployments (retraining, deletion processing) on a local Prefect server
 #   make bench   the benchmarks (needs ../shared/data or --mnist DIR)
 
 PYTHON ?= python3
+PORT ?= 5000
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
@@ -46,7 +47,7 @@ serve: $(STAMP)
 
 ui: $(STAMP)
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow ui \
-	  --backend-store-uri sqlite:///$(abspath mlflow.db) --host 127.0.0.1 --port 5000 --workers 1
+	  --backend-store-uri sqlite:///$(abspath mlflow.db) --host 127.0.0.1 --port $(PORT) --workers 1
 
 bench: $(STAMP)
 	$(BIN)/python bench/epoch_time.py

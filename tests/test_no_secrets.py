@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,15 @@ def test_makefile_ui_and_serve_bind_localhost():
     servers = [line for lines in recipes.values() for line in lines
                if re.search(r"\b(mlflow (ui|server)|prefect server start)\b", line)]
     assert servers and all(f"--host {LOCAL}" in line for line in servers), servers
+
+
+def test_make_ui_takes_its_port_from_port():
+    def dry_run(*args: str) -> str:  # make -n prints the recipe without running it
+        return subprocess.run(["make", "-n", "ui", *args], cwd=PROJECT, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert "--port 5055" in dry_run("PORT=5055") and "--port 5000" not in dry_run("PORT=5055")
+    assert "--port 5000" in dry_run()
 
 
 def test_privpipe_serve_starts_its_prefect_server_on_localhost(monkeypatch):
