@@ -88,8 +88,13 @@ class RunResult:
         models = [f"model {self.model}"] if self.model else []
         if self.head is not None and self.head.registered is not None:
             models.append(f"removal head {self.head.registered} (not DP)")
-        return run_view.headline(prefix, accuracy_test=self.evaluation.accuracy_test,
+        line = run_view.headline(prefix, accuracy_test=self.evaluation.accuracy_test,
                                  epsilon=self.evaluation.epsilon, delta=self.evaluation.delta, models=models)
+        stages = self.evaluation.ledger().stages()
+        if len(stages) > 1:  # the per-stage figures beside it do not add up to it, and the UI should say why
+            line += (f". That ε composes the {len(stages)} stages' events ({', '.join(stages)}) by the run's "
+                     "accountant: less than the sum of the privacy.<stage>.epsilon figures, each that stage alone")
+        return line
 
 
 def privacy_markdown(ledger: Ledger, result: RunResult, *, mlflow_url: str | None = None) -> str:

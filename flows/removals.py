@@ -70,6 +70,7 @@ class BatchResult:
     budget_used: float | None  # None: no head
     budget: float | None
     uncovered: list[UncoveredVersion]
+    data_rewritten: bool = False  # the raw data file lost rows: its DVC pointer changed and needs committing
 
 
 def _process(params: Params, params_file: str, queue: RequestQueue, batch_id: str,
@@ -105,7 +106,7 @@ def _process(params: Params, params_file: str, queue: RequestQueue, batch_id: st
     return BatchResult(batch_id=batch_id, requests=len(todo), newly_marked=marked, run_id=run.run_id,
                        head_version=version, data_version=erased.data_version, retrained=applied.retrained,
                        rows_removed=applied.rows_removed, budget_used=applied.budget_used, budget=applied.budget,
-                       uncovered=uncovered)
+                       uncovered=uncovered, data_rewritten=erased.source.rewritten and erased.source.removed_rows > 0)
 
 
 @flow(name="privpipe-removals")

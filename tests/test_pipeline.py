@@ -250,6 +250,8 @@ def test_the_run_reads_well_in_the_mlflow_ui(finished):
     assert "\n" not in note and note.startswith("training pipeline: DP-PCA → PATE teachers → student")
     assert f"test accuracy {result.evaluation.accuracy_test:.4f}" in note
     assert f"test-model/{result.model.version}" in note
+    # the per-stage ε's do not add up to the total: the description says why
+    assert "composes the 3 stages' events (dp_pca, aggregate, finetune)" in note
     assert (tags["mlflow.source.type"], tags["mlflow.source.name"]) == ("LOCAL", "privpipe run")
     version = client.get_model_version("test-model", result.model.version)
     assert version.tags["git.commit"] == tags["mlflow.source.git.commit"]

@@ -94,6 +94,9 @@ def test_the_audit_lists_every_version_and_how_it_covers_the_record(registered, 
     assert cli("forget", sensitive, public, test)[0] == 0
     code, out, _ = cli("removals")
     assert code == 0
+    # the raw table lost the sensitive record: the run says to commit its pointer and push the data
+    assert "NEXT: the raw data lost the erased rows" in out and "git add data/raw/digits.csv.dvc" in out
+    assert out.rstrip().endswith("dvc push")
     client = _client(registered)
     head_after = max(int(v.version) for v in client.search_model_versions(f"name = '{HEAD}'"))
     assert head_after == 2

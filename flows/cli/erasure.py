@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from privpipe.config import load_params
 from privpipe.requests import Request, RequestQueue
 from tasks import paths
+from tasks.removal.mechanisms import MECHANISMS
 
 __all__ = ["forget", "requests", "removals"]
 
@@ -52,16 +53,27 @@ def requests(args: argparse.Namespace) -> int:
     if args.redact:
         print(f"{queue.redact()} request(s) rewritten with hashed record ids and reasons in {queue.path}")
     requests = queue.requests_for(args.record) if args.record is not None else queue.read()
-    print(f"{'request':<44} {'status':<9} {'received':<28} {'completed':<28} mechanism / head version / uncovered")
+    # the journal keeps no record id, only its keyed hash: shown (its start) so that requests for one record
+    # read alike; `--record ID` finds them by the id, which is still not printed
+    print(f"{'request':<44} {'record (hash)':<15} {'status':<9} {'received':<28} {'completed':<28} "
+          "mechanism / head version / uncovered")
+    seen: set[str] = set()
     for r in requests:
         audit = r.audit or {}
-        what = f"{audit.get('mechanism', '')} {audit.get('version_before', '')}→{audit.get('version_after', '')}" \
-            if audit else ""
+        mechanism = audit.get("mechanism", "")
+        seen.add(mechanism)
+        what = f"{mechanism} {audit.get('version_before', '')}→{audit.get('version_after', '')}" if audit else ""
         if audit.get("uncovered"):
             what += " / not covered: " + ", ".join(audit["uncovered"])
-        print(f"{r.request_id:<44} {r.status:<9} {r.received_at:<28} {r.completed_at or '':<28} {what}")
+        print(f"{r.request_id:<44} {r.record_hash[:12] + '…':<15} {r.status:<9} {r.received_at:<28} "
+              f"{r.completed_at or '':<28} {what}")
     counts = {s: sum(r.status == s for r in requests) for s in ("pending", "in_batch", "done")}
     print(f"{len(requests)} requests: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    for mechanism in sorted(seen & set(MECHANISMS)):
+        print(f"  {mechanism}: {MECHANISMS[mechanism]}")
+    if requests:
+        print("  DP model versions are never listed as uncovered: a record in their training data is covered by "
+              "their (ε, δ); each removal run's audit (MLflow: removals/audit.json) lists every version's coverage")
     _legacy_note(requests, queue)
     return 0
 
@@ -91,6 +103,11 @@ def removals(args: argparse.Namespace) -> int:
             print(f"ACTION: {flagged.model} version {flagged.version} does not cover {len(flagged.requests)} "
                   f"deletion request(s), {len(flagged.in_batch)} of this batch (tagged privacy.erasure.*): "
                   f"{flagged.action}")
+    if any(out.data_rewritten for out in results):
+        pointer = f"{params.prepare.path}.dvc"
+        print(f"NEXT: the raw data lost the erased rows (a new data version): commit its pointer and push the data, "
+              f"so the repository and the DVC remote hold the erased version, not the old one: "
+              f"git add {pointer} && git commit -m 'erase deletion requests' && dvc push")
     return 0
 
 

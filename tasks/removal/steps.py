@@ -51,6 +51,7 @@ from tasks.removal.erase import (
     source_version,
     text_ids,
 )
+from tasks.removal.mechanisms import MECHANISMS
 from tasks.removal.noise import noise_for
 from tasks.removal.record_use import head_uses
 from tasks.removal.scrub import UNREACHABLE, PreparedScrub, TextScrub, scrub_prepared, scrub_text
@@ -71,15 +72,6 @@ __all__ = ["AppliedBatch", "Copies", "Erasure", "ensure_head_for", "head_present
            "register_pipeline_head", "skip_head", "register_batch", "erase_batch", "scrub_copies", "audit_records",
            "apply_task", "register_task", "erase_task", "coverage_task"]
 
-MECHANISMS = {
-    "newton": "Newton-update removal (Guo et al. 2020), gradient residual within the certified-removal budget",
-    "retrain": "head retrained from scratch without the record, fresh loss perturbation (exact removal)",
-    "absent": "not in the head's training rows (a public, target, test or text record, one an earlier request "
-              "removed, or one left out or removed by the pipeline run it was requested during); the coverage "
-              "list says how every model version that used it covers it",
-    "no_head": "no removal-enabled head in this project (head.enabled is false, or no head trained): nothing to "
-               "update; the coverage list says how every model version that used the record covers it",
-}
 
 
 def _now() -> str:
