@@ -424,7 +424,7 @@ class RemovableHead:
 
     def _build_reference(self, hessians: np.ndarray | None = None) -> _Reference:
         rows = self.ref_active
-        X = np.asfortranarray(self.X[rows])  # column-major: SYRK reads it without a transposed copy
+        X = self.X[rows]
         margins = self._sign_matrix(rows) * (self.ref_W @ X.T)
         weights = expit(margins) * expit(-margins)  # ℓ'' at w₀ on D₀ (removed rows are always in D₀)
         curv = np.zeros((len(self.W), len(self.X)))
@@ -476,8 +476,9 @@ def _batched(matrices: np.ndarray, vectors: np.ndarray) -> np.ndarray:
 
 
 def _gram(A: np.ndarray) -> np.ndarray:
-    """AᵀA by BLAS SYRK (one triangle: half GEMM's work), made symmetric."""
-    upper = dsyrk(1.0, A, trans=1)
+    """AᵀA by BLAS SYRK (one triangle: half GEMM's work), made symmetric. A row-major A is handed over as Aᵀ,
+    which is column-major already: no copy of the (n, d) rows (one took a fifth of a reference's build)."""
+    upper = dsyrk(1.0, A.T, trans=0) if A.flags.c_contiguous else dsyrk(1.0, A, trans=1)
     return np.triu(upper) + np.triu(upper, 1).T
 
 
