@@ -222,21 +222,40 @@ def choose_analysis(aggregator: Aggregator, *, queries: int, order: float, beta:
 _LOGQ_EDGES = -np.geomspace(1e5, 1e-6, 200001)
 
 
+@dataclass(frozen=True)
+class _ArgmaxGrid:
+    """The argmax's RDP β on the edges of log q̃, and at each edge's neighbour bounds B_l, B_u."""
+
+    edges: np.ndarray
+    at: np.ndarray  # β(edge)
+    at_low: np.ndarray  # β(B_l(edge))
+    at_high: np.ndarray  # β(B_u(edge))
+
+
 @functools.lru_cache(maxsize=8)
-def _argmax_step_table(aggregator: Aggregator, order: float) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per cell of log q̃ (cell 0 up to the first edge, cell k between edges k − 1 and k), a bound on how
-    much one changed teacher can change the argmax's RDP β from any q̃ in the cell [a, b]:
-    max(β(B_u(b)) − β(a), β(b) − β(B_l(a))), with [B_l, B_u] the neighbours' range of q̃
-    (``aggregator.argmax_neighbour_logq``), as a sparse table for range maxima. None where β is not
-    non-decreasing in q̃ on the edges (then no such bound holds; the reference code checks its own
-    conditions C5/C6 numerically the same way)."""
+def _argmax_grid(aggregator: Aggregator, order: float) -> _ArgmaxGrid | None:
+    """β on the grid, or None where it is not non-decreasing in q̃ on the edges (then no interval bound
+    holds; the reference code checks its own conditions C5/C6 numerically the same way)."""
     edges = cap_logq(_LOGQ_EDGES, aggregator.classes)
     values = _argmax_rdp_at(aggregator, edges, order)
     if not (np.diff(values) >= -1e-12).all():
         return None
     low, high = aggregator.argmax_neighbour_logq(edges)
-    up = _argmax_rdp_at(aggregator, high, order) - np.r_[0.0, values[:-1]]  # from a (β(−∞) = 0) up to B_u(b)
-    down = values[1:] - _argmax_rdp_at(aggregator, low[:-1], order)  # from b down to B_l(a)
+    return _ArgmaxGrid(edges=edges, at=values, at_low=_argmax_rdp_at(aggregator, low, order),
+                       at_high=_argmax_rdp_at(aggregator, high, order))
+
+
+@functools.lru_cache(maxsize=8)
+def _argmax_step_table(aggregator: Aggregator, order: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell of log q̃ (cell 0 up to the first edge, cell k between edges k − 1 and k), a bound on how
+    much one changed teacher can change β from any q̃ in the cell [a, b]: max(β(B_u(b)) − β(a),
+    β(b) − β(B_l(a))), with [B_l, B_u] the neighbours' range of q̃ (``aggregator.argmax_neighbour_logq``),
+    as a sparse table for range maxima. Needs :func:`_argmax_grid` to hold."""
+    grid = _argmax_grid(aggregator, order)
+    if grid is None:
+        raise ValueError("no cell bounds: the argmax's RDP is not non-decreasing in q̃ on the grid")
+    up = grid.at_high - np.r_[0.0, grid.at[:-1]]  # from a (β(−∞) = 0) up to B_u(b)
+    down = grid.at[1:] - grid.at_low[:-1]  # from b down to B_l(a)
     cells = np.maximum(up, np.r_[0.0, down])
     levels = [cells]
     while 2 ** len(levels) <= len(cells):
@@ -246,7 +265,7 @@ def _argmax_step_table(aggregator: Aggregator, order: float) -> tuple[np.ndarray
     table = np.zeros((len(levels), len(cells)))
     for j, level in enumerate(levels):
         table[j, :len(level)] = level
-    return edges, table
+    return grid.edges, table
 
 
 @functools.lru_cache(maxsize=8)
@@ -256,11 +275,13 @@ def _argmax_peaks(aggregator: Aggregator, order: float) -> tuple[float, float] |
     (so B_u(q₁) = q₀). Then up(q) = β(B_u(q)) − β(q) is indep − β(q) on [q₁, q₀] and falls, and
     down(q) = β(q) − β(B_l(q)) falls beyond q₀; checked here on the grid, as the reference checks its
     conditions C5/C6 numerically: β non-decreasing, up non-decreasing below q₁, down below q₀."""
-    edges = cap_logq(_LOGQ_EDGES, aggregator.classes)
-    values = _argmax_rdp_at(aggregator, edges, order)
+    grid = _argmax_grid(aggregator, order)
+    if grid is None:
+        return None
+    edges, values = grid.edges, grid.at
     independent = values[-1]
     reached = np.flatnonzero(values >= independent)
-    if not (np.diff(values) >= -1e-12).all() or reached[0] == 0:
+    if reached[0] == 0:
         return None
     below, above = float(edges[reached[0] - 1]), float(edges[reached[0]])
     for _ in range(200):  # bisect to the float: β < indep at `below`, = indep at `above`
@@ -273,9 +294,7 @@ def _argmax_peaks(aggregator: Aggregator, order: float) -> tuple[float, float] |
             below = middle
     logq0 = above
     logq1 = float(aggregator.argmax_neighbour_logq(np.array([logq0]))[0][0])
-    low, high = aggregator.argmax_neighbour_logq(edges)
-    up = _argmax_rdp_at(aggregator, high, order) - values
-    down = values - _argmax_rdp_at(aggregator, low, order)
+    up, down = grid.at_high - values, values - grid.at_low
     if not ((np.diff(up[edges < logq1]) >= -1e-12).all() and (np.diff(down[edges < logq0]) >= -1e-12).all()):
         return None
     return logq1, logq0
@@ -378,9 +397,6 @@ def _interval_bound(aggregator: Aggregator, steps: tuple[np.ndarray, np.ndarray]
     (the parts of the first and last cells inside the interval), the table's cell bounds in between, no
     more than the change from any q̃ in ``here`` to any in ``reach``."""
     low, high = here
-    peaks = _argmax_peaks(aggregator, order)
-    if peaks is not None:
-        return _unimodal_bound(aggregator, peaks, here, reach, order)
     edges, table = steps
     first = np.minimum(np.searchsorted(edges, low), len(edges) - 1)
     last = np.minimum(np.searchsorted(edges, high), len(edges) - 1)
@@ -402,15 +418,18 @@ def _local_sensitivity_rows(aggregator: Aggregator, counts: np.ndarray, order: f
     """LS(d) of each query's RDP, (queries, teachers + 1): within d teachers q̃ lies between the union
     bounds at :func:`_reach_low_gaps` and :func:`_reach_high`, and their neighbours within the same at
     d + 1; one more teacher then changes the argmax's RDP by at most :func:`_one_step_bound` over that
-    interval (Papernot et al. 2018, Prop. 13 and Algorithms 4–5, with the interval's maximum taken cell
-    by cell instead of assuming where it lies)."""
+    interval (Papernot et al. 2018, Prop. 13 and Algorithms 4–5; the interval's maximum taken at
+    Algorithm 3's peaks where the shape they need is checked to hold, else cell by cell)."""
     size = aggregator.teachers + 1
     ls = np.zeros((len(counts), size))
-    steps = _argmax_step_table(aggregator, order)
-    if steps is None:  # no interval bound: the per-query RDP lies in [0, data-independent]
+    if _argmax_grid(aggregator, order) is None:  # no interval bound: the per-query RDP lies in [0, data-independent]
         ls += float(_argmax_rdp_at(aggregator, np.zeros(1), order)[0])
     else:
         gaps = top_gaps(counts)
+        peaks = _argmax_peaks(aggregator, order)
+        # at Algorithm 3's peaks where its shape holds, else cell by cell (the table is built only then)
+        bound = (functools.partial(_unimodal_bound, aggregator, peaks) if peaks is not None
+                 else functools.partial(_interval_bound, aggregator, _argmax_step_table(aggregator, order)))
 
         def reach(d: int) -> tuple[np.ndarray, np.ndarray]:
             return aggregator.argmax_logq(_reach_low_gaps(gaps, d)), _reach_high(aggregator, gaps, d)
@@ -418,7 +437,7 @@ def _local_sensitivity_rows(aggregator: Aggregator, counts: np.ndarray, order: f
         here = reach(0)
         for d in range(size):
             further = reach(d + 1)
-            ls[:, d] = _interval_bound(aggregator, steps, here, further, order)
+            ls[:, d] = bound(here, further, order)
             here = further
     threshold = aggregator.threshold_rdp_table(order=order)
     if threshold is not None:
