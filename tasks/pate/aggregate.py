@@ -210,7 +210,8 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
     spec = aggregator_spec(params, teachers=votes.shape[0], classes=classes)
     # decided before the votes are looked at: the choice itself must not depend on them
     choice = decide_analysis(params, spec, len(queries), ledger)
-    after = ledger.ensure_affordable(*_planned(params, spec, len(queries), choice.analysis))
+    planned = _planned(params, spec, len(queries), choice.analysis)
+    after = ledger.ensure_affordable(*planned)
     log.info("aggregate: %s on %d queries from %d teachers; %s analysis (%s); at worst the run total becomes %s",
              cfg.mechanism, len(queries), votes.shape[0], choice.analysis, choice.reason, after)
 
@@ -236,8 +237,8 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
                            noise_scale=cfg.ss_noise, failure_probability=cfg.ss_failure_probability,
                            noise=NoiseSource(seed=seed_for(params.run.seed, "sanitise"),
                                              secure=params.privacy.secure_rng))
-    if filtered:
-        ledger.record(*_planned(params, spec, len(queries), "filter"))
+    if filtered:  # the budget fixed up front, as planned: what it spent is not the bound
+        ledger.record(*planned)
     else:
         ledger.record(*([release.event()] if release else independent))
 
