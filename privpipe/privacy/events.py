@@ -88,6 +88,14 @@ def _positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
+def _subsampled(noise_multiplier: float, sample_rate: float, steps: int) -> None:
+    """The checks of a Poisson-subsampled Gaussian's fields (either neighbouring relation)."""
+    _positive("noise_multiplier", noise_multiplier)
+    if not 0 < sample_rate <= 1:
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    _count(steps)
+
+
 def _count(count: int) -> None:
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive integer, got {count!r}")
@@ -137,10 +145,7 @@ class PoissonGaussianEvent(Event):
     mechanism: ClassVar[str] = "poisson_gaussian"
 
     def __post_init__(self) -> None:
-        _positive("noise_multiplier", self.noise_multiplier)
-        if not 0 < self.sample_rate <= 1:
-            raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
-        _count(self.steps)
+        _subsampled(self.noise_multiplier, self.sample_rate, self.steps)
 
     def to_dp_event(self) -> dp_event.DpEvent:
         step = dp_event.PoissonSampledDpEvent(self.sample_rate, dp_event.GaussianDpEvent(self.noise_multiplier))
@@ -221,10 +226,7 @@ class ReplaceOnePoissonGaussianEvent(Event):
     mechanism: ClassVar[str] = "poisson_gaussian_replace_one"
 
     def __post_init__(self) -> None:
-        _positive("noise_multiplier", self.noise_multiplier)
-        if not 0 < self.sample_rate <= 1:
-            raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate!r}")
-        _count(self.steps)
+        _subsampled(self.noise_multiplier, self.sample_rate, self.steps)
 
     def rdp_at(self, orders: Sequence[float]) -> np.ndarray:
         return self.steps * record_level_step_rdp(self.noise_multiplier, self.sample_rate,
