@@ -76,7 +76,7 @@ def where_served() -> str | None:
     except ProcessLookupError:  # it died without removing its note
         return None
     except PermissionError:  # alive, another user's
-        pass
+        return url
     return url
 
 
