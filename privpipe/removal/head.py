@@ -93,13 +93,18 @@ class _Reference:
     removed_X: np.ndarray  # (|R|, d): their features
     removed_curvature: np.ndarray  # (K, |R|): ℓ'' at w₀ on them
     delta: np.ndarray  # (K, d): Δ_R at w₀
-    # the removed rows' columns for the Woodbury solve (None: not kept, the iterative solve is used):
-    Z: np.ndarray | None = None  # (K, |R|, d): rows z_jᵀ, z_j = H₀⁻¹ x_j
-    HZ: np.ndarray | None = None  # (K, |R|, d): (H₀ z_j)ᵀ as computed (x_j up to the solve's rounding)
-    GZ: np.ndarray | None = None  # (K, |R|, d): (G₀ z_j)ᵀ
-    XZ: np.ndarray | None = None  # (K, |R|, |R|): x_iᵀ H₀⁻¹ x_j
-    slopes: np.ndarray | None = None  # (K, |R|): g_j with ∇ℓ_j(w₀) = g_j x_j, so Δ_R = Σ g_j x_j
-    buffers: dict[str, np.ndarray] | None = None  # room for _WOODBURY_ROWS rows; the five above are views of it
+    # how many removed rows have their Woodbury columns in ``buffers`` (None: not kept, the iterative solve is
+    # used until the next move); per class, for row j: Z z_jᵀ = (H₀⁻¹ x_j)ᵀ, HZ (H₀ z_j)ᵀ as computed (x_j up to
+    # the solve's rounding), GZ (G₀ z_j)ᵀ, XZ x_iᵀ H₀⁻¹ x_j, slopes g_j with ∇ℓ_j(w₀) = g_j x_j (Δ_R = Σ g_j x_j)
+    kept: int | None = 0
+    buffers: dict[str, np.ndarray] | None = None  # room for _WOODBURY_ROWS rows, allocated at the first removal
+
+    @property
+    def columns(self) -> dict[str, np.ndarray] | None:
+        """The kept rows' Woodbury columns, as views of ``buffers`` (None: not kept, or no removal yet)."""
+        if self.kept is None:
+            return None
+        return _column_views(self.buffers, self.kept) if self.buffers is not None else None
 
 
 @dataclass
@@ -236,11 +241,10 @@ class RemovableHead:
         curv = np.concatenate([ref.removed_curvature, ref.curvature[:, new]], axis=1)
         slopes = self._loss_slopes(new)
         delta = ref.delta + slopes @ self.X[new]
-        columns = self._woodbury_columns(ref, new, slopes) if ref.Z is not None else None
+        columns = self._woodbury_columns(ref, new, slopes)
         if columns is not None:
             steps, error, gram_v = self._woodbury(Xr, curv, delta, columns)
         else:
-            columns = None
             steps, error = self._solve(ref, Xr, curv, delta)
             gram_v = steps @ ref.gram
         linear = np.linalg.norm(error, axis=1)
@@ -258,10 +262,7 @@ class RemovableHead:
         self._move_due = bound - start > _MOVE_SHARE * (self.budget - start)
         ref.removed, ref.removed_X = np.concatenate([ref.removed, new]), Xr
         ref.removed_curvature, ref.delta = curv, delta
-        if columns is None:
-            ref.Z = ref.HZ = ref.GZ = ref.XZ = ref.slopes = None
-        else:
-            ref.Z, ref.HZ, ref.GZ, ref.XZ, ref.slopes = (columns[k] for k in ("Z", "HZ", "GZ", "XZ", "slopes"))
+        ref.kept = None if columns is None else len(Xr)
         return certificate, bound
 
     def _loss_slopes(self, rows: np.ndarray) -> np.ndarray:
@@ -273,19 +274,12 @@ class RemovableHead:
         """(K, d): Σ_{j∈rows} ∇ℓ_j(w₀) for every class model."""
         return self._loss_slopes(rows) @ self.X[rows]
 
-    @staticmethod
-    def _empty_columns(k: int, d: int) -> dict[str, np.ndarray]:
-        return {"Z": np.zeros((k, 0, d)), "HZ": np.zeros((k, 0, d)), "GZ": np.zeros((k, 0, d)),
-                "XZ": np.zeros((k, 0, 0)), "slopes": np.zeros((k, 0))}
-
     def _woodbury_columns(self, ref: _Reference, new: np.ndarray, slopes: np.ndarray) -> dict[str, np.ndarray] | None:
         """The removed rows' Woodbury columns with ``new`` appended (three O(d²) products per class and row),
         written after the kept ones into buffers of room for _WOODBURY_ROWS: views, kept only if the caller
         stores them (a refused update leaves the kept ones as they were). Stored as rows (K, |R|, d)."""
-        if ref.Z is None or ref.HZ is None or ref.GZ is None or ref.XZ is None or ref.slopes is None:
-            return None
-        old, m = ref.Z.shape[1], len(new)
-        if old + m > _WOODBURY_ROWS:
+        old, m = ref.kept, len(new)
+        if old is None or old + m > _WOODBURY_ROWS:
             return None
         k, d = self.W.shape
         if ref.buffers is None:  # allocated once per reference, at its first removal
@@ -303,8 +297,7 @@ class RemovableHead:
         b["XZ"][:, :old, old:top] = cross.transpose(0, 2, 1)
         b["XZ"][:, old:top, old:top] = np.matmul(Zn, Xn.T)
         b["slopes"][:, old:top] = slopes
-        return {"Z": b["Z"][:, :top], "HZ": b["HZ"][:, :top], "GZ": b["GZ"][:, :top],
-                "XZ": b["XZ"][:, :top, :top], "slopes": b["slopes"][:, :top]}
+        return _column_views(b, top)
 
     @staticmethod
     def _woodbury(Xr: np.ndarray, curv: np.ndarray, delta: np.ndarray,
@@ -410,14 +403,9 @@ class RemovableHead:
             self._pending_hessians = None
             removed = np.flatnonzero(self.ref_active & ~self.active)
             ref = self._ref
-            k, d = self.W.shape
-            ref.Z, ref.HZ, ref.GZ, ref.XZ, ref.slopes = (self._empty_columns(k, d)[name]
-                                                         for name in ("Z", "HZ", "GZ", "XZ", "slopes"))
             if len(removed):  # a head loaded mid-way: its removed rows' columns, or the iterative solve
-                slopes = self._loss_slopes(removed)
-                columns = self._woodbury_columns(ref, removed, slopes)
-                ref.Z, ref.HZ, ref.GZ, ref.XZ, ref.slopes = ((None,) * 5 if columns is None else
-                                                             (columns[n] for n in ("Z", "HZ", "GZ", "XZ", "slopes")))
+                columns = self._woodbury_columns(ref, removed, self._loss_slopes(removed))
+                ref.kept = None if columns is None else len(removed)
             ref.removed, ref.delta = removed, self._loss_gradients(removed)
             ref.removed_X, ref.removed_curvature = self.X[removed], ref.curvature[:, removed]
         return self._ref
@@ -468,6 +456,12 @@ class RemovableHead:
                    ref_active=np.array(arrays.get("ref_active", active), dtype=bool),
                    ref_used=np.array(arrays.get("ref_used", used), dtype=np.float64),
                    refresh_every=int(meta["refresh_every"]), retrains=int(meta["retrains"]))
+
+
+def _column_views(buffers: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """The first ``rows`` rows' Woodbury columns in ``buffers`` (views)."""
+    return {"Z": buffers["Z"][:, :rows], "HZ": buffers["HZ"][:, :rows], "GZ": buffers["GZ"][:, :rows],
+            "XZ": buffers["XZ"][:, :rows, :rows], "slopes": buffers["slopes"][:, :rows]}
 
 
 def _batched(matrices: np.ndarray, vectors: np.ndarray) -> np.ndarray:
