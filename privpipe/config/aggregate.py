@@ -27,18 +27,33 @@ LEDGER_RDP_ORDERS: tuple[float, ...] = tuple(
 
 @dataclass(frozen=True)
 class AggregateConfig:
+    #: lnmax (Laplace, gamma) | gnmax (Gaussian, sigma) | confident_gnmax (threshold, sigma1, sigma2)
     mechanism: str = "gnmax"
+    #: public records asked (0 = all); every query asked costs privacy, answered or not
     queries: int = 20  # every answer costs privacy, and digits' 50 small teachers answer few of them well
+    #: lnmax: Laplace(1/gamma) on each count
     gamma: float | None = None
+    #: gnmax: N(0, sigma²) on each count
     sigma: float | None = 40.0  # PATE 2018's answer noise on MNIST (their σ₂)
+    #: confident_gnmax: answer only if the noisy top count ≥ threshold …
     threshold: float | None = None
+    #: … with N(0, sigma1²) on the top count
     sigma1: float | None = None
+    #: … then noisy argmax with N(0, sigma2²)
     sigma2: float | None = None
+    #: auto (data-dependent only where its best case beats data-independent, decided before the votes) | data_dependent
+    #: | data_independent | filter (gnmax, confident_gnmax: queries asked in order under a fixed GDP budget; an
+    #: unanswered query costs only its threshold)
     analysis: str = "auto"  # data-dependent only where its best case can beat data-independent
+    #: filter: the aggregation's own ε at privacy.delta, fixed before the votes
     filter_epsilon: float | None = None  # analysis filter: the aggregation's own ε at privacy.delta, fixed up front
+    #: the RDP order the data-dependent bound is released at (one of the ledger's orders)
     rdp_order: float = 20.0
+    #: β of the smooth sensitivity; must be < 1/(2·rdp_order)
     ss_beta: float = 0.01  # below 1/(2·rdp_order) = 0.025, as the smooth-sensitivity release needs
+    #: σ_s: the release adds SS·N(0, σ_s²)
     ss_noise: float = 20.0
+    #: chance the released bound undershoots; spent out of privacy.delta
     ss_failure_probability: float = 1e-7  # spent out of privacy.delta: 1 % of the default δ
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

@@ -11,9 +11,14 @@ from privpipe.config.ranges import MAX_EPSILON, MAX_SCALE, Range, above, at_leas
 
 @dataclass(frozen=True)
 class DpPcaConfig:
+    #: true: project the features on a DP-PCA basis (k = components) in front of the model; false: the model sees them
+    #: as they are
     enabled: bool = True
+    #: k: projection dimension
     components: int = 30
+    #: σ of the symmetric Gaussian noise on AᵀA (sensitivity 1); or null and set epsilon
     noise_multiplier: float | None = 8.0
+    #: calibrate σ so that this stage alone costs (epsilon, privacy.delta)
     epsilon: float | None = None
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

@@ -7,4 +7,5 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EvaluateConfig:
+    #: register the released model in the MLflow model registry
     register_model: bool = True  # the registered version is where the model's ε, δ and audit results are tagged

@@ -24,7 +24,9 @@ IMAGE_SIDES = {"digits": 8, "mnist": 28, "cifar10": 32, "svhn": 32}  # the built
 
 @dataclass(frozen=True)
 class FeaturesConfig:
+    #: none | scatternet (wavelet scattering, Tramèr & Boneh 2021; needs dp_pca.enabled: false)
     transform: str = "none"
+    #: scatternet: scales J (maps of side/2^J; 81 of them at J = 2); digits' 8×8 images allow 1 or 2
     scatter_j: int = 2  # scales J: maps of side/2^J, 1 + 8J + 32J(J−1) of them (81 at J = 2)
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

@@ -36,30 +36,58 @@ SERVER_OPTIMIZERS = ("sgd", "adam")
 
 @dataclass(frozen=True)
 class FederatedConfig:
+    #: K: the sensitive set split into K clients (ignored when text.client_column names natural clients); server noise
+    #: needs many: its noise per coordinate is z·S/(qK) (the federated tutorial: what K a target needs)
     clients: int = 500
     client_column: str | None = None  # csv data: each value of this column is one client (K: how many there are)
+    #: iid | dirichlet (label skew, alpha) | label_shards (labels_per_shard classes each)
     strategy: str = "iid"
+    #: dirichlet: concentration of each client's label mix (smaller: more skew)
     alpha: float = 0.5
+    #: label_shards: how many classes each client holds
     labels_per_shard: int = 2
+    #: refuse a split leaving a client with fewer records (0: empty clients allowed; they send nothing)
     min_records: int = 1  # an empty client only sends a zero update; refuse that unless asked (0)
+    #: poisson (each client joins a round with probability q; amplified) | fixed (exactly round(qK); not amplified)
     sampling: str = "poisson"  # amplified by subsampling, which fixed-size rounds are not
+    #: q; the noisy sum is divided by the fixed qK (poisson) or round(qK) (fixed), never by who answered
     sample_rate: float = 1.0
+    #: the most rounds; training stops earlier, and says so, before a round that would pass privacy.epsilon_budget
     rounds: int = 10
+    #: E: each sampled client's passes over its own records
     local_epochs: int = 5
+    #: records per local SGD step (client noise: the lot size of each client's DP-SGD)
     local_batch_size: int = 16
+    #: each client's SGD learning rate
     local_learning_rate: float = 0.5
+    #: FedProx proximal term μ/2·‖w − w_global‖² (0 = FedAvg)
     prox_mu: float = 0.0
+    #: false: non-private FedAvg/FedProx/FedAdam (no clipping, no noise; refused for finetune)
     private: bool = True  # the pipeline only releases private models; false is for baselines
+    #: who adds the noise: server (a trusted server adds it to the sum: client-level DP, K taken as public) | client
+    #: (each client runs DP-SGD on its own records, lots of local_batch_size; the server only averages and never sees
+    #: an unprotected update: record-level DP, the worst client's ε reported)
     noise: str = "server"  # server: client-level DP, a trusted server adds it | client: each client's DP-SGD
+    #: S: server: each client's update is clipped to this L2 norm | client: each example's gradient (C)
     clip_norm: float = 1.0
+    #: z: server: N(0, z²S²) on the sum | client: each client's DP-SGD σ; or null and set target_epsilon
     noise_multiplier: float | None = None
+    #: find z so that the run's total ε after all rounds (earlier stages included) is at most this: record-level in the
+    #: pipeline (a record changes one client: two add-or-remove steps), client-level in the text flow
     target_epsilon: float | None = 3.0  # z is calibrated so that every planned round fits, instead of guessed
+    #: sgd (FedAvg, server_learning_rate 1) | adam (FedAdam, Reddi et al. 2021)
     server_optimizer: str = "sgd"  # FedAvg with server momentum 0; server_learning_rate 3 tuned on fortunes
+    #: > 1: the mean of K clipped updates is short, and its noise shrinks with K (tuned on fortunes)
     server_learning_rate: float = 3.0
+    #: sgd only
     server_momentum: float = 0.0
+    #: adam only
     server_beta1: float = 0.9
+    #: adam only
     server_beta2: float = 0.99
+    #: adam's adaptivity τ
     server_epsilon: float = 0.001
+    #: ε by round is logged at this many rounds
     epsilon_curve_points: int = 20
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

@@ -34,27 +34,50 @@ GRAD_SAMPLE_MODES = ("bk", "ghost", "hooks", "functorch", "ew")  # privpipe.dpsg
 
 @dataclass(frozen=True)
 class FinetuneConfig:
+    #: false: deploy the student as it is
     enabled: bool = True
+    #: dpsgd (record-level, the keys below) | federated (DP-FedAvg over clients: the federated section)
     mode: str = "dpsgd"
+    #: the deployed model (student and fine-tuned): mlp (on the DP-PCA features) | cnn (tanh CNN on raw 28×28 pixels,
+    #: or Tramèr & Boneh's CNN on ScatterNet maps with features.transform: scatternet; needs dp_pca.enabled: false)
     model: str = "mlp"
+    #: ReLU MLP on the projected features (Abadi et al. use one 1000-unit layer)
     hidden_units: tuple[int, ...] = (1000,)  # Abadi et al.'s MNIST network: one 1000-unit layer
+    #: mlp: fixed factor on the unit-norm projected features (data-independent; order-one inputs train better)
     input_scale: float = 8.0  # order-one inputs train better, and a fixed factor costs no privacy
+    #: passes over the sensitive set (steps = epochs / sampling rate); under target_epsilon σ is solved for these steps
     epochs: int = 30
+    #: expected Poisson lot size L; sample rate q = 1/ceil(n/L) ≈ L/n
     lot_size: int = 64
+    #: SGD's learning rate; the schedule's start when lr_schedule is linear_then_constant or cosine
     learning_rate: float = 0.1
+    #: constant | linear_then_constant (Abadi et al.: decay over the first epochs) | cosine (to lr_end over the run)
     lr_schedule: str = "constant"
+    #: linear_then_constant: rate reached after lr_decay_epochs, then held; cosine: the last step's rate
     # Abadi et al.'s schedule when lr_schedule is linear_then_constant: 0.1 → 0.052 over 10 epochs
     lr_end: float = 0.052
+    #: linear_then_constant: epochs over which the rate falls from learning_rate to lr_end
     lr_decay_epochs: int = 10
+    #: SGD momentum (0 = plain SGD, as in Abadi et al.)
     momentum: float = 0.0
+    #: per-example clipping bound C
     max_grad_norm: float = 1.0
+    #: flat | per_layer (C split equally over layers: C/sqrt(#layers) each)
     clipping: str = "flat"
+    #: σ; or null and set target_epsilon
     noise_multiplier: float | None = None
+    #: find σ so that the run's total ε after this stage (earlier stages included) is at most this
     target_epsilon: float | None = 3.0  # σ is calibrated to what is left of the budget instead of guessed
-    # bk: book-keeping, one backward pass (README, Benchmarks); ghost, hooks, functorch, ew: Opacus' engines
+    #: per-example clipping: bk (book-keeping, one backward pass; Linear and Conv2d) | Opacus': ghost | hooks |
+    #: functorch | ew
+    # bk: book-keeping, one backward pass (docs/benchmarks.md); ghost, hooks, functorch, ew: Opacus' engines
     grad_sample_mode: str = "bk"
+    #: bk: records per forward/backward pass within a lot (memory stays flat in lot_size); null: whole lots
     max_physical_batch: int | None = None  # records per forward/backward pass within a lot (bk); None: the whole lot
+    #: bk: release the exponential moving average of the iterates (e.g. 0.998 per step; post-processing, free); 0: the
+    #: last iterate
     ema_decay: float = 0.0  # bk: release an exponential moving average of the iterates (per step); 0: the last one
+    #: ε over steps is logged at this many evenly spaced steps
     epsilon_curve_points: int = 20
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

@@ -11,9 +11,13 @@ from privpipe.config.ranges import MAX_EPSILON, Range, above, fraction
 
 @dataclass(frozen=True)
 class LifetimeConfig:
+    #: runs' ε add up (basic composition, sound for any mix of mechanisms); a run whose privacy.epsilon_budget would
+    #: pass this is refused before it starts
     # ten runs at the default privacy.epsilon_budget and privacy.delta (3, 1e-5)
     epsilon_budget: float = 30.0
+    #: the same for the runs' δ (privacy.delta)
     delta_budget: float = 1e-4
+    #: <dataset>.json per dataset, stored with the data and tracked by DVC (`privpipe budget`)
     ledger_dir: str = "data/budget"  # with the data, so DVC versions the spend with what it was spent on
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

@@ -16,10 +16,15 @@ PARTITION_STRATEGIES = ("iid", "dirichlet", "label_shards")
 
 @dataclass(frozen=True)
 class PartitionConfig:
+    #: teachers; PATE's votes are only informative with many of them
     shards: int = 50  # PATE's votes are only informative with many teachers; digits gives each about 14 records
+    #: iid | dirichlet (label skew, alpha) | label_shards (labels_per_shard classes each)
     strategy: str = "iid"
+    #: dirichlet: concentration of each shard's label mix (smaller: more skew)
     alpha: float = 0.5
+    #: label_shards: how many classes each shard holds
     labels_per_shard: int = 2
+    #: refuse a partition leaving any shard smaller than this
     min_records: int = 5
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

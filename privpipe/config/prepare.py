@@ -34,8 +34,11 @@ TARGET_SOURCES = ("default", "usps", "svhn", "mnist_m")
 
 @dataclass(frozen=True)
 class PrepareConfig:
+    #: digits (ships with scikit-learn) | mnist (IDX files)
     dataset: str = "digits"  # ships with scikit-learn: the default run needs no download
+    #: digits: CSV exported on first run; mnist: folder of the 4 IDX .gz files
     path: str = "data/raw/digits.csv"
+    #: 20newsgroups only: let scikit-learn download it into text.path (or its data home) if it is not there
     download: bool = False  # the pipeline is offline unless asked
     id_column: str = "id"  # csv: each record's id, what a deletion request names
     label_column: str = "label"  # csv
@@ -45,14 +48,25 @@ class PrepareConfig:
     channels: int | None = None  # images: 1 (grey) or 3 (colour); null: the kind's own (mnist, digits 1; others 3)
     test_path: str | None = None  # a labeled test set of the same kind, instead of a test share
     public_path: str | None = None  # an unlabeled public pool of the same kind, instead of a public share
+    #: digits only: held-out share (a keyed per-record draw: a record keeps its set in every data version); MNIST keeps
+    #: its own test set
     test_fraction: float = 0.2
+    #: digits only: share kept as the public pool (the student's queries, unlabeled)
     public_fraction: float = 0.1
+    #: digits only: share held out to derive the target domain (see target_domain)
     target_fraction: float = 0.15
+    #: mnist only: the first N test images are the public pool, the rest the test set (as in PATE)
     public_queries: int = 9000  # as in PATE: MNIST's first 9,000 test images are the public pool
+    #: make a related-domain set for the student: digits → a fixed transform of held-out digits; mnist → UCI digits at
+    #: 28×28
     target_domain: bool = True
+    #: mnist only: default (UCI digits) | usps | svhn | mnist_m (local files, see target_path)
     target_source: str = "default"  # the one target domain that needs no local files
+    #: folder of the usps (usps.bz2, usps.t.bz2), svhn (*_32x32.mat) or mnist_m files
     target_path: str | None = None
+    #: share of the target domain kept labeled, only to measure target accuracy (default sources)
     target_test_fraction: float = 0.3
+    #: 0 = all; otherwise the records with the smallest keyed draw (stable under erasure; quick trials)
     max_train_records: int = 0
 
     @property
@@ -91,7 +105,7 @@ def check(prepare: PrepareConfig) -> None:
     if prepare.dataset == "csv":
         require(prepare.schema is not None and bool(prepare.schema.labels), "prepare.schema",
                 "a csv data set needs its public schema: labels (the label set) and, per feature column, its "
-                "bounds {min, max}, scale {center, scale} or categories (README: Your own data)")
+                "bounds {min, max}, scale {center, scale} or categories (docs/tutorials/own-data.md)")
         require(prepare.id_column != prepare.label_column, "prepare.label_column",
                 f"is the id column too ({prepare.id_column!r})")
         named = set(prepare.feature_columns or ())

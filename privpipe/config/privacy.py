@@ -17,10 +17,16 @@ ACCOUNTANTS = ("best", "pld", "rdp")  # privpipe.privacy.ledger.ACCOUNTANTS (con
 
 @dataclass(frozen=True)
 class PrivacyConfig:
+    #: the run refuses any stage that would push the total ε past this
     epsilon_budget: float = 3.0  # the ε the project's accuracy and audit goals are stated at
+    #: one δ for the whole run; must be < 1/n (n = sensitive records)
     delta: float = 1e-5  # far below 1/n for digits (718 sensitive records) and MNIST, as in Abadi et al.
+    #: best (tighter of PLD and RDP, both sound) | pld | rdp
     accountant: str = "best"  # PLD and RDP are both sound upper bounds, so the smaller of the two is one too
+    #: true: every noise draw comes from the OS CSPRNG (slower); false warns on each run
     secure_rng: bool = False  # the OS CSPRNG is slower; without it every run warns (docs/security.md)
+    #: true: also store the figures ε does not cover (accuracy.train, finetune.loss, privacy.audit.*, clients_dropped:
+    #: computed on sensitive records without noise) in MLflow, metrics/ and Prefect's logs
     # figures computed on sensitive records without noise (train accuracy, DP-SGD's loss, the membership
     # audit's) are not covered by ε: stored nowhere (MLflow, metrics/, Prefect) unless this is true
     log_uncovered: bool = False

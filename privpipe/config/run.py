@@ -19,11 +19,18 @@ SEED_MAX = 2**32 - 1  # scikit-learn's and numpy's legacy seeds are 32-bit
 
 @dataclass(frozen=True)
 class RunConfig:
+    #: seeds data splits, noise and training (0..4294967295)
     seed: int = 0
+    #: MLflow experiment name
     experiment: str = "privpipe"
+    #: MLflow registered-model name
     model_name: str = "privpipe-digits"
+    #: MLflow's store: sqlite:///FILE (relative to the project folder) or a tracking server's http(s) URL
     tracking_uri: str = "sqlite:///mlflow.db"  # offline: no server to run, the runs stay in the project folder
+    #: torch threads per stage and per parallel task (0 = torch's default, one per core); results are reproducible for
+    #: a fixed value; 1 is fastest on small models
     torch_threads: int = 1  # results repeat byte for byte only at a fixed count, and 1 keeps a busy host usable
+    #: where every training stage runs: auto (CUDA when torch sees a GPU, else CPU) | cpu | cuda
     device: str = "auto"  # where every training stage runs: auto = CUDA when torch sees a GPU, else the CPU
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

@@ -13,8 +13,11 @@ RUNNERS = ("threads", "processes", "dask", "ray")
 
 @dataclass(frozen=True)
 class RunnerConfig:
+    #: threads | processes (this machine) | dask (prefect-dask) | ray (prefect-ray, `pip install -e '.[ray]'`)
     kind: str = "threads"  # needs no extra process or package
+    #: threads, processes or a local dask cluster's workers (0 = one per core)
     workers: int = 0  # one per core
+    #: dask: scheduler address (tcp://host:8786); ray: cluster address (ray://host:10001); null = start a local one
     address: str | None = None  # start a local cluster rather than assume one exists
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

@@ -13,9 +13,14 @@ from privpipe.config.urls import redact_url
 
 @dataclass(frozen=True)
 class ScheduleConfig:
+    #: the training pipeline: Sundays 03:00
     retrain_cron: str = "0 3 * * 0"  # each retrain spends the lifetime budget (ten runs at the defaults)
+    #: deletion processing, and also at once on each `privpipe forget` (a Prefect event)
     removals_cron: str = "*/30 * * * *"  # a backstop: each `privpipe forget` also triggers a run at once
+    #: the time zone the cron schedules are read in (IANA name)
     timezone: str = "UTC"
+    #: the Prefect server `privpipe serve` starts (127.0.0.1 only; UI at the same port, log in .prefect/server.log) or
+    #: uses if it is this project's; `forget` notifies it
     prefect_api_url: str = "http://127.0.0.1:4200/api"  # the server `privpipe serve` starts, on this machine only
 
 

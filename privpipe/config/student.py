@@ -16,23 +16,41 @@ LR_SCHEDULES = ("constant", "cosine")
 
 @dataclass(frozen=True)
 class StudentConfig:
-    enabled: bool = False  # PATE does not earn its ε on the embedded digits (README)
+    #: true: run partition/teachers/aggregate/student (PATE) and start finetune from the student; off by default: on
+    #: ~1,000 sensitive digits PATE cannot earn its ε (bench/digits_pate.py)
+    enabled: bool = False  # PATE does not earn its ε on the embedded digits (docs/explanations/pate.md)
+    #: Adam steps of the student (each: labeled_batch + unlabeled_batch records)
     steps: int = 1500
+    #: class-balanced draws from the answered queries
     labeled_batch: int = 100
+    #: unlabeled target-domain records per step (the association losses' walk targets)
     unlabeled_batch: int = 100
+    #: Adam's learning rate
     learning_rate: float = 0.001  # Adam
+    #: Adam's L2 weight decay
     weight_decay: float = 0.0001
-    # the association weights: picked among four variants on MNIST → UCI digits (README, Benchmarks)
+    #: weight of the walker loss (the association between labeled and unlabeled embeddings)
+    # the association weights: picked among four variants on MNIST → UCI digits (docs/benchmarks.md)
     walker_weight: float = 1.0
+    #: weight of the visit loss (every unlabeled embedding reached by the walk)
     visit_weight: float = 1.0
+    #: weight of the cover loss (the reverse walk, see cover_target)
     cover_weight: float = 0.5
+    #: the association losses are off for this many steps, then ramped up linearly over ramp_steps
     # held back, then ramped in: early embeddings associate at random (Haeusser et al.)
     delay_steps: int = 200
+    #: steps over which the association losses ramp up linearly after delay_steps
     ramp_steps: int = 300
+    #: cover loss: the reverse walk reaches every labeled sample equally (samples, PATE-T) | every labeled class
+    #: (classes)
     cover_target: str = "samples"  # samples: every labeled sample reached equally (PATE-T) | classes
+    #: FixMatch: pseudo-labels on confident weak augmentations train strong ones (28×28 images, finetune.model: cnn); 0
+    #: = off
     # FixMatch consistency on the unlabeled pool (28×28 images only, finetune.model: cnn); 0 = off
     consistency_weight: float = 0.0
+    #: … only unlabeled images predicted at least this confidently are pseudo-labeled
     confidence_threshold: float = 0.95
+    #: constant | cosine (learning_rate·cos(7πk/16K) at step k of K, as FixMatch)
     lr_schedule: str = "constant"  # constant | cosine (FixMatch's lr·cos(7πk/16K))
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

@@ -14,11 +14,18 @@ MODELS = ("mlp", "cnn")  # also the choices of finetune.model; privpipe.models.M
 
 @dataclass(frozen=True)
 class TeachersConfig:
+    #: mlp (on the DP-PCA features, through the deployed model's front: finetune.input_scale) | cnn (raw 28×28 pixels,
+    #: or ScatterNet maps with features.transform: scatternet)
     model: str = "mlp"
+    #: mlp: the hidden layers' widths
     hidden_units: tuple[int, ...] = (100,)
+    #: passes over each teacher's own shard
     epochs: int = 100
+    #: records per Adam step
     batch_size: int = 32
+    #: Adam's learning rate
     learning_rate: float = 0.003  # Adam
+    #: Adam's L2 weight decay
     weight_decay: float = 0.0001
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks

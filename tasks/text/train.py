@@ -119,7 +119,7 @@ def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_
     meta = read_json(Path(text_dir) / "meta.json")
     if meta.get("natural_clients"):
         log.info("federated: K = %d natural clients (text.client_column), taken as public: the guarantee's "
-                 "neighbouring datasets keep K fixed (README: trust models)", meta["clients"])
+                 "neighbouring datasets keep K fixed (docs/tutorials/federated.md: trust models)", meta["clients"])
     test_inputs = tuple(np.load(Path(features_dir) / f"test_{n}.npy") for n in input_names(params.text.mode))
     test_labels = np.load(Path(features_dir) / "test_labels.npy")
 
