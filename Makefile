@@ -1,6 +1,6 @@
 # privpipe — every target installs what it needs into .venv first.
 #   make run     the pipeline on the embedded default (scikit-learn's digits)
-#   make test    the quality gates (ruff, mypy) and the test suite (fast, offline)
+#   make test    the quality gates (ruff, mypy), the docs site (mkdocs --strict) and the test suite (offline)
 #   make repro   the same pipeline through DVC (dvc repro)
 #   make ui      the MLflow UI on http://127.0.0.1:5000 (another port: make ui PORT=5001)
 #   make serve   the scheduled deployments (retraining, deletion processing) on a local Prefect server
@@ -16,6 +16,7 @@ export PYTHONUNBUFFERED := 1
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: install run test repro serve ui bench clean
 
@@ -34,6 +35,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -q
 
 repro: $(STAMP)

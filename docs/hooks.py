@@ -1,0 +1,260 @@
+"""MkDocs hooks: the reference pages generated from their one source each, at build time.
+
+A page holds a marker line, ``<!-- generated: NAME -->``, and the build puts the generated text in its place:
+
+- ``params``: every params.yaml key, from the config dataclasses in ``privpipe/config/`` (the field's
+  default, its range from the section's ``RANGES``, and the comments written beside the field);
+- ``cli``: every command and option, from ``flows.cli.app.build_parser()``;
+- ``benchmarks``: every output under ``bench/out/`` listed in ``docs/benchmarks.yml``, with the command
+  that wrote it.
+
+Anything that would make a page lie is a build error under ``mkdocs build --strict``: a params key
+with no comment, a benchmark output the registry lacks or names but is missing, an unknown marker.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import logging
+import os
+import re
+import sys
+import tokenize
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+log = logging.getLogger("mkdocs.plugins.privpipe")
+MARKER = re.compile(r"^<!-- generated: ([a-z]+) -->$", re.MULTILINE)
+
+
+# --- params: the config dataclasses --------------------------------------------------------------------------------
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """Each field's comment: the ``#`` lines right above it and the one at the end of its line."""
+    path = Path(sys.modules[cls.__module__].__file__ or "")
+    source = path.read_text(encoding="utf-8")
+    comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#:").strip()
+    lines = source.splitlines()
+    node = next(n for n in ast.walk(ast.parse(source))
+                if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    out: dict[str, str] = {}
+    for statement in node.body:
+        if not (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)):
+            continue
+        above: list[str] = []
+        line = statement.lineno - 1
+        while line >= 1 and lines[line - 1].strip().startswith("#"):
+            above.insert(0, comments[line])
+            line -= 1
+        inline = [comments[n] for n in range(statement.lineno, (statement.end_lineno or statement.lineno) + 1)
+                  if n in comments and not lines[n - 1].strip().startswith("#")]
+        out[statement.target.id] = " ".join(above + inline)
+    return out
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def _yaml_value(value: Any) -> str:
+    if isinstance(value, tuple):
+        value = list(value)
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6, allow_unicode=True).strip()
+    return text.removesuffix("\n...").removesuffix(" ...")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _section_rows(cls: type, prefix: str, missing: list[str]) -> list[str]:
+    comments = _field_comments(cls)
+    ranges = getattr(cls, "RANGES", {})
+    rows: list[str] = []
+    for field in dataclasses.fields(cls):
+        key = f"{prefix}.{field.name}"
+        value = _default(field)
+        if dataclasses.is_dataclass(value):
+            rows += _section_rows(type(value), key, missing)
+            continue
+        comment = comments.get(field.name, "")
+        if not comment:
+            missing.append(key)
+        limit = str(ranges[field.name]) if field.name in ranges else ""
+        rows.append(f"| `{key}` | `{_cell(_yaml_value(value))}` | {limit} | {_cell(comment)} |")
+    return rows
+
+
+def params_reference() -> tuple[str, list[str]]:
+    """The params reference as Markdown, and the keys that have no comment in their dataclass."""
+    from privpipe.config.params import Params
+
+    missing: list[str] = []
+    parts: list[str] = []
+    for section in dataclasses.fields(Params):
+        cls = type(_default(section))
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]
+        source = f"privpipe/config/{cls.__module__.rsplit('.', 1)[-1]}.py"
+        parts += [f"## {section.name}", "", " ".join(doc.split()), "",
+                  f"Declared in `{source}` (`{cls.__name__}`).", "",
+                  "| key | default | range | meaning |", "|---|---|---|---|",
+                  *_section_rows(cls, section.name, missing), ""]
+    return "\n".join(parts), missing
+
+
+# --- cli: the argument parser -------------------------------------------------------------------------------------
+
+def _subcommands(parser: Any) -> list[tuple[str, Any, str]]:
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            return [(name, sub, helps.get(name, "")) for name, sub in action.choices.items()]
+    return []
+
+
+def _option_rows(parser: Any) -> list[str]:
+    import argparse
+
+    rows = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        name = ", ".join(action.option_strings) or (action.metavar or action.dest)
+        notes = []
+        if action.choices is not None:
+            notes.append("one of " + ", ".join(f"`{c}`" for c in action.choices))
+        if action.required and action.option_strings:
+            notes.append("required")
+        if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings:
+            notes.append(f"default `{action.default}`")
+        help_text = (action.help or "") + (f" ({'; '.join(notes)})" if notes else "")
+        rows.append(f"| `{_cell(str(name))}` | {_cell(help_text)} |")
+    return rows
+
+
+def _command_page(prefix: str, parser: Any, summary: str, level: int) -> list[str]:
+    usage = parser.format_usage().strip().removeprefix("usage: ")
+    lines = [f"{'#' * level} `{prefix}`", "", summary[:1].upper() + summary[1:] + ("." if summary else ""), "",
+             "```text", usage, "```", ""]
+    rows = _option_rows(parser)
+    if rows:
+        lines += ["| argument | meaning |", "|---|---|", *rows, ""]
+    for name, sub, help_text in _subcommands(parser):
+        lines += _command_page(f"{prefix} {name}", sub, help_text, level + 1)
+    return lines
+
+
+def cli_reference() -> str:
+    """Every ``privpipe`` command and option as Markdown, from the parser itself."""
+    from flows.cli.app import build_parser
+
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"  # argparse wraps usage at the terminal's width: a fixed one, a stable page
+    try:
+        parser = build_parser()
+        lines: list[str] = []
+        for name, sub, help_text in _subcommands(parser):
+            lines += _command_page(f"privpipe {name}", sub, help_text, 2)
+        return "\n".join(lines)
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+
+
+# --- benchmarks: bench/out and the registry ------------------------------------------------------------------------
+
+REGISTRY = ROOT / "docs/benchmarks.yml"
+RENDERED = (".md", ".txt", ".log")  # outputs a reader reads; .json and .png are the data behind them
+
+
+def _demoted(markdown: str) -> str:
+    """An output's own headings, below the page's."""
+    return re.sub(r"^(#{1,4}) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", markdown, flags=re.MULTILINE)
+
+
+def _script_usage(script: str) -> tuple[str, list[str]]:
+    """A bench script's title (its docstring's first line) and commands (the docstring's indented lines)."""
+    doc = ast.get_docstring(ast.parse((ROOT / script).read_text(encoding="utf-8"))) or ""
+    lines = doc.splitlines()
+    usage = []
+    for line in lines[1:]:
+        if line.startswith("    "):
+            usage.append(line[4:])
+        elif usage:
+            break
+    return lines[0].rstrip("."), usage
+
+
+def benchmarks_reference() -> tuple[str, list[str]]:
+    """The benchmarks page as Markdown, and what is wrong with the registry (unlisted or missing outputs)."""
+    entries = yaml.safe_load(REGISTRY.read_text(encoding="utf-8"))
+    problems: list[str] = []
+    listed: set[str] = set()
+    parts: list[str] = []
+    for entry in entries:
+        title, commands = _script_usage(entry["script"]) if "script" in entry else ("", [])
+        title, commands = entry.get("title", title), entry.get("commands", commands)
+        parts += [f"## {title}", "", "```sh", *commands, "```", ""]
+        if entry.get("about"):
+            parts += [" ".join(entry["about"].split()), ""]
+        for output in entry.get("outputs", []):
+            listed.add(output)
+            path = ROOT / output
+            if not path.is_file():
+                problems.append(f"{output}: listed in docs/benchmarks.yml but not there")
+                continue
+            text = path.read_text(encoding="utf-8").rstrip()
+            parts += [f"**`{output}`**", ""]
+            parts += [_demoted(text) if path.suffix == ".md" else "```text\n" + text + "\n```", ""]
+        data = entry.get("data", [])
+        for output in data:
+            listed.add(output)
+            if not (ROOT / output).is_file():
+                problems.append(f"{output}: listed in docs/benchmarks.yml but not there")
+        if data:
+            parts += ["Data behind it: " + ", ".join(f"`{d}`" for d in data) + ".", ""]
+    on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "bench/out").rglob("*")
+               if p.is_file() and p.suffix in (*RENDERED, ".json") and "work" not in p.parts and "cache" not in p.parts}
+    problems += [f"{path}: a benchmark output docs/benchmarks.yml does not list" for path in sorted(on_disk - listed)]
+    return "\n".join(parts), problems
+
+
+# --- the hook -----------------------------------------------------------------------------------------------------
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    def generated(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name == "params":
+            text, missing = params_reference()
+            for key in missing:
+                log.warning(f"{key}: no comment beside its field in privpipe/config/ (the params reference needs one)")
+            return text
+        if name == "cli":
+            return cli_reference()
+        if name == "benchmarks":
+            text, problems = benchmarks_reference()
+            for problem in problems:
+                log.warning(problem)
+            return text
+        log.warning(f"{page.file.src_path}: unknown generated section {name!r}")
+        return match.group(0)
+
+    return MARKER.sub(generated, markdown)

@@ -1,0 +1,148 @@
+"""The README and the docs site: what they show is what the code does.
+
+- Every fenced block marked ``<!-- runnable -->`` (README.md, then the site's pages in their nav order) runs as
+  written, in order, in one fresh project folder after the pipeline's default run (what ``make run`` runs once
+  installed, as the README's tour says). A command run once already (same arguments) is not run again.
+- The generated reference pages cover every params key and every command, from their one source each.
+- The README stays short, and its ``make run`` block is the saved output.
+
+The site itself is built with warnings as errors by ``make test`` (``mkdocs build --strict``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import PROJECT, cli, write_digits_pointer
+
+RUNNABLE = re.compile(r"^<!-- runnable -->\n```(?:sh|bash)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("privpipe_docs_hooks", PROJECT / "docs/hooks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _nav_pages(nav: list) -> list[str]:
+    pages: list[str] = []
+    for item in nav:
+        for value in (item.values() if isinstance(item, dict) else [item]):
+            pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def documented_pages() -> list[Path]:
+    """README.md, then every page of the site in its nav order."""
+    config = yaml.safe_load((PROJECT / "mkdocs.yml").read_text(encoding="utf-8"))
+    return [PROJECT / "README.md", *(PROJECT / "docs" / page for page in _nav_pages(config["nav"]))]
+
+
+def runnable_commands() -> list[tuple[str, list[str]]]:
+    """(page, argv) for each line of each runnable block, comments dropped, in reading order."""
+    commands = []
+    for page in documented_pages():
+        for block in RUNNABLE.findall(page.read_text(encoding="utf-8")):
+            for line in block.splitlines():
+                argv = shlex.split(line, comments=True)
+                if argv:
+                    commands.append((str(page.relative_to(PROJECT)), argv))
+    return commands
+
+
+def test_the_docs_mark_commands_runnable_and_only_ones_this_test_can_run():
+    commands = runnable_commands()
+    pages = {page for page, _ in commands}
+    assert {"README.md", "docs/tutorials/own-data.md", "docs/tutorials/deletion-requests.md"} <= pages
+    for page, argv in commands:
+        assert argv[0] in (".venv/bin/privpipe", ".venv/bin/python"), f"{page}: {shlex.join(argv)}"
+
+
+def _copy_project(folder: Path) -> None:
+    """What a fresh clone holds that the documented commands read: a git and DVC repository (its local remote),
+    params, examples, the data's DVC pointer."""
+    subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
+    (folder / ".dvc").mkdir()
+    for name in ("params.yaml", "params-mnist.yaml", ".dvc/config", ".dvc/.gitignore"):
+        shutil.copy(PROJECT / name, folder / name)
+    shutil.copytree(PROJECT / "examples", folder / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    write_digits_pointer(folder)
+
+
+def test_every_runnable_command_in_the_readme_and_the_docs_works_as_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_harness):
+    _copy_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("run")  # `make run`, once installed: the README's tour starts after it
+    assert code == 0, err[-2000:]
+    done: set[tuple[str, ...]] = set()
+    for page, argv in runnable_commands():
+        if tuple(argv) in done:
+            continue
+        done.add(tuple(argv))
+        if argv[0] == ".venv/bin/privpipe":
+            code, _, err = cli(*argv[1:])
+        else:
+            result = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=300)
+            code, err = result.returncode, result.stderr
+        assert code == 0, f"{page}: `{shlex.join(argv)}` exited {code}: {err[-2000:]}"
+    assert (tmp_path / "data/raw/patients.csv").is_file()
+    assert (tmp_path / "data/raw/texts.jsonl").is_file()
+
+
+def test_the_params_reference_documents_every_key_of_every_section():
+    from privpipe.config.params import Params
+
+    text, missing = _hooks().params_reference()
+    assert missing == []
+    keys = set(re.findall(r"^\| `([a-z_]+\.[a-z_0-9.]+)` \|", text, re.MULTILINE))
+    for section in dataclasses.fields(Params):
+        for field in dataclasses.fields(type(getattr(Params(), section.name))):
+            assert f"{section.name}.{field.name}" in keys
+    params = yaml.safe_load((PROJECT / "params.yaml").read_text(encoding="utf-8"))
+    assert {f"{s}.{k}" for s, values in params.items() for k in values} <= keys
+
+
+def test_the_params_reference_shows_each_default_range_and_comment():
+    text, _ = _hooks().params_reference()
+    row = next(line for line in text.splitlines() if line.startswith("| `head.lam` |"))
+    assert "`0.005`" in row and "(0, 1e+06]" in row and "strong convexity" in row
+
+
+def test_the_cli_reference_has_every_command_and_option():
+    from flows.cli.app import build_parser
+
+    text = _hooks().cli_reference()
+    parser_help = build_parser().format_help()
+    commands = re.search(r"\{([a-z,-]+)\}", parser_help)
+    assert commands
+    for name in commands.group(1).split(","):
+        assert f"## `privpipe {name}`" in text
+    assert "### `privpipe privacy dpsgd`" in text
+    assert "`--noise-multiplier`" in text and "`--record`" in text and "default `best`" in text
+
+
+def test_the_benchmarks_page_lists_every_output_with_its_command():
+    text, problems = _hooks().benchmarks_reference()
+    assert problems == []
+    assert "bench/epoch_time.py" in text and "**`bench/out/removal/pixels.md`**" in text
+
+
+def test_the_readme_is_short_and_quotes_make_run_as_saved():
+    readme = (PROJECT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    saved = (PROJECT / "bench/out/operations/make_run.txt").read_text(encoding="utf-8").strip()
+    assert saved in readme
+    assert readme.startswith("# privpipe\n\n```sh\nmake run ")
