@@ -50,24 +50,34 @@ def documented_pages() -> list[Path]:
     return [PROJECT / "README.md", *(PROJECT / "docs" / page for page in _nav_pages(config["nav"]))]
 
 
-def runnable_commands() -> list[tuple[str, list[str]]]:
-    """(page, argv) for each line of each runnable block, comments dropped, in reading order."""
-    commands = []
+@dataclasses.dataclass
+class Command:
+    page: str
+    argv: list[str]
+    #: the comment lines right under a command in its block: what the page says it prints
+    prints: list[str] = dataclasses.field(default_factory=list)
+
+
+def runnable_commands() -> list[Command]:
+    """Each line of each runnable block, its comment dropped, in reading order."""
+    commands: list[Command] = []
     for page in documented_pages():
         for block in RUNNABLE.findall(page.read_text(encoding="utf-8")):
             for line in block.splitlines():
-                argv = shlex.split(line, comments=True)
-                if argv:
-                    commands.append((str(page.relative_to(PROJECT)), argv))
+                if line.startswith("# ") and commands:
+                    commands[-1].prints.append(line[2:].strip())
+                elif argv := shlex.split(line, comments=True):
+                    commands.append(Command(str(page.relative_to(PROJECT)), argv))
     return commands
 
 
 def test_the_docs_mark_commands_runnable_and_only_ones_this_test_can_run():
     commands = runnable_commands()
-    pages = {page for page, _ in commands}
+    pages = {command.page for command in commands}
     assert {"README.md", "docs/tutorials/own-data.md", "docs/tutorials/deletion-requests.md"} <= pages
-    for page, argv in commands:
-        assert argv[0] in (".venv/bin/privpipe", ".venv/bin/python"), f"{page}: {shlex.join(argv)}"
+    for command in commands:
+        assert command.argv[0] in (".venv/bin/privpipe", ".venv/bin/python"), f"{command.page}: {command.argv}"
+    assert any(command.prints for command in commands)
 
 
 def _copy_project(folder: Path) -> None:
@@ -88,16 +98,19 @@ def test_every_runnable_command_in_the_readme_and_the_docs_works_as_written(
     code, _, err = cli("run")  # `make run`, once installed: the README's tour starts after it
     assert code == 0, err[-2000:]
     done: set[tuple[str, ...]] = set()
-    for page, argv in runnable_commands():
+    for command in runnable_commands():
+        argv, where = command.argv, f"{command.page}: `{shlex.join(command.argv)}`"
         if tuple(argv) in done:
             continue
         done.add(tuple(argv))
         if argv[0] == ".venv/bin/privpipe":
-            code, _, err = cli(*argv[1:])
+            code, out, err = cli(*argv[1:])
         else:
             result = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=300)
-            code, err = result.returncode, result.stderr
-        assert code == 0, f"{page}: `{shlex.join(argv)}` exited {code}: {err[-2000:]}"
+            code, out, err = result.returncode, result.stdout, result.stderr
+        assert code == 0, f"{where} exited {code}: {err[-2000:]}"
+        for line in command.prints:
+            assert line in out, f"{where} printed {out!r}, not {line!r} as the page says"
     assert (tmp_path / "data/raw/patients.csv").is_file()
     assert (tmp_path / "data/raw/texts.jsonl").is_file()
 
