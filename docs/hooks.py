@@ -141,7 +141,8 @@ def _option_rows(parser: Any) -> list[str]:
             notes.append("one of " + ", ".join(f"`{c}`" for c in action.choices))
         if action.required and action.option_strings:
             notes.append("required")
-        if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings:
+        said = "default" in (action.help or "") and str(action.default) in (action.help or "")
+        if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings and not said:
             notes.append(f"default `{action.default}`")
         help_text = (action.help or "") + (f" ({'; '.join(notes)})" if notes else "")
         rows.append(f"| `{_cell(str(name))}` | {_cell(help_text)} |")
