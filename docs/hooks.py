@@ -40,10 +40,11 @@ def _field_comments(cls: type) -> dict[str, str]:
     """Each field's comment: the ``#`` lines right above it and the one at the end of its line."""
     path = Path(sys.modules[cls.__module__].__file__ or "")
     source = path.read_text(encoding="utf-8")
-    comments: dict[int, str] = {}
+    comments: dict[int, str] = {}  # line → text; a `#:` comment says what the field sets, a `#` one why
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
-            comments[token.start[0]] = token.string.lstrip("#:").strip()
+            says = "\0" if token.string.startswith("#:") else ""
+            comments[token.start[0]] = says + token.string.lstrip("#:").strip()
     lines = source.splitlines()
     node = next(n for n in ast.walk(ast.parse(source))
                 if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
@@ -58,7 +59,9 @@ def _field_comments(cls: type) -> dict[str, str]:
             line -= 1
         inline = [comments[n] for n in range(statement.lineno, (statement.end_lineno or statement.lineno) + 1)
                   if n in comments and not lines[n - 1].strip().startswith("#")]
-        out[statement.target.id] = " ".join(above + inline)
+        says = " ".join(c[1:] for c in above if c.startswith("\0"))
+        why = " ".join(c.lstrip("\0") for c in above + inline if not c.startswith("\0"))
+        out[statement.target.id] = f"{says} — {why}" if says and why else says or why
     return out
 
 
@@ -107,9 +110,9 @@ def params_reference() -> tuple[str, list[str]]:
     parts: list[str] = []
     for section in dataclasses.fields(Params):
         cls = type(_default(section))
-        doc = (sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0].removeprefix(f"{section.name}: ")
         source = f"privpipe/config/{cls.__module__.rsplit('.', 1)[-1]}.py"
-        parts += [f"## {section.name}", "", " ".join(doc.split()), "",
+        parts += [f"## {section.name}", "", " ".join((doc[:1].upper() + doc[1:]).split()), "",
                   f"Declared in `{source}` (`{cls.__name__}`).", "",
                   "| key | default | range | meaning |", "|---|---|---|---|",
                   *_section_rows(cls, section.name, missing), ""]

@@ -31,7 +31,7 @@ class RunConfig:
     #: a fixed value; 1 is fastest on small models
     torch_threads: int = 1  # results repeat byte for byte only at a fixed count, and 1 keeps a busy host usable
     #: where every training stage runs: auto (CUDA when torch sees a GPU, else CPU) | cpu | cuda
-    device: str = "auto"  # where every training stage runs: auto = CUDA when torch sees a GPU, else the CPU
+    device: str = "auto"
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
     RANGES: ClassVar[dict[str, Range]] = {"seed": at_least(0, SEED_MAX), "torch_threads": at_least(0, 4096)}
