@@ -109,3 +109,67 @@ def test_a_layer_run_twice_is_refused():
     with pytest.raises(RuntimeError, match="ran twice"):
         model(torch.randn(3, 4)).sum().backward()
     taps.close()
+
+
+CONVS = [  # (in channels, out channels, kernel, stride, padding, dilation, bias, input (H, W))
+    (3, 5, 3, 1, 0, 1, True, (6, 6)),
+    (3, 5, 3, 2, 1, 1, True, (7, 7)),
+    (2, 4, (2, 3), (2, 1), (1, 0), 1, False, (7, 6)),
+    (2, 4, 3, 1, 2, 2, True, (6, 5)),  # dilated, padded beyond the kernel's reach
+    (1, 3, 4, 3, 2, (2, 1), True, (9, 8)),  # stride above the dilated kernel's step, rows padded
+    (4, 6, 1, 1, 0, 1, True, (5, 5)),  # 1×1
+    (2, 3, 5, 1, 0, 1, True, (5, 5)),  # one output position
+    (2, 3, 2, (4, 3), 1, 1, True, (3, 7)),  # a stride above the input's height: fewer classes than sh
+]
+
+
+@pytest.mark.parametrize("conv", CONVS)
+@pytest.mark.parametrize("strategy", ["gram", "per_example"])
+def test_each_conv_norm_strategy_equals_brute_force(conv, strategy, monkeypatch):
+    channels, outputs, kernel, stride, padding, dilation, bias, (height, width) = conv
+    torch.manual_seed(2)
+    layer = nn.Conv2d(channels, outputs, kernel, stride=stride, padding=padding, dilation=dilation, bias=bias)
+    x, y = torch.randn(9, channels, height, width) * 2, torch.randint(0, 5, (9,))
+    model = nn.Sequential(nn.Tanh(), layer, nn.Tanh(), nn.Flatten(), nn.Linear(layer(x)[0].numel(), 5)).double()
+    x = x.double()
+    monkeypatch.setattr("privpipe.dpsgd.bookkeeping._Tap.norm_strategy", lambda *_: strategy)
+    per_example = _brute_force(model, x, y)
+    params = [p for p in model.parameters() if p.requires_grad]
+    taps = BookKeeping(model)
+    F.cross_entropy(model(x), y, reduction="sum").backward()
+    squared = taps.squared_norms()
+    for tap, layer_norms in zip(taps.taps, squared):  # each tensor's norms, the convolution's included
+        for name, norms in layer_norms.items():
+            index = next(i for i, p in enumerate(params) if p is getattr(tap.module, name))
+            assert torch.allclose(norms, torch.stack([g[index].square().sum() for g in per_example]), rtol=1e-9)
+    clip = 0.3
+    taps.add_clipped(clip_factors(squared, max_grad_norm=clip, clipping="flat"))
+    got = {id(p): p.summed_grad for p in taps.parameters}
+    taps.close()
+    norms = torch.stack([torch.cat([g.flatten() for g in grads]).norm() for grads in per_example])
+    factors = (clip / (norms + 1e-6)).clamp(max=1.0)
+    assert (factors < 1).sum() > 3  # clipping bites
+    for index, p in enumerate(params):
+        expected = sum(f * grads[index] for f, grads in zip(factors, per_example))
+        assert torch.allclose(got[id(p)], expected, rtol=1e-8, atol=1e-10)
+
+
+def test_the_cost_model_picks_the_gram_matrix_for_small_maps_and_gradients_for_large_ones():
+    from privpipe.dpsgd.bookkeeping import _Tap
+
+    scatter = _Tap(nn.Conv2d(81, 32, 3, stride=2, padding=1))  # 7×7 maps to 4×4: T = 16, a = 729
+    assert scatter.norm_strategy((1024, 81, 7, 7), (1024, 32, 4, 4)) == "gram"
+    second = _Tap(nn.Conv2d(32, 64, 3, padding=1))  # stride 1: the input's Gram matrix is the patches' / 9
+    assert second.norm_strategy((1024, 32, 4, 4), (1024, 64, 4, 4)) == "gram"
+    pixels = _Tap(nn.Conv2d(1, 16, 8, stride=2, padding=3))  # 28×28 to 14×14: T = 196, a = 64
+    assert pixels.norm_strategy((512, 1, 28, 28), (512, 16, 14, 14)) == "per_example"
+
+
+@pytest.mark.parametrize("layer, match", [
+    (nn.Conv2d(4, 4, 3, groups=2), "groups=2"),
+    (nn.Conv2d(4, 4, 3, padding="same"), "padding='same'"),
+    (nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"), "padding_mode='reflect'"),
+])
+def test_convolutions_it_cannot_clip_are_refused(layer, match):
+    with pytest.raises(UnsupportedLayer, match=match):
+        BookKeeping(nn.Sequential(layer, nn.Flatten(), nn.Linear(4, 2)))

@@ -7,27 +7,31 @@
     taps.close()
 
 Each tapped layer runs through an autograd function that, on the way back, computes only
-the gradient of its *input* (what the layers below need) and keeps its activation A and
-output gradient G; the summed weight gradient autograd would compute is skipped. From
-(A, G) an example's weight gradient is Gᵢᵀ Aᵢ (T positions, a inputs, p outputs). Its norm
-comes either from the Gram matrices, ‖Gᵢᵀ Aᵢ‖² = ⟨Aᵢ Aᵢᵀ, Gᵢ Gᵢᵀ⟩, which never forms the
-gradient and costs T²(a + p) (ghost norms: Goodfellow 2015, Li et al. 2022, for
-convolutions Bu et al. 2022), or by forming it, T·p·a; each layer takes the cheaper (mixed
-ghost clipping). The clipped sum Σᵢ cᵢ Gᵢᵀ Aᵢ is then one product, the same cost as the
-ordinary weight gradient. Opacus 1.6 has ghost norms for Linear only, and its ghost
-clipping runs a second backward pass; this runs one.
+the gradient of its *input* (what the layers below need) and keeps its input A and output
+gradient G; the summed weight gradient autograd would compute is skipped. An example's weight
+gradient is Gᵢᵀ Aᵢ (T positions, a inputs, p outputs; for a convolution Aᵢ are its im2col
+patches, a = C·kh·kw). Its norm comes either from the Gram matrices, ‖Gᵢᵀ Aᵢ‖² = ⟨Aᵢ Aᵢᵀ, Gᵢ Gᵢᵀ⟩,
+which never forms the gradient (ghost norms: Goodfellow 2015, Li et al. 2022, for convolutions
+Bu et al. 2022), or by forming it, T·p·a; each layer takes the cheaper (mixed ghost clipping).
+A convolution keeps its input as it came and never forms the patches for a ghost norm: Aᵢ Aᵢᵀ
+is gathered from the Gram matrix of its input positions, and the clipped sum Σᵢ cᵢ Gᵢᵀ Aᵢ is the
+convolution's own weight-gradient kernel run on the scaled output gradients cᵢ Gᵢ, the cost of
+the ordinary weight gradient; only a layer whose gradients are cheaper to form than its Gram
+matrices (many positions, few weights, as a first layer on raw pixels) copies out its patches.
+Opacus 1.6 has ghost norms for Linear only, and its ghost clipping runs a second backward pass;
+this runs one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.grad import conv2d_input
+from torch.nn.grad import conv2d_input, conv2d_weight
 
 __all__ = ["BookKeeping", "UnsupportedLayer", "clip_factors"]
 
@@ -38,10 +42,17 @@ class UnsupportedLayer(ValueError):
 
 @dataclass
 class _Record:
-    activations: torch.Tensor  # (B, T, a): the layer's input, unfolded for a convolution
-    output_grads: torch.Tensor  # (B, T, p): d loss_i / d output, per example
+    activations: torch.Tensor  # Linear: (B, T, a), its input; Conv2d: its input as it came, (B, C, H, W)
+    output_grads: torch.Tensor  # Linear: (B, T, p); Conv2d: (B, p, H', W'): d loss_i / d output, per example
     per_example: torch.Tensor | None = None  # (B, p, a) when the layer formed its gradients
     bias_grads: torch.Tensor | None = None  # (B, p): each example's bias gradient, once computed
+    channels_last: bool = False  # per_example's inputs in (kh, kw, C) order, not the weight's (C, kh, kw)
+
+
+# The cost model that picks a convolution's norm, in multiply-adds per example: an element copied into the
+# patches (a strided gather, ~3 ns on one core) and one gathered from the Gram matrix (~1 ns) weigh as
+# much as this many multiply-adds of a batched matrix product (~0.15 ns), as measured on a 2-core x86 host
+_COPY, _GATHER = 20.0, 8.0
 
 
 class _Tap:
@@ -50,6 +61,8 @@ class _Tap:
     def __init__(self, module: nn.Linear | nn.Conv2d) -> None:
         self.module = module
         self.record: _Record | None = None
+        self._pairs: tuple[tuple[int, ...], torch.device, torch.Tensor] | None = None  # the Gram gather, per shape
+        self._upper: tuple[tuple[int, torch.device, torch.dtype], torch.Tensor, torch.Tensor] | None = None
 
     def op(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         m = self.module
@@ -67,34 +80,120 @@ class _Tap:
         m = self.module
         if self.record is not None:
             raise RuntimeError(f"{m} ran twice in one pass (shared weights): bk cannot clip it; use an Opacus mode")
-        batch = len(x)
-        if isinstance(m, nn.Conv2d):
-            activations, grads = _patches(x, m), grad.reshape(batch, grad.shape[1], -1).transpose(1, 2)
+        if isinstance(m, nn.Conv2d):  # kept as they are: the patches are formed only where a norm needs them
+            self.record = _Record(x, grad)
         else:
-            activations, grads = x.reshape(batch, -1, x.shape[-1]), grad.reshape(batch, -1, grad.shape[-1])
-        self.record = _Record(activations, grads)
+            batch = len(x)
+            self.record = _Record(x.reshape(batch, -1, x.shape[-1]), grad.reshape(batch, -1, grad.shape[-1]))
 
     def squared_norms(self) -> dict[str, torch.Tensor]:
         """Per parameter tensor, each example's squared gradient norm, (B,)."""
         r = self._record()
-        a, g = r.activations, r.output_grads
-        positions, width_in, width_out = a.shape[1], a.shape[2], g.shape[2]
-        has_bias = self.module.bias is not None
+        m = self.module
+        g = r.output_grads
         # (B, p): each example's bias gradient, needed for the bias and, on vectors, for the weight
-        bias_grads = g[:, 0] if positions == 1 else g.sum(1) if has_bias else None
-        bias = torch.linalg.vector_norm(bias_grads, dim=1).square() if bias_grads is not None else None
-        if positions == 1:  # a dense layer on vectors: ‖gᵢ aᵢᵀ‖ = ‖gᵢ‖·‖aᵢ‖, and gᵢ is the bias gradient
-            weight = torch.linalg.vector_norm(a[:, 0], dim=1).square() * bias
-        elif positions * (width_in + width_out) < width_in * width_out:  # ghost: the Gram matrices are smaller
-            weight = (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+        if isinstance(m, nn.Conv2d):
+            bias_grads = g.reshape(*g.shape[:2], -1).sum(2) if m.bias is not None else None
         else:
-            r.per_example = torch.bmm(g.transpose(1, 2), a)  # (B, p, a)
-            weight = torch.linalg.vector_norm(r.per_example, dim=(1, 2)).square()
-        norms = {"weight": weight}
-        if has_bias:
+            bias_grads = g[:, 0] if g.shape[1] == 1 else g.sum(1) if m.bias is not None else None
+        bias = torch.linalg.vector_norm(bias_grads, dim=1).square() if bias_grads is not None else None
+        norms = {"weight": self._conv_norms(r) if isinstance(m, nn.Conv2d) else self._linear_norms(r, bias)}
+        if bias is not None and m.bias is not None:
             norms["bias"] = bias
             r.bias_grads = bias_grads
         return norms
+
+    def _linear_norms(self, r: _Record, bias: torch.Tensor | None) -> torch.Tensor:
+        a, g = r.activations, r.output_grads
+        positions, width_in, width_out = a.shape[1], a.shape[2], g.shape[2]
+        if positions == 1 and bias is not None:  # on vectors: ‖gᵢ aᵢᵀ‖ = ‖gᵢ‖·‖aᵢ‖, gᵢ the bias gradient
+            return torch.linalg.vector_norm(a[:, 0], dim=1).square() * bias
+        if positions * (width_in + width_out) < width_in * width_out:  # ghost: the Gram matrices are smaller
+            return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+        r.per_example = torch.bmm(g.transpose(1, 2), a)  # (B, p, a)
+        return torch.linalg.vector_norm(r.per_example, dim=(1, 2)).square()
+
+    def norm_strategy(self, input_shape: Sequence[int], output_shape: Sequence[int]) -> str:
+        """How a Conv2d layer's per-example norms are computed, the cheaper of (per example, in
+        multiply-adds; T output positions, C·K = a inputs per position, p outputs):
+        ``gram``, the ghost norm ⟨AᵢAᵢᵀ, GᵢGᵢᵀ⟩ with AᵢAᵢᵀ gathered from the input's own Gram matrices
+        ((HW)²·C + T²·(K + p), no patches; the clipped sum is then the convolution's
+        weight-gradient kernel, T·a·p) or ``per_example``, the gradients Gᵢᵀ Aᵢ from the patches (T·a
+        copied, T·a·p; the clipped sum is then a weighted sum of them, a·p)."""
+        m = self.module
+        assert isinstance(m, nn.Conv2d)
+        _, channels, height, width = input_shape
+        outputs, positions = output_shape[1], output_shape[2] * output_shape[3]
+        kernel = m.kernel_size[0] * m.kernel_size[1]
+        inputs = channels * kernel
+        gram = (height * width) ** 2 * channels + positions ** 2 * (_GATHER * kernel + outputs) \
+            + positions * inputs * outputs
+        per_example = positions * inputs * (_COPY + outputs) + inputs * outputs
+        return "gram" if gram < per_example else "per_example"
+
+    def _conv_norms(self, r: _Record) -> torch.Tensor:
+        m = self.module
+        assert isinstance(m, nn.Conv2d)
+        x, g = r.activations, r.output_grads
+        g = g.reshape(*g.shape[:2], -1)  # (B, p, T)
+        if self.norm_strategy(x.shape, r.output_grads.shape) == "gram":
+            # ⟨AᵢAᵢᵀ, GᵢGᵢᵀ⟩ over the pairs t ≤ s, those off the diagonal counted twice (both are symmetric)
+            patch_gram = self._patch_gram(x, r.output_grads.shape)  # (B, T(T + 1)/2)
+            pairs, weights = self._triangle(g.shape[2], g.device, g.dtype)
+            grad_gram = torch.bmm(g.transpose(1, 2), g).reshape(len(g), -1).index_select(1, pairs)
+            return (patch_gram * grad_gram) @ weights
+        patches, r.channels_last = _patches(x, m)
+        r.per_example = torch.bmm(g, patches)  # (B, p, a)
+        return torch.linalg.vector_norm(r.per_example, dim=(1, 2)).square()
+
+    def _patch_gram(self, x: torch.Tensor, output_shape: torch.Size) -> torch.Tensor:
+        """(B, T(T + 1)/2): ⟨patch t, patch s⟩ for t ≤ s of every example, from its input's Gram matrix over positions:
+        Σₖ X[pₜₖ]·X[pₛₖ] over the kernel's K offsets k, where pₜₖ is the input position offset k of output
+        position t reads (or a zero row where it reads the padding). Never forms the patches. (Only
+        positions in one class modulo the stride ever meet, but splitting the input into its classes
+        costs a strided copy as dear as the products it saves on the ScatterNet CNN's 7×7 maps.)"""
+        m = self.module
+        assert isinstance(m, nn.Conv2d)
+        batch, channels, height, width = x.shape
+        kernel = m.kernel_size[0] * m.kernel_size[1]
+        flat = x.reshape(batch, channels, height * width)
+        gram = F.pad(torch.bmm(flat.transpose(1, 2), flat), (0, 1, 0, 1))  # (B, HW + 1, HW + 1), last: zeros
+        pairs = self._gram_pairs(x.shape, output_shape, x.device)
+        # index_select, not gram[:, pairs]: advanced indexing is ~6× slower here
+        return gram.reshape(batch, -1).index_select(1, pairs).reshape(batch, -1, len(pairs) // kernel).sum(1)
+
+    def _gram_pairs(self, input_shape: torch.Size, output_shape: torch.Size, device: torch.device) -> torch.Tensor:
+        """(K·T(T + 1)/2,): for kernel offset k and output positions t ≤ s, the flat index of (pₜₖ, pₛₖ)
+        in the zero-bordered Gram matrix; made once per shape."""
+        key = (*input_shape[2:], *output_shape[2:])
+        if self._pairs is not None and self._pairs[0] == key and self._pairs[1] == device:
+            return self._pairs[2]
+        m = self.module
+        assert isinstance(m, nn.Conv2d) and not isinstance(m.padding, str)
+        height, width = input_shape[2], input_shape[3]
+        out_h, out_w = output_shape[2], output_shape[3]
+        (sh, sw), (ph, pw), (dh, dw), (kh, kw) = m.stride, m.padding, m.dilation, m.kernel_size
+        rows = (torch.arange(out_h)[:, None] * sh - ph + torch.arange(kh)[None, :] * dh)  # (H', kh)
+        cols = (torch.arange(out_w)[:, None] * sw - pw + torch.arange(kw)[None, :] * dw)  # (W', kw)
+        r = rows[:, None, :, None].expand(out_h, out_w, kh, kw)
+        c = cols[None, :, None, :].expand(out_h, out_w, kh, kw)
+        inside = (r >= 0) & (r < height) & (c >= 0) & (c < width)
+        read = torch.where(inside, r * width + c, height * width).reshape(out_h * out_w, kh * kw).T  # (K, T)
+        side = height * width + 1
+        first, second = torch.triu_indices(len(read[0]), len(read[0]))
+        pairs = (read[:, first] * side + read[:, second]).reshape(-1).to(device)  # (K·T(T + 1)/2,)
+        self._pairs = (key, device, pairs)
+        return pairs
+
+    def _triangle(self, positions: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The flat indices of the pairs t ≤ s of a (T, T) matrix, in ``_gram_pairs``' order, and their
+        weights in a sum over all pairs of a symmetric one's entries: 1 on the diagonal, 2 off it."""
+        key = (positions, device, dtype)
+        if self._upper is None or self._upper[0] != key:
+            first, second = torch.triu_indices(positions, positions)
+            weights = torch.where(first == second, 1.0, 2.0).to(device=device, dtype=dtype)
+            self._upper = (key, (first * positions + second).to(device), weights)
+        return self._upper[1], self._upper[2]
 
     def add_clipped(self, factors: dict[str, torch.Tensor]) -> None:
         """Add Σᵢ cᵢ·gradᵢ to each parameter's ``summed_grad``, then drop the record."""
@@ -103,6 +202,11 @@ class _Tap:
         c = factors["weight"]
         if r.per_example is not None:
             weight = torch.einsum("b,bpa->pa", c, r.per_example)
+            if r.channels_last and isinstance(m, nn.Conv2d):  # (p, kh·kw·C) to the weight's (p, C, kh, kw)
+                weight = weight.reshape(m.out_channels, *m.kernel_size, -1).permute(0, 3, 1, 2)
+        elif isinstance(m, nn.Conv2d):  # the convolution's own weight-gradient kernel on the scaled gᵢ
+            g = r.output_grads * c.to(r.output_grads.dtype)[:, None, None, None]
+            weight = conv2d_weight(r.activations, m.weight.shape, g, m.stride, m.padding, m.dilation, m.groups)
         else:  # Σᵢ cᵢ Gᵢᵀ Aᵢ as one product, the factors applied to the narrower of G and A
             a, g = r.activations, r.output_grads
             if a.shape[-1] < g.shape[-1]:
@@ -112,7 +216,10 @@ class _Tap:
             weight = g.reshape(-1, g.shape[-1]).T @ a.reshape(-1, a.shape[-1])
         _accumulate(m.weight, weight.reshape(m.weight.shape))
         if m.bias is not None:
-            bias_grads = r.bias_grads if r.bias_grads is not None else r.output_grads.sum(1)
+            bias_grads = r.bias_grads
+            if bias_grads is None:  # (squared_norms keeps them; a caller that skipped it gets them here)
+                g = r.output_grads
+                bias_grads = g.reshape(*g.shape[:2], -1).sum(2) if isinstance(m, nn.Conv2d) else g.sum(1)
             _accumulate(m.bias, factors["bias"] @ bias_grads)
         self.record = None
 
@@ -122,21 +229,33 @@ class _Tap:
         return self.record
 
 
-def _patches(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
-    """(B, T, C·kh·kw): every output position's receptive field, in the weight's (C, kh, kw) order.
-    Strided views of the padded input and one copy; F.unfold (im2col) loops over the batch on the
-    CPU and was most of a step's time. Dilated kernels take F.unfold."""
+def _patches(x: torch.Tensor, conv: nn.Conv2d) -> tuple[torch.Tensor, bool]:
+    """(B, T, a): every output position's receptive field, and whether it is channels last, in
+    (kh, kw, C) order, or in the weight's (C, kh, kw). One strided view of the padded input and one
+    copy, whose innermost runs are C long channels last and kw long (1 where dilated) in the weight's
+    order: the longer wins (channels last took 0.6× the time on the ScatterNet CNN's first layer, 81
+    channels, but 1.3× on the pixel CNN's, 1 channel, 8 wide). F.unfold (im2col) loops over the
+    batch on the CPU."""
     padding = conv.padding
     if isinstance(padding, str):  # ("same", "valid": refused by _check_supported before any pass)
         raise UnsupportedLayer(f"grad_sample_mode bk needs a numeric padding, got {padding!r}")
-    if conv.dilation != (1, 1):
-        return F.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=padding,
-                        stride=conv.stride).transpose(1, 2)
-    (ph, pw), (kh, kw), (sh, sw) = padding, conv.kernel_size, conv.stride
-    padded = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
-    windows = padded.unfold(2, kh, sh).unfold(3, kw, sw)  # (B, C, H', W', kh, kw), a view
-    batch, channels, height, width = windows.shape[:4]
-    return windows.permute(0, 2, 3, 1, 4, 5).reshape(batch, height * width, channels * kh * kw)
+    (ph, pw), (kh, kw), (sh, sw), (dh, dw) = padding, conv.kernel_size, conv.stride, conv.dilation
+    channels_last = x.shape[1] >= (kw if dw == 1 else 1)
+    source = x.permute(0, 2, 3, 1) if channels_last else x  # (B, H, W, C) or (B, C, H, W)
+    pad = (0, 0, pw, pw, ph, ph) if channels_last else (pw, pw, ph, ph)
+    source = (F.pad(source, pad) if ph or pw else source).contiguous()
+    if channels_last:
+        batch, height, width, channels = source.shape
+        b, row, col, c = source.stride()
+    else:
+        batch, channels, height, width = source.shape
+        b, c, row, col = source.stride()
+    out_h, out_w = (height - dh * (kh - 1) - 1) // sh + 1, (width - dw * (kw - 1) - 1) // sw + 1
+    size, stride = [batch, out_h, out_w], [b, sh * row, sw * col]
+    inner = [(kh, dh * row), (kw, dw * col), (channels, c)] if channels_last else \
+        [(channels, c), (kh, dh * row), (kw, dw * col)]
+    windows = source.as_strided(size + [n for n, _ in inner], stride + [step for _, step in inner])
+    return windows.reshape(batch, out_h * out_w, channels * kh * kw), channels_last
 
 
 def _accumulate(param: torch.Tensor, value: torch.Tensor) -> None:
@@ -164,13 +283,22 @@ class _TappedOp(torch.autograd.Function):
 
 
 def _check_supported(model: nn.Module) -> list[nn.Linear | nn.Conv2d]:
-    layers = []
+    layers: list[nn.Linear | nn.Conv2d] = []
     for name, module in model.named_modules():
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         if not own:
             continue
-        if type(module) is nn.Linear or (type(module) is nn.Conv2d and module.groups == 1
-                                          and module.padding_mode == "zeros" and not isinstance(module.padding, str)):
+        if type(module) is nn.Linear:
+            layers.append(module)
+        elif type(module) is nn.Conv2d:
+            problems = [f"{field}={value!r}" for field, value, ok in [
+                ("groups", module.groups, module.groups == 1),
+                ("padding_mode", module.padding_mode, module.padding_mode == "zeros"),
+                ("padding", module.padding, not isinstance(module.padding, str))] if not ok]
+            if problems:
+                raise UnsupportedLayer(f"grad_sample_mode bk clips Conv2d layers with numeric zero padding and "
+                                       f"groups 1 only; {name or 'the model'} has {', '.join(problems)}: use an "
+                                       f"Opacus mode (ghost, hooks)")
             layers.append(module)
         else:
             raise UnsupportedLayer(f"grad_sample_mode bk clips Linear and Conv2d layers (zero padding, groups 1) "
