@@ -382,3 +382,30 @@ def test_secure_coins_sample_clients_at_the_rate():
     sampler = ClientSampler(clients=1000, sample_rate=0.2, sampling="poisson", noise=NoiseSource(seed=0, secure=True))
     counts = [len(sampler.sample()) for _ in range(50)]
     assert np.mean(counts) == pytest.approx(200, abs=5 * np.sqrt(1000 * 0.2 * 0.8 / 50))
+
+
+def test_the_keystream_is_chacha20s_whatever_the_size_of_the_draw(monkeypatch):
+    """_random_bytes feeds one shared block of zeros to the cipher, again and again for a large draw:
+    the bytes must be the one keystream of a fresh key and nonce, as if encrypted in one piece."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    fixed = bytes(range(7, 55))
+    monkeypatch.setattr(secure_noise.os, "urandom", lambda n: fixed[:n])
+    for count in (7, len(secure_noise._ZEROS), 2 * len(secure_noise._ZEROS) + 5):
+        cipher = Cipher(algorithms.ChaCha20(fixed[:32], b"\0" * 4 + fixed[:12]), mode=None)
+        assert bytes(secure_noise._random_bytes(count)) == cipher.encryptor().update(bytes(count))
+
+
+def test_secure_normals_are_the_sums_of_the_box_muller_pairs_as_written(monkeypatch):
+    """The in-place arithmetic (NumPy's log, torch's sine and cosine in slices) gives, up to rounding,
+    the plain form: the cosines and sines interleaved, value k the sum of entries k + jL, j = 0..3, / 2."""
+    count, std = 40_001, 1.5  # several of torch's slices
+    stream = np.random.default_rng(1).uniform(2.0**-53, 1.0, size=8 * count)
+    monkeypatch.setattr(secure_noise, "_secure_uniform", lambda n: stream[:n].copy())
+    got = secure_normal((count,), std=std, dtype=torch.float64).numpy()
+    pairs = 4 * ((count + 1) // 2)
+    radius, angle = np.sqrt(-2.0 * np.log(stream[:pairs])), 2 * np.pi * stream[pairs:2 * pairs]
+    normals = np.stack([radius * np.cos(angle), radius * np.sin(angle)], axis=1).reshape(-1)
+    expected = normals.reshape(4, -1)[:, :count].sum(0) / 2 * std
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-13)
+    assert secure_normal((3, 2), std=std).dtype == torch.float32

@@ -17,6 +17,7 @@ is the same.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +51,8 @@ class _Prefetched(Generic[_T]):
     """``draw()`` returns ``make()``'s result and starts the next one on a worker thread, so that
     drawing secure randomness (a ChaCha20 block, Box–Muller in NumPy: both release the GIL)
     overlaps the step's forward and backward passes. Values are never reused: each is handed out
-    once, and nothing is drawn on the main thread's torch threads."""
+    once, and a draw never enters torch's thread pool (privpipe.privacy.secure_noise._SLICE). Used
+    only where a core is left for it (``_spare_core``)."""
 
     def __init__(self, make: Callable[[], _T], executor: ThreadPoolExecutor) -> None:
         self.make, self.executor = make, executor
@@ -60,6 +62,18 @@ class _Prefetched(Generic[_T]):
         value = self.next.result()
         self.next = self.executor.submit(self.make)
         return value
+
+
+def _spare_core() -> bool:
+    """Whether this process may run on more cores than torch's intra-op threads take, so that a worker
+    drawing secure noise a step ahead has a core of its own. Without one it only takes turns with the
+    step's threads (a 2-core host at 2 torch threads ran the MLP's steps ~2× slower than seeded), and
+    drawing inline, between steps, costs no more than the draw itself."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity outside Linux)
+        cores = os.cpu_count() or 1
+    return cores > torch.get_num_threads()
 
 
 class PoissonLots:
@@ -172,8 +186,10 @@ def _train_bookkeeping(model: nn.Module, features: np.ndarray, labels: np.ndarra
     taps = BookKeeping(model)  # refuses a model with layers it cannot clip, before any step
     params = taps.parameters
     optimizer = torch.optim.SGD(params, lr=learning_rate, momentum=momentum)
-    # secure draws are made one step ahead on a worker thread; seeded ones inline (they are cheap)
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsgd-noise") if secure_rng else None
+    # secure draws are made one step ahead on a worker thread where a core is left for it, else inline;
+    # seeded ones inline (they are cheap)
+    prefetch = secure_rng and _spare_core()
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsgd-noise") if prefetch else None
     # which records form each lot must be as secret as the noise: both follow run.seed, or both the OS
     lots = PoissonLots(len(x), schedule.sample_rate, secure=secure_rng, seed=seed, executor=executor)
     noise = GaussianNoise(noise_multiplier * max_grad_norm, [p.shape for p in params], secure=secure_rng,
