@@ -1,6 +1,7 @@
 """DP-SGD step time against a plain non-private torch loop, per model and engine, with peak memory.
 
-    .venv/bin/python bench/epoch_time.py [--repeats 3] [--threads 1 2]    # → bench/out/dpsgd/epoch_time.json
+    .venv/bin/python bench/epoch_time.py [--repeats 5] [--threads 1 2] [--hosts idle busy] [--engines bk bk+secure]
+                                         [--no-memory]    # → bench/out/dpsgd/epoch_time.json
 
 Models (MNIST): ``mlp`` (DP-PCA 60 → 1000 ReLU → 10, lot 600: the seed's), ``scatter-cnn``
 (ScatterNet features → GroupNorm → the small tanh CNN of Tramèr & Boneh 2021, lot 1024: the
@@ -11,7 +12,10 @@ Baseline: a plain loop over shuffled in-memory tensors, same lot size, SGD, no D
 
 Every repeat runs one epoch of every engine, interleaved (baseline, bk, …, baseline, bk, …), each
 after one warm-up epoch; the ratio is taken within a repeat and min/median/max reported over
-repeats. Peak memory: how far the process's peak RSS rises above its RSS with the data loaded, over one
+repeats. ``--hosts busy`` runs the same with a CPU burner (a Python ``while True: pass``) on
+one core of the host, started before and killed after, to see how the ratios hold when a core is
+taken (a 2-core host then has one free core); each host's 1-minute load average is recorded first.
+Peak memory: how far the process's peak RSS rises above its RSS with the data loaded, over one
 training run (two epochs), each engine in a fresh subprocess (Linux: the peak is reset first); with
 ``--lot 4096`` it also compares a whole lot in one pass to physical batches of 512 (``max_physical_batch``).
 """
@@ -19,8 +23,10 @@ training run (two epochs), each engine in a fresh subprocess (Linux: the peak is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -122,8 +128,52 @@ def one(args: argparse.Namespace) -> None:
     print((_status_kib("VmHWM") - base) / 1024)
 
 
+@contextlib.contextmanager
+def host(condition: str):
+    """``idle``: as it is; ``busy``: a burner spins on one core for the duration."""
+    if condition == "idle":
+        yield
+        return
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        burner.kill()
+        burner.wait()
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def time_model(model_name: str, threads: int, condition: str, args: argparse.Namespace) -> list[dict]:
+    """One model's rows: every engine's seconds per epoch and ratio to the plain loop, ``args.repeats`` times."""
+    lot = LOTS[model_name]
+    x, y = data_for(model_name, args.mnist)
+    seconds: dict[str, list[float]] = {e: [] for e in ("plain", *args.engines)}
+    for _ in range(args.repeats):
+        for engine in seconds:
+            seconds[engine].append(timed(engine, model_name, x, y, lot))
+    rows: list[dict] = []
+    label = f"{condition:4s}  threads {threads}  {model_name:12s}"
+    if "bk" in seconds and "bk+secure" in seconds:
+        secure = [s / b for s, b in zip(seconds["bk+secure"], seconds["bk"])]
+        rows.append({"host": condition, "threads": threads, "model": model_name, "lot": lot,
+                     "secure_vs_seeded_bk": summary(secure)})
+        print(f"{label} secure noise / seeded, bk: {min(secure):.2f} / {statistics.median(secure):.2f} / "
+              f"{max(secure):.2f}", flush=True)
+    for engine in args.engines:
+        ratios = [s / b for s, b in zip(seconds[engine], seconds["plain"])]
+        row = {"host": condition, "threads": threads, "model": model_name, "lot": lot, "engine": engine,
+               "seconds_per_epoch": summary(seconds[engine]), "plain_seconds": summary(seconds["plain"]),
+               "ratio": summary(ratios)}
+        rows.append(row)
+        r = row["ratio"]
+        print(f"{label} lot {lot:5d}  {engine:10s} {row['seconds_per_epoch']['median']:6.2f} s/epoch (plain "
+              f"{row['plain_seconds']['median']:.2f})  ratio {r['min']:.2f} / {r['median']:.2f} / {r['max']:.2f}",
+              flush=True)
+    return rows
 
 
 def main() -> None:
@@ -131,6 +181,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--models", nargs="+", default=list(LOTS), choices=list(LOTS))
+    parser.add_argument("--hosts", nargs="+", default=["idle"], choices=["idle", "busy"],
+                        help="busy: a CPU burner on one core while timing")
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory runs")
     parser.add_argument("--mnist", type=Path, default=ROOT / "../shared/data/mnist")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -142,35 +196,20 @@ def main() -> None:
     if args.one:
         torch.set_num_threads(args.threads[0])
         return one(args)
-    results: dict = {"records_per_epoch": RECORDS, "repeats": args.repeats, "rows": []}
-    for threads in args.threads:
-        torch.set_num_threads(threads)
-        for model_name in args.models:
-            lot = LOTS[model_name]
-            x, y = data_for(model_name, args.mnist)
-            seconds: dict[str, list[float]] = {e: [] for e in ("plain", *ENGINES)}
-            for _ in range(args.repeats):
-                for engine in seconds:
-                    seconds[engine].append(timed(engine, model_name, x, y, lot))
-            secure = [s / b for s, b in zip(seconds["bk+secure"], seconds["bk"])]
-            results["rows"].append({"threads": threads, "model": model_name, "lot": lot,
-                                    "secure_vs_seeded_bk": summary(secure)})
-            print(f"threads {threads}  {model_name:12s} secure noise / seeded, bk: {min(secure):.2f} / "
-                  f"{statistics.median(secure):.2f} / {max(secure):.2f}", flush=True)
-            for engine in ENGINES:
-                ratios = [s / b for s, b in zip(seconds[engine], seconds["plain"])]
-                row = {"threads": threads, "model": model_name, "lot": lot, "engine": engine,
-                       "seconds_per_epoch": summary(seconds[engine]), "plain_seconds": summary(seconds["plain"]),
-                       "ratio": summary(ratios)}
-                results["rows"].append(row)
-                r = row["ratio"]
-                print(f"threads {threads}  {model_name:12s} lot {lot:5d}  {engine:10s} "
-                      f"{row['seconds_per_epoch']['median']:6.2f} s/epoch (plain "
-                      f"{row['plain_seconds']['median']:.2f})  ratio {r['min']:.2f} / {r['median']:.2f} / "
-                      f"{r['max']:.2f}", flush=True)
+    results: dict = {"records_per_epoch": RECORDS, "repeats": args.repeats, "load_average_1min": {}, "rows": []}
+    for condition in args.hosts:
+        with host(condition):
+            load = os.getloadavg()[0]
+            results["load_average_1min"][condition] = load
+            print(f"host {condition} (CPU burner on one core: {'yes' if condition == 'busy' else 'no'}), "
+                  f"{os.cpu_count()} cores, 1-min load average {load:.2f} before its runs", flush=True)
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                for model_name in args.models:
+                    results["rows"] += time_model(model_name, threads, condition, args)
     threads = args.threads[0]
     memory = []
-    for model_name in args.models:
+    for model_name in args.models if args.memory else []:
         for engine, lot, physical in [("plain", LOTS[model_name], None), ("bk", LOTS[model_name], None),
                                       ("ghost", LOTS[model_name], None), ("plain", 4096, None), ("bk", 4096, None),
                                       ("bk", 4096, 512)]:
@@ -179,7 +218,8 @@ def main() -> None:
                            "peak_rss_growth_mib": mib})
             print(f"memory  {model_name:12s} {engine:6s} lot {lot:5d} physical {physical or '-':>5}  "
                   f"peak +{mib:.0f} MiB", flush=True)
-    results["memory"] = memory
+    if memory:
+        results["memory"] = memory
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "epoch_time.json").write_text(json.dumps(results, indent=2) + "\n")
 
