@@ -50,7 +50,7 @@ class _Record:
 
 
 # The cost model that picks a convolution's norm, in multiply-adds per example: an element copied into the
-# patches (a strided gather, ~3 ns on one core) and one gathered from the Gram matrix (~1 ns) weigh as
+# patches (a strided gather, ~3 ns on one core) and one gathered from the Gram matrices (~1 ns) weigh as
 # much as this many multiply-adds of a batched matrix product (~0.15 ns), as measured on a 2-core x86 host
 _COPY, _GATHER = 20.0, 8.0
 
@@ -61,7 +61,8 @@ class _Tap:
     def __init__(self, module: nn.Linear | nn.Conv2d) -> None:
         self.module = module
         self.record: _Record | None = None
-        self._pairs: tuple[tuple[int, ...], torch.device, torch.Tensor] | None = None  # the Gram gather, per shape
+        # the Gram matrices' gather, per shape: key, device, positions of each stride class, pairs
+        self._pairs: tuple[tuple[int, ...], torch.device, list[torch.Tensor], torch.Tensor] | None = None
         self._upper: tuple[tuple[int, torch.device, torch.dtype], torch.Tensor, torch.Tensor] | None = None
 
     def op(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -117,16 +118,18 @@ class _Tap:
         """How a Conv2d layer's per-example norms are computed, the cheaper of (per example, in
         multiply-adds; T output positions, C·K = a inputs per position, p outputs):
         ``gram``, the ghost norm ⟨AᵢAᵢᵀ, GᵢGᵢᵀ⟩ with AᵢAᵢᵀ gathered from the input's own Gram matrices
-        ((HW)²·C + T²·(K + p), no patches; the clipped sum is then the convolution's
+        (about (HW)²·C/(sh·sw) + T²·(K + p), no patches; the clipped sum is then the convolution's
         weight-gradient kernel, T·a·p) or ``per_example``, the gradients Gᵢᵀ Aᵢ from the patches (T·a
         copied, T·a·p; the clipped sum is then a weighted sum of them, a·p)."""
         m = self.module
         assert isinstance(m, nn.Conv2d)
         _, channels, height, width = input_shape
         outputs, positions = output_shape[1], output_shape[2] * output_shape[3]
-        kernel = m.kernel_size[0] * m.kernel_size[1]
+        (sh, sw), kernel = m.stride, m.kernel_size[0] * m.kernel_size[1]
         inputs = channels * kernel
-        gram = (height * width) ** 2 * channels + positions ** 2 * (_GATHER * kernel + outputs) \
+        class_grams = channels * sum(len(range(i, height, sh)) ** 2 for i in range(sh)) \
+            * sum(len(range(j, width, sw)) ** 2 for j in range(sw))
+        gram = class_grams + positions ** 2 * (_GATHER * kernel + outputs) \
             + positions * inputs * outputs
         per_example = positions * inputs * (_COPY + outputs) + inputs * outputs
         return "gram" if gram < per_example else "per_example"
@@ -147,27 +150,33 @@ class _Tap:
         return torch.linalg.vector_norm(r.per_example, dim=(1, 2)).square()
 
     def _patch_gram(self, x: torch.Tensor, output_shape: torch.Size) -> torch.Tensor:
-        """(B, T(T + 1)/2): ⟨patch t, patch s⟩ for t ≤ s of every example, from its input's Gram matrix over positions:
-        Σₖ X[pₜₖ]·X[pₛₖ] over the kernel's K offsets k, where pₜₖ is the input position offset k of output
-        position t reads (or a zero row where it reads the padding). Never forms the patches. (Only
-        positions in one class modulo the stride ever meet, but splitting the input into its classes
-        costs a strided copy as dear as the products it saves on the ScatterNet CNN's 7×7 maps.)"""
+        """(B, T(T + 1)/2): ⟨patch t, patch s⟩ for t ≤ s of every example, from its input's Gram matrices
+        over positions: Σₖ X[pₜₖ]·X[pₛₖ] over the kernel's K offsets k, where pₜₖ is the input position
+        offset k of output position t reads (or a zero where it reads the padding). Never forms the
+        patches. pₜₖ − pₛₖ is a multiple of the stride, so only positions in one class modulo the stride
+        (row and column) ever meet: one Gram matrix per class, ~1/(sh·sw) of the whole one's work."""
         m = self.module
         assert isinstance(m, nn.Conv2d)
         batch, channels, height, width = x.shape
         kernel = m.kernel_size[0] * m.kernel_size[1]
-        flat = x.reshape(batch, channels, height * width)
-        gram = F.pad(torch.bmm(flat.transpose(1, 2), flat), (0, 1, 0, 1))  # (B, HW + 1, HW + 1), last: zeros
-        pairs = self._gram_pairs(x.shape, output_shape, x.device)
-        # index_select, not gram[:, pairs]: advanced indexing is ~6× slower here
-        return gram.reshape(batch, -1).index_select(1, pairs).reshape(batch, -1, len(pairs) // kernel).sum(1)
+        classes, pairs = self._gram_pairs(x.shape, output_shape, x.device)
+        flat = x.reshape(batch * channels, height * width)
+        grams = []
+        for positions in classes:  # (one gather per class, to a contiguous block: strided slices cost more)
+            part = (flat if len(classes) == 1 else flat.index_select(1, positions)).reshape(batch, channels, -1)
+            grams.append(torch.bmm(part.transpose(1, 2), part).reshape(batch, -1))
+        grams.append(x.new_zeros(batch, 1))  # what a read of the padding finds
+        # index_select, not [:, pairs]: advanced indexing is ~6× slower here
+        return torch.cat(grams, 1).index_select(1, pairs).reshape(batch, kernel, -1).sum(1)
 
-    def _gram_pairs(self, input_shape: torch.Size, output_shape: torch.Size, device: torch.device) -> torch.Tensor:
-        """(K·T(T + 1)/2,): for kernel offset k and output positions t ≤ s, the flat index of (pₜₖ, pₛₖ)
-        in the zero-bordered Gram matrix; made once per shape."""
+    def _gram_pairs(self, input_shape: torch.Size, output_shape: torch.Size,
+                    device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The input positions of each class modulo the stride, and (K·T(T + 1)/2,): for kernel offset k
+        and output positions t ≤ s, the index of (pₜₖ, pₛₖ) among the classes' Gram matrices flattened
+        one after the other, or of the zero after them where either reads the padding. Once per shape."""
         key = (*input_shape[2:], *output_shape[2:])
         if self._pairs is not None and self._pairs[0] == key and self._pairs[1] == device:
-            return self._pairs[2]
+            return self._pairs[2], self._pairs[3]
         m = self.module
         assert isinstance(m, nn.Conv2d) and not isinstance(m.padding, str)
         height, width = input_shape[2], input_shape[3]
@@ -175,15 +184,24 @@ class _Tap:
         (sh, sw), (ph, pw), (dh, dw), (kh, kw) = m.stride, m.padding, m.dilation, m.kernel_size
         rows = (torch.arange(out_h)[:, None] * sh - ph + torch.arange(kh)[None, :] * dh)  # (H', kh)
         cols = (torch.arange(out_w)[:, None] * sw - pw + torch.arange(kw)[None, :] * dw)  # (W', kw)
-        r = rows[:, None, :, None].expand(out_h, out_w, kh, kw)
-        c = cols[None, :, None, :].expand(out_h, out_w, kh, kw)
+        r = rows[:, None, :, None].expand(out_h, out_w, kh, kw).reshape(-1, kh * kw).T  # (K, T)
+        c = cols[None, :, None, :].expand(out_h, out_w, kh, kw).reshape(-1, kh * kw).T
         inside = (r >= 0) & (r < height) & (c >= 0) & (c < width)
-        read = torch.where(inside, r * width + c, height * width).reshape(out_h * out_w, kh * kw).T  # (K, T)
-        side = height * width + 1
-        first, second = torch.triu_indices(len(read[0]), len(read[0]))
-        pairs = (read[:, first] * side + read[:, second]).reshape(-1).to(device)  # (K·T(T + 1)/2,)
-        self._pairs = (key, device, pairs)
-        return pairs
+        r, c = r.clamp(0, height - 1), c.clamp(0, width - 1)
+        class_rows = torch.tensor([len(range(i, height, sh)) for i in range(min(sh, height))])
+        class_cols = torch.tensor([len(range(j, width, sw)) for j in range(min(sw, width))])
+        sizes = (class_rows[:, None] * class_cols[None, :]).reshape(-1)  # positions per class
+        offsets = torch.cumsum(sizes.square(), 0) - sizes.square()
+        classes = [torch.tensor([y * width + z for y in range(i, height, sh) for z in range(j, width, sw)],
+                                device=device) for i in range(len(class_rows)) for j in range(len(class_cols))]
+        cls = (r % sh) * len(class_cols) + c % sw  # (K, T)
+        local = (r // sh) * class_cols[c % sw] + c // sw  # the position's index within its class
+        first, second = torch.triu_indices(r.shape[1], r.shape[1])
+        pairs = offsets[cls[:, first]] + local[:, first] * sizes[cls[:, first]] + local[:, second]
+        both = inside[:, first] & inside[:, second]  # (then both read one class: pₜₖ − pₛₖ = stride·(t − s))
+        pairs = torch.where(both, pairs, sizes.square().sum()).reshape(-1).to(device)  # (K·T(T + 1)/2,)
+        self._pairs = (key, device, classes, pairs)
+        return classes, pairs
 
     def _triangle(self, positions: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The flat indices of the pairs t ≤ s of a (T, T) matrix, in ``_gram_pairs``' order, and their
