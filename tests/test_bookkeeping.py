@@ -173,3 +173,25 @@ def test_the_cost_model_picks_the_gram_matrix_for_small_maps_and_gradients_for_l
 def test_convolutions_it_cannot_clip_are_refused(layer, match):
     with pytest.raises(UnsupportedLayer, match=match):
         BookKeeping(nn.Sequential(layer, nn.Flatten(), nn.Linear(4, 2)))
+
+
+def test_the_patch_gram_is_the_same_gathered_on_one_thread_or_several():
+    """_patch_gram gathers each stride class with index_select on one torch thread, gather on more."""
+    from privpipe.dpsgd.bookkeeping import _Tap
+
+    tap = _Tap(nn.Conv2d(5, 4, 3, stride=2, padding=1))
+    x = torch.randn(6, 5, 7, 8)
+    shape = tap.module(x).shape
+    threads = torch.get_num_threads()
+    try:
+        grams = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            grams.append(tap._patch_gram(x, shape))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(grams[0], grams[1])
+    patches = F.unfold(x, 3, padding=1, stride=2).transpose(1, 2)  # (B, T, a)
+    first, second = torch.triu_indices(shape[2] * shape[3], shape[2] * shape[3])
+    expected = torch.bmm(patches, patches.transpose(1, 2))[:, first, second]
+    assert torch.allclose(grams[0], expected, rtol=1e-5, atol=1e-5)
