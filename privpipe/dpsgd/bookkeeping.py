@@ -2,7 +2,8 @@
 
     taps = BookKeeping(model)                       # Linear and Conv2d layers, nothing else trainable
     loss_fn(model(x), y, reduction="sum").backward()  # fills taps, not p.grad
-    norms = taps.norms()                              # (B,) each example's gradient norm, all layers
+    squared = taps.squared_norms()                    # per layer and tensor, (B,): each example's ‖grad‖²
+    factors = clip_factors(squared, max_grad_norm=C, clipping="flat")
     taps.add_clipped(factors)                         # p.summed_grad += Σᵢ factorᵢ · gradᵢ
     taps.close()
 
