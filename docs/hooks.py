@@ -207,6 +207,11 @@ def _script_usage(script: str) -> tuple[str, list[str]]:
     return lines[0].rstrip("."), usage
 
 
+def _scratch(path: Path) -> bool:
+    """A bench script's working files (git-ignored: bench/out/federated/work/, …/cache/), not an output."""
+    return "work" in path.parts or "cache" in path.parts
+
+
 def benchmarks_reference() -> tuple[str, list[str]]:
     """The benchmarks page as Markdown, and what is wrong with the registry (unlisted or missing outputs)."""
     entries = yaml.safe_load(REGISTRY.read_text(encoding="utf-8"))
@@ -236,7 +241,7 @@ def benchmarks_reference() -> tuple[str, list[str]]:
         if data:
             parts += ["Data behind it: " + ", ".join(f"`{d}`" for d in data) + ".", ""]
     on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "bench/out").rglob("*")
-               if p.is_file() and p.suffix in (*RENDERED, ".json") and "work" not in p.parts and "cache" not in p.parts}
+               if p.is_file() and p.suffix in (*RENDERED, ".json") and not _scratch(p.relative_to(ROOT))}
     problems += [f"{path}: a benchmark output docs/benchmarks.yml does not list" for path in sorted(on_disk - listed)]
     return "\n".join(parts), problems
 

@@ -162,6 +162,17 @@ def test_the_benchmarks_page_lists_every_output_with_its_command():
     assert "bench/epoch_time.py" in text and "**`bench/out/removal/pixels.md`**" in text
 
 
+def test_the_benchmarks_page_reports_an_output_the_list_lacks_and_a_listed_one_that_is_missing(tmp_path: Path):
+    hooks = _hooks()
+    entries = yaml.safe_load(hooks.REGISTRY.read_text(encoding="utf-8"))
+    entries[0]["outputs"] = ["bench/out/operations/no-such-output.txt"]  # make_run.txt no longer listed
+    hooks.REGISTRY = tmp_path / "benchmarks.yml"
+    hooks.REGISTRY.write_text(yaml.safe_dump(entries), encoding="utf-8")
+    _, problems = hooks.benchmarks_reference()
+    assert problems == ["bench/out/operations/no-such-output.txt: listed in docs/benchmarks.yml but not there",
+                        "bench/out/operations/make_run.txt: a benchmark output docs/benchmarks.yml does not list"]
+
+
 def test_the_readme_is_short_and_quotes_make_run_as_saved():
     readme = (PROJECT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 250
