@@ -1,6 +1,7 @@
 """Orchestration overhead of the default run: its wall time over the stages' own seconds, in the same run.
 
-    .venv/bin/python bench/overhead.py        # ~5 min; goal: wall / stage seconds <= 1.25
+    .venv/bin/python bench/overhead.py          # ~7 min; goal: wall / stage seconds <= 1.25
+    .venv/bin/python bench/overhead.py --busy   # the same with a CPU burner on one core: overhead_busy.{json,txt}
 
 Fresh project folders, the embedded digits, the default params.yaml. Each `privpipe run` is a
 subprocess timed from start to exit (interpreter, imports, Prefect, MLflow, DVC all included);
@@ -22,6 +23,7 @@ orchestration. Prints a table and writes bench/out/operations/overhead.{json,txt
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -90,6 +92,20 @@ def phases(log: str, *, started: float, wall: float) -> dict[str, float]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--busy", action="store_true",
+                        help="keep one core busy (a spinning process) while timing; writes overhead_busy.*")
+    args = parser.parse_args()
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+    try:
+        _measure(busy=args.busy)
+    finally:
+        if burner is not None:
+            burner.kill()
+
+
+def _measure(*, busy: bool) -> None:
+    load = os.getloadavg()[0]
     privpipe = str(ROOT / ".venv/bin/privpipe")
     sys.path.insert(0, str(ROOT))
     from flows.env import configure
@@ -130,13 +146,18 @@ def main() -> None:
         lines.append(f"| {name} | {median['start_up_s']:.1f} | {median['prefect_server_s']:.1f} | "
                      f"{median['flow_s']:.1f} | {statistics.median(sum(r['stages_s'].values()) for r in runs):.1f} | "
                      f"{median['exit_s']:.1f} |")
-    text = "\n".join(lines)
+    command = ".venv/bin/python bench/overhead.py" + (" --busy" if busy else "")
+    host = (f"host: {'busy (a CPU burner on one core)' if busy else 'idle'}, {os.cpu_count()} cores, "
+            f"1-min load average {load:.2f} before the runs; `{command}`")
+    text = "\n".join([host, "", *lines])
     print(text)
     out = ROOT / "bench/out/operations"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "overhead.txt").write_text(text + "\n")
-    (out / "overhead.json").write_text(json.dumps({"rounds": rounds, "ratio": summary, "cores": os.cpu_count(),
-                                                   "date": time.strftime("%Y-%m-%d")}, indent=2) + "\n")
+    name = "overhead_busy" if busy else "overhead"
+    (out / f"{name}.txt").write_text(text + "\n")
+    (out / f"{name}.json").write_text(json.dumps({"rounds": rounds, "ratio": summary, "cores": os.cpu_count(),
+                                                  "busy": busy, "load_average_before": load,
+                                                  "date": time.strftime("%Y-%m-%d")}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
