@@ -57,4 +57,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/mnist_dpsgd.py --config all
 
 clean:
-	rm -rf artifacts data/prepared mlflow.db mlartifacts .prefect
+	rm -rf artifacts data/prepared mlflow.db mlartifacts .prefect .site
