@@ -39,7 +39,8 @@ class FederatedConfig:
     #: K: the sensitive set split into K clients (ignored when text.client_column names natural clients); server noise
     #: needs many: its noise per coordinate is z·S/(qK) (the federated tutorial: what K a target needs)
     clients: int = 500
-    client_column: str | None = None  # csv data: each value of this column is one client (K: how many there are)
+    #: csv data: a column naming each record's client (natural clients; K = how many there are)
+    client_column: str | None = None
     #: iid | dirichlet (label skew, alpha) | label_shards (labels_per_shard classes each)
     strategy: str = "iid"
     #: dirichlet: concentration of each client's label mix (smaller: more skew)

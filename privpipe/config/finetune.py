@@ -53,7 +53,7 @@ class FinetuneConfig:
     learning_rate: float = 0.1
     #: constant | linear_then_constant (Abadi et al.: decay over the first epochs) | cosine (to lr_end over the run)
     lr_schedule: str = "constant"
-    #: linear_then_constant: rate reached after lr_decay_epochs, then held; cosine: the last step's rate
+    #: linear_then_constant: rate reached after lr_decay_epochs, then held; cosine: the rate at the run's end
     # Abadi et al.'s schedule when lr_schedule is linear_then_constant: 0.1 → 0.052 over 10 epochs
     lr_end: float = 0.052
     #: linear_then_constant: epochs over which the rate falls from learning_rate to lr_end

@@ -34,28 +34,39 @@ TARGET_SOURCES = ("default", "usps", "svhn", "mnist_m")
 
 @dataclass(frozen=True)
 class PrepareConfig:
-    #: digits (ships with scikit-learn) | mnist (IDX files)
+    #: the kind of data: digits (ships with scikit-learn) | mnist (IDX files) | csv (a CSV or Parquet table) |
+    #: imagefolder (class sub-folders of PNG/JPEG) | cifar10 (python batches) | svhn (.mat files)
     dataset: str = "digits"  # ships with scikit-learn: the default run needs no download
-    #: digits: CSV exported on first run; mnist: folder of the 4 IDX .gz files
+    #: the data: digits: the CSV exported on first run; mnist: the folder of the 4 IDX .gz files; csv: the table;
+    #: imagefolder: the folder of class sub-folders; cifar10: cifar-10-batches-py; svhn: the folder of the .mat files
     path: str = "data/raw/digits.csv"
-    #: 20newsgroups only: let scikit-learn download it into text.path (or its data home) if it is not there
+    #: mnist, cifar10: let torchvision download the files into prepare.path if they are not there (never by default)
     download: bool = False  # the pipeline is offline unless asked
-    id_column: str = "id"  # csv: each record's id, what a deletion request names
-    label_column: str = "label"  # csv
-    feature_columns: tuple[str, ...] | None = None  # csv: null = every column but the id, label and client
-    schema: DataSchema | None = None  # csv (required) and images (optional): what is public about the data
-    image_size: int | None = None  # images: resize every image to this side (null: as stored, all one size)
-    channels: int | None = None  # images: 1 (grey) or 3 (colour); null: the kind's own (mnist, digits 1; others 3)
-    test_path: str | None = None  # a labeled test set of the same kind, instead of a test share
-    public_path: str | None = None  # an unlabeled public pool of the same kind, instead of a public share
-    #: digits only: held-out share (a keyed per-record draw: a record keeps its set in every data version); MNIST keeps
-    #: its own test set
+    #: csv: the column holding each record's id, what a deletion request names
+    id_column: str = "id"
+    #: csv: the column holding each record's label (words or integers)
+    label_column: str = "label"
+    #: csv: the feature columns; null = every column but the id, label and client
+    feature_columns: tuple[str, ...] | None = None
+    #: csv (required) and images (optional): what is public about the data (labels; each column's bounds, scale or
+    #: categories), never computed from the rows
+    schema: DataSchema | None = None
+    #: images: resize every image to this side (null: as stored, all one size)
+    image_size: int | None = None
+    #: images: 1 (grey) or 3 (colour); null: the kind's own (mnist, digits 1; others 3)
+    channels: int | None = None
+    #: a labeled test set of the same kind, instead of a test share
+    test_path: str | None = None
+    #: an unlabeled public pool of the same kind, instead of a public share
+    public_path: str | None = None
+    #: kinds without their own test set (digits, csv, imagefolder): the held-out share (a keyed per-record draw: a
+    #: record keeps its set in every data version); mnist, cifar10 and svhn keep their own test set
     test_fraction: float = 0.2
-    #: digits only: share kept as the public pool (the student's queries, unlabeled)
+    #: kinds without their own test set: the share kept as the public pool (the student's queries, unlabeled)
     public_fraction: float = 0.1
-    #: digits only: share held out to derive the target domain (see target_domain)
+    #: kinds without their own test set: the share held out to derive the target domain (see target_domain)
     target_fraction: float = 0.15
-    #: mnist only: the first N test images are the public pool, the rest the test set (as in PATE)
+    #: mnist, cifar10, svhn: the first N test images are the public pool, the rest the test set (as in PATE)
     public_queries: int = 9000  # as in PATE: MNIST's first 9,000 test images are the public pool
     #: make a related-domain set for the student: digits → a fixed transform of held-out digits; mnist → UCI digits at
     #: 28×28

@@ -58,14 +58,13 @@ class TextConfig:
     #: federated (DP-FedAvg over clients: the federated section) | dpsgd (texts held in one place: central DP-SGD on
     #: the frozen encoder's embeddings, record-level; the finetune section's lot_size, epochs, learning_rate,
     #: max_grad_norm, noise_multiplier/target_epsilon)
-    training: str = "federated"  # federated (the federated section: clients, rounds) | dpsgd (central DP-SGD on the
+    training: str = "federated"
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
     RANGES: ClassVar[dict[str, Range]] = {
         "test_fraction": fraction(), "input_scale": above(0, MAX_SCALE), "max_length": at_least(1, 10**6),
         "embed_batch_size": at_least(1, MAX_BATCH), "lora_rank": at_least(1, 10**5), "lora_alpha": above(0, MAX_SCALE),
     }
-    # frozen encoder's embeddings, with the finetune section's DP-SGD knobs: for texts held in one place)
 
 
 def check(text: TextConfig) -> None:
