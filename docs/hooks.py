@@ -28,10 +28,26 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 log = logging.getLogger("mkdocs.plugins.privpipe")
-MARKER = re.compile(r"^<!-- generated: ([a-z]+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!--\s*generated:\s*(.*?)\s*-->\s*$", re.MULTILINE)
+#: the pages that must hold a marker, and its name
+GENERATED_PAGES = {"reference/params.md": "params", "reference/cli.md": "cli", "benchmarks.md": "benchmarks"}
+
+
+def _this_checkout(module: str) -> Any:
+    """Import ``module`` from this checkout, not from whatever the environment has installed (MkDocs puts
+    sys.path back after loading a hook, and an editable install may point at another checkout)."""
+    import importlib
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    loaded = importlib.import_module(module)
+    where = Path(loaded.__file__ or "").resolve()
+    if ROOT not in where.parents:
+        raise RuntimeError(f"{module} was imported from {where}, not from this checkout ({ROOT}): run mkdocs from "
+                           f"an environment whose privpipe is this checkout (pip install -e .)")
+    return loaded
 
 
 # --- params: the config dataclasses --------------------------------------------------------------------------------
@@ -61,7 +77,7 @@ def _field_comments(cls: type) -> dict[str, str]:
                   if n in comments and not lines[n - 1].strip().startswith("#")]
         says = " ".join(c[1:] for c in above if c.startswith("\0"))
         why = " ".join(c.lstrip("\0") for c in above + inline if not c.startswith("\0"))
-        out[statement.target.id] = f"{says} — {why}" if says and why else says or why
+        out[statement.target.id] = f"{says} — {why}" if says and why else says  # no `#:` line: undocumented
     return out
 
 
@@ -81,7 +97,9 @@ def _yaml_value(value: Any) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text for a Markdown table cell: no pipes or line breaks, and no <…> the browser would take for a tag."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return escaped.replace("|", "\\|").replace("\n", " ")
 
 
 def _section_rows(cls: type, prefix: str, missing: list[str]) -> list[str]:
@@ -104,7 +122,7 @@ def _section_rows(cls: type, prefix: str, missing: list[str]) -> list[str]:
 
 def params_reference() -> tuple[str, list[str]]:
     """The params reference as Markdown, and the keys that have no comment in their dataclass."""
-    from privpipe.config.params import Params
+    Params = _this_checkout("privpipe.config.params").Params
 
     missing: list[str] = []
     parts: list[str] = []
@@ -144,10 +162,12 @@ def _option_rows(parser: Any) -> list[str]:
             notes.append("one of " + ", ".join(f"`{c}`" for c in action.choices))
         if action.required and action.option_strings:
             notes.append("required")
-        said = "default" in (action.help or "") and str(action.default) in (action.help or "")
-        if action.default not in (None, False, argparse.SUPPRESS) and action.option_strings and not said:
+        help_text = action.help or ""
+        said = f"default: {action.default}" in help_text or f"{action.default} (default)" in help_text
+        shown = action.default is not None and action.default is not False and action.default is not argparse.SUPPRESS
+        if shown and action.option_strings and not said:
             notes.append(f"default `{action.default}`")
-        help_text = (action.help or "") + (f" ({'; '.join(notes)})" if notes else "")
+        help_text += f" ({'; '.join(notes)})" if notes else ""
         rows.append(f"| `{_cell(str(name))}` | {_cell(help_text)} |")
     return rows
 
@@ -166,7 +186,7 @@ def _command_page(prefix: str, parser: Any, summary: str, level: int) -> list[st
 
 def cli_reference() -> str:
     """Every ``privpipe`` command and option as Markdown, from the parser itself."""
-    from flows.cli.app import build_parser
+    build_parser = _this_checkout("flows.cli.app").build_parser
 
     columns = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"  # argparse wraps usage at the terminal's width: a fixed one, a stable page
@@ -187,6 +207,7 @@ def cli_reference() -> str:
 
 REGISTRY = ROOT / "docs/benchmarks.yml"
 RENDERED = (".md", ".txt", ".log")  # outputs a reader reads; .json and .png are the data behind them
+DATA = (".json", ".png")
 
 
 def _demoted(markdown: str) -> str:
@@ -241,7 +262,7 @@ def benchmarks_reference() -> tuple[str, list[str]]:
         if data:
             parts += ["Data behind it: " + ", ".join(f"`{d}`" for d in data) + ".", ""]
     on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "bench/out").rglob("*")
-               if p.is_file() and p.suffix in (*RENDERED, ".json") and not _scratch(p.relative_to(ROOT))}
+               if p.is_file() and p.suffix in (*RENDERED, *DATA) and not _scratch(p.relative_to(ROOT))}
     problems += [f"{path}: a benchmark output docs/benchmarks.yml does not list" for path in sorted(on_disk - listed)]
     return "\n".join(parts), problems
 
@@ -266,4 +287,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         log.warning(f"{page.file.src_path}: unknown generated section {name!r}")
         return match.group(0)
 
+    expected = GENERATED_PAGES.get(page.file.src_path)
+    if expected is not None and expected not in MARKER.findall(markdown):
+        log.warning(f"{page.file.src_path}: has no <!-- generated: {expected} --> line, so it would be built empty")
     return MARKER.sub(generated, markdown)

@@ -58,16 +58,22 @@ class Command:
     prints: list[str] = dataclasses.field(default_factory=list)
 
 
+SHELL = ("|", "||", "&&", ";", ">", ">>", "<", "&", "\\")  # what a bare argv cannot run
+
+
 def runnable_commands() -> list[Command]:
     """Each line of each runnable block, its comment dropped, in reading order."""
     commands: list[Command] = []
     for page in documented_pages():
         for block in RUNNABLE.findall(page.read_text(encoding="utf-8")):
+            in_block: list[Command] = []
             for line in block.splitlines():
-                if line.startswith("# ") and commands:
-                    commands[-1].prints.append(line[2:].strip())
+                if line.startswith("# "):
+                    assert in_block, f"{page.name}: a runnable block starts with an output line: {line!r}"
+                    in_block[-1].prints.append(line[2:].strip())
                 elif argv := shlex.split(line, comments=True):
-                    commands.append(Command(str(page.relative_to(PROJECT)), argv))
+                    in_block.append(Command(str(page.relative_to(PROJECT)), argv))
+            commands += in_block
     return commands
 
 
@@ -77,6 +83,7 @@ def test_the_docs_mark_commands_runnable_and_only_ones_this_test_can_run():
     assert {"README.md", "docs/tutorials/own-data.md", "docs/tutorials/deletion-requests.md"} <= pages
     for command in commands:
         assert command.argv[0] in (".venv/bin/privpipe", ".venv/bin/python"), f"{command.page}: {command.argv}"
+        assert not set(command.argv) & set(SHELL) and not command.argv[-1].endswith("\\"), command.argv
     assert any(command.prints for command in commands)
 
 
@@ -109,6 +116,7 @@ def test_every_runnable_command_in_the_readme_and_the_docs_works_as_written(
     for command in runnable_commands():
         argv, where = command.argv, f"{command.page}: `{shlex.join(command.argv)}`"
         if tuple(argv) in done and _repeats_itself(argv):
+            assert not command.prints, f"{where}: a repeat that is skipped cannot check what it prints"
             continue
         done.add(tuple(argv))
         if argv[0] == ".venv/bin/privpipe":
@@ -179,3 +187,10 @@ def test_the_readme_is_short_and_quotes_make_run_as_saved():
     saved = (PROJECT / "bench/out/operations/make_run.txt").read_text(encoding="utf-8").strip()
     assert saved in readme
     assert readme.startswith("# privpipe\n\n```sh\nmake run ")
+
+
+def test_each_generated_page_holds_its_marker():
+    """A page that lost its marker would be built empty; the build warns (and --strict fails) on it too."""
+    hooks = _hooks()
+    for page, name in hooks.GENERATED_PAGES.items():
+        assert hooks.MARKER.findall((PROJECT / "docs" / page).read_text(encoding="utf-8")) == [name]
