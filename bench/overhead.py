@@ -102,6 +102,7 @@ def main() -> None:
     finally:
         if burner is not None:
             burner.kill()
+            burner.wait()
 
 
 def _measure(*, busy: bool) -> None:

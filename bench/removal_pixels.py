@@ -90,6 +90,7 @@ def main() -> None:
     finally:
         if burner is not None:
             burner.kill()
+            burner.wait()
 
 
 def _measure(args: argparse.Namespace) -> None:
