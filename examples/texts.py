@@ -1,13 +1,14 @@
 """Write a small labeled text corpus in the layout `privpipe federated` reads, for the federated tutorial
 (docs/tutorials/federated.md):
 
-    .venv/bin/python examples/texts.py        # writes data/raw/texts.jsonl (6,000 lines)
-    .venv/bin/privpipe federated              # DP-FedAvg text classification on it (params.yaml's text section)
+    .venv/bin/python examples/texts.py                                   # writes data/raw/texts.jsonl (2,000 lines)
+    .venv/bin/privpipe federated --params examples/params-texts.yaml     # DP-FedAvg over its 100 users
 
-One JSON object a line: ``{"text": ..., "label": ..., "split": "train"|"test"}``: short messages on four
-topics, made from templates with a seeded generator (synthetic: nothing is downloaded, and no person wrote
-them). Your own file needs only the text and label keys (text.text_column, text.label_column); a split key is
-optional, and a client key (text.client_column) makes each of its values one federated client.
+One JSON object a line: ``{"text": ..., "label": ..., "split": "train"|"test", "user": "user-007"}``: short
+messages on four topics from 100 users, made from templates with a seeded generator (synthetic: nothing is
+downloaded, and no person wrote them). Your own file needs only the text and label keys (text.text_column,
+text.label_column); a split key is optional, and a client key (text.client_column, here ``user``) makes each of
+its values one federated client.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ TOPICS: dict[str, tuple[list[str], list[str]]] = {  # label: (sentence templates
 }
 
 
-def write_texts(path: Path, *, records: int = 6000, test_fraction: float = 0.2, seed: int = 0) -> int:
-    """``records`` lines at ``path`` (topics in turn, the last ``test_fraction`` of them the test split)."""
+def write_texts(path: Path, *, records: int = 2000, users: int = 100, test_fraction: float = 0.2,
+                seed: int = 0) -> int:
+    """``records`` lines at ``path``: topics in turn, each run of four lines (one per topic) from one user, the
+    last ``test_fraction`` of them the test split."""
     rng = random.Random(seed)
     labels = sorted(TOPICS)
     n_test = round(records * test_fraction)
@@ -47,14 +50,15 @@ def write_texts(path: Path, *, records: int = 6000, test_fraction: float = 0.2, 
             templates, words = TOPICS[label]
             text = rng.choice(templates).format(rng.choice(words))
             split = "test" if i >= records - n_test else "train"
-            out.write(json.dumps({"text": text, "label": label, "split": split}) + "\n")
+            user = f"user-{(i // len(labels)) % users:03d}"
+            out.write(json.dumps({"text": text, "label": label, "split": split, "user": user}) + "\n")
     return records
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("data/raw/texts.jsonl"), help="where to write the corpus")
-    parser.add_argument("--records", type=int, default=6000, help="how many lines")
+    parser.add_argument("--records", type=int, default=2000, help="how many lines")
     args = parser.parse_args()
     print(f"{args.out}: {write_texts(args.out, records=args.records)} texts on {len(TOPICS)} topics")
 
