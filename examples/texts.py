@@ -2,10 +2,10 @@
 (docs/tutorials/federated.md):
 
     .venv/bin/python examples/texts.py                                   # writes data/raw/texts.jsonl (2,000 lines)
-    .venv/bin/privpipe federated --params examples/params-texts.yaml     # DP-FedAvg over its 100 users
+    .venv/bin/privpipe federated --params examples/params-texts.yaml     # DP-FedAvg over its 50 users
 
 One JSON object a line: ``{"text": ..., "label": ..., "split": "train"|"test", "user": "user-007"}``: short
-messages on four topics from 100 users, made from templates with a seeded generator (synthetic: nothing is
+messages on four topics from 50 users, made from templates with a seeded generator (synthetic: nothing is
 downloaded, and no person wrote them). Your own file needs only the text and label keys (text.text_column,
 text.label_column); a split key is optional, and a client key (text.client_column, here ``user``) makes each of
 its values one federated client.
@@ -36,7 +36,7 @@ TOPICS: dict[str, tuple[list[str], list[str]]] = {  # label: (sentence templates
 }
 
 
-def write_texts(path: Path, *, records: int = 2000, users: int = 100, test_fraction: float = 0.2,
+def write_texts(path: Path, *, records: int = 2000, users: int = 50, test_fraction: float = 0.2,
                 seed: int = 0) -> int:
     """``records`` lines at ``path``: topics in turn, each run of four lines (one per topic) from one user, the
     last ``test_fraction`` of them the test split."""
