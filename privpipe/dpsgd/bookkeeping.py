@@ -92,18 +92,22 @@ class _Tap:
         """Per parameter tensor, each example's squared gradient norm, (B,)."""
         r = self._record()
         m = self.module
-        g = r.output_grads
         # (B, p): each example's bias gradient, needed for the bias and, on vectors, for the weight
-        if isinstance(m, nn.Conv2d):
-            bias_grads = g.reshape(*g.shape[:2], -1).sum(2) if m.bias is not None else None
-        else:
-            bias_grads = g[:, 0] if g.shape[1] == 1 else g.sum(1) if m.bias is not None else None
+        on_vectors = isinstance(m, nn.Linear) and r.output_grads.shape[1] == 1
+        bias_grads = self._bias_grads(r) if m.bias is not None or on_vectors else None
         bias = torch.linalg.vector_norm(bias_grads, dim=1).square() if bias_grads is not None else None
         norms = {"weight": self._conv_norms(r) if isinstance(m, nn.Conv2d) else self._linear_norms(r, bias)}
         if bias is not None and m.bias is not None:
             norms["bias"] = bias
             r.bias_grads = bias_grads
         return norms
+
+    def _bias_grads(self, r: _Record) -> torch.Tensor:
+        """(B, p): each example's output gradient summed over the layer's positions."""
+        g = r.output_grads
+        if isinstance(self.module, nn.Conv2d):
+            return g.reshape(*g.shape[:2], -1).sum(2)
+        return g[:, 0] if g.shape[1] == 1 else g.sum(1)
 
     def _linear_norms(self, r: _Record, bias: torch.Tensor | None) -> torch.Tensor:
         a, g = r.activations, r.output_grads
@@ -241,10 +245,8 @@ class _Tap:
             weight = g.reshape(-1, g.shape[-1]).T @ a.reshape(-1, a.shape[-1])
         _accumulate(m.weight, weight.reshape(m.weight.shape))
         if m.bias is not None:
-            bias_grads = r.bias_grads
-            if bias_grads is None:  # (squared_norms keeps them; a caller that skipped it gets them here)
-                g = r.output_grads
-                bias_grads = g.reshape(*g.shape[:2], -1).sum(2) if isinstance(m, nn.Conv2d) else g.sum(1)
+            # (squared_norms keeps them; a caller that skipped it gets them here)
+            bias_grads = r.bias_grads if r.bias_grads is not None else self._bias_grads(r)
             _accumulate(m.bias, factors["bias"] @ bias_grads)
         self.record = None
 
