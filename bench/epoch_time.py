@@ -23,7 +23,6 @@ training run (two epochs), each engine in a fresh subprocess (Linux: the peak is
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -41,6 +40,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.busy import host  # noqa: E402
 from privpipe.data import load_mnist  # noqa: E402
 from privpipe.dp_pca import dp_pca, unit_rows  # noqa: E402
 from privpipe.dpsgd import train_dpsgd  # noqa: E402
@@ -126,21 +126,6 @@ def one(args: argparse.Namespace) -> None:
     base = _status_kib("VmRSS")
     timed(args.one, args.model, x, y, args.lot, max_physical_batch=args.physical)
     print((_status_kib("VmHWM") - base) / 1024)
-
-
-@contextlib.contextmanager
-def host(condition: str):
-    """``idle``: as it is; ``busy``: a burner spins on one core for the duration."""
-    if condition == "idle":
-        yield
-        return
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.5)
-        yield
-    finally:
-        burner.kill()
-        burner.wait()
 
 
 def summary(values: list[float]) -> dict[str, float]:

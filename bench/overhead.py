@@ -96,19 +96,16 @@ def main() -> None:
     parser.add_argument("--busy", action="store_true",
                         help="keep one core busy (a spinning process) while timing; writes overhead_busy.*")
     args = parser.parse_args()
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
-    try:
+    sys.path.insert(0, str(ROOT))
+    from bench.busy import host
+
+    with host("busy" if args.busy else "idle"):
         _measure(busy=args.busy)
-    finally:
-        if burner is not None:
-            burner.kill()
-            burner.wait()
 
 
 def _measure(*, busy: bool) -> None:
     load = os.getloadavg()[0]
     privpipe = str(ROOT / ".venv/bin/privpipe")
-    sys.path.insert(0, str(ROOT))
     from flows.env import configure
 
     configure()

@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from threadpoolctl import threadpool_limits
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.busy import host  # noqa: E402
 from privpipe.data import load_mnist  # noqa: E402
 from privpipe.privacy import NoiseSource  # noqa: E402
 from privpipe.removal import RemovableHead, RemovalGuarantee  # noqa: E402
@@ -84,13 +84,8 @@ def main() -> None:
     parser.add_argument("--out", default="")
     parser.add_argument("--busy", action="store_true", help="keep one core busy (a spinning process) while timing")
     args = parser.parse_args()
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
-    try:
+    with host("busy" if args.busy else "idle"):
         _measure(args)
-    finally:
-        if burner is not None:
-            burner.kill()
-            burner.wait()
 
 
 def _measure(args: argparse.Namespace) -> None:
