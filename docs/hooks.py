@@ -56,11 +56,11 @@ def _field_comments(cls: type) -> dict[str, str]:
     """Each field's comment: the ``#`` lines right above it and the one at the end of its line."""
     path = Path(sys.modules[cls.__module__].__file__ or "")
     source = path.read_text(encoding="utf-8")
-    comments: dict[int, str] = {}  # line → text; a `#:` comment says what the field sets, a `#` one why
+    # line → (is it a `#:` comment, saying what the field sets, not a `#` one saying why; its text)
+    comments: dict[int, tuple[bool, str]] = {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
-            says = "\0" if token.string.startswith("#:") else ""
-            comments[token.start[0]] = says + token.string.lstrip("#:").strip()
+            comments[token.start[0]] = (token.string.startswith("#:"), token.string.lstrip("#:").strip())
     lines = source.splitlines()
     node = next(n for n in ast.walk(ast.parse(source))
                 if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
@@ -68,15 +68,15 @@ def _field_comments(cls: type) -> dict[str, str]:
     for statement in node.body:
         if not (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)):
             continue
-        above: list[str] = []
+        above: list[tuple[bool, str]] = []
         line = statement.lineno - 1
         while line >= 1 and lines[line - 1].strip().startswith("#"):
             above.insert(0, comments[line])
             line -= 1
         inline = [comments[n] for n in range(statement.lineno, (statement.end_lineno or statement.lineno) + 1)
                   if n in comments and not lines[n - 1].strip().startswith("#")]
-        says = " ".join(c[1:] for c in above if c.startswith("\0"))
-        why = " ".join(c.lstrip("\0") for c in above + inline if not c.startswith("\0"))
+        says = " ".join(text for doc, text in above if doc)
+        why = " ".join(text for doc, text in above + inline if not doc)
         out[statement.target.id] = f"{says} — {why}" if says and why else says  # no `#:` line: undocumented
     return out
 
