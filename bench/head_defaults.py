@@ -254,7 +254,7 @@ def count_removals(head: RemovableHead, *, seed: int) -> dict[str, Any]:
     order = np.random.default_rng(np.random.SeedSequence([ORDER_STREAM, seed])).permutation(np.flatnonzero(
         head.active))
     head._retrain = _refuse_retrain  # this head only
-    removals, stopped_by, kinds = 0, "cap", {"gram": 0, "rows": 0}
+    removals, stopped_by, kinds = 0, "cap", {"spectral": 0, "gram": 0, "rows": 0}
     try:
         for row in order[:cap]:
             try:

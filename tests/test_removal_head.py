@@ -200,7 +200,7 @@ def test_residual_never_exceeds_the_certified_bound(k: int, refresh_every: int) 
     assert head.gradient_residual() == pytest.approx(head.used_total, rel=1e-9, abs=1e-15)
 
     step = head.remove([0], noise=noise(1))
-    assert step.mechanism == "newton" and step.certificate in ("gram", "rows")
+    assert step.mechanism == "newton" and step.certificate in ("spectral", "gram", "rows")
     assert step.used == pytest.approx(head.used_total, rel=1e-12)
     assert head.gradient_residual() > 1e-8  # a genuine (non-trivial) residual is being bounded
     assert_certified(head)
@@ -311,27 +311,56 @@ def test_the_bound_depends_on_the_rows_removed_not_the_path(k: int) -> None:
     assert_certified(batch)
 
 
+def _budget_sigma(bound: float) -> float:
+    """The σ whose removal budget σε/c is ``bound`` (ε 1, δ 1e-4)."""
+    return bound / RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0).gradient_budget
+
+
 @pytest.mark.parametrize("k", [2, 3])
-def test_gram_certificate_is_above_the_per_row_one(k: int) -> None:
-    """The O(d²) Gram bound ‖v‖√(vᵀG_R v) is never below the per-row ‖q ⊙ q‖ it stands in for; when it
-    would pass the budget the per-row bound is used, and both certificates are exercised."""
+def test_the_certificates_are_ordered_and_the_cheapest_that_fits_is_used(k: int) -> None:
+    """spectral (O(d)) ≥ Gram (O(d²)) ≥ per-row (O(n d)), each above the reference's bound. An update
+    certifies with the spectral bound while that stays below the move point (half the room the reference
+    had), with Gram past it, and with the per-row one only when Gram would pass the budget; all three occur."""
     probe = make_head(k)
     for r in range(12):
-        probe.remove([r], noise=noise(1))
+        step = probe.remove([r], noise=noise(1))
         bounds = probe.certificates()
-        assert np.all(bounds["gram"] >= bounds["rows"]) and np.all(bounds["rows"] > probe.ref_used)
-        np.testing.assert_allclose(probe.used, bounds["gram"], rtol=1e-9)  # what the update certified
+        assert np.all(bounds["spectral"] >= bounds["gram"]) and np.all(bounds["gram"] >= bounds["rows"])
+        assert np.all(bounds["rows"] > probe.ref_used)
+        # what the update certified: that certificate, with its own (never smaller) bound on ‖H_R v − Δ_R‖
+        certified = float(np.linalg.norm(bounds[step.certificate]))
+        assert certified <= probe.used_total <= certified * (1 + 1e-6)
     batch = make_head(k)
     batch.remove(list(range(12)), noise=noise(1))  # one update from the reference for all twelve
-    bounds = batch.certificates()
-    cheap, tight = (float(np.linalg.norm(b)) for b in (bounds["gram"], bounds["rows"]))
-    # a budget between the two certificates: the per-row one is what certifies the batch, the Gram one a single row
-    sigma = 0.5 * (cheap + tight) / RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0).gradient_budget
-    head = make_head(k, sigma=sigma)
-    assert head.remove([0], noise=noise(1)).certificate == "gram"
-    head = make_head(k, sigma=sigma)
+    spectral, gram, rows = (float(np.linalg.norm(b)) for b in batch.certificates().values())
+    assert spectral > gram > rows
+    # a budget whose move point (half of it) lies between Gram and spectral: Gram certifies the batch
+    head = make_head(k, sigma=_budget_sigma(2 * 0.5 * (spectral + gram)))
+    assert head.remove(list(range(12)), noise=noise(1)).certificate == "gram"
+    # a budget between per-row and Gram: the per-row one certifies the batch
+    head = make_head(k, sigma=_budget_sigma(0.5 * (gram + rows)))
     assert head.remove(list(range(12)), noise=noise(1)).certificate == "rows"
     assert_certified(head)
+    # a budget twice the spectral bound: spectral certifies it, and the head is due to move
+    head = make_head(k, sigma=_budget_sigma(4 * spectral))
+    assert head.remove(list(range(12)), noise=noise(1)).certificate == "spectral"
+    assert_certified(head)
+
+
+def test_the_woodbury_bound_on_the_linear_term_covers_the_exact_one() -> None:
+    """A removal's bound on ‖H_R v − Δ_R‖ (from the computed H₀⁻¹ rows and how far H₀ Ĥ is from I, no H₀ v)
+    is at least the exact one, and the inverse's error term is at rounding level."""
+    head = make_head(3, n=300, d=10)
+    for r in (4, 9, 30, 31):
+        head.remove([r], noise=noise(1))
+    ref = head._reference()
+    assert np.all(ref.inverse_error > 0) and np.all(ref.inverse_error < 1e-10)
+    columns = ref.columns
+    assert columns is not None
+    V, linear = head._woodbury(ref, ref.removed_X, ref.removed_curvature, columns)
+    exact = np.linalg.norm(ref.delta - head._apply_hessian(ref, ref.removed_X, ref.removed_curvature, V), axis=1)
+    assert np.all(linear >= exact)
+    assert np.all(linear <= exact + 1e-8)
 
 
 @pytest.mark.parametrize("k", [2, 3])
@@ -376,16 +405,23 @@ def test_bound_is_nearly_tight_in_one_dimension(refresh_every: int) -> None:
 
 
 def test_bound_is_within_the_papers_data_dependent_bound() -> None:
-    """On the first removal after training each class's bound is at most the linear-solve error plus the
-    paper's γ‖X‖₂‖v‖‖Xv‖ (Guo et al. Cor. 1 form): the per-row form with γ/2 is at least 2× below it."""
+    """On the first removal after training each class's Gram and per-row bounds are at most the linear-solve
+    error plus half the paper's γ‖X‖₂‖v‖‖Xv‖ (Guo et al. Cor. 1 form; the remainder's integral gives γ/2),
+    and the spectral one, γ/2 ‖X‖₂² ‖v‖² (no product with X), at most ‖X‖₂‖v‖/(2‖Xv‖) times the paper's."""
     head = make_head(3)
     spectral = np.linalg.norm(head.X[head.active], 2)
     old = head.W.copy()
     head.remove([11], noise=noise(1))
     v = head.W - old
     X_rest = head.X[head.active]
-    papers = np.array([GAMMA * spectral * np.linalg.norm(v[c]) * np.linalg.norm(X_rest @ v[c]) for c in range(3)])
-    assert np.all(head.used <= 0.5 * papers * (1 + 1e-6) + 1e-10)
+    moved = np.linalg.norm(X_rest @ v.T, axis=0)
+    papers = GAMMA * spectral * np.linalg.norm(v, axis=1) * moved
+    bounds = head.certificates()
+    for name in ("gram", "rows"):
+        assert np.all(bounds[name] <= 0.5 * papers * (1 + 1e-6) + 1e-10)
+    ratio = spectral * np.linalg.norm(v, axis=1) / (2 * moved)
+    assert np.all(bounds["spectral"] <= ratio * papers * (1 + 1e-6) + 1e-10)
+    assert np.all(head.used <= bounds["spectral"] * (1 + 1e-6))
 
 
 # -- head.py: retrain on exhaustion -----------------------------------------------------------
@@ -630,3 +666,23 @@ def test_removing_every_remaining_row_is_refused_and_changes_nothing():
     snapshot, _ = head.state()
     head.remove([0], noise=noise(2))
     assert snapshot["active"][0]  # state() is a copy, not a view a later removal changes
+
+
+def test_the_inverse_error_bounds_the_actual_one_computed_in_extended_precision() -> None:
+    """ρ from ``_inverse_error`` covers ‖H z − x‖/‖x‖ for z = Ĥ x as the head computes it (x_jᵀ Ĥ), evaluated
+    in 80-bit long double, on a well and a badly conditioned H (cond 1e1 and 1e9), and is not vacuous."""
+    rng = np.random.default_rng(3)
+    d = 40
+    Q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    for top in (1e1, 1e9):
+        H = (Q * np.logspace(0, np.log10(top), d)) @ Q.T
+        H = 0.5 * (H + H.T)
+        inverse = np.linalg.inv(H)
+        inverse = 0.5 * (inverse + inverse.T)
+        rho = head_module._inverse_error(H[None], inverse[None])[0]
+        X = rng.normal(size=(200, d))
+        Z = X @ inverse  # as the head computes its columns
+        actual = np.linalg.norm(H.astype(np.longdouble) @ Z.T.astype(np.longdouble) - X.T.astype(np.longdouble),
+                                axis=0) / np.linalg.norm(X, axis=1)
+        assert actual.max() <= rho
+        assert rho < 1e-10 * top  # within a few orders of cond·u: usable, not a blanket
