@@ -198,6 +198,7 @@ def test_residual_never_exceeds_the_certified_bound(k: int, refresh_every: int) 
     head = make_head(k, refresh_every=refresh_every)
     assert head.used_total < 1e-9  # the optimiser leaves rounding-level gradient
     assert head.gradient_residual() == pytest.approx(head.used_total, rel=1e-9, abs=1e-15)
+    assert head._ref is not None  # the reference was built with the training, not by the first removal
 
     step = head.remove([0], noise=noise(1))
     assert step.mechanism == "newton" and step.certificate in ("spectral", "gram", "rows")
