@@ -27,9 +27,11 @@ all sound, the cheapest tried first (‖x_i‖ ≤ 1 bounds |q_i| by ‖v‖, so
 - *Gram*, O(d²) per class: ‖q‖₂ = √(vᵀ G_R v), with G_R = Σ_{D₀∖R} x xᵀ kept from the reference;
 - *rows*, one O(n d) product: q itself. Used only when the Gram bound would pass the budget.
 
-A single removal reads H₀⁻¹ once (one O(d²) product, x_jᵀ H₀⁻¹) and nothing else of size d²: the
-update is solved by Woodbury from those rows, and ‖H_R v − Δ_R‖ is bounded without forming H₀ v, from
-how far the computed inverse is from H₀'s (measured when the reference is built; see ``_woodbury``).
+While the spectral certificate fits, a single removal reads H₀⁻¹ once per class (one O(d²) product,
+x_jᵀ H₀⁻¹) and nothing else of size d² (Gram adds one product with G₀): the update is solved by
+Woodbury from those rows, and ‖H_R v − Δ_R‖ is bounded without forming H₀ v, from how far the computed
+inverse is from H₀'s (measured when the reference is built; see ``_woodbury``). Every bound carries an
+allowance for float64 rounding (``_rounding_allowance``; ``gradient_rounding`` for β₀ after a retrain).
 
 Removals may spend the budget σε/c (Theorem 3); when a batch would pass it, the head is
 retrained from scratch on what remains with a fresh b, which becomes the new reference with
@@ -55,11 +57,10 @@ from scipy.special import expit
 
 from privpipe.privacy import NoiseSource
 from privpipe.removal.guarantee import RemovalGuarantee
-from privpipe.removal.logistic import GAMMA, fit_perturbed, gradient
+from privpipe.removal.logistic import GAMMA, fit_perturbed, gamma, gradient, gradient_rounding
 
 __all__ = ["RemovableHead", "RemovalStep"]
 
-_UNIT_ROUNDOFF = 2.0 ** -53  # float64
 _SOLVE_TOLERANCE = 1e-10  # relative to ‖Δ‖; what is left, ‖H_R v − Δ‖, is added to the bound anyway
 _SOLVE_STEPS = 25  # preconditioned iterations before a direct solve of H_R
 _ROUNDING = 1e-9  # relative slack on the float64 norms and quadratic forms the bound is made of
@@ -95,6 +96,7 @@ class _Reference:
     inverse_error: np.ndarray  # (K,): ρ with ‖H₀ z − x‖ ≤ ρ ‖x‖ for z = H₀⁻¹x as computed, rounding included
     gram: np.ndarray  # (d, d): Σ_{D₀} x xᵀ
     spectral: float  # ‖X_{D₀}‖₂ (only falls as rows go)
+    rows: int  # |D₀|
     removed: np.ndarray  # row indices removed since the reference, in order
     removed_X: np.ndarray  # (|R|, d): their features
     removed_curvature: np.ndarray  # (K, |R|): ℓ'' at w₀ on them
@@ -149,8 +151,15 @@ class RemovableHead:
                    refresh_every=refresh_every)
         head._retrain(noise)
         head.retrains = 0
-        head._reference()  # built now, with the training, so the first removal costs what the others do
         return head
+
+    def prepare(self) -> RemovableHead:
+        """Build the reference the removals start from (H₀, G₀, H₀⁻¹: O(n d²)) now rather than at the
+        first removal, so that the first costs what the others do: for a head kept in memory to answer
+        removals as they come. (A head that is trained, saved and loaded again, as the pipeline's is,
+        builds it at its first removal after loading either way.)"""
+        self._reference()
+        return self
 
     @property
     def budget(self) -> float:
@@ -254,14 +263,13 @@ class RemovableHead:
         else:
             steps, error = self._solve(ref, Xr, curv, delta)
             linear = np.linalg.norm(error, axis=1)
+        linear = linear + self._rounding_allowance(ref, Xr, curv, steps)
         start = float(np.linalg.norm(self.ref_used))
         move_point = start + _MOVE_SHARE * (self.budget - start)
         # the cheapest certificate that fits: spectral while it stays below the move point, then Gram, then rows
         certificate, used = "spectral", self._bound(ref, linear, self._spectral_spread(ref, steps))
-        if np.linalg.norm(used) > move_point:
-            gram = self._bound(ref, linear, self._gram_spread(ref, Xr, steps, steps @ ref.gram))
-            if np.linalg.norm(gram) < np.linalg.norm(used):
-                certificate, used = "gram", gram
+        if np.linalg.norm(used) > move_point:  # Gram is never above spectral: √(vᵀG_R v) ≤ ‖X₀‖₂‖v‖
+            certificate, used = "gram", self._bound(ref, linear, self._gram_spread(ref, Xr, steps, steps @ ref.gram))
         if np.linalg.norm(used) > self.budget:
             remaining = self.active.copy()
             remaining[new] = False
@@ -320,7 +328,8 @@ class RemovableHead:
 
             H_R v − Δ_R = X_Rᵀ s + Σ_j a_j e_j,   s = a − g − C X_R v,
 
-        and ‖H_R v − Δ_R‖ ≤ ‖X_Rᵀ s‖ + ρ Σ_j |a_j| ‖x_j‖ (s is |R| numbers: no H₀ v, no O(d²) product)."""
+        and ‖H_R v − Δ_R‖ ≤ ‖X_Rᵀ s‖ + ρ Σ_j |a_j| ‖x_j‖ (s is |R| numbers: no H₀ v, no O(d²) product).
+        The rounding of s's a-part is added here, the rest by the caller (``_rounding_allowance``)."""
         Z, XZ, g = (columns[k] for k in ("Z", "XZ", "slopes"))
         root = np.sqrt(curv)  # (K, k)
         system = np.eye(XZ.shape[1])[None] - root[:, :, None] * XZ * root[:, None, :]
@@ -330,10 +339,8 @@ class RemovableHead:
         XV = V @ Xr.T  # (K, k): X_R v, from the rows themselves
         s = a - g - curv * XV
         row_norms = np.linalg.norm(Xr, axis=1)
-        # float64 rounding of s (terms of size |a|, |g| and ℓ''·|x_jᵀv|), far inside the 1e-9 slack
-        slack = _ROUNDING * (np.abs(a) + np.abs(g) + curv * np.abs(XV)) @ row_norms
-        linear = np.linalg.norm(s @ Xr, axis=1) + ref.inverse_error * (np.abs(a) @ row_norms) + slack
-        return V, linear
+        a_part = (ref.inverse_error + gamma(len(Xr) + Xr.shape[1])) * (np.abs(a) @ row_norms)
+        return V, np.linalg.norm(s @ Xr, axis=1) + a_part
 
     @staticmethod
     def _apply_hessian(ref: _Reference, Xr: np.ndarray, curv: np.ndarray, V: np.ndarray) -> np.ndarray:
@@ -361,6 +368,21 @@ class RemovableHead:
         V = np.linalg.solve(exact, delta[:, :, None])[:, :, 0]
         return V, delta - self._apply_hessian(ref, Xr, curv, V)
 
+    def _rounding_allowance(self, ref: _Reference, Xr: np.ndarray, curv: np.ndarray, V: np.ndarray) -> np.ndarray:
+        """(K,): what float64 rounding can hide from ‖H_R v − Δ_R‖ as evaluated, for the weights as stored.
+
+        Each product or sum of m terms is off by at most γ_m times the sum of its terms' magnitudes, and
+        with ‖x‖ ≤ 1, |ℓ′| ≤ 1 and ℓ″ ≤ 1/4 those sums are at most: |R| for Δ_R and X_Rᵀs's g-part,
+        Σ_j ℓ″_j ‖x_j‖² ‖v‖ for X_Rᵀ C X_R v, (n₀/4 + Λ)(‖w₀‖ + 2‖v‖) for H₀ as formed, applied to v, and
+        for w₀ + v rounded into W, and n₀ (‖w₀‖ + 1) ‖v‖ for ℓ″ at w₀ off by its margin's rounding
+        (|ℓ‴| ≤ 1/4) and its few ulps. Doubled for what this bookkeeping leaves out; 5e-8 after 100 removals on MNIST
+        pixels, where the budget is 2.28."""
+        n0, d = ref.rows, Xr.shape[1]
+        step, start = np.linalg.norm(V, axis=1), np.linalg.norm(self.ref_W, axis=1)
+        magnitude = (len(Xr) + curv @ (Xr * Xr).sum(axis=1) * step + (n0 / 4 + self.reg) * (start + 2 * step)
+                     + n0 * (start + 1.0) * step)
+        return 2.0 * gamma(n0 + d + len(Xr) + 8) * magnitude
+
     @staticmethod
     def _spectral_spread(ref: _Reference, V: np.ndarray) -> np.ndarray:
         """(K,): ‖v‖² ‖X₀‖₂ ≥ ‖v‖ ‖X_{D₀∖R} v‖ ≥ ‖q ⊙ q‖, in O(d)."""
@@ -385,7 +407,8 @@ class RemovableHead:
     # -- (re)training and the reference ----------------------------------------
     def _retrain(self, noise: NoiseSource) -> None:
         """Fit every class model from scratch on the remaining rows with a fresh b; the optimum is the
-        new reference, with the (rounding-level) gradient the optimiser left as β₀."""
+        new reference, with the (rounding-level) gradient the optimiser left as β₀, plus what the
+        gradient's float64 evaluation can hide."""
         rows = self.active
         X = self.X[rows]
         self.B = noise.normal(self.W.shape, std=self.guarantee.sigma)
@@ -394,17 +417,20 @@ class RemovableHead:
             self.W[c], H = fit_perturbed(X, self.signs(c)[rows], reg=self.reg, b=self.B[c])
             hessians.append(H)
         used = np.array([np.linalg.norm(gradient(self.W[c], X, self.signs(c)[rows], reg=self.reg, b=self.B[c]))
+                         + gradient_rounding(self.W[c], X, self.signs(c)[rows], reg=self.reg, b=self.B[c])
                          for c in range(len(self.W))])
         self.retrains += 1
         self._set_reference(used, np.stack(hessians))
 
     def certificates(self) -> dict[str, np.ndarray]:
         """The current weights' per-class bound by each certificate, ``spectral`` (O(d)), ``gram`` (O(d²),
-        never above it) and ``rows`` (O(n d), never above that), from the current reference, with the exact
-        ‖H_R v − Δ_R‖: for tests, benchmarks and reference moves."""
+        never above it) and ``rows`` (O(n d), never above that), from the current reference, with
+        ‖H_R v − Δ_R‖ evaluated in float64 on the stored H₀ (plus the rounding allowance), not the bound an
+        update certified: for tests, benchmarks and reference moves."""
         ref = self._reference()
         V = self.W - self.ref_W
         linear = np.linalg.norm(ref.delta - self._apply_hessian(ref, ref.removed_X, ref.removed_curvature, V), axis=1)
+        linear = linear + self._rounding_allowance(ref, ref.removed_X, ref.removed_curvature, V)
         return {"spectral": self._bound(ref, linear, self._spectral_spread(ref, V)),
                 "gram": self._bound(ref, linear, self._gram_spread(ref, ref.removed_X, V, V @ ref.gram)),
                 "rows": self._bound(ref, linear, self._row_spread(self.active, V))}
@@ -416,7 +442,8 @@ class RemovableHead:
 
     def _set_reference(self, used: np.ndarray, hessians: np.ndarray | None = None) -> None:
         """Make the current weights and rows the reference, certified at ``used`` (its matrices are
-        built when the next removal needs them: a removal run that ends in a retrain never does)."""
+        built when the next removal needs them, or by ``prepare``: a removal run that ends in a retrain
+        never builds them)."""
         self.ref_W, self.ref_active, self.ref_used = self.W.copy(), self.active.copy(), used.copy()
         self.used = used.copy()
         self._ref, self._pending_hessians, self._move_due = None, hessians, False
@@ -453,6 +480,7 @@ class RemovableHead:
         inverse = 0.5 * (inverse + inverse.transpose(0, 2, 1))  # exactly symmetric: x_jᵀ Ĥ is then Ĥ x_j
         return _Reference(curvature=curv, hessian=hessians, inverse=inverse,
                           inverse_error=_inverse_error(hessians, inverse), gram=gram, spectral=spectral,
+                          rows=int(rows.sum()),
                           removed=np.zeros(0, dtype=np.int64), removed_X=np.zeros((0, d)),
                           removed_curvature=np.zeros((k, 0)), delta=np.zeros((k, d)))
 
@@ -499,10 +527,6 @@ def _inverse_error(hessians: np.ndarray, inverses: np.ndarray) -> np.ndarray:
     (Higham, Accuracy and Stability, §3.1), which ‖H‖_F ‖Ĥ‖_F bounds after H is applied. Frobenius norms
     make this loose, but in float64 it is 2e-10 on MNIST pixels (d = 785): nothing next to the budget."""
     d = hessians.shape[-1]
-
-    def gamma(m: int) -> float:
-        return m * _UNIT_ROUNDOFF / (1.0 - m * _UNIT_ROUNDOFF)
-
     product = np.matmul(hessians, inverses)
     product[:, np.arange(d), np.arange(d)] -= 1.0
     scale = np.linalg.norm(hessians, axis=(1, 2)) * np.linalg.norm(inverses, axis=(1, 2))
