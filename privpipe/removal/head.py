@@ -57,7 +57,7 @@ from scipy.special import expit
 
 from privpipe.privacy import NoiseSource
 from privpipe.removal.guarantee import RemovalGuarantee
-from privpipe.removal.logistic import GAMMA, fit_perturbed, gamma, gradient, gradient_rounding
+from privpipe.removal.logistic import GAMMA, fit_perturbed, gradient, gradient_rounding, rounding_factor
 
 __all__ = ["RemovableHead", "RemovalStep"]
 
@@ -339,7 +339,7 @@ class RemovableHead:
         XV = V @ Xr.T  # (K, k): X_R v, from the rows themselves
         s = a - g - curv * XV
         row_norms = np.linalg.norm(Xr, axis=1)
-        a_part = (ref.inverse_error + gamma(len(Xr) + Xr.shape[1])) * (np.abs(a) @ row_norms)
+        a_part = (ref.inverse_error + rounding_factor(len(Xr) + Xr.shape[1])) * (np.abs(a) @ row_norms)
         return V, np.linalg.norm(s @ Xr, axis=1) + a_part
 
     @staticmethod
@@ -381,7 +381,7 @@ class RemovableHead:
         step, start = np.linalg.norm(V, axis=1), np.linalg.norm(self.ref_W, axis=1)
         magnitude = (len(Xr) + curv @ (Xr * Xr).sum(axis=1) * step + (n0 / 4 + self.reg) * (start + 2 * step)
                      + n0 * (start + 1.0) * step)
-        return 2.0 * gamma(n0 + d + len(Xr) + 8) * magnitude
+        return 2.0 * rounding_factor(n0 + d + len(Xr) + 8) * magnitude
 
     @staticmethod
     def _spectral_spread(ref: _Reference, V: np.ndarray) -> np.ndarray:
@@ -530,9 +530,10 @@ def _inverse_error(hessians: np.ndarray, inverses: np.ndarray) -> np.ndarray:
     product = np.matmul(hessians, inverses)
     product[:, np.arange(d), np.arange(d)] -= 1.0
     scale = np.linalg.norm(hessians, axis=(1, 2)) * np.linalg.norm(inverses, axis=(1, 2))
-    measured = np.linalg.norm(product, axis=(1, 2)) + gamma(d) * scale
+    measured = np.linalg.norm(product, axis=(1, 2)) + rounding_factor(d) * scale
     # H (Ĥ x) against (H Ĥ) x: the product's rounding, then the combination Σ a_j z_j's
-    return (measured + (gamma(d) + gamma(_WOODBURY_ROWS)) * scale * (1.0 + measured)) * (1.0 + _ROUNDING)
+    combined = (rounding_factor(d) + rounding_factor(_WOODBURY_ROWS)) * scale * (1.0 + measured)
+    return (measured + combined) * (1.0 + _ROUNDING)
 
 
 def _batched(matrices: np.ndarray, vectors: np.ndarray) -> np.ndarray:

@@ -21,7 +21,8 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.special import expit, log_expit
 
-__all__ = ["GAMMA", "objective", "gradient", "gradient_rounding", "gamma", "curvature", "hessian", "fit_perturbed"]
+__all__ = ["GAMMA", "objective", "gradient", "gradient_rounding", "rounding_factor", "curvature", "hessian",
+           "fit_perturbed"]
 
 #: Lipschitz constant of ℓ''(z) = σ(z)σ(−z), i.e. max |ℓ'''| (reached at σ(z) = (3 − √3)/6).
 #: Guo et al. use the looser 1/4; both are sound.
@@ -40,7 +41,7 @@ def gradient(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, reg: float, b: np.n
     return X.T @ (-y * expit(-margins)) + reg * w + b
 
 
-def gamma(m: int) -> float:
+def rounding_factor(m: int) -> float:
     """γ_m = m u / (1 − m u), u = 2⁻⁵³: a float64 sum or dot product of m terms is off by at most γ_m times
     the sum of the terms' magnitudes, in any order (Higham, Accuracy and Stability, §3.1)."""
     unit = 2.0 ** -53
@@ -55,7 +56,7 @@ def gradient_rounding(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, reg: float
     slopes = expit(-(y * (X @ w)))  # |ℓ′|
     magnitude = (float(np.linalg.norm(np.abs(X).T @ slopes)) + (n / 4 + reg) * float(np.linalg.norm(w))
                  + float(np.linalg.norm(b)) + n)
-    return 2.0 * gamma(n + d + 8) * magnitude
+    return 2.0 * rounding_factor(n + d + 8) * magnitude
 
 
 def curvature(w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
