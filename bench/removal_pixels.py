@@ -124,6 +124,7 @@ def _measure(args: argparse.Namespace) -> None:
         steps = []
         hundred = timed(lambda: steps.extend(run_head.remove([int(r)], noise=noise) for r in order))
     retrain_median = statistics.median(retrains)
+    run_ref = run_head._reference()
     figures = {
         "setting": {"busy": args.busy, "digits": [3, 8], "n": len(y), "d": X.shape[1], "lam": LAM, "sigma": SIGMA,
                     "epsilon": EPSILON,
@@ -135,7 +136,7 @@ def _measure(args: argparse.Namespace) -> None:
         "training_s": training, "prepare_s": preparing, "certificates": sorted({s.certificate for s in steps if s}),
         "inverse_error": float(head._reference().inverse_error[0]),
         "rounding_allowance_after_100": float(run_head._rounding_allowance(
-            run_head._reference(), run_head._reference().removed_X, run_head._reference().removed_curvature,
+            run_ref, np.linalg.norm(run_ref.removed_X, axis=1), run_ref.removed_curvature,
             run_head.W - run_head.ref_W)[0]),
         "ratio_retrain_over_removal": {"median": retrain_median / statistics.median(removals),
                                        "min": min(retrains) / max(removals), "max": max(retrains) / min(removals)},

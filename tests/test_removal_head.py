@@ -387,9 +387,10 @@ def test_the_woodbury_bound_on_the_linear_term_covers_the_exact_one() -> None:
     assert np.all(ref.inverse_error > 0) and np.all(ref.inverse_error < 1e-10)
     columns = ref.columns
     assert columns is not None
-    V, linear = head._woodbury(ref, ref.removed_X, ref.removed_curvature, columns)
+    row_norms = np.linalg.norm(ref.removed_X, axis=1)
+    V, linear = head._woodbury(ref, ref.removed_X, row_norms, ref.removed_curvature, columns)
     np.testing.assert_allclose(V, head.W - head.ref_W, rtol=1e-12, atol=1e-15)
-    certified = linear + head._rounding_allowance(ref, ref.removed_X, ref.removed_curvature, V)
+    certified = linear + head._rounding_allowance(ref, row_norms, ref.removed_curvature, V)
     exact = _long_double_linear(head)
     assert np.all(certified >= exact)
     assert np.all(certified <= 1e-9 * np.linalg.norm(ref.delta, axis=1))

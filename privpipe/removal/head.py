@@ -258,12 +258,13 @@ class RemovableHead:
         slopes = self._loss_slopes(new)
         delta = ref.delta + slopes @ self.X[new]
         columns = self._woodbury_columns(ref, new, slopes)
+        row_norms = np.linalg.norm(Xr, axis=1)  # ‖x_j‖, for the Woodbury bound and the rounding allowance
         if columns is not None:
-            steps, linear = self._woodbury(ref, Xr, curv, columns)
+            steps, linear = self._woodbury(ref, Xr, row_norms, curv, columns)
         else:
             steps, error = self._solve(ref, Xr, curv, delta)
             linear = np.linalg.norm(error, axis=1)
-        linear = linear + self._rounding_allowance(ref, Xr, curv, steps)
+        linear = linear + self._rounding_allowance(ref, row_norms, curv, steps)
         start = float(np.linalg.norm(self.ref_used))
         move_point = start + _MOVE_SHARE * (self.budget - start)
         # the cheapest certificate that fits: spectral while it stays below the move point, then Gram, then rows
@@ -317,7 +318,7 @@ class RemovableHead:
         return _column_views(b, top)
 
     @staticmethod
-    def _woodbury(ref: _Reference, Xr: np.ndarray, curv: np.ndarray,
+    def _woodbury(ref: _Reference, Xr: np.ndarray, row_norms: np.ndarray, curv: np.ndarray,
                   columns: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """v = H_R⁻¹ Δ_R per class, and a bound on ‖H_R v − Δ_R‖, in O(|R| d) from the kept columns.
 
@@ -338,7 +339,6 @@ class RemovableHead:
         V = np.matmul(a[:, None, :], Z)[:, 0]
         XV = V @ Xr.T  # (K, k): X_R v, from the rows themselves
         s = a - g - curv * XV
-        row_norms = np.linalg.norm(Xr, axis=1)
         a_part = (ref.inverse_error + rounding_factor(len(Xr) + Xr.shape[1])) * (np.abs(a) @ row_norms)
         return V, np.linalg.norm(s @ Xr, axis=1) + a_part
 
@@ -368,7 +368,8 @@ class RemovableHead:
         V = np.linalg.solve(exact, delta[:, :, None])[:, :, 0]
         return V, delta - self._apply_hessian(ref, Xr, curv, V)
 
-    def _rounding_allowance(self, ref: _Reference, Xr: np.ndarray, curv: np.ndarray, V: np.ndarray) -> np.ndarray:
+    def _rounding_allowance(self, ref: _Reference, row_norms: np.ndarray, curv: np.ndarray,
+                            V: np.ndarray) -> np.ndarray:
         """(K,): what float64 rounding can hide from ‖H_R v − Δ_R‖ as evaluated, for the weights as stored.
 
         Each product or sum of m terms is off by at most γ_m times the sum of its terms' magnitudes, and
@@ -377,11 +378,11 @@ class RemovableHead:
         for w₀ + v rounded into W, and n₀ (‖w₀‖ + 1) ‖v‖ for ℓ″ at w₀ off by its margin's rounding
         (|ℓ‴| ≤ 1/4) and its few ulps. Doubled for what this bookkeeping leaves out; 5e-8 after 100 removals on MNIST
         pixels, where the budget is 2.28."""
-        n0, d = ref.rows, Xr.shape[1]
+        n0, d, removed = ref.rows, V.shape[1], len(row_norms)
         step, start = np.linalg.norm(V, axis=1), np.linalg.norm(self.ref_W, axis=1)
-        magnitude = (len(Xr) + curv @ (Xr * Xr).sum(axis=1) * step + (n0 / 4 + self.reg) * (start + 2 * step)
+        magnitude = (removed + curv @ row_norms ** 2 * step + (n0 / 4 + self.reg) * (start + 2 * step)
                      + n0 * (start + 1.0) * step)
-        return 2.0 * rounding_factor(n0 + d + len(Xr) + 8) * magnitude
+        return 2.0 * rounding_factor(n0 + d + removed + 8) * magnitude
 
     @staticmethod
     def _spectral_spread(ref: _Reference, V: np.ndarray) -> np.ndarray:
@@ -430,7 +431,7 @@ class RemovableHead:
         ref = self._reference()
         V = self.W - self.ref_W
         linear = np.linalg.norm(ref.delta - self._apply_hessian(ref, ref.removed_X, ref.removed_curvature, V), axis=1)
-        linear = linear + self._rounding_allowance(ref, ref.removed_X, ref.removed_curvature, V)
+        linear = linear + self._rounding_allowance(ref, np.linalg.norm(ref.removed_X, axis=1), ref.removed_curvature, V)
         return {"spectral": self._bound(ref, linear, self._spectral_spread(ref, V)),
                 "gram": self._bound(ref, linear, self._gram_spread(ref, ref.removed_X, V, V @ ref.gram)),
                 "rows": self._bound(ref, linear, self._row_spread(self.active, V))}
