@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-__all__ = ["git_commit", "data_version", "combined_version", "file_md5", "pointer_md5", "dvc", "MD5_PATTERN"]
+__all__ = ["git_commit", "data_version", "combined_version", "file_md5", "pointer_md5", "dvc", "MD5_PATTERN",
+           "dvc_storage", "restrict_dvc_storage"]
 
 MD5_PATTERN = re.compile(r"[0-9a-f]{32}")  # a file's md5 in a DVC pointer (a folder's ends in .dir)
 
@@ -64,10 +67,61 @@ def data_version(paths: list[Path]) -> str:
     return combined_version(hashes)
 
 
-def dvc(*args: str) -> None:
-    """Run the project's dvc (beside this interpreter) in the project folder."""
+#: the child's first step, before it becomes dvc: ask the kernel to kill it when its parent dies (Linux's
+#: PR_SET_PDEATHSIG), so that a killed removal run leaves no ``dvc add`` running on; a parent already gone
+#: before the request took effect ends it too. Done in the child, not by preexec_fn (unsafe beside threads).
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(137)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def _dvc_program() -> str:
     program = Path(sys.executable).with_name("dvc")
-    result = subprocess.run([str(program) if program.exists() else "dvc", *args], capture_output=True, text=True,
-                            env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    return str(program) if program.exists() else shutil.which("dvc") or "dvc"
+
+
+def dvc(*args: str) -> None:
+    """Run the project's dvc (beside this interpreter) in the project folder, as a child that dies with this
+    process; then keep DVC's storage its owner's alone (:func:`restrict_dvc_storage`)."""
+    command = [_dvc_program(), *args]
+    if sys.platform.startswith("linux"):
+        command = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    restrict_dvc_storage()
     if result.returncode != 0:
         raise RuntimeError(f"dvc {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}")
+
+
+def dvc_storage() -> list[Path]:
+    """The project's DVC cache and the remotes that are folders on this machine (.dvc/config, config.local)."""
+    import configparser  # deferred: only where a dvc command ran
+
+    found = [Path(".dvc/cache")]
+    for config in (Path(".dvc/config"), Path(".dvc/config.local")):
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read_string(config.read_text() if config.is_file() else "")
+        except (configparser.Error, OSError):
+            continue
+        for section in parser.sections():
+            url = parser[section].get("url", "").strip() if section.strip("'").startswith("remote") else ""
+            if url and (url.startswith("file://") or "://" not in url):
+                found.append(Path(".dvc") / url.removeprefix("file://"))
+    return found
+
+
+def restrict_dvc_storage() -> None:
+    """Make every folder of DVC's cache and of a folder remote its owner's alone (0700). DVC writes its copies
+    0444 in 0755 folders, readable by every user of the machine, while privpipe keeps the files they copy (a
+    raw table, a lifetime ledger) 0600; the copies themselves keep DVC's mode, unreachable below a 0700 folder."""
+    for root in dvc_storage():
+        if not root.is_dir():
+            continue
+        for folder in [root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]:
+            with contextlib.suppress(OSError):  # a folder of another owner (a shared remote): left as it is
+                if folder.stat().st_mode & 0o077:
+                    folder.chmod(0o700)

@@ -16,6 +16,7 @@ lists and dicts the format holds, so a crafted file cannot run code.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,8 +35,18 @@ _MODES = {1: "L", 3: "RGB"}
 
 
 def image_files(folder: Path) -> list[Path]:
-    """The PNG and JPEG files under ``folder`` (any depth), in a stable order."""
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    """The PNG and JPEG files under ``folder`` (any depth), in a stable order. A symbolic link under it (an
+    image or a folder) is refused (DataError): an erasure deletes the record's own file, and through a link
+    it would delete only the link, the image staying where it leads (``folder`` itself may be a link)."""
+    files = []
+    for path in Path(folder).rglob("*"):
+        if path.is_symlink():
+            raise DataError(f"{path}: a symbolic link (to {os.readlink(path)}) in an image folder; privpipe reads "
+                            "only the folder's own files, so that erasing a record deletes its image: copy the "
+                            "image (or folder) in instead")
+        if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
+            files.append(path)
+    return sorted(files)
 
 
 def _read_image(path: Path, *, channels: int, size: int | None) -> np.ndarray:
@@ -90,6 +101,9 @@ def load_image_folder(root: Path, *, channels: int, size: int | None, classes: S
         if stray:
             raise DataError(f"{root}/{stray[0]}: a class folder that prepare.schema.labels does not list "
                             f"({', '.join(names)})")
+        linked = [root / name for name in folders if (root / name).is_symlink()]
+        if linked:
+            image_files(root)  # refuses it, naming the link
         files = [f for name in folders for f in image_files(root / name)]
         labels = np.array([names.index(f.relative_to(root).parts[0]) for f in files], dtype=np.int64)
     else:
