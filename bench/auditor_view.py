@@ -60,7 +60,7 @@ def mlflow_view(folder: Path) -> list[dict]:
 
 
 def metrics_files(folder: Path) -> dict[str, list[str]]:
-    return {f.name: sorted(json.loads(f.read_text())) for f in sorted((folder / "metrics").glob("*.json"))}
+    return {f.name: sorted(json.loads(f.read_text())) for f in sorted((folder / "metrics/digits").glob("*.json"))}
 
 
 def search(folder: Path, needles: dict[str, str]) -> dict[str, list[str]]:
@@ -111,23 +111,23 @@ def main() -> None:
                      "terminal": [line for line in ran.stdout.splitlines() if line.startswith(("test", "privacy"))]}
 
     # 3. an erasure: two of the head's rows and one test record
-    ids = np.load(folder / "artifacts/head/ids.npy")
-    test_ids = np.load(folder / "data/prepared/test/ids.npy")
+    ids = np.load(folder / "artifacts/digits/head/ids.npy")
+    test_ids = np.load(folder / "data/prepared/digits/test/ids.npy")
     targets = [str(ids[3]), str(ids[10]), str(test_ids[0])]
     assert privpipe(folder, "forget", *targets).returncode == 0
     removals = privpipe(folder, "removals")
     assert removals.returncode == 0, removals.stderr[-3000:]
-    journal = [json.loads(line) for line in (folder / "data/requests/queue.jsonl").read_text().splitlines()]
+    journal = [json.loads(line) for line in (folder / "data/requests/digits/queue.jsonl").read_text().splitlines()]
     hashes = {e["request_id"]: e["record_hash"] for e in journal if e.get("event") == "received"}
     done = [e for e in journal if e.get("event") == "done"]
     audit = done[-1]["audit"] if done else {}
     from privpipe.requests import RequestQueue
 
-    queue = RequestQueue(folder / "data/requests")
+    queue = RequestQueue(folder / "data/requests/digits")
     needles = {f"id {t}": t for t in targets}
     needles.update({f"hash {t}": queue.hash_record_id(t)[7:] for t in targets})
-    head_ids = np.load(folder / "artifacts/head/ids.npy")
-    with np.load(folder / "artifacts/head/state.npz") as state:
+    head_ids = np.load(folder / "artifacts/digits/head/ids.npy")
+    with np.load(folder / "artifacts/digits/head/state.npz") as state:
         X, active = state["X"], state["active"]
     rows = [i for i, v in enumerate(head_ids) if str(v).removeprefix("erased:") in
             {queue.hash_record_id(t) for t in targets[:2]}]
@@ -162,7 +162,7 @@ def markdown(report: dict) -> str:
     for r in run["mlflow"]:
         lines.append(f"- MLflow run ({r['flow']}, {r['status']}): {len(r['metrics'])} metrics; uncovered keys: "
                      f"{r['uncovered_keys'] or 'none'}; privacy.audit: {r['audit_tag'][:60] or '-'}")
-    lines.append(f"- metrics/evaluate.json keys: {run['metrics_files'].get('evaluate.json')}; "
+    lines.append(f"- metrics/digits/evaluate.json keys: {run['metrics_files'].get('evaluate.json')}; "
                  f"finetune.json: {run['metrics_files'].get('finetune.json')}")
     lines += ["", "## After `privpipe forget` (2 head rows, 1 test record) and `privpipe removals`", ""]
     lines.append("Every file of the project searched for each record id in clear, and for its journal hash "

@@ -133,7 +133,7 @@ def erasure(work: Path) -> dict:
     sys.path.insert(0, str(ROOT))
     from privpipe.data import Records
 
-    record = str(Records.load(folder / "data/prepared/sensitive").ids[7])
+    record = str(Records.load(folder / "data/prepared/digits/sensitive").ids[7])
     started = time.monotonic()
     forget = subprocess.run([sys.executable, "-m", "flows.cli", "forget", record], cwd=folder, env=ENV,
                             capture_output=True, text=True)
@@ -156,11 +156,11 @@ def erasure(work: Path) -> dict:
     from privpipe.requests import RequestQueue
     from tasks.removal.store import load_head
 
-    queue = RequestQueue(Path("data/requests"))
+    queue = RequestQueue(Path("data/requests/digits"))
     hashed = queue.hash_record_id(record)
     heads = sorted(client.search_model_versions("name = 'privpipe-digits-head'"), key=lambda v: int(v.version))
     models = sorted(client.search_model_versions("name = 'privpipe-digits'"), key=lambda v: int(v.version))
-    head, ids, meta = load_head(Path("artifacts/head"))
+    head, ids, meta = load_head(Path("artifacts/digits/head"))
     in_head = record in ids.tolist() and bool(head.active[ids.tolist().index(record)])
     last_head = heads[-1]
     manifest = json.loads(Path(client.download_artifacts(last_head.run_id, last_head.tags["privacy.record_manifest"],

@@ -75,13 +75,15 @@ def sweep() -> list[dict]:
     from tasks.dp_pca import run_dp_pca
     from tasks.pate.teachers import model_front
     from tasks.prepare import run_prepare
+    from tasks.prepared import read_shape
 
     torch.set_num_threads(1)
     params = load_params("params.yaml")
     run_prepare(params)
     run_dp_pca(params)
-    sensitive, public = Records.load(paths.SENSITIVE), Records.load(paths.PUBLIC)
-    front = model_front(params, "mlp", paths.DP_PCA, None)
+    where = paths.for_params(params)
+    sensitive, public = Records.load(where.sensitive), Records.load(where.public)
+    _, front = model_front(params, read_shape(where.prepared), where.dp_pca, model="mlp")
     train_x, query_x = apply_front(front, sensitive.features), apply_front(front, public.features)
     cfg = params.teachers
     config = TeacherConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
@@ -125,6 +127,7 @@ def one_run(sigma: float | None, seed: int) -> dict:
     aggregate = {"mechanism": "gnmax", "sigma": sigma} if student else {}
     _in_project(_project(student={"enabled": student}, aggregate=aggregate, run={"seed": seed}))
     from privpipe.config import load_params
+    from tasks import paths
     from tasks.dp_pca import run_dp_pca
     from tasks.evaluate import run_evaluate
     from tasks.finetune.stage import run_finetune
@@ -140,7 +143,7 @@ def one_run(sigma: float | None, seed: int) -> dict:
     run_partition(params)
     run_dp_pca(params)
     if student:
-        clear_partial_votes()
+        clear_partial_votes(paths.for_params(params))
         for k in range(params.partition.shards):
             train_teacher(params, k)
         collect_votes(params)

@@ -53,8 +53,8 @@ def run(name: str, federated: dict) -> dict:
         seconds = time.perf_counter() - start
         if done.returncode:
             return {"setting": name, "error": done.stderr.strip().splitlines()[-1], "seconds": seconds}
-        metrics = json.loads((work / "metrics/finetune.json").read_text())
-        total = Ledger.from_json((work / "artifacts/finetune/ledger.json").read_text()).epsilon()
+        metrics = json.loads((work / "metrics/digits/finetune.json").read_text())
+        total = Ledger.from_json((work / "artifacts/digits/finetune/ledger.json").read_text()).epsilon()
     return {"setting": name, "accuracy": metrics["accuracy_test_last_round"], "clients": metrics["clients"],
             "rounds": metrics["rounds"], "epsilon_total": total.epsilon,
             "accountant": total.accountant, "noise_multiplier": metrics["noise_multiplier"],
@@ -62,7 +62,7 @@ def run(name: str, federated: dict) -> dict:
 
 
 def main() -> None:
-    if not (ROOT / "artifacts/student").is_dir():
+    if not (ROOT / "artifacts/digits/student").is_dir():
         sys.exit("bench/federated_digits.py: run `make run` first (it needs the pipeline's stages before finetune)")
     rows = [run(name, federated) for name, federated in SETTINGS.items()]
     OUT.mkdir(parents=True, exist_ok=True)

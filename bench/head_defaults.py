@@ -105,6 +105,7 @@ from privpipe.models import load_released  # noqa: E402
 from privpipe.privacy import NoiseSource  # noqa: E402
 from privpipe.removal import RemovableHead, RemovalGuarantee  # noqa: E402
 from privpipe.removal.features import feature_extractor, head_features, stored_rows  # noqa: E402
+from tasks import paths  # noqa: E402
 from tasks.dp_pca import run_dp_pca  # noqa: E402
 from tasks.evaluate import accuracy as model_accuracy  # noqa: E402
 from tasks.finetune.stage import run_finetune  # noqa: E402
@@ -180,14 +181,18 @@ class Fold:
     """One seed: the DP model trained on ``train`` by the default recipe, and the head's rows for each source."""
 
     def __init__(self, name: str, params: Params, train: Records, evaluate: Records) -> None:
-        folder = Path("folds") / name
-        shutil.copy2("data/prepared/shape.json", _parent(folder / "data" / "sensitive") / "shape.json")
-        train.save(folder / "data" / "sensitive")
+        # the fold as a project of its own: the dataset's folders under folds/<name>, its prepared sets (with their
+        # shape and stamp) the project's, but for the sensitive set, the head-train rows alone
+        project = paths.for_params(params)
+        where = paths.DatasetPaths(project.name, root=Path("folds") / name)
+        shutil.rmtree(where.prepared, ignore_errors=True)
+        shutil.copytree(project.prepared, where.prepared)
+        shutil.rmtree(where.sensitive)
+        train.save(where.sensitive)
         start = time.perf_counter()
-        projection = run_dp_pca(params, sensitive=folder / "data/sensitive", out=folder / "dp_pca")
-        deployed = run_finetune(params, sensitive=folder / "data/sensitive", test=Path("data/prepared/test"),
-                                dp_pca_dir=folder / "dp_pca", start=folder / "dp_pca", out=folder / "finetune")
-        model = load_released(folder / "finetune")
+        projection = run_dp_pca(params, where=where)
+        deployed = run_finetune(params, where=where)
+        model = load_released(where.finetune)
         self.params, self.train, self.evaluate = params, train, evaluate
         self.model_accuracy = model_accuracy(model, evaluate)
         self.info = {"n_train": len(train), "n_evaluate": len(evaluate),
@@ -196,7 +201,7 @@ class Fold:
                      "dpsgd_steps": deployed.steps, "finetune_stage_epsilon": deployed.epsilon,
                      "dp_model_accuracy": self.model_accuracy, "seconds": time.perf_counter() - start}
         extractors = {"model": feature_extractor("model", released=model),
-                      "dp_pca": feature_extractor("dp_pca", projection=load_projection(folder / "dp_pca")),
+                      "dp_pca": feature_extractor("dp_pca", projection=load_projection(where.dp_pca)),
                       "raw": feature_extractor("raw")}
         # as the head stage builds them: stored rows to train on, head_features to predict
         self.rows = {s: (stored_rows(head_features(e, train.features)), head_features(e, evaluate.features))
@@ -230,11 +235,6 @@ class Fold:
             out["accuracy_after"] = self.accuracy(head, point["features"])
         out["seconds"] = time.perf_counter() - start
         return out
-
-
-def _parent(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.parent
 
 
 # -- counting removals ------------------------------------------------------------------------------
@@ -359,7 +359,8 @@ def choose(finals: list[dict[str, Any]], dp_mean: float) -> tuple[dict[str, Any]
 
 def confirm(params: Params, points: list[dict[str, Any]]) -> dict[str, Any]:
     """The default run's recipe on all sensitive records (seed 0): removals up to n − 5, test accuracy once."""
-    sensitive, test = Records.load(Path("data/prepared/sensitive")), Records.load(Path("data/prepared/test"))
+    where = paths.for_params(params)
+    sensitive, test = Records.load(where.sensitive), Records.load(where.test)
     fold = Fold("full", params, sensitive, test)
     out: dict[str, Any] = {"dp_model": fold.info, "heads": []}
     print(f"  DP model on all {len(sensitive)} sensitive records: test accuracy {100 * fold.model_accuracy:.2f} %",
@@ -387,7 +388,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     write_digits_pointer(folder)
     params = {seed: project_params(folder, seed) for seed in (SEEDS[:1] if args.quick else SEEDS)}
     prepared = run_prepare(params[0])  # run.seed 0: the default run's sensitive and test sets
-    sensitive = Records.load(Path("data/prepared/sensitive"))
+    sensitive = Records.load(prepared.sensitive)
     print(f"prepare: {prepared.sizes}", flush=True)
 
     folds: dict[int, Fold] = {}

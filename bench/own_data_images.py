@@ -112,6 +112,14 @@ PLAIN = {"batch_size": 256, "learning_rate": 0.05, "momentum": 0.9}  # the non-p
 
 # --- data ----------------------------------------------------------------------------------------------------
 
+
+def _where(folder: Path):
+    """The folders of the dataset the project in ``folder`` runs on (its params.yaml names it)."""
+    from privpipe.config import load_params
+    from tasks import paths
+
+    return paths.DatasetPaths(paths.dataset_name(load_params(folder / "params.yaml")), root=folder)
+
 def mnist_folder() -> Path:
     for candidate in (ROOT.parent / "shared/data/mnist", Path("/work/shared/data/mnist")):
         if (candidate / "train-images-idx3-ubyte.gz").is_file():
@@ -279,7 +287,7 @@ def run_pipeline(folder: Path, *, seed: int, epsilon: float, prepare: dict[str, 
     seconds["finetune"], clock = time.perf_counter() - clock, time.perf_counter()
     evaluation = run_evaluate(params)
     seconds["evaluate"] = time.perf_counter() - clock
-    spec = json.loads((folder / "artifacts/finetune/model.json").read_text())
+    spec = json.loads((_where(folder).finetune / "model.json").read_text())
     return {"accuracy": evaluation.accuracy_test, "epsilon": evaluation.epsilon, "delta": evaluation.delta,
             "accountant": evaluation.accountant, "noise_multiplier": getattr(tuned, "noise_multiplier", None),
             "steps": getattr(tuned, "steps", None), "sizes": dict(prepared.sizes),
@@ -313,14 +321,14 @@ def same_pixels(idx_project: Path, png_project: Path) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for name in ("sensitive", "test"):
-        a, b = Records.load(idx_project / "data/prepared" / name), Records.load(png_project / "data/prepared" / name)
+        a, b = Records.load(_where(idx_project).prepared / name), Records.load(_where(png_project).prepared / name)
         position = np.array([int(Path(str(i)).stem) for i in b.ids])
         order = np.argsort(position)
         same = (len(a) == len(b) and np.array_equal(position[order], np.arange(len(a)))
                 and np.array_equal(a.features, b.features[order]) and np.array_equal(a.labels, b.labels[order]))
         out[name] = {"records": [len(a), len(b)], "identical": bool(same)}
-    pa = np.load(idx_project / "artifacts/dp_pca/projection.npy")
-    pb = np.load(png_project / "artifacts/dp_pca/projection.npy")
+    pa = np.load(_where(idx_project).dp_pca / "projection.npy")
+    pb = np.load(_where(png_project).dp_pca / "projection.npy")
     out["projection_max_abs_difference"] = float(np.abs(pa - pb).max())
     return out
 
@@ -389,9 +397,9 @@ def nonprivate(project: Path, *, seeds: list[int], epochs: int) -> list[float]:
     from privpipe.data import Records
     from privpipe.models import ModelSpec, apply_front
 
-    spec = ModelSpec.from_json(json.loads((project / "artifacts/finetune/model.json").read_text()))
+    spec = ModelSpec.from_json(json.loads((_where(project).finetune / "model.json").read_text()))
     front = torch.nn.Sequential(*spec.front(None)).eval()
-    train, test = Records.load(project / "data/prepared/sensitive"), Records.load(project / "data/prepared/test")
+    train, test = Records.load(_where(project).sensitive), Records.load(_where(project).test)
     x, xt = torch.as_tensor(apply_front(front, train.features)), torch.as_tensor(apply_front(front, test.features))
     y = torch.as_tensor(train.labels, dtype=torch.long)
     scores = []

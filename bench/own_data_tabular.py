@@ -22,7 +22,7 @@ Labels and column names are public.
 
 **Selection on a validation split, never the test set.** The pipeline splits each file into its test share
 (``prepare.test_fraction``, 0.2) and the rest by keyed per-record draws (``run.seed`` keys them). For each seed,
-a *validation project* gets a CSV of only the non-test rows (found from ``data/prepared/test/ids.npy`` of the
+a *validation project* gets a CSV of only the non-test rows (found from ``data/prepared/<dataset>/test/ids.npy`` of the
 real project), which the pipeline splits again into its own test share (= the validation set) and training
 rows, under ``run.seed`` = seed + 1000 (under the same seed every non-test row would draw above the test share
 again, and the validation share would be empty). Every recipe of a small grid (``finetune.hidden_units``,
@@ -32,7 +32,7 @@ set and ε, and only that recipe is then run on the real projects and scored on 
 [min, max] over the seeds (``run.seed`` changes the split, the DP noise, the lots and the initialisation).
 
 **Non-private baseline.** scikit-learn's ``LogisticRegression`` (default C = 1, lbfgs) on the same training
-rows (``data/prepared/sensitive``: the same schema-encoded features) of the same real project, scored on the
+rows (``data/prepared/<dataset>/sensitive``: the same schema-encoded features) of the same real project, scored on the
 same test rows, mean and spread over the same seeds.
 
 ``prepare.public_fraction`` is set to 0.01 (the smallest share the config takes is above 0): with
@@ -89,6 +89,14 @@ class DataSet:
     label_column: str
     load: Callable[[], Any]  # the scikit-learn loader
 
+
+
+def _where(folder: Path):
+    """The folders of the dataset the project in ``folder`` runs on (its params.yaml names it)."""
+    from privpipe.config import load_params
+    from tasks import paths
+
+    return paths.DatasetPaths(paths.dataset_name(load_params(folder / "params.yaml")), root=folder)
 
 def _load_breast_cancer() -> Any:
     from sklearn.datasets import load_breast_cancer
@@ -226,8 +234,8 @@ def baseline(folder: Path) -> float:
 
     from privpipe.data import Records
 
-    train = Records.load(folder / "data/prepared/sensitive")
-    test = Records.load(folder / "data/prepared/test")
+    train = Records.load(_where(folder).sensitive)
+    test = Records.load(_where(folder).test)
     model = LogisticRegression(max_iter=5000).fit(train.features, train.labels)
     return float((model.predict(test.features) == test.labels).mean())
 
@@ -272,7 +280,7 @@ def bench(seeds: list[int], root: Path) -> tuple[list[dict], list[dict]]:
             os.chdir(outer[seed])
             write_params(outer[seed], spec, schema, seed=seed, epsilon=epsilon, recipe=grid[0])
             run_prepare(load_params("params.yaml"))
-            test_ids = {str(i) for i in np.load(outer[seed] / "data/prepared/test/ids.npy", allow_pickle=False)}
+            test_ids = {str(i) for i in np.load(_where(outer[seed]).test / "ids.npy", allow_pickle=False)}
             validation[seed] = outer[seed].parent / "validation"
             validation[seed].mkdir()
             kept = write_csv(validation[seed] / spec.file, spec, data, keep=set(all_ids) - test_ids)

@@ -68,7 +68,7 @@ def mnist_params(mnist: str) -> dict[str, Any]:
 def setup(folder: Path, dataset: str, mnist: str) -> None:
     """A project folder with its params and a trained pipeline run (skipped if it has a head)."""
     folder.mkdir(parents=True, exist_ok=True)
-    if (folder / "artifacts/head/meta.json").exists():
+    if (folder / "artifacts/digits/head/meta.json").exists():
         print(f"reusing the run in {folder}")
         return
     params = yaml.safe_load((ROOT / "params.yaml").read_text()) if dataset == "digits" else mnist_params(mnist)
@@ -84,8 +84,8 @@ def setup(folder: Path, dataset: str, mnist: str) -> None:
 
 def pick_records(folder: Path, count: int, seed: int) -> list[str]:
     """``count`` random record ids still in the head (ids are what `forget` takes)."""
-    ids = np.load(folder / "artifacts/head/ids.npy")
-    with np.load(folder / "artifacts/head/state.npz") as state:
+    ids = np.load(folder / "artifacts/digits/head/ids.npy")
+    with np.load(folder / "artifacts/digits/head/state.npz") as state:
         active = state["active"]
     return [str(i) for i in np.random.default_rng(seed).choice(ids[active], size=count, replace=False)]
 

@@ -36,7 +36,7 @@ from flows.client_map import mapped_client_updates
 from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, check_federated_use, check_pipeline_use, load_params
 from privpipe.privacy import Ledger, LifetimeLedger
-from tasks import paths, run_view, tracking
+from tasks import run_view, tracking
 from tasks.common import Skipped, one_pipeline_at_a_time, read_json, use_torch_threads
 from tasks.device import training_device
 from tasks.dp_pca import check_components, dp_pca_task
@@ -44,7 +44,7 @@ from tasks.evaluate import evaluate_task, release_task
 from tasks.evaluation import Evaluation
 from tasks.features import check_model
 from tasks.federated.training import assign_clients
-from tasks.finetune.stage import check_lot_size, check_target_reachable, finetune_task, run_finetune, start_dir
+from tasks.finetune.stage import check_lot_size, check_target_reachable, finetune_task, run_finetune
 from tasks.pate.aggregate import aggregate_task, check_filter_budget, run_aggregate
 from tasks.pate.partition import Shards, partition_task, run_partition, shard_assignment
 from tasks.pate.student import run_student, student_task
@@ -57,7 +57,7 @@ from tasks.progress import progress
 from tasks.projection import Projection
 from tasks.registered import RegisteredModel
 from tasks.removal.head import head_task, run_head
-from tasks.removal.store import HeadVersion
+from tasks.removal.store import HeadVersion, head_model_name
 
 __all__ = ["pipeline", "privacy_markdown", "RunResult", "StageClock"]
 
@@ -178,6 +178,15 @@ def preflight(params: Params) -> None:
         check_federated_use(params, clients=clients)  # natural clients: K (public) is known only now
 
 
+def registry_preflight(params: Params) -> None:
+    """The model names the run registers under hold no other dataset's versions (ConfigError naming
+    run.model_name), checked before any work; MLflow's store is read, never made, here."""
+    names = {params.run.model_name: "run.model_name"}
+    if params.head.enabled:
+        names[head_model_name(params)] = "run.model_name"
+    tracking.ensure_models_of(params, budget.dataset_name(params), names)
+
+
 @flow(name="privpipe-pipeline")
 def pipeline(params_file: str = "params.yaml") -> RunResult:
     """Run every stage with the knobs in ``params_file``; return what it produced and where it is recorded.
@@ -188,6 +197,7 @@ def pipeline(params_file: str = "params.yaml") -> RunResult:
     # a deployment's run starts here, not at `privpipe run`: the same checks before any run state exists
     # (the lock, the reservation, the MLflow run), so bad data fails it with one line, not mid-run
     preflight(params)
+    registry_preflight(params)
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)
@@ -220,13 +230,16 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
     if params.student.enabled:
         with clock.timed("partition"):
             shards = partition_task(params, run, prepared)
-    # Until the first figure computed from the sensitive records leaves for MLflow or Prefect's logs, the run
-    # has released nothing, and a failure gives its reservation back (Admission.end). DP-PCA logs its σ and ε
-    # (the params decide them; its projection stays in artifacts/), the teachers their settings: not yet.
+    # Until the first output computed from the sensitive records is written or leaves for MLflow or Prefect's
+    # logs, the run has released nothing, and a failure gives its reservation back (Admission.end).
+    if params.dp_pca.enabled:
+        # the noisy projection is computed from the sensitive records and kept on disk: from then on a run that
+        # dies is charged its reservation, so that no output of the sensitive data is ever uncharged
+        admission.mark_published()
     with clock.timed("dp_pca"):
         projection = dp_pca_task(params, run, prepared)
     if params.student.enabled:
-        clear_partial_votes()
+        clear_partial_votes(prepared.where)
         with clock.timed("teachers"):
             vote_files = _teachers(params, runner, prepared, shards, projection)
             votes = collect_votes_task(params, run, prepared, projection, vote_files)
@@ -238,13 +251,11 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
     else:  # switched-off stages replace their outputs with a note, as under dvc repro
         for skip in (run_partition, run_teachers, run_aggregate, run_student):
             skip(params)
-    start = start_dir(params)
     if params.finetune.enabled and params.finetune.mode == "federated":
         admission.mark_published()  # each round logs the test accuracy of the noisy model as it goes
         with clock.timed("finetune"):
             # the rounds run here, in the flow, so each round's client updates are mapped tasks
-            deployed = run_finetune(params, sensitive=prepared.sensitive, test=prepared.test,
-                                    dp_pca_dir=projection.dir, start=start, updates_for=mapped_client_updates(runner))
+            deployed = run_finetune(params, where=prepared.where, updates_for=mapped_client_updates(runner))
             if not isinstance(deployed, Skipped):
                 deployed.log(run, params)
     elif params.finetune.enabled:
@@ -252,10 +263,10 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
             admission.mark_published()
         with clock.timed("finetune"):
             # the stage's figures, once DP-SGD is done: a crash while training released nothing
-            finetune_task(params, run, prepared, projection, start, before_release=admission.mark_published)
+            finetune_task(params, run, prepared, projection, before_release=admission.mark_published)
     else:
         run_finetune(params)
-    model_dir = paths.deployed_dir(params)
+    model_dir = prepared.where.deployed(params)
     # the ledger is final: charge the dataset's lifetime budget before anything is released
     # (the evaluated model, then the head built on it)
     lifetime = audit_tracking.charge_run(params, run, flow="pipeline", dataset=dataset,

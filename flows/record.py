@@ -9,7 +9,7 @@ same methods the flow's tasks use, so both ways of running show the same things 
 from __future__ import annotations
 
 from privpipe.config import Params
-from tasks import run_view, tracking
+from tasks import paths, run_view, tracking
 from tasks.common import was_skipped
 from tasks.evaluation import Evaluation
 from tasks.finetune.deployed import read_finetuned
@@ -17,6 +17,7 @@ from tasks.pate.aggregate import Labels
 from tasks.pate.partition import Shards
 from tasks.pate.student import StudentModel
 from tasks.pate.teachers import Votes
+from tasks.paths import DatasetPaths
 from tasks.prepared import PreparedSets
 from tasks.privacy import budget
 from tasks.privacy import tracking as audit_tracking
@@ -36,34 +37,35 @@ class Recorded:
         self.run, self.model, self.head = run, model, head
 
 
-def _log_pate(run: tracking.TrackedRun) -> None:
+def _log_pate(run: tracking.TrackedRun, where: DatasetPaths) -> None:
     """The PATE stages' figures as the flow logs them, from their metrics files (none when they were off)."""
-    if not was_skipped("partition"):
-        Shards.read().log(run)
-    if not was_skipped("teachers"):
-        Votes.read().log(run)
-    if not was_skipped("aggregate"):
-        Labels.read().log(run)
-    if not was_skipped("student"):
-        StudentModel.read().log(run)
+    if not was_skipped(where.metrics_file("partition")):
+        Shards.read(where).log(run)
+    if not was_skipped(where.metrics_file("teachers")):
+        Votes.read(where).log(run)
+    if not was_skipped(where.metrics_file("aggregate")):
+        Labels.read(where).log(run)
+    if not was_skipped(where.metrics_file("student")):
+        StudentModel.read(where).log(run)
 
 
 def record_finished_pipeline(params: Params, evaluation: Evaluation, *, params_file: str) -> Recorded:
     dataset = budget.dataset_name(params)
+    where = paths.for_params(params)
     with tracking.tracked_run(params, params_file=params_file, flow="dvc-repro", dataset=dataset) as run:
-        prepared = PreparedSets.read(source=params.prepare.path)
+        prepared = PreparedSets.read(source=params.prepare.path, where=where)
         prepared.log(run)
-        Projection.read().log(run)
-        _log_pate(run)
+        Projection.read(where).log(run)
+        _log_pate(run, where)
         if params.finetune.enabled:  # DP-SGD's per-epoch or DP-FedAvg's per-round curves
-            read_finetuned().log(run, params)
+            read_finetuned(where).log(run, params)
         # the spending stages hold the project's reservation (privpipe stage); settle it with what they
         # spent before a model is registered (the head's, then the evaluated one: MLflow lists an
         # experiment's logged models newest first, so the DP model comes first there)
         ledger = evaluation.ledger()
         audit_tracking.charge_run(params, run, flow="dvc-repro", dataset=dataset, ledger=ledger,
                                   data_version=prepared.data_version, admission=None)
-        head = register_pipeline_head(params, run, HeadVersion.read()) if params.head.enabled else None
+        head = register_pipeline_head(params, run, HeadVersion.read(where)) if params.head.enabled else None
         model = track_evaluation(params, run, evaluation)
         models = [f"model {model}"] if model else []
         if head is not None and head.registered is not None:

@@ -5,7 +5,9 @@ them from the data, and audit how every registered model version covers them.
     privpipe removals                                                   # this flow
     privpipe requests                                                   # their state
 
-One run at a time: the flow holds an exclusive file lock (``data/requests/processing.lock``,
+Each dataset has its own queue (``data/requests/<dataset>/``): the params name the dataset, and a head
+made from another dataset is refused in one line before any work. One run at a time per dataset: the
+flow holds an exclusive file lock (``data/requests/<dataset>/processing.lock``,
 fcntl) for its whole body; the operating system releases it if the run dies, so a crash
 never leaves a stale lock. The batch is announced in the journal before any work, so a
 re-run finishes a crashed batch first; every step checks whether it already happened
@@ -41,6 +43,7 @@ from tasks.removal.steps import (
     scrub_copies,
     skip_head,
 )
+from tasks.removal.store import head_model_name
 
 __all__ = ["removals", "BatchResult"]
 
@@ -77,7 +80,8 @@ def _process(params: Params, params_file: str, queue: RequestQueue, batch_id: st
              todo: list[Request]) -> BatchResult:
     with tracking.tracked_run(params, run_name=f"removals {batch_id}", params_file=params_file, flow="removals",
                               dataset=budget.dataset_name(params), exclusive=True) as run:
-        applied = apply_task(params, run, batch_id, todo) if head_present() else skip_head(params, todo)
+        head = paths.for_params(params).head
+        applied = apply_task(params, run, batch_id, todo) if head_present(head) else skip_head(params, todo)
         version = register_task(params, run, batch_id, applied)
         erased = erase_task(params, todo)
         if version is not None:
@@ -109,14 +113,20 @@ def _process(params: Params, params_file: str, queue: RequestQueue, batch_id: st
                        uncovered=uncovered, data_rewritten=erased.source.rewritten and erased.source.removed_rows > 0)
 
 
+def registry_preflight(params: Params) -> None:
+    """The head's registered model holds no other dataset's versions (ConfigError naming run.model_name)."""
+    tracking.ensure_models_of(params, budget.dataset_name(params), {head_model_name(params): "run.model_name"})
+
+
 @flow(name="privpipe-removals")
 def removals(params_file: str = "params.yaml") -> list[BatchResult]:
     """Process every pending deletion request, a crashed run's batch first; one result per batch."""
     params = load_params(params_file)
     log = get_run_logger()
-    queue = RequestQueue(paths.REQUESTS)
+    queue = RequestQueue(paths.for_params(params).requests)
     results = []
     with queue.processing():
+        registry_preflight(params)
         ensure_head_for(params, queue)
         ensure_can_erase(params, queue)
         while (batch := _next_batch(queue)) is not None:

@@ -19,6 +19,7 @@ from privpipe.data import DataError
 from privpipe.files import private_file
 from privpipe.locks import exclusive_lock
 from tasks import paths
+from tasks.identity import MadeFrom, stamp
 
 if TYPE_CHECKING:  # a type only: privpipe.config stays off this module's import path
     from privpipe.config import Params
@@ -48,16 +49,19 @@ def write_text(path: Path, text: str) -> None:
 
 
 @contextmanager
-def staged_dir(target: Path) -> Iterator[Path]:
+def staged_dir(target: Path, *, made_from: MadeFrom | None = None) -> Iterator[Path]:
     """Build a stage's output folder under a temporary name; put it in place only once complete.
 
     On error the temporary folder is removed and ``target`` keeps its previous content, so
-    a later stage never reads a model from one run beside a ledger from another.
+    a later stage never reads a model from one run beside a ledger from another. ``made_from``: the
+    data it was made from, stamped into it (tasks.identity).
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:
         yield staging
+        if made_from is not None:
+            stamp(staging, made_from)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -220,15 +224,16 @@ class Skipped:
     reason: str
 
 
-def skip_stage(stage: str, out: Path, reason: str) -> Skipped:
-    """A switched-off stage still leaves its output folder and metrics (saying so), as ``dvc repro`` expects."""
-    with staged_dir(out) as staging:
+def skip_stage(stage: str, out: Path, reason: str, *, metrics_file: Path, made_from: MadeFrom) -> Skipped:
+    """A switched-off stage still leaves its output folder (stamped) and metrics (saying so), as ``dvc repro``
+    expects."""
+    with staged_dir(out, made_from=made_from) as staging:
         write_json(staging / "skipped.json", {"stage": stage, "reason": reason})
-    write_json(paths.metrics_file(stage), {"skipped": True})
+    write_json(metrics_file, {"skipped": True})
     stage_logger(stage).info("%s: skipped (%s)", stage, reason)
     return Skipped(stage=stage, dir=out, reason=reason)
 
 
-def was_skipped(stage: str) -> bool:
-    """Whether the stage's last run was switched off (its metrics file says so)."""
-    return bool(read_json(paths.metrics_file(stage)).get("skipped"))
+def was_skipped(metrics_file: Path) -> bool:
+    """Whether a stage's last run was switched off (its metrics file says so)."""
+    return bool(read_json(metrics_file).get("skipped"))

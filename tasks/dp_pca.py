@@ -4,12 +4,11 @@
 
 Starts the run's privacy ledger (it is the first stage that touches the sensitive
 data), checks the planned cost against the budget, then releases the projection.
-Output: artifacts/dp_pca/{projection.npy, ledger.json}.
+Output: artifacts/<dataset>/dp_pca/{projection.npy, ledger.json}.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,6 +20,7 @@ from privpipe.data import Records
 from privpipe.dp_pca import dp_pca, dp_pca_event
 from tasks import paths
 from tasks.common import (
+    save_private_array,
     seed_for,
     stage_logger,
     staged_dir,
@@ -28,6 +28,8 @@ from tasks.common import (
     warn_insecure_rng,
     write_text,
 )
+from tasks.identity import check_inputs
+from tasks.paths import DatasetPaths
 from tasks.privacy.ledger import calibrate_for, new_ledger
 from tasks.projection import Projection
 
@@ -45,13 +47,15 @@ def check_components(params: Params, dim: int) -> None:
         raise ConfigError(f"dp_pca.components: {params.dp_pca.components} exceeds the feature dimension {dim}")
 
 
-def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path = paths.DP_PCA) -> Projection:
+def run_dp_pca(params: Params, *, where: DatasetPaths | None = None) -> Projection:
     """Write the projection (or none, if disabled) and the ledger."""
+    where = where or paths.for_params(params)
+    made_from = check_inputs(params, where.prepared)
     log = stage_logger("dp_pca")
     use_torch_threads(params, "dp_pca")
     cfg = params.dp_pca
     ledger = new_ledger(params)
-    records = Records.load(sensitive)
+    records = Records.load(where.sensitive)
     projection = sigma = None
     if cfg.enabled:
         dim = records.features.shape[1]
@@ -68,11 +72,11 @@ def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path =
         log.info("dp_pca: k = %d of %d, σ = %.4g → %s", cfg.components, dim, sigma, ledger.stage_epsilon("dp_pca"))
     else:
         log.info("dp_pca: disabled (no projection, no privacy cost)")
-    with staged_dir(out) as staging:
-        if projection is not None:
-            np.save(staging / "projection.npy", projection)
+    with staged_dir(where.dp_pca, made_from=made_from) as staging:
+        if projection is not None:  # computed from the sensitive records: its owner's alone, as they are
+            save_private_array(staging / "projection.npy", projection)
         write_text(staging / "ledger.json", ledger.to_json())
-    release = Projection(dir=out, enabled=cfg.enabled, noise_multiplier=sigma,
+    release = Projection(where=where, enabled=cfg.enabled, noise_multiplier=sigma,
                          epsilon=ledger.stage_epsilon("dp_pca").epsilon if cfg.enabled else 0.0)
     release.write_metrics()
     return release
@@ -80,6 +84,6 @@ def run_dp_pca(params: Params, *, sensitive: Path = paths.SENSITIVE, out: Path =
 
 @task(name="dp_pca", cache_policy=NO_CACHE)
 def dp_pca_task(params: Params, run: TrackedRun, prepared: PreparedSets) -> Projection:
-    release = run_dp_pca(params, sensitive=prepared.sensitive)
+    release = run_dp_pca(params, where=prepared.where)
     release.log(run)
     return release

@@ -25,6 +25,8 @@ from privpipe.privacy import Ledger
 from tasks import paths
 from tasks.common import read_json, stage_logger, use_torch_threads, write_json
 from tasks.evaluation import Evaluation
+from tasks.identity import check_inputs
+from tasks.paths import DatasetPaths
 from tasks.privacy import uncovered
 from tasks.privacy.membership_audit import audit_figures, audit_released_model
 
@@ -42,15 +44,16 @@ def accuracy(model: torch.nn.Module, records: Records) -> float:
     return float((predicted == records.labels).mean())
 
 
-def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
-                 model_dir: Path | None = None) -> Evaluation:
+def run_evaluate(params: Params, *, where: DatasetPaths | None = None) -> Evaluation:
+    where = where or paths.for_params(params)
+    model_dir = where.deployed(params)
     log = stage_logger("evaluate")
     use_torch_threads(params, "evaluate")
-    model_dir = Path(model_dir if model_dir is not None else paths.deployed_dir(params))
     ledger = Ledger.from_dict(read_json(model_dir / "ledger.json"))  # first: a missing model is one line (DataError)
+    check_inputs(params, where.prepared, model_dir)
     model = load_released(model_dir)
-    sensitive_records, test_records = Records.load(sensitive), Records.load(test)
-    target_test = Path(test).parent / paths.TARGET_TEST.name
+    sensitive_records, test_records = Records.load(where.sensitive), Records.load(where.test)
+    target_test = where.target_test
     spend = ledger.epsilon()
     audit = None
     if params.privacy_audit.enabled:  # raises, before anything is written, if the claim is contradicted
@@ -65,8 +68,8 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
                             accuracy_test=accuracy(model, test_records), accuracy_target=target,
                             privacy_audit=audit, epsilon=spend.epsilon, delta=spend.delta,
                             accountant=spend.accountant)
-    write_json(paths.metrics_file("evaluate"), evaluation.metrics(params))
-    write_json(paths.metrics_file("privacy"), ledger.summary())
+    write_json(where.metrics_file("evaluate"), evaluation.metrics(params))
+    write_json(where.metrics_file("privacy"), ledger.summary())
     train = f" (train {evaluation.accuracy_train:.4f})" if uncovered.recorded(params) else ""
     log.info("evaluate: test accuracy %.4f%s; run total %s", evaluation.accuracy_test, train, spend)
     return evaluation
@@ -74,8 +77,9 @@ def run_evaluate(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate_task(params: Params, run: TrackedRun, prepared: PreparedSets, model_dir: Path) -> Evaluation:
-    """Evaluate and audit the model, and log the figures; :func:`release_task` logs and registers it."""
-    evaluation = run_evaluate(params, sensitive=prepared.sensitive, test=prepared.test, model_dir=model_dir)
+    """Evaluate and audit the model (``model_dir``, the deployed one: Prefect waits for it), and log the
+    figures; :func:`release_task` logs and registers it."""
+    evaluation = run_evaluate(params, where=prepared.where)
     evaluation.log(run, params)
     return evaluation
 

@@ -2,7 +2,7 @@
 
     privpipe stage prepare        # what dvc repro runs
 
-Sets (data/prepared/…): ``sensitive`` (the private training data: teachers, DP-PCA and
+Sets (data/prepared/<dataset>/…): ``sensitive`` (the private training data: teachers, DP-PCA and
 DP-SGD see it), ``public`` (the student's unlabeled query pool from the same domain),
 ``test``, and, where there is a target domain, ``target`` (unlabeled data from a related
 domain for the student's association) and ``target_test`` (labeled, to score it when there
@@ -35,6 +35,7 @@ from privpipe.data.sources import data_source
 from privpipe.requests import RequestQueue, base_id, version_suffix
 from tasks import paths
 from tasks.common import stage_logger, staged_dir
+from tasks.identity import MadeFrom, params_dataset
 from tasks.prepared import PreparedSets, write_shape
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version
@@ -97,7 +98,7 @@ def prepared_sets(params: Params) -> Prepared:
     loaded = data_source(params.prepare.dataset).load(params.prepare, seed=params.run.seed,
                                                       client_column=params.federated.client_column)
     # every accepted request, whatever its state: gone from every set, whatever the file says
-    sets, withheld = _withhold(loaded.sets, RequestQueue(paths.REQUESTS))
+    sets, withheld = _withhold(loaded.sets, RequestQueue(paths.for_params(params).requests))
     # after the drop, so erasing a record never moves another in or out (see subsample)
     sets["sensitive"] = subsample(sets["sensitive"], size=params.prepare.max_train_records, seed=params.run.seed)
     sensitive = sets["sensitive"]
@@ -120,21 +121,23 @@ def prepared_sets(params: Params) -> Prepared:
 
 
 def run_prepare(params: Params) -> PreparedSets:
-    """Write data/prepared/* and metrics/prepare.json."""
+    """Write data/prepared/<dataset>/* and metrics/<dataset>/prepare.json."""
     log = stage_logger("prepare")
+    where = paths.for_params(params)
     prepared = prepared_sets(params)
     sets, withheld = prepared.sets, prepared.withheld
-    with staged_dir(paths.PREPARED) as out:
-        for name, records in sets.items():
-            records.save(out / name)
-        write_shape(out, prepared.shape)
     # the version names the data trained on: the files', less what the queue took out of them
     version = data_version(prepared.sources)
     if withheld.dropped_erased:  # the file still holds records whose erasure is done (IDX files, or an old version)
         version += version_suffix("erased", withheld.dropped_erased)
     if withheld.dropped_pending:  # requests accepted, the file not yet rewritten
         version += version_suffix("pending", withheld.dropped_pending)
-    result = PreparedSets(folder=paths.PREPARED, sizes={name: len(records) for name, records in sets.items()},
+    name, source = params_dataset(params)
+    with staged_dir(where.prepared, made_from=MadeFrom(dataset=name, source=source, data_version=version)) as out:
+        for set_name, records in sets.items():
+            records.save(out / set_name)
+        write_shape(out, prepared.shape)
+    result = PreparedSets(where=where, sizes={name: len(records) for name, records in sets.items()},
                           n_erased=len(withheld.erased), n_withheld_pending=len(withheld.pending),
                           n_features=prepared.shape.width, n_classes=prepared.shape.n_classes, data_version=version,
                           source=params.prepare.path, shape=prepared.shape)

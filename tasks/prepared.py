@@ -1,5 +1,5 @@
 """The prepared data as the later stages read it: :class:`PreparedSets`, the prepare stage's output
-(data/prepared/<set>/ and metrics/prepare.json).
+(data/prepared/<dataset>/<set>/ and metrics/<dataset>/prepare.json).
 
 Kept apart from the stage itself (tasks/prepare.py), so that a stage that reads the sets depends on
 their format, not on the code that loads and splits the raw data.
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from privpipe.data.shape import DataShape
-from tasks import paths
 from tasks.common import read_json, write_json
+from tasks.paths import DatasetPaths
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.tracking import TrackedRun
@@ -29,7 +29,7 @@ def write_shape(folder: Path, shape: DataShape) -> None:
     write_json(Path(folder) / SHAPE_FILE, shape.to_json())
 
 
-def read_shape(folder: Path = paths.PREPARED) -> DataShape:
+def read_shape(folder: Path) -> DataShape:
     """The prepared records' shape and label set (public: from the data's declaration, not its records)."""
     return DataShape.from_json(read_json(Path(folder) / SHAPE_FILE))
 
@@ -41,7 +41,7 @@ class PreparedSets:
     ``sizes`` has every set written, in the order written: sensitive, test, public, and target and
     target_test when prepare made a target domain."""
 
-    folder: Path
+    where: DatasetPaths  # the dataset's folders: the sets are under where.prepared
     sizes: Mapping[str, int]
     n_erased: int  # completed deletion requests
     n_withheld_pending: int  # requests not yet done, already left out
@@ -50,6 +50,10 @@ class PreparedSets:
     data_version: str
     source: str  # the raw data's file or folder (prepare.path), as the run's dataset input names it
     shape: DataShape  # the records' shape and the public label set (shape.json)
+
+    @property
+    def folder(self) -> Path:
+        return self.where.prepared
 
     def path(self, name: str) -> Path:
         return self.folder / name
@@ -78,19 +82,19 @@ class PreparedSets:
         return out
 
     def write_metrics(self) -> None:
-        write_json(paths.metrics_file(STAGE), self.metrics())
+        write_json(self.where.metrics_file(STAGE), self.metrics())
 
     @classmethod
-    def read(cls, *, source: str, folder: Path = paths.PREPARED) -> PreparedSets:
+    def read(cls, *, source: str, where: DatasetPaths) -> PreparedSets:
         """The last prepare's output, from its metrics file (what ``privpipe stage evaluate --track`` records)."""
-        figures = read_json(paths.metrics_file(STAGE))
+        figures = read_json(where.metrics_file(STAGE))
         named = ("n_erased", "n_withheld_pending", "n_features", "n_classes")
         sizes = {k.removeprefix("n_"): int(v) for k, v in figures.items()
                  if k.startswith("n_") and k not in named}
-        return cls(folder=folder, sizes=sizes, n_erased=figures["n_erased"],
+        return cls(where=where, sizes=sizes, n_erased=figures["n_erased"],
                    n_withheld_pending=figures["n_withheld_pending"], n_features=figures["n_features"],
                    n_classes=figures["n_classes"], data_version=figures["data_version"], source=source,
-                   shape=read_shape(folder))
+                   shape=read_shape(where.prepared))
 
     def log(self, run: TrackedRun) -> None:
         """MLflow: the dataset input and data version, and the counts as ``data.n_*`` tags."""

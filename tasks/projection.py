@@ -1,5 +1,5 @@
 """The DP-PCA release as the later stages read it: :class:`Projection`, the dp_pca stage's output, and
-its file format (artifacts/dp_pca/{projection.npy, ledger.json}).
+its file format (artifacts/<dataset>/dp_pca/{projection.npy, ledger.json}).
 
 Kept apart from the stage itself (tasks/dp_pca.py), so that the teachers, the student, finetune and the
 head depend on the format of the release, not on the code that makes it.
@@ -16,8 +16,8 @@ import numpy as np
 
 from privpipe.data import DataError
 from privpipe.privacy import Ledger
-from tasks import paths
 from tasks.common import read_json, write_json
+from tasks.paths import DatasetPaths
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.tracking import TrackedRun
@@ -30,12 +30,16 @@ STAGE = "dp_pca"
 @dataclass(frozen=True)
 class Projection:
     """The dp_pca stage's output: the released projection (none when the stage is off) and the run's
-    ledger so far, under ``dir``."""
+    ledger so far, under ``where.dp_pca``."""
 
-    dir: Path
+    where: DatasetPaths
     enabled: bool
     noise_multiplier: float | None  # σ of the noise on AᵀA (None when off)
     epsilon: float  # the stage's ε alone (0 when off)
+
+    @property
+    def dir(self) -> Path:
+        return self.where.dp_pca
 
     @property
     def ledger_file(self) -> Path:
@@ -53,13 +57,13 @@ class Projection:
         return {"enabled": self.enabled, "noise_multiplier": self.noise_multiplier, "epsilon": self.epsilon}
 
     def write_metrics(self) -> None:
-        write_json(paths.metrics_file(STAGE), self.metrics())
+        write_json(self.where.metrics_file(STAGE), self.metrics())
 
     @classmethod
-    def read(cls, folder: Path = paths.DP_PCA) -> Projection:
+    def read(cls, where: DatasetPaths) -> Projection:
         """The last run's output, from its metrics file (what ``privpipe stage evaluate --track`` records)."""
-        figures = read_json(paths.metrics_file(STAGE))
-        return cls(dir=folder, enabled=figures["enabled"], noise_multiplier=figures["noise_multiplier"],
+        figures = read_json(where.metrics_file(STAGE))
+        return cls(where=where, enabled=figures["enabled"], noise_multiplier=figures["noise_multiplier"],
                    epsilon=figures["epsilon"])
 
     def log(self, run: TrackedRun) -> None:

@@ -11,10 +11,12 @@ import torch
 
 from privpipe.config import Params
 from privpipe.models import load_released
+from privpipe.requests import RequestQueue
+from tasks import paths
 from tasks.common import read_json
 from tasks.evaluation import Evaluation
 from tasks.privacy import membership_audit
-from tasks.registered import RegisteredModel
+from tasks.registered import DATASET_TAG, RegisteredModel, claim_model, ensure_model_of
 from tasks.removal.coverage import log_manifest, requested_since_data, version_uses
 from tasks.tracking import TrackedRun
 
@@ -49,14 +51,16 @@ def log_released_model(params: Params, run: TrackedRun, model: torch.nn.Module, 
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"],
             tags=tags,
         )
-    return register_logged_model(params, run, info.model_uri, name=params.run.model_name, tags=tags)
+    return register_logged_model(params, run, info.model_uri, name=params.run.model_name, key="run.model_name",
+                                 tags=tags)
 
 
-def register_logged_model(params: Params, run: TrackedRun, model_uri: str, *, name: str, tags: dict[str, str],
-                          run_tags: tuple[str, ...] = ()) -> RegisteredModel | None:
+def register_logged_model(params: Params, run: TrackedRun, model_uri: str, *, name: str, key: str,
+                          tags: dict[str, str], run_tags: tuple[str, ...] = ()) -> RegisteredModel | None:
     """After ``log_model`` inside ``mlflow.start_run``: put the run back to RUNNING (leaving the block
     finished it; the flow decides) and, if ``evaluate.register_model``, register the model under
-    ``name`` with ``tags`` plus the run's data version, commit and the listed ``run_tags``."""
+    ``name`` (the params' ``key``; refused if it holds another dataset's versions) with ``tags`` plus the
+    run's dataset, data version, commit and the listed ``run_tags``."""
     run.client.update_run(run.run_id, status="RUNNING")
     if not params.evaluate.register_model:
         return None
@@ -66,8 +70,13 @@ def register_logged_model(params: Params, run: TrackedRun, model_uri: str, *, na
     # the journal read now, not when the data was: a record erased while the run went on is refused
     # where it was used without a guarantee, and said to be covered by the DP where it was not
     found = version_uses(params, run)
-    erasure = requested_since_data(found[1], model=name) if found else {}
-    version = mlflow.register_model(model_uri, name, tags={**tags, **copied, **erasure, "mlflow.run_id": run.run_id})
+    queue = RequestQueue(paths.for_params(params).requests)
+    erasure = requested_since_data(found[1], model=name, queue=queue) if found else {}
+    dataset = run_tags_now[DATASET_TAG]
+    ensure_model_of(run.client, name, dataset, key=key)
+    version = mlflow.register_model(model_uri, name, tags={**tags, **copied, **erasure, "mlflow.run_id": run.run_id,
+                                                           DATASET_TAG: dataset})
+    claim_model(run.client, name, dataset)
     if found is not None:
         log_manifest(run, name, str(version.version), kind=found[0], uses=found[1])
     run.set_tag("registered_model", f"{version.name}/{version.version}")

@@ -39,10 +39,12 @@ from privpipe.config import Params, redact_url
 from privpipe.privacy import Ledger
 from tasks import run_view
 from tasks.common import stage_threads, task_threads
+from tasks.registered import ensure_model_of
 from tasks.run_view import resolve_tracking_uri
 from tasks.versioning import git_commit
 
-__all__ = ["TrackedRun", "open_store", "tracked_run", "start_run", "experiment_id", "resolve_tracking_uri"]
+__all__ = ["TrackedRun", "open_store", "tracked_run", "start_run", "experiment_id", "resolve_tracking_uri",
+           "ensure_models_of"]
 
 # MLflow's limits per log_batch call
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
@@ -57,6 +59,19 @@ def open_store(params: Params) -> MlflowClient:
     uri = resolve_tracking_uri(params.run.tracking_uri)
     mlflow.set_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri)
+
+
+def ensure_models_of(params: Params, dataset: str, names: dict[str, str]) -> None:
+    """Before any work: each registered model of ``names`` (name → the params key naming it) holds no other
+    dataset's versions (ConfigError in one line). A SQLite store not made yet holds none, and is not made."""
+    if not params.evaluate.register_model:
+        return
+    uri = resolve_tracking_uri(params.run.tracking_uri)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return
+    client = MlflowClient(tracking_uri=uri)
+    for name, key in names.items():
+        ensure_model_of(client, name, dataset, key=key)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 #: step → (module, attribute, when): kill right after the function returns, or just before it runs
 STEPS: dict[str, tuple[str, str, str]] = {
     "queue": ("flows.removals", "_next_batch", "after"),  # the batch is announced in the journal, no work yet
-    "apply": ("tasks.removal.steps", "apply_batch", "after"),  # the Newton update is in artifacts/head
+    "apply": ("tasks.removal.steps", "apply_batch", "after"),  # the Newton update is in artifacts/digits/head
     "register": ("tasks.removal.steps", "register_batch", "after"),  # the new head version is registered
     "erase": ("tasks.removal.steps", "erase_batch", "after"),  # the new data version is written (and dvc-added)
     "mark_done": ("privpipe.requests.queue", "RequestQueue.mark_done", "before"),  # all done but the journal

@@ -31,7 +31,7 @@ from conftest import PROJECT, ForkedJob
 
 DIGITS_CSV = "data/raw/digits.csv"
 TEXTS = "data/raw/texts.jsonl"
-QUEUE = "data/requests/queue.jsonl"
+QUEUE = "data/requests/digits/queue.jsonl"
 LEDGER = "data/budget/digits.json"
 MNIST = "data/raw/mnist"
 MNIST_SIDE = 28
@@ -103,14 +103,15 @@ def queue_request(folder: Path, record_id: str = "digits-0001") -> None:
     """One pending deletion request, queued as `privpipe forget` does."""
     from privpipe.requests import RequestQueue
 
-    RequestQueue(folder / "data/requests").submit([record_id], reason="test", known=lambda _: True)
+    RequestQueue(folder / "data/requests/digits").submit([record_id], reason="test", known=lambda _: True)
 
 
 def write_head(folder: Path, *, truncate: bool = False) -> None:
-    """A small trained head in artifacts/head (rows = the first digits ids); ``truncate``: its state.npz
+    """A small trained head in artifacts/digits/head (rows = the first digits ids); ``truncate``: its state.npz
     cut in half, as a full disk or a killed copy leaves it."""
     from privpipe.privacy import NoiseSource
     from privpipe.removal import RemovableHead, RemovalGuarantee
+    from tasks.identity import MadeFrom, stamp
     from tasks.removal.store import save_head
 
     rng = np.random.default_rng(0)
@@ -118,9 +119,10 @@ def write_head(folder: Path, *, truncate: bool = False) -> None:
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     head = RemovableHead.train(X, np.arange(40) % 10, classes=10, lam=1e-2, noise=NoiseSource(seed=0, secure=False),
                                guarantee=RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0))
-    target = folder / "artifacts/head"
+    target = folder / "artifacts/digits/head"
     target.mkdir(parents=True, exist_ok=True)
     save_head(target, head, ids=np.array([f"digits-{i:04d}" for i in range(40)]), meta={"applied_batches": {}})
+    stamp(target, MadeFrom(dataset="digits", source="data/raw/digits.csv", data_version="test"))
     if truncate:
         state = target / "state.npz"
         state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
@@ -387,9 +389,9 @@ CASES = [
          setup=lambda folder: write_texts(folder, json.dumps({"text": "text number 2", "label": 0, "split": "train"}))),
     # a spending stage run before the one that writes its input: before, it left a dvc-repro reservation behind
     Case("stage-dp-pca-before-prepare", ("stage", "dp_pca"),
-         "privpipe: error: data/prepared/sensitive/features.npy: missing (run the prepare stage first)"),
+         "privpipe: error: data/prepared/digits: missing (run the prepare stage first)"),
     Case("stage-finetune-before-dp-pca", ("stage", "finetune"),
-         "privpipe: error: artifacts/dp_pca/ledger.json: missing (run the earlier stages first)", base="prepared"),
+         "privpipe: error: artifacts/digits/dp_pca: missing (run the earlier stages first)", base="prepared"),
 
     # -- data files
     Case("mnist-gz-truncated", ("stage", "prepare"),
@@ -432,10 +434,11 @@ CASES = [
              for i in range(12)) + "\n")),
     # a stage run before the one that writes its input (dvc repro keeps the order; a person may not)
     Case("teachers-before-partition", ("stage", "teachers"),
-         "privpipe: error: artifacts/partition/shards.npy: missing (run the earlier stages first)",
+         "privpipe: error: artifacts/digits/partition: missing (run the earlier stages first)",
          setup=params(student={"enabled": True}), base="prepared"),
     Case("evaluate-before-finetune", ("stage", "evaluate"),
-         "privpipe: error: artifacts/finetune/ledger.json: missing (run the earlier stages first)", base="prepared"),
+         "privpipe: error: artifacts/digits/finetune/ledger.json: missing (run the earlier stages first)",
+         base="prepared"),
     Case("csv-ragged-row", ("stage", "prepare"),
          f"privpipe: error: {DIGITS_CSV}: line {BAD_ROW + 1} has 4 fields, expected 66",
          setup=lambda folder: edit_csv_row(folder, BAD_ROW, lambda row: row[:4])),
@@ -448,7 +451,7 @@ CASES = [
          setup=lambda folder: edit_csv_row(folder, BAD_ROW, lambda row: [row[0], "-1", *row[2:]])),
     # one empty class: with one class per teacher, the teachers of that class get no records
     Case("empty-class-label-shards", ("stage", "partition"),
-         "privpipe: error: data/prepared/sensitive: labels: label_shards shard 6 holds only class 3, "
+         "privpipe: error: data/prepared/digits/sensitive: labels: label_shards shard 6 holds only class 3, "
          "with no records; every class needs records (or raise labels_per_shard)",
          setup=steps(params(partition={"strategy": "label_shards", "labels_per_shard": 1, "shards": 10,
                                        "min_records": 1}, student={"enabled": True}),
@@ -468,15 +471,15 @@ CASES = [
          f"privpipe: error: {QUEUE}: Is a directory; the journal is unchanged (nothing was queued or marked)",
          setup=lambda folder: (folder / QUEUE).mkdir(parents=True)),
     Case("queue-salt-is-a-folder", ("forget", "digits-0001"),
-         "privpipe: error: data/requests/salt: Is a directory; the journal is unchanged (nothing was queued or "
+         "privpipe: error: data/requests/digits/salt: Is a directory; the journal is unchanged (nothing was queued or "
          "marked)",
-         setup=lambda folder: (folder / "data/requests/salt").mkdir(parents=True)),
+         setup=lambda folder: (folder / "data/requests/digits/salt").mkdir(parents=True)),
     Case("lifetime-ledger-is-a-folder", ("run",), f"privpipe: error: {LEDGER}: is a folder, not a file",
          setup=lambda folder: (folder / LEDGER).mkdir(parents=True)),
     # no command takes a model version as input; the removal run consumes the deployed head
-    # (artifacts/head, registered as <model_name>-head): a queued request without it is refused
+    # (artifacts/digits/head, registered as <model_name>-head): a queued request without it is refused
     Case("removals-without-head", ("removals",),
-         "privpipe: error: artifacts/head: no removal-enabled head (run the pipeline with head.enabled)",
+         "privpipe: error: artifacts/digits/head: no removal-enabled head (run the pipeline with head.enabled)",
          setup=queue_request),
     # before, the CSV was rewritten and then `dvc add` failed with a traceback
     Case("removals-without-dvc-repository", ("removals",),
@@ -485,7 +488,7 @@ CASES = [
          setup=steps(queue_request, write_head)),
     # before, the run announced its batch in the journal, then failed loading the head: requests stuck
     Case("removals-head-state-truncated", ("removals",),
-         "privpipe: error: artifacts/head/state.npz: the head's file is damaged (BadZipFile: File is not a zip "
+         "privpipe: error: artifacts/digits/head/state.npz: the head's file is damaged (BadZipFile: File is not a zip "
          "file); nothing was changed and every request stays pending (`privpipe stage head` retrains it)",
          setup=steps(queue_request, lambda folder: write_head(folder, truncate=True))),
 
@@ -502,20 +505,20 @@ CASES = [
     # -- issue 35: a damaged head names its file, not the folder; argparse's errors of every subcommand (the
     #    calculator's too) start `privpipe: error: `; a long value is cut in the error line
     Case("removals-head-ids-missing", ("removals",),
-         "privpipe: error: artifacts/head/ids.npy: missing; nothing was changed and every request stays pending "
+         "privpipe: error: artifacts/digits/head/ids.npy: missing; nothing was changed and every request stays pending "
          "(`privpipe stage head` retrains it)",
-         setup=steps(queue_request, write_head, lambda folder: (folder / "artifacts/head/ids.npy").unlink())),
+         setup=steps(queue_request, write_head, lambda folder: (folder / "artifacts/digits/head/ids.npy").unlink())),
     Case("removals-head-state-without-an-array", ("removals",),
-         "privpipe: error: artifacts/head/state.npz: the head's file is damaged (no array 'B'); nothing was changed "
-         "and every request stays pending (`privpipe stage head` retrains it)",
-         setup=steps(queue_request, write_head, lambda folder: np.savez(
-             folder / "artifacts/head/state.npz",
-             **{k: v for k, v in np.load(folder / "artifacts/head/state.npz").items() if k != "B"}))),
-    Case("removals-head-ids-of-other-rows", ("removals",),
-         "privpipe: error: artifacts/head/ids.npy: 39 rows, but artifacts/head/state.npz holds 40; nothing was "
+         "privpipe: error: artifacts/digits/head/state.npz: the head's file is damaged (no array 'B'); nothing was "
          "changed and every request stays pending (`privpipe stage head` retrains it)",
+         setup=steps(queue_request, write_head, lambda folder: np.savez(
+             folder / "artifacts/digits/head/state.npz",
+             **{k: v for k, v in np.load(folder / "artifacts/digits/head/state.npz").items() if k != "B"}))),
+    Case("removals-head-ids-of-other-rows", ("removals",),
+         "privpipe: error: artifacts/digits/head/ids.npy: 39 rows, but artifacts/digits/head/state.npz holds 40; "
+         "nothing was changed and every request stays pending (`privpipe stage head` retrains it)",
          setup=steps(queue_request, write_head, lambda folder: np.save(
-             folder / "artifacts/head/ids.npy", np.load(folder / "artifacts/head/ids.npy")[:39]))),
+             folder / "artifacts/digits/head/ids.npy", np.load(folder / "artifacts/digits/head/ids.npy")[:39]))),
     Case("calculator-steps-zero", ("privacy", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01",
                                    "--steps", "0", "--delta", "1e-5"),
          "privpipe: error: argument --steps: must be >= 1, got 0"),

@@ -188,7 +188,7 @@ def test_a_stage_is_refused_while_a_pipeline_run_holds_the_project(project, caps
     with exclusive_lock(project, blocking=False):
         assert main(["stage", "prepare"]) == 1
     assert "another pipeline run (privpipe run, or a stage of dvc repro)" in capsys.readouterr().err
-    assert not (project / "data/prepared").exists()
+    assert not (project / "data/prepared/digits").exists()
 
 
 def test_two_federated_runs_at_once_sharing_a_budget_directory_cannot_both_spend(tmp_path, prefect_harness,

@@ -45,7 +45,7 @@ def test_bad_params_give_one_line_and_exit_2(project):
     done = privpipe("run", cwd=project)
     assert done.returncode == 2
     assert done.stderr.strip() == "privpipe: error: privacy.delta: must be in (0, 1)"
-    assert not (project / "mlflow.db").exists() and not (project / "data/prepared").exists()
+    assert not (project / "mlflow.db").exists() and not (project / "data/prepared/digits").exists()
 
 
 def test_missing_data_file_is_named(project):
@@ -53,7 +53,7 @@ def test_missing_data_file_is_named(project):
     done = privpipe("stage", "prepare", cwd=project)
     assert done.returncode == 2
     assert last_line(done.stderr) == "privpipe: error: data/raw/nope.csv: file not found"
-    assert not (project / "data/prepared").exists()
+    assert not (project / "data/prepared/digits").exists()
 
 
 def test_delta_not_below_one_over_n_is_refused(project):
@@ -61,7 +61,7 @@ def test_delta_not_below_one_over_n_is_refused(project):
     done = privpipe("stage", "prepare", cwd=project)
     assert done.returncode == 2
     assert "privacy.delta: 0.01 is not below 1/n" in last_line(done.stderr)
-    assert not (project / "data/prepared").exists()
+    assert not (project / "data/prepared/digits").exists()
 
 
 def test_overspending_stage_is_refused_before_any_work(project):
@@ -72,4 +72,4 @@ def test_overspending_stage_is_refused_before_any_work(project):
     line = last_line(done.stderr)
     assert line.startswith("privpipe: refused: dp_pca: would raise total ε from 0 to")
     assert "privacy.epsilon_budget = 0.1" in line
-    assert not (project / "artifacts/dp_pca").exists()
+    assert not (project / "artifacts/digits/dp_pca").exists()

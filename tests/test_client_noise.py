@@ -114,11 +114,11 @@ def test_the_text_flow_with_client_noise_charges_the_worst_clients_record_level_
                             "local_learning_rate": 0.5, "noise": "client", "target_epsilon": 3.0,
                             "noise_multiplier": None})
     out = federated_text(params_file="params.yaml")
-    ledger = Ledger.from_json((project / "artifacts/federated/ledger.json").read_text())
+    ledger = Ledger.from_json((project / "artifacts/texts/federated/ledger.json").read_text())
     (event,) = ledger.events
     spent = out.model.private
     assert event.mechanism == "poisson_gaussian" and event.noise_multiplier == pytest.approx(spent.noise_multiplier)
-    sizes = np.bincount(np.load(project / "artifacts/text/assignment.npy"), minlength=4)
+    sizes = np.bincount(np.load(project / "artifacts/texts/text/assignment.npy"), minlength=4)
     schedule = client_schedule(int(sizes.min()), LocalConfig(epochs=1, batch_size=4))
     assert (event.sample_rate, event.steps) == (schedule.sample_rate, schedule.steps * 2)  # q = 1: every round
     spend = ledger.epsilon()

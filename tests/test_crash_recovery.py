@@ -70,7 +70,7 @@ def _csv_ids(folder: Path) -> set[str]:
 
 
 def _journal(folder: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (folder / "data/requests/queue.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (folder / "data/requests/digits/queue.jsonl").read_text().splitlines()]
 
 
 def _mlflow(folder: Path) -> MlflowClient:
@@ -106,9 +106,10 @@ def template(tmp_path_factory) -> Template:
     os.chdir(folder)
     try:
         params = load_params("params.yaml")
-        queue = RequestQueue(Path("data/requests"))
-        sensitive = Records.load(Path("data/prepared/sensitive")).ids.tolist()
-        targets = [sensitive[3], sensitive[17], sensitive[42], str(Records.load(Path("data/prepared/test")).ids[0])]
+        queue = RequestQueue(Path("data/requests/digits"))
+        sensitive = Records.load(Path("data/prepared/digits/sensitive")).ids.tolist()
+        test_record = str(Records.load(Path("data/prepared/digits/test")).ids[0])
+        targets = [sensitive[3], sensitive[17], sensitive[42], test_record]
         requests = queue.submit(targets, reason="crash test", known=current_record_ids(params, queue).__contains__)
         # MLflow's tables made once (their migrations take seconds), but not the experiment: each copy
         # creates its own, with an artifact location (an absolute path) inside that copy
@@ -184,7 +185,7 @@ def reference(template: Template, killed, prefect_harness, tmp_path_factory) -> 
     folder = _copy(template, tmp_path_factory.mktemp("crash-reference") / "project")
     with pytest.MonkeyPatch.context() as monkeypatch:
         (result,) = _run_removals(folder, monkeypatch)
-    head, _, meta = load_head(folder / "artifacts/head")
+    head, _, meta = load_head(folder / "artifacts/digits/head")
     assert result.requests == 4 and head.used_total > 0
     return Reference(head.used_total, meta["applied_batches"][result.batch_id], result.data_version)
 
@@ -194,7 +195,7 @@ def _assert_left_by_the_kill(step: str, folder: Path, template: Template, batch_
     from tasks.removal.store import load_head
 
     reached = list(STEPS).index(step)
-    _, _, meta = load_head(folder / "artifacts/head")
+    _, _, meta = load_head(folder / "artifacts/digits/head")
     assert (batch_id in meta["applied_batches"]) == (reached >= list(STEPS).index("apply"))
     tagged = [v for v in _head_versions(folder) if v.tags.get("removal.batch_id") == batch_id]
     assert len(tagged) == (1 if reached >= list(STEPS).index("register") else 0)
@@ -215,7 +216,7 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     folder = run.folder
     outcome = run.outcome()
     assert outcome.returncode == -signal.SIGKILL, outcome.stdout[-4000:]
-    queue = RequestQueue(folder / "data/requests")
+    queue = RequestQueue(folder / "data/requests/digits")
     batch_id, open_requests = queue.open_batch()
     assert [r.request_id for r in open_requests] == template.request_ids  # announced, none lost
     _assert_left_by_the_kill(step, folder, template, batch_id)
@@ -232,11 +233,11 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     assert [r.audit["mechanism"] for r in requests] == ["newton", "newton", "newton", "absent"]
 
     # the head: the batch applied once, its rows removed once, the budget counted once
-    head, ids, meta = load_head(folder / "artifacts/head")
+    head, ids, meta = load_head(folder / "artifacts/digits/head")
     assert list(meta["applied_batches"]) == [batch_id]
     assert sum(h["rows"] for h in meta["history"] if h["batch_id"] == batch_id) == 3
     assert meta["applied_batches"][batch_id]["rows_removed"] == 3
-    queue = RequestQueue(folder / "data/requests")
+    queue = RequestQueue(folder / "data/requests/digits")
     hashes = row_hashes(queue, ids)
     rows = [hashes.index(queue.hash_record_id(t)) for t in template.targets[:3]]
     assert not head.active[rows].any() and head.active.sum() == len(ids) - 3
@@ -313,14 +314,14 @@ def test_concurrent_forget_processes_lose_and_double_nothing(tmp_path: Path, for
     events = _journal(tmp_path)  # every line parses as JSON: no torn or interleaved write
     assert Counter(e["event"] for e in events) == {"received": 800}
     assert len({e["request_id"] for e in events}) == 800
-    queue = RequestQueue(tmp_path / "data/requests")
+    queue = RequestQueue(tmp_path / "data/requests/digits")
     assert Counter(e["record_hash"] for e in events) == Counter(map(queue.hash_record_id, ids))  # each exactly once
     requests = queue.read()  # the fold validates every event
     assert len(requests) == 800 and {r.status for r in requests} == {"pending"}
     by_record = {r.record_hash: r for r in requests}
     assert all(queue.reason_matches(by_record[queue.hash_record_id(i)], f"worker {w}")
                for w, chunk in enumerate(chunks) for i in chunk)
-    journal = (tmp_path / "data/requests/queue.jsonl").read_text()
+    journal = (tmp_path / "data/requests/digits/queue.jsonl").read_text()
     assert not any(i in journal for i in ids) and "worker" not in journal  # hashes only
 
 
@@ -389,7 +390,7 @@ def test_pipeline_run_killed_mid_stage_releases_and_charges_nothing(
     ledger = tmp_path / "data/budget/digits.json"
     charged = ledger.read_bytes()
     assert [e["run"] for e in json.loads(charged)["entries"]] == [first.run_id]
-    votes = tmp_path / "artifacts/teachers/votes.npy"
+    votes = tmp_path / "artifacts/digits/teachers/votes.npy"
     votes_written = votes.stat().st_mtime_ns
 
     output = _kill_in_teachers_stage(tmp_path, api_url)

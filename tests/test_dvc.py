@@ -55,13 +55,13 @@ def test_repro_then_experiment_variant(repo: Path):
     assert set(lock["stages"]) == {"prepare", "partition", "dp_pca", "teachers", "aggregate", "student",
                                    "finetune", "head", "evaluate"}
     assert any(dep["path"] == "tasks/finetune/stage.py" for dep in lock["stages"]["finetune"]["deps"])
-    finetune = json.loads((repo / "metrics/finetune.json").read_text())
-    privacy = json.loads((repo / "metrics/privacy.json").read_text())
+    finetune = json.loads((repo / "metrics/digits/finetune.json").read_text())
+    privacy = json.loads((repo / "metrics/digits/privacy.json").read_text())
     assert privacy["total"]["epsilon"] <= 3.0 + 1e-9
     assert set(privacy["stages"]) == {"dp_pca", "aggregate", "finetune"}
     # evaluate --track recorded the run in the project's MLflow store
     assert (repo / "mlflow.db").exists()
-    head = json.loads((repo / "metrics/head.json").read_text())
+    head = json.loads((repo / "metrics/digits/head.json").read_text())
     # the head sits on DP-PCA features here: its extractor's DP is the dp_pca stage's alone
     assert head["whole_certified_removal_epsilon"] == pytest.approx(privacy["stages"]["dp_pca"]["epsilon"] + 1.0)
 
@@ -78,7 +78,7 @@ def test_repro_then_experiment_variant(repo: Path):
     sh("git", "add", "-A", cwd=repo)
     sh("git", "commit", "-qm", "repro", cwd=repo)
     sh(sys.executable, "-m", "dvc", "exp", "run", "-S", "finetune.epochs=1", cwd=repo)
-    variant = json.loads((repo / "metrics/finetune.json").read_text())
+    variant = json.loads((repo / "metrics/digits/finetune.json").read_text())
     assert variant["steps"] * 3 == finetune["steps"]  # one epoch instead of three
     assert yaml.safe_load((repo / "params.yaml").read_text())["finetune"]["epochs"] == 1
     assert len(sh(sys.executable, "-m", "dvc", "exp", "list", "--name-only", cwd=repo).stdout.split()) == 1

@@ -63,7 +63,7 @@ def _holding(record_ids: list[str], root: Path = Path(".dvc/cache")) -> dict[str
 
 def test_versions_holding_an_erased_record_leave_the_cache_unless_a_model_needs_them(dvc_project):
     params = load_params("params.yaml")
-    queue = RequestQueue(Path("data/requests"))
+    queue = RequestQueue(Path("data/requests/digits"))
     erased = ["digits-0001", "digits-0002", "digits-0003"]
 
     _batch(params, queue, erased[0])
@@ -119,7 +119,7 @@ def test_a_run_killed_between_recording_and_deleting_deletes_when_run_again(dvc_
     from tasks.removal import dvc_cache
 
     params = load_params("params.yaml")
-    queue = RequestQueue(Path("data/requests"))
+    queue = RequestQueue(Path("data/requests/digits"))
     _batch(params, queue, "digits-0001")
     v1 = _pointer_md5()
 
@@ -130,7 +130,7 @@ def test_a_run_killed_between_recording_and_deleting_deletes_when_run_again(dvc_
         patched.setattr(Path, "unlink", killed)
         _batch(params, queue, "digits-0002")
     assert (Path(".dvc/cache/files/md5") / v1[:2] / v1[2:]).is_file()
-    assert dvc_cache._ledger().deleted == {v1: "data/raw/digits.csv"}
+    assert dvc_cache._ledger(dvc_cache.ledger_file(params)).deleted == {v1: "data/raw/digits.csv"}
     # the re-run (the open batch first) deletes it and lists it
     _, todo = queue.open_batch()
     from tasks.removal.steps import erase_batch

@@ -40,7 +40,7 @@ def _forget(record_id: str) -> None:
     from tasks.removal.erase import current_record_ids
 
     params = load_params("params.yaml")
-    queue = RequestQueue(Path("data/requests"))
+    queue = RequestQueue(Path("data/requests/digits"))
     assert len(queue.submit([record_id], known=current_record_ids(params, queue).__contains__)) == 1
 
 
@@ -50,7 +50,7 @@ def _manifest_coverage(client: MlflowClient, name: str, version: str, record_id:
 
     found = client.get_model_version(name, version)
     local = client.download_artifacts(found.run_id, found.tags["privacy.record_manifest"], "dl")
-    record = RequestQueue(Path("data/requests")).hash_record_id(record_id)
+    record = RequestQueue(Path("data/requests/digits")).hash_record_id(record_id)
     return {u["name"]: u["coverage"] for u in json.loads(Path(local).read_text())["uses"]
             if u["hashes"] and record in u["hashes"]}
 
@@ -71,19 +71,19 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
         first = register_pipeline_head(params, run, run_head(params))  # an earlier run's head: version 1
     assert first.registered.version == "1"
 
-    # the run in progress has read its data (data/prepared holds the record); the erasure completes
-    sensitive = Records.load(inside / "data/prepared/sensitive").ids.tolist()
+    # the run in progress has read its data (data/prepared/digits holds the record); the erasure completes
+    sensitive = Records.load(inside / "data/prepared/digits/sensitive").ids.tolist()
     erased, late = sensitive[7], sensitive[11]
     _forget(erased)
-    with one_pipeline_at_a_time():  # what the run holds: the removal run leaves data/prepared as it is
+    with one_pipeline_at_a_time():  # what the run holds: the removal run leaves data/prepared/digits as it is
         (done,) = removals(params_file="params.yaml")
     assert done.head_version == "2" and erased not in (inside / "data/raw/digits.csv").read_text()
-    (request,) = RequestQueue(Path("data/requests")).read()
+    (request,) = RequestQueue(Path("data/requests/digits")).read()
     assert request.audit["erasure"]["copies"]["prepared"]["done"] is False
 
     with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run:
         head = run_head(params)  # the run goes on: its head stage, on the data it read
-        _, ids, meta = load_head(Path("artifacts/head"))
+        _, ids, meta = load_head(Path("artifacts/digits/head"))
         assert erased not in ids.tolist() and meta["left_out_at_training"] == 1  # trained without it: exact
         _forget(late)  # requested after the head trained, before it is registered
         registered = register_pipeline_head(params, run, head)
@@ -91,8 +91,8 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
 
     version = registered.registered.version
     assert version == "3"
-    live, ids, _ = load_head(Path("artifacts/head"))
-    queue = RequestQueue(Path("data/requests"))
+    live, ids, _ = load_head(Path("artifacts/digits/head"))
+    queue = RequestQueue(Path("data/requests/digits"))
     row = row_hashes(queue, ids).index(queue.hash_record_id(late))
     assert not live.active[row] and ids[row].startswith("erased:")  # removed by a Newton update before registration
     assert _manifest_coverage(client, HEAD, version, erased) == {"extractor_sensitive": "dp"}
@@ -107,27 +107,27 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
     assert "2 in sensitive: dp" in model.tags["privacy.erasure.note"]
     # the late request, processed later, finds nothing left to remove from the head
     (after,) = removals(params_file="params.yaml")
-    assert [r.audit["mechanism"] for r in RequestQueue(Path("data/requests")).read()] == ["newton", "absent"]
-    assert np.array_equal(load_head(Path("artifacts/head"))[0].active, live.active)
+    assert [r.audit["mechanism"] for r in RequestQueue(Path("data/requests/digits")).read()] == ["newton", "absent"]
+    assert np.array_equal(load_head(Path("artifacts/digits/head"))[0].active, live.active)
     assert after.rows_removed == 0
-    # no run holds data/prepared now: both records are scrubbed from it, their hashes kept for manifests
-    late_audit = RequestQueue(Path("data/requests")).read()[1].audit
+    # no run holds data/prepared/digits now: both records are scrubbed from it, their hashes kept for manifests
+    late_audit = RequestQueue(Path("data/requests/digits")).read()[1].audit
     assert late_audit["erasure"]["copies"]["prepared"] == {"done": True, "rows_removed": {"sensitive": 2}}
-    assert not {erased, late} & set(Records.load(inside / "data/prepared/sensitive").ids.tolist())
+    assert not {erased, late} & set(Records.load(inside / "data/prepared/digits/sensitive").ids.tolist())
 
 
 def test_a_record_used_without_any_guarantee_refuses_the_registration(project):
     from tasks.removal.coverage import ErasedDuringRun, requested_since_data
     from tasks.removal.record_use import RecordUse
 
-    queue = RequestQueue(project / "data/requests")
+    queue = RequestQueue(project / "data/requests/digits")
     queue.submit(["digits-0003"], known=lambda _: True)
     hashed = queue.hash_record_id("digits-0003")
     dp = RecordUse(name="sensitive", coverage="dp", detail="", hashes=frozenset({hashed, "sha256:other"}))
     plain = RecordUse(name="public_queries", coverage="none", detail="", hashes=frozenset({hashed}))
     other = RecordUse(name="sensitive", coverage="dp", detail="", hashes=frozenset({"sha256:other"}))
-    assert requested_since_data([other], model="m") == {}
-    assert requested_since_data([dp], model="m")["privacy.erasure.requested_since_data"] == "1"
+    assert requested_since_data([other], model="m", queue=queue) == {}
+    assert requested_since_data([dp], model="m", queue=queue)["privacy.erasure.requested_since_data"] == "1"
     with pytest.raises(ErasedDuringRun, match="m: not registered: 1 record.s. whose deletion was requested while "
                                               "this run went on were used without any guarantee .1 in public_queries"):
-        requested_since_data([dp, plain], model="m")
+        requested_since_data([dp, plain], model="m", queue=queue)

@@ -48,7 +48,7 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
 
     text_project(project, encoder)
     out = federated_text(params_file="params.yaml")
-    ledger = Ledger.from_json((project / "artifacts/federated/ledger.json").read_text())
+    ledger = Ledger.from_json((project / "artifacts/texts/federated/ledger.json").read_text())
     spend = ledger.epsilon()
     assert out.model.private.epsilon == pytest.approx(spend.epsilon) and spend.epsilon <= 3.0
     assert ledger.events[0].to_dict() | {} == {"mechanism": "poisson_gaussian", "stage": "federated",
@@ -78,7 +78,7 @@ def test_federated_text_flow_records_the_ledgers_epsilon(project, encoder, prefe
     assert not [k for k in run.data.metrics if k.startswith("privacy.audit") or "clients_dropped" in k]
     assert run.data.metrics["privacy.record_epsilon"] == pytest.approx(record.epsilon)
     # named by flow, dataset and data version; described in one line; the text file as its dataset input
-    version = json.loads((project / "artifacts/text/meta.json").read_text())["data_version"]
+    version = json.loads((project / "artifacts/texts/text/meta.json").read_text())["data_version"]
     assert run.info.run_name == f"federated-text · texts · untracked:{version.removeprefix('untracked:')[:8]}"
     assert f"client-level ε = {spend.epsilon:.4g}" in run.data.tags["mlflow.note.content"]
     (data,) = run.inputs.dataset_inputs
@@ -131,7 +131,7 @@ def test_a_run_whose_record_level_cost_the_lifetime_cannot_pay_is_refused_before
     assert "this run may cost up to ε = 4.60" in last and last.endswith(
         "(its planned rounds for one record, by PLD: one record changes one client); refusing before its first round")
     assert (project / "data/budget/texts.json").read_bytes() == before  # nothing charged
-    assert not (project / "artifacts/federated").exists()  # no round ran, nothing saved or released
+    assert not (project / "artifacts/texts/federated").exists()  # no round ran, nothing saved or released
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
     assert not client.search_registered_models()
 
@@ -146,7 +146,7 @@ def test_lora_mode_trains_adapters_and_head_only(project, encoder):
     # audited by the loss attack on token inputs; no calibrated attack (a fresh start would wipe the encoder)
     assert "privacy.audit.loss.auc" in out.privacy_audit and "privacy.audit.calibrated.auc" not in out.privacy_audit
     assert out.privacy_audit["privacy.audit.members"] == 40  # no reference model: no test texts set aside
-    model, _spec = load_text_model(project / "artifacts/federated")
+    model, _spec = load_text_model(project / "artifacts/texts/federated")
     lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     head = sum(p.numel() for p in model.head.parameters())
     assert lora > 0 and len(trainable_vector(model)) == lora + head
@@ -162,7 +162,8 @@ def test_embeddings_are_cached_per_data_version(project, encoder):
     first = run_text_features(params)
     second = run_text_features(params)
     assert not first.train_cached and second.train_cached
-    assert np.array_equal(np.load(project / "artifacts/text_features/train_embeddings.npy").shape, (120, 16))
+    embeddings = np.load(project / "artifacts/texts/text_features/train_embeddings.npy")
+    assert np.array_equal(embeddings.shape, (120, 16))
     lines = (project / "texts.jsonl").read_text().splitlines()
     row = json.loads(lines[0]) | {"text": "mango mango mango"}
     (project / "texts.jsonl").write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
@@ -327,11 +328,11 @@ def test_texts_held_in_one_place_train_by_central_dpsgd(project, encoder, prefec
                  finetune={"lot_size": 16, "epochs": 2, "learning_rate": 1.0, "target_epsilon": 2.0,
                            "noise_multiplier": None, "max_grad_norm": 1.0})
     out = federated_text(params_file="params.yaml")
-    ledger = Ledger.from_json((project / "artifacts/federated/ledger.json").read_text())
+    ledger = Ledger.from_json((project / "artifacts/texts/federated/ledger.json").read_text())
     (event,) = ledger.events
     # one text is one record: Poisson lots over the texts, no client level and no group-of-two conversion
     assert (event.mechanism, event.stage) == ("poisson_gaussian", "dpsgd")
-    texts = len(np.load(project / "artifacts/text_features/train_labels.npy"))
+    texts = len(np.load(project / "artifacts/texts/text_features/train_labels.npy"))
     # Opacus' convention: ceil(n/L) lots an epoch at q = 1/ceil(n/L)
     assert event.sample_rate == pytest.approx(1 / math.ceil(texts / 16)) and event.steps == 2 * math.ceil(texts / 16)
     assert out.model.steps == event.steps

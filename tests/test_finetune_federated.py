@@ -37,7 +37,7 @@ def prepared(project, accountant="rdp", **federated):
 def test_federated_finetune_joins_the_run_ledger(project):
     params = prepared(project, target_epsilon=2.5)
     out = run_finetune(params)
-    ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
+    ledger = Ledger.from_json((project / "artifacts/mnist/finetune/ledger.json").read_text())
     assert ledger.stages() == ["dp_pca", "finetune"]
     # the run's ledger is record-level: the rounds are charged for two add-or-remove steps of one client
     client_level = PoissonGaussianEvent(stage="finetune", noise_multiplier=out.noise_multiplier,
@@ -46,11 +46,11 @@ def test_federated_finetune_joins_the_run_ledger(project):
     assert 2.4 < ledger.epsilon().epsilon <= 2.5  # calibrated against the total, dp_pca included
     # so the noise is larger than a client-level total of 2.5 would need
     assert compute_epsilon([ledger.events[0], client_level], delta=params.privacy.delta).epsilon < 1.5
-    history = json.loads((project / "artifacts/finetune/history.json").read_text())
+    history = json.loads((project / "artifacts/mnist/finetune/history.json").read_text())
     assert [r["round"] for r in history["rounds"]] == [1, 2, 3, 4]
     assert history["epsilon_by_round"][-1]["epsilon"] == pytest.approx(ledger.epsilon().epsilon)
-    assert json.loads((project / "metrics/finetune.json").read_text())["mode"] == "federated"
-    assert not (project / "artifacts/.finetune.clients").exists()  # the clients' scratch files are gone
+    assert json.loads((project / "metrics/mnist/finetune.json").read_text())["mode"] == "federated"
+    assert not (project / "artifacts/mnist/.finetune.clients").exists()  # the clients' scratch files are gone
     assert 0.0 <= run_evaluate(params).accuracy_test <= 1.0
 
 
@@ -58,7 +58,7 @@ def test_federated_finetune_stops_before_the_budget_and_says_so(project):
     params = prepared(project, rounds=500, noise_multiplier=3.0, target_epsilon=None)
     out = run_finetune(params)
     assert 0 < out.rounds < 500 and "stopped before round" in out.stopped
-    ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
+    ledger = Ledger.from_json((project / "artifacts/mnist/finetune/ledger.json").read_text())
     assert ledger.epsilon().epsilon <= params.privacy.epsilon_budget
 
 
@@ -91,7 +91,7 @@ def test_no_affordable_round_is_refused_before_training(project):
     params = prepared(project, noise_multiplier=0.3, target_epsilon=None)
     with pytest.raises(BudgetExceeded, match="stopped before round 1"):
         run_finetune(params)
-    assert not (project / "artifacts/finetune").exists()
+    assert not (project / "artifacts/mnist/finetune").exists()
 
 
 def test_federated_finetune_trains_the_scatternet_cnn(project):
@@ -110,11 +110,11 @@ def test_federated_finetune_trains_the_scatternet_cnn(project):
     run_prepare(params)
     run_dp_pca(params)
     run_finetune(params)
-    history = json.loads((project / "artifacts/finetune/history.json").read_text())
+    history = json.loads((project / "artifacts/mnist/finetune/history.json").read_text())
     assert [r["round"] for r in history["rounds"]] == [1, 2]
-    model = load_released(project / "artifacts/finetune")
+    model = load_released(project / "artifacts/mnist/finetune")
     assert type(model[0]).__name__ == "ScatterNet"
-    assert json.loads((project / "artifacts/finetune/model.json").read_text())["mode"] == "federated"
+    assert json.loads((project / "artifacts/mnist/finetune/model.json").read_text())["mode"] == "federated"
     assert 0.0 <= run_evaluate(params).accuracy_test <= 1.0
 
 
@@ -123,7 +123,7 @@ def test_federated_finetune_is_accounted_by_pld_alone(project):
     is the ledger's PLD figure, below the RDP conversion of the same events."""
     params = prepared(project, accountant="pld", target_epsilon=2.5)
     run_finetune(params)
-    ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
+    ledger = Ledger.from_json((project / "artifacts/mnist/finetune/ledger.json").read_text())
     spend = ledger.epsilon()
     assert spend.accountant == "pld" and 2.4 < spend.epsilon <= 2.5
     assert compute_epsilon(ledger.events, delta=params.privacy.delta, accountant="rdp").epsilon > spend.epsilon

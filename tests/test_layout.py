@@ -223,6 +223,19 @@ def test_each_dvc_stage_depends_on_every_file_its_command_runs():
     assert uncovered == {}
 
 
+def test_dvc_yaml_names_the_folders_of_params_yaml_dataset():
+    """dvc.yaml's stages read and write the folders of params.yaml's dataset (its `dataset` variable), so
+    `dvc repro` tracks what `privpipe stage` writes."""
+    from privpipe.config import load_params
+    from tasks.paths import dataset_name
+
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    (variables,) = spec["vars"]
+    assert variables["dataset"] == dataset_name(load_params(ROOT / "params.yaml"))
+    outs = {name: stage.get("outs", []) for name, stage in spec["stages"].items()}
+    assert outs["prepare"] == ["data/prepared/${dataset}"] and outs["head"] == ["artifacts/${dataset}/head"]
+
+
 def test_the_library_imports_no_orchestration_or_tracking_stack():
     offending = {m: sorted(set(imports(m)) & set(ORCHESTRATION)) for m in modules() if m.startswith("privpipe")}
     assert {m: found for m, found in offending.items() if found} == {}

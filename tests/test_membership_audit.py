@@ -108,35 +108,44 @@ def test_both_attacks_have_teeth_on_an_overfit_model(overfit):
     assert result.metrics("privacy.audit")["privacy.audit.calibrated.auc"] == result.attacks["calibrated"].auc
 
 
+def _stamp(project) -> None:
+    """The prepared sets and the model as the digits' stages would have stamped them (tasks.identity)."""
+    from tasks.identity import MadeFrom, stamp
+
+    made_from = MadeFrom(dataset="digits", source="data/raw/digits.csv", data_version="test")
+    for folder in ("data/prepared/digits", "artifacts/digits/finetune"):
+        stamp(project / folder, made_from)
+
+
 def test_evaluate_stops_a_run_whose_claim_the_audit_contradicts(overfit, project):
     """The overfit model shipped with a ledger claiming ε ≈ 0.01: the stage fails and writes nothing."""
     model, (x, y), (train, _, rest) = overfit
     write_params(project, privacy_audit={"records": 100, "reference_fraction": 0.3})
     params = load_params("params.yaml")
     ids = np.array([f"digits-{i:04d}" for i in range(len(y))])
-    Records(x[train], y[train], ids[train]).save(project / "sensitive")
+    Records(x[train], y[train], ids[train]).save(project / "data/prepared/digits/sensitive")
     unseen = np.setdiff1d(np.arange(len(y)), np.r_[train, rest, overfit[2][1]])[:160]
     held = np.r_[rest, unseen]  # 310 never-seen records: 93 train the reference, 150 are candidates
-    Records(x[held], y[held], ids[held]).save(project / "test")
-    folder = project / "released"
+    Records(x[held], y[held], ids[held]).save(project / "data/prepared/digits/test")
+    folder = project / "artifacts/digits/finetune"
     save_released(model, folder, spec=DIGITS_MLP)
+    _stamp(project)
     ledger = Ledger(epsilon_budget=3.0, delta=1e-5, events=[GaussianEvent(stage="finetune", noise_multiplier=500.0)])
     (folder / "ledger.json").write_text(ledger.to_json())
     assert ledger.epsilon().epsilon < 0.05
 
     with pytest.raises(PrivacyAuditFailed, match="membership attack proves ε ≥"):
-        run_evaluate(params, sensitive=project / "sensitive", test=project / "test", model_dir=folder)
+        run_evaluate(params)
     assert not (project / "metrics").exists()
 
     # the same model with an honest (non-private) claim passes; its figures are stored only when asked
     (folder / "ledger.json").write_text(Ledger(epsilon_budget=100.0, delta=1e-5, events=[
         GaussianEvent(stage="finetune", noise_multiplier=0.3)]).to_json())
-    out = run_evaluate(params, sensitive=project / "sensitive", test=project / "test", model_dir=folder)
-    assert "privacy_audit" not in json.loads((project / "metrics/evaluate.json").read_text())
+    out = run_evaluate(params)
+    assert "privacy_audit" not in json.loads((project / "metrics/digits/evaluate.json").read_text())
     write_params(project, privacy={"log_uncovered": True}, privacy_audit={"records": 100, "reference_fraction": 0.3})
-    out = run_evaluate(load_params("params.yaml"), sensitive=project / "sensitive", test=project / "test",
-                       model_dir=folder)
-    audit = json.loads((project / "metrics/evaluate.json").read_text())["privacy_audit"]
+    out = run_evaluate(load_params("params.yaml"))
+    audit = json.loads((project / "metrics/digits/evaluate.json").read_text())["privacy_audit"]
     assert audit == out.privacy_audit and audit["privacy.audit.members"] == 100
     assert audit["claimed_epsilon"] == pytest.approx(out.epsilon)
     assert audit["privacy.audit.epsilon_lower_bound"] <= out.epsilon
@@ -150,12 +159,13 @@ def test_the_command_ends_loudly_with_exit_3(overfit, project):
     model, (x, y), (train, reference_rows, rest) = overfit
     write_params(project, privacy_audit={"records": 100, "reference_fraction": 0.3})
     ids = np.array([f"digits-{i:04d}" for i in range(len(y))])
-    Records(x[train], y[train], ids[train]).save(project / "data/prepared/sensitive")
+    Records(x[train], y[train], ids[train]).save(project / "data/prepared/digits/sensitive")
     unseen = np.setdiff1d(np.arange(len(y)), np.r_[train, rest, reference_rows])[:160]
     held = np.r_[rest, unseen]
-    Records(x[held], y[held], ids[held]).save(project / "data/prepared/test")
-    folder = project / "artifacts/finetune"
+    Records(x[held], y[held], ids[held]).save(project / "data/prepared/digits/test")
+    folder = project / "artifacts/digits/finetune"
     save_released(model, folder, spec=DIGITS_MLP)
+    _stamp(project)
     (folder / "ledger.json").write_text(Ledger(epsilon_budget=3.0, delta=1e-5, events=[
         GaussianEvent(stage="finetune", noise_multiplier=500.0)]).to_json())
     done = subprocess.run([sys.executable, "-m", "flows.cli", "stage", "evaluate"], cwd=project, capture_output=True,

@@ -244,7 +244,7 @@ def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
     from flows.removals import removals
 
     monkeypatch.chdir(trained)
-    sensitive = Records.load(trained / "data/prepared/sensitive").ids.tolist()
+    sensitive = Records.load(trained / "data/prepared/digits/sensitive").ids.tolist()
     targets = [sensitive[3], sensitive[11]]
     collect = _Collect()
     loggers = [logging.getLogger(name) for name in ("", "prefect", "privpipe", "mlflow")]
@@ -265,7 +265,7 @@ def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
     captured = capfd.readouterr()
     assert result.requests == 2 and result.head_version
 
-    queue = RequestQueue(trained / "data/requests")
+    queue = RequestQueue(trained / "data/requests/digits")
     assert all(queue.reason_matches(r, REASON) for r in queue.read())  # only the reason's HMAC is kept, locally
     hashes = {queue.hash_record_id(t) for t in targets}
 
@@ -297,7 +297,7 @@ def test_a_removal_run_leaves_no_record_id_or_reason_in_mlflow_prefect_or_logs(
     # queue's journal holds the ids' HMACs, neither the ids nor the reason
     assert any(result.batch_id in t for t in mlflow_texts)
     assert any(p.name == "audit.json" for p in artifacts) and any(p.name == "MLmodel" for p in artifacts)
-    journal = (trained / "data/requests/queue.jsonl").read_bytes()
+    journal = (trained / "data/requests/digits/queue.jsonl").read_bytes()
     assert all(h.encode() in journal for h in hashes) and not any(secret.encode() in journal for secret in secrets)
     print(f"scanned {len(mlflow_texts)} MLflow strings, {len(artifacts)} artifacts, {len(prefect_texts)} Prefect "
           f"strings, {len(collect.lines)} log records")

@@ -65,15 +65,15 @@ def table_project(project: Path, *, hospital: bool = False, **sections) -> objec
 def test_a_table_with_its_own_columns_and_word_labels_runs_every_stage_pate_included(project):
     params = table_project(project)
     out = run_pipeline(params)
-    shape = read_shape()
+    shape = read_shape(project / "data/prepared/patients")
     assert shape.kind == "tabular" and shape.classes == tuple(CANCER_LABELS)
     assert shape.features == ("mean_radius", "mean_texture", "mean_concave_points", "worst_radius",
                               "worst_concave_points", "site=north", "site=south", "site=east")
-    sensitive = Records.load(project / "data/prepared/sensitive")
+    sensitive = Records.load(project / "data/prepared/patients/sensitive")
     assert sensitive.ids[0].startswith("P0") and sensitive.features.min() >= -1 and sensitive.features.max() <= 1
     assert sensitive.clients is None  # no federated.client_column
     assert out["aggregate"].answered > 0 and out["student"].labeled == out["aggregate"].answered
-    spec = json.loads((project / "artifacts/finetune/model.json").read_text())
+    spec = json.loads((project / "artifacts/patients/finetune/model.json").read_text())
     assert spec["normalize"] is False and spec["image"] is None and spec["classes"] == 2
     # breast cancer is nearly linear: well above the majority class (0.63) even at this size
     assert out["evaluate"].accuracy_test > 0.85
@@ -138,11 +138,11 @@ def test_an_image_folder_of_colour_pngs_resized_trains_pate_and_the_colour_cnn(p
                  finetune={"model": "cnn", "epochs": 3, "lot_size": 16, "target_epsilon": 30.0},
                  **{**{k: v for k, v in QUICK.items() if k != "teachers"}, "aggregate": {"queries": 10, "sigma": 2.0}})
     out = run_pipeline(load_params("params.yaml"))
-    shape = read_shape()
+    shape = read_shape(project / "data/prepared/photos")
     assert shape.image_shape == (3, 8, 8) and shape.classes == ("circle", "square", "stripes")
-    ids = Records.load(project / "data/prepared/sensitive").ids
+    ids = Records.load(project / "data/prepared/photos/sensitive").ids
     assert all(i.startswith("photos/") and i.endswith(".png") for i in ids)
-    model = load_released(project / "artifacts/finetune")
+    model = load_released(project / "artifacts/photos/finetune")
     assert isinstance(model[-1][0], torch.nn.Conv2d) and model[-1][0].in_channels == 3
     assert out["evaluate"].accuracy_test > 0.5  # three classes
 
@@ -169,8 +169,9 @@ def test_cifar10_batches_and_svhn_mat_files_train_a_colour_cnn(project):
     params = load_params("params.yaml")
     out = run_pipeline(params)
     assert out["prepare"].sizes == {"sensitive": 100, "public": 10, "test": 30}
-    assert read_shape().classes[0] == "airplane" and read_shape().image_shape == (3, 32, 32)
-    assert Records.load(project / "data/prepared/test").ids[0] == "cifar10-test-00010"
+    shape = read_shape(project / "data/prepared/cifar-10-batches-py")
+    assert shape.classes[0] == "airplane" and shape.image_shape == (3, 32, 32)
+    assert Records.load(project / "data/prepared/cifar-10-batches-py/test").ids[0] == "cifar10-test-00010"
     assert 0.0 <= out["evaluate"].accuracy_test <= 1.0
 
     write_svhn(project / "svhn")
@@ -179,9 +180,9 @@ def test_cifar10_batches_and_svhn_mat_files_train_a_colour_cnn(project):
                  finetune={"model": "cnn", "epochs": 1, "lot_size": 20}, head={"enabled": False},
                  privacy_audit={"enabled": False})
     out = run_pipeline(load_params("params.yaml"))
-    spec = json.loads((project / "artifacts/finetune/model.json").read_text())
+    spec = json.loads((project / "artifacts/svhn/finetune/model.json").read_text())
     assert spec["image"] == [3, 32, 32] and spec["model"] == "cnn"
-    assert load_released(project / "artifacts/finetune")[-1][0].in_channels == 3  # a colour CNN
+    assert load_released(project / "artifacts/svhn/finetune")[-1][0].in_channels == 3  # a colour CNN
 
 
 def test_each_value_of_a_client_column_is_one_federated_client(project):
@@ -191,7 +192,8 @@ def test_each_value_of_a_client_column_is_one_federated_client(project):
                                       "min_records": 1, "target_epsilon": 8.0},
                            student={"enabled": False}, privacy={"epsilon_budget": 10.0, "delta": 1e-4})
     run_prepare(params)
-    assert set(Records.load(project / "data/prepared/sensitive").clients) == {"st-mary", "general", "city", "county"}
+    clients = set(Records.load(project / "data/prepared/patients/sensitive").clients)
+    assert clients == {"st-mary", "general", "city", "county"}
     run_dp_pca(params)
     deployed = run_finetune(params)
     assert deployed.clients == 4 and deployed.rounds == 3
@@ -202,7 +204,7 @@ def test_deletion_requests_name_the_datas_own_ids_and_reach_the_raw_table_and_im
     from tasks.removal.erase import current_record_ids, erase_from_source
 
     params = table_project(project)
-    queue = RequestQueue(project / "data/requests")
+    queue = RequestQueue(project / "data/requests/patients")
     assert {"P0000", "P0568"} <= current_record_ids(params, queue)
     erased = erase_from_source(params, {queue.hash_record_id("P0001")}, queue=queue)
     assert erased.rewritten and erased.removed_rows == 1
@@ -229,7 +231,8 @@ def test_a_user_named_public_pool_and_target_domain_feed_pate_unlabeled(project)
     params = load_params("params.yaml")
     prepared = run_prepare(params)
     assert prepared.sizes["public"] == 80 and prepared.sizes["target"] == 60 and "target_test" not in prepared.sizes
-    assert (Records.load(project / "data/prepared/public").labels == -1).all()  # unlabeled: the label column unread
+    # unlabeled: the label column unread
+    assert (Records.load(project / "data/prepared/patients/public").labels == -1).all()
     for stage in (run_partition, run_dp_pca, run_teachers):
         stage(params)
     labels = run_aggregate(params)

@@ -38,7 +38,7 @@ def finished(prefect_harness, tmp_path_factory):
 
 def test_mlflow_epsilon_equals_the_ledger(finished):
     folder, result, client = finished
-    ledger = Ledger.from_json((folder / "artifacts/finetune/ledger.json").read_text())
+    ledger = Ledger.from_json((folder / "artifacts/digits/finetune/ledger.json").read_text())
     run = client.get_run(result.run_id)
     assert run.data.metrics["privacy.epsilon"] == pytest.approx(ledger.epsilon().epsilon, rel=1e-12)
     assert run.data.metrics["privacy.delta"] == ledger.delta
@@ -58,8 +58,8 @@ def test_accuracy_clears_a_floor_and_is_logged(finished):
     # train accuracy and DP-SGD's loss are not covered by ε: the terminal gets them, no store does by default
     assert 0 < result.evaluation.accuracy_train <= 1
     assert "accuracy.train" not in run.data.metrics and "finetune.loss" not in run.data.metrics
-    assert "accuracy_train" not in json.loads((folder / "metrics/evaluate.json").read_text())
-    assert "final_loss" not in json.loads((folder / "metrics/finetune.json").read_text())
+    assert "accuracy_train" not in json.loads((folder / "metrics/digits/evaluate.json").read_text())
+    assert "final_loss" not in json.loads((folder / "metrics/digits/finetune.json").read_text())
     assert "not recorded" in run.data.tags["privacy.not_covered"]
 
 
@@ -96,7 +96,7 @@ def test_the_membership_audit_runs_and_only_its_verdict_is_stored(finished):
     for attack in ("loss", "calibrated"):
         assert 0.0 <= audit[f"privacy.audit.{attack}.auc"] <= 1.0
     # 30% of the test records train the reference; up to 250 of the rest are audited against as many members
-    n_test = int(json.loads((folder / "metrics/prepare.json").read_text())["n_test"])
+    n_test = int(json.loads((folder / "metrics/digits/prepare.json").read_text())["n_test"])
     audited = min(250, n_test - round(0.3 * n_test))
     assert audit["privacy.audit.members"] == audit["privacy.audit.non_members"] == audited
     assert 0.0 <= audit["privacy.audit.epsilon_lower_bound"] <= result.evaluation.epsilon
@@ -109,23 +109,23 @@ def test_the_membership_audit_runs_and_only_its_verdict_is_stored(finished):
     version = client.get_model_version("test-model", result.model.version)
     assert version.tags["privacy.audit"].startswith("passed")
     assert not [k for k in version.tags if k.startswith("privacy.audit.")]
-    assert "privacy_audit" not in json.loads((folder / "metrics/evaluate.json").read_text())
+    assert "privacy_audit" not in json.loads((folder / "metrics/digits/evaluate.json").read_text())
 
 
 def test_stage_outputs_for_dvc_metrics(finished):
     folder, result, _ = finished
-    privacy = json.loads((folder / "metrics/privacy.json").read_text())
+    privacy = json.loads((folder / "metrics/digits/privacy.json").read_text())
     assert privacy["total"]["epsilon"] == pytest.approx(result.evaluation.epsilon)
     assert set(privacy["stages"]) == {"dp_pca", "aggregate", "finetune"}
-    evaluated = json.loads((folder / "metrics/evaluate.json").read_text())
+    evaluated = json.loads((folder / "metrics/digits/evaluate.json").read_text())
     assert evaluated["accuracy_test"] == result.evaluation.accuracy_test
 
 
 def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
     folder, result, client = finished
-    ledger = Ledger.from_json((folder / "artifacts/finetune/ledger.json").read_text())
+    ledger = Ledger.from_json((folder / "artifacts/digits/finetune/ledger.json").read_text())
     assert ledger.stages() == ["dp_pca", "aggregate", "finetune"]
-    analysis = json.loads((folder / "artifacts/aggregate/analysis.json").read_text())
+    analysis = json.loads((folder / "artifacts/digits/aggregate/analysis.json").read_text())
     # 50 teachers at σ = 40: data-dependent accounting cannot win, decided before the votes, and the
     # ledger has the data-independent Gaussian, every query asked charged
     assert analysis["analysis"] == "data_independent" and "cannot win" in analysis["analysis_reason"]
@@ -134,7 +134,7 @@ def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
     assert analysis["epsilon"] == pytest.approx(analysis["epsilon_data_independent"])
     run = client.get_run(result.run_id)
     for stage in ("partition", "teachers", "aggregate", "student"):
-        assert json.loads((folder / f"metrics/{stage}.json").read_text())
+        assert json.loads((folder / f"metrics/digits/{stage}.json").read_text())
     assert int(run.data.tags["aggregate.answered"]) == analysis["answered"] > 0
     assert run.data.metrics["aggregate.epsilon_data_independent"] > 0
     assert int(run.data.tags["aggregate.queries"]) == analysis["queries"]
@@ -143,8 +143,8 @@ def test_every_pate_stage_ran_and_the_ledger_has_the_aggregation(finished):
     assert "accuracy.target" in run.data.metrics and "student.accuracy_test" in run.data.metrics
     # the raw data-dependent bound stays out of MLflow
     assert not any("raw" in key or "smooth" in key for key in run.data.metrics)
-    assert not (folder / "artifacts/private").exists()  # nothing data-dependent was computed
-    assert not (folder / "artifacts/teachers.partial").exists()
+    assert not (folder / "artifacts/digits/private").exists()  # nothing data-dependent was computed
+    assert not (folder / "artifacts/digits/teachers.partial").exists()
     assert run.data.tags["teachers.released"] == "false"  # the run records that teachers stay private
 
 
@@ -259,7 +259,7 @@ def test_the_run_reads_well_in_the_mlflow_ui(finished):
     assert (data.dataset.name, data.dataset.digest) == ("digits", result.data_version)
     assert json.loads(data.dataset.source)["uri"] == str((folder / "data/raw/digits.csv").resolve())
     # one-point counts and settings are tags with a few digits, not charts; ε and accuracy stay metrics
-    prepared = json.loads((folder / "metrics/prepare.json").read_text())
+    prepared = json.loads((folder / "metrics/digits/prepare.json").read_text())
     assert tags["data.n_sensitive"] == str(prepared["n_sensitive"]) and "data.n_sensitive" not in run.data.metrics
     assert len(tags["finetune.noise_multiplier"].replace(".", "")) <= 6 and "finetune.steps" in tags
     assert "privacy.epsilon_budget" not in run.data.metrics and tags["privacy.dp_pca.delta"] == "1e-05"

@@ -53,7 +53,7 @@ def test_private_folder_is_0700_and_closes_up_an_old_one(tmp_path: Path) -> None
 
 
 def test_prepared_sets_are_private(tmp_path: Path) -> None:
-    """data/prepared/*: the records, their features, labels and ids."""
+    """data/prepared/digits/*: the records, their features, labels and ids."""
     from privpipe.config import load_params
     from privpipe.data import export_digits_csv
     from tasks.prepare import run_prepare
@@ -63,7 +63,7 @@ def test_prepared_sets_are_private(tmp_path: Path) -> None:
     assert mode(tmp_path / DIGITS_CSV) == 0o600  # `privpipe init-data`: the raw records
     with contextlib.chdir(tmp_path):
         run_prepare(load_params("params.yaml"))
-    prepared = tmp_path / "data/prepared"
+    prepared = tmp_path / "data/prepared/digits"
     arrays = sorted(prepared.rglob("*.npy"))
     assert {p.name for p in arrays} >= {"features.npy", "labels.npy", "ids.npy"}
     assert {str(p.relative_to(prepared)): oct(mode(p)) for p in arrays} == \
@@ -73,7 +73,7 @@ def test_prepared_sets_are_private(tmp_path: Path) -> None:
 
 
 def test_head_state_and_ids_are_private(tmp_path: Path) -> None:
-    """artifacts/head/state.npz (the rows' features) and ids.npy were mode 0644."""
+    """artifacts/digits/head/state.npz (the rows' features) and ids.npy were mode 0644."""
     from privpipe.privacy import NoiseSource
     from privpipe.removal import RemovableHead, RemovalGuarantee
     from tasks.removal.store import load_head, save_head
@@ -93,7 +93,8 @@ def test_head_state_and_ids_are_private(tmp_path: Path) -> None:
 
 
 def test_request_queue_folder_is_private(tmp_path: Path) -> None:
-    """data/requests/ was created 0755 (the README says its owner's alone); an old one is closed up on a write."""
+    """data/requests/<dataset>/ was created 0755 (the README says its owner's alone); an old one is closed up on a
+    write."""
     from privpipe.requests import RequestQueue
 
     queue = RequestQueue(tmp_path / "requests")

@@ -1,7 +1,7 @@
 """Nothing a run publishes goes uncharged, and nothing is charged for a run that published nothing: a run
 that dies after its first figure computed from the sensitive records reached MLflow is charged (its
-reservation, the most it can have spent) in the lifetime ledger; one that dies before gives its
-reservation back (issue 35 point 1)."""
+reservation, the most it can have spent) in the lifetime ledger, and so is one that kept an output of the records
+on disk (DP-PCA's projection); one that dies before gives its reservation back (issue 35 point 1)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,13 @@ def _metrics(project) -> dict:
     return dict(run.data.metrics)
 
 
-def test_a_run_that_crashes_while_dp_sgd_trains_gives_its_reservation_back(project, prefect_harness, monkeypatch):
-    """The issue's run overflowed in torch's SGD mid-training; here DP-SGD raises. DP-PCA had logged its σ and ε
-    (the params decide them), nothing computed from the records: the ledger is not charged."""
+@pytest.mark.parametrize("projection", [False, True])
+def test_a_run_that_crashes_while_dp_sgd_trains_is_charged_only_for_what_it_kept(project, prefect_harness,
+                                                                                 monkeypatch, projection):
+    """The issue's run overflowed in torch's SGD mid-training; here DP-SGD raises. Without DP-PCA nothing computed
+    from the records was written or logged: the reservation goes back. With it, the noisy projection was computed
+    from the records and kept on disk (issue 43): the run is charged its reservation, as MLflow shows DP-PCA's
+    spend."""
     from flows.cli import main
     from tasks.finetune import stage
 
@@ -35,12 +39,17 @@ def test_a_run_that_crashes_while_dp_sgd_trains_gives_its_reservation_back(proje
         raise RuntimeError("value cannot be converted to type float without overflow")
 
     monkeypatch.setattr(stage, "train_dpsgd", crash)
-    write_params(project, **SMALL_RUN)
+    write_params(project, **SMALL_RUN, dp_pca={"enabled": projection})
     with pytest.raises(RuntimeError, match="without overflow"):  # a bug: its traceback, as before
         main(["run"])
-    assert any(key.startswith("privacy.dp_pca") for key in _metrics(project))  # DP-PCA's own, params-decided
     ledger = project / "data/budget/digits.json"
-    assert not ledger.exists() or json.loads(ledger.read_text())["entries"] == []
+    if projection:
+        assert any(key.startswith("privacy.dp_pca") for key in _metrics(project))
+        (entry,) = json.loads(ledger.read_text())["entries"]
+        assert (entry["flow"], entry["epsilon"]) == ("pipeline (failed)", 3.0)
+        assert (project / "artifacts/digits/dp_pca/projection.npy").stat().st_mode & 0o077 == 0  # its owner's alone
+    else:
+        assert not ledger.exists() or json.loads(ledger.read_text())["entries"] == []
     assert json.loads((project / "data/budget/.digits.reservations.json").read_text())["reservations"] == []
 
 
@@ -81,7 +90,7 @@ def test_figures_not_covered_by_epsilon_reach_mlflow_only_when_asked(project, as
     ledger.record(GaussianEvent(stage="finetune", noise_multiplier=4.0))
     audit = {"privacy.audit.loss.auc": 0.55, "privacy.audit.epsilon_lower_bound": 0.1,
              "privacy.audit.max_provable_epsilon": 3.3, "claimed_epsilon": 0.5}
-    model_dir = project / "artifacts/finetune"
+    model_dir = project / "artifacts/digits/finetune"
     model_dir.mkdir(parents=True)
     (model_dir / "ledger.json").write_text(ledger.to_json())
     (model_dir / "history.json").write_text(json.dumps({"epochs": [{"step": 1, "loss": 2.3, "lr": 0.1}],

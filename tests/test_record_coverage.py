@@ -72,12 +72,12 @@ def test_a_version_is_registered_with_the_hashed_ids_of_what_it_trained_on(regis
     uses = {use["name"]: use for use in manifest["uses"]}
     assert {name: use["coverage"] for name, use in uses.items()} == {
         "sensitive": "dp", "public_queries": "none", "target_unlabeled": "none"}
-    queue = RequestQueue(registered / "data/requests")
-    sensitive = Records.load(registered / "data/prepared/sensitive").ids
+    queue = RequestQueue(registered / "data/requests/digits")
+    sensitive = Records.load(registered / "data/prepared/digits/sensitive").ids
     assert uses["sensitive"]["hashes"] == sorted(queue.hash_record_id(str(i)) for i in sensitive)
     assert len(uses["public_queries"]["hashes"]) == load_params(registered / "params.yaml").aggregate.queries
     # the target pool's copies are named by their raw record
-    target = Records.load(registered / "data/prepared/target").ids
+    target = Records.load(registered / "data/prepared/digits/target").ids
     assert uses["target_unlabeled"]["hashes"] == sorted(queue.hash_record_id(str(i).split(":")[0]) for i in target)
     assert "privacy.record_manifest" not in client.get_model_version(MODEL, "2").tags
 
@@ -88,9 +88,9 @@ def test_the_audit_lists_every_version_and_how_it_covers_the_record(registered, 
 
     monkeypatch.chdir(registered)
     monkeypatch.setattr(flows.notify, "server_answers", lambda *_a, **_k: False)
-    sensitive = str(Records.load(Path("data/prepared/sensitive")).ids[0])
-    public = str(Records.load(Path("data/prepared/public")).ids[0])  # the first public record is a PATE query
-    test = str(Records.load(Path("data/prepared/test")).ids[0])
+    sensitive = str(Records.load(Path("data/prepared/digits/sensitive")).ids[0])
+    public = str(Records.load(Path("data/prepared/digits/public")).ids[0])  # the first public record is a PATE query
+    test = str(Records.load(Path("data/prepared/digits/test")).ids[0])
     assert cli("forget", sensitive, public, test)[0] == 0
     code, out, _ = cli("removals")
     assert code == 0
@@ -101,7 +101,7 @@ def test_the_audit_lists_every_version_and_how_it_covers_the_record(registered, 
     head_after = max(int(v.version) for v in client.search_model_versions(f"name = '{HEAD}'"))
     assert head_after == 2
 
-    queue = RequestQueue(Path("data/requests"))
+    queue = RequestQueue(Path("data/requests/digits"))
     s, p, t = queue.read()
     assert [r.audit["mechanism"] for r in (s, p, t)] == ["newton", "absent", "absent"]
 
@@ -157,9 +157,9 @@ def test_versions_registered_after_a_request_are_checked_against_it(registered, 
 
     monkeypatch.chdir(registered)
     params = load_params("params.yaml")
-    queue = RequestQueue(Path("data/requests"))
+    queue = RequestQueue(Path("data/requests/digits"))
     known = current_record_ids(params, queue)
-    record = next(str(i) for i in Records.load(Path("data/prepared/sensitive")).ids if str(i) in known)
+    record = next(str(i) for i in Records.load(Path("data/prepared/digits/sensitive")).ids if str(i) in known)
     (request,) = queue.submit([record], known=known.__contains__)
     (result,) = removals(params_file="params.yaml")
     assert result.head_version == "3"

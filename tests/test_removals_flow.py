@@ -43,7 +43,7 @@ def inside(trained, monkeypatch):
 
 
 def _sensitive_ids(folder: Path) -> list[str]:
-    return Records.load(folder / "data/prepared/sensitive").ids.tolist()
+    return Records.load(folder / "data/prepared/digits/sensitive").ids.tolist()
 
 
 def _run_flow():
@@ -54,8 +54,8 @@ def _run_flow():
 
 def test_head_stage_records_both_guarantees(trained):
     folder, head = trained
-    guarantee = json.loads((folder / "artifacts/head/guarantee.json").read_text())
-    ledger = json.loads((folder / "artifacts/finetune/ledger.json").read_text())
+    guarantee = json.loads((folder / "artifacts/digits/head/guarantee.json").read_text())
+    ledger = json.loads((folder / "artifacts/digits/finetune/ledger.json").read_text())
     assert guarantee["feature_extractor"]["dp_epsilon"] == pytest.approx(ledger["summary"]["total"]["epsilon"])
     assert guarantee["whole_model"]["certified_removal_epsilon"] == pytest.approx(
         guarantee["feature_extractor"]["dp_epsilon"] + 1.0)
@@ -69,7 +69,7 @@ def test_forget_refuses_unknown_ids_and_queues_nothing(inside):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         "privpipe: error: record id 'no-such-record': not in the current data (nothing was queued)")
-    assert RequestQueue(inside / "data/requests").read() == []
+    assert RequestQueue(inside / "data/requests/digits").read() == []
 
 
 def test_removal_flow_end_to_end(prefect_harness, inside):
@@ -80,9 +80,9 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
     from tasks.removal.store import extractor_from, load_head, row_hashes
 
     params = load_params("params.yaml")
-    queue = RequestQueue(Path("data/requests"))
+    queue = RequestQueue(Path("data/requests/digits"))
     sensitive = _sensitive_ids(inside)
-    test_record = Records.load(inside / "data/prepared/test").ids[0]
+    test_record = Records.load(inside / "data/prepared/digits/test").ids[0]
     targets = [sensitive[0], sensitive[5], str(test_record)]
     queue.submit(targets, reason="test", known=current_record_ids(params, queue).__contains__)
     pointer_before = (inside / "data/raw/digits.csv.dvc").read_text()
@@ -101,7 +101,7 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
         [("removal-test-head", result.head_version, "certified_removal")]] * 2 + [
         [("removal-test-head", result.head_version, "not_trained_on")]]
     assert all(r.audit["uncovered"] == [] for r in requests)
-    head, ids, _meta = load_head(Path("artifacts/head"))
+    head, ids, _meta = load_head(Path("artifacts/digits/head"))
     hashes = row_hashes(queue, ids)
     rows = [hashes.index(queue.hash_record_id(t)) for t in targets[:2]]
     assert not head.active[rows].any() and head.active.sum() == len(ids) - 2
@@ -110,7 +110,7 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
     assert not set(targets) & set(ids.tolist()) and not head.X[rows].any()
     erased = {queue.hash_record_id(t) for t in targets}
     for name in ("sensitive", "test"):
-        folder = inside / "data/prepared" / name
+        folder = inside / "data/prepared/digits" / name
         assert not set(Records.load(folder).ids.tolist()) & set(targets)
         assert erased_in(folder) == {queue.hash_record_id(t) for t in (targets[:2] if name == "sensitive" else
                                                                         targets[2:])}
@@ -131,18 +131,18 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
 
     mlflow.set_tracking_uri(f"sqlite:///{inside / 'mlflow.db'}")
     served = mlflow.pytorch.load_model(f"models:/removal-test-head/{result.head_version}")
-    test_set = Records.load(inside / "data/prepared/test")
+    test_set = Records.load(inside / "data/prepared/digits/test")
     with torch.no_grad():
         scores = served(torch.as_tensor(test_set.features[:50], dtype=torch.float32)).numpy()
     np.testing.assert_array_equal(scores.argmax(axis=1), head.predict(head_features(extractor_from(
-        Path("artifacts/head")), test_set.features[:50])))
+        Path("artifacts/digits/head")), test_set.features[:50])))
     audit = json.loads(Path(client.download_artifacts(result.run_id, "removals/audit.json",
                                                       str(inside / "dl"))).read_text())
     assert {a["request_id"] for a in audit} == {r.request_id for r in requests}
     # a later pipeline run never sees the records, and they can no longer be named
     run_prepare(params)
     for name in ("sensitive", "test", "public"):
-        assert not set(Records.load(inside / f"data/prepared/{name}").ids.tolist()) & set(targets)
+        assert not set(Records.load(inside / f"data/prepared/digits/{name}").ids.tolist()) & set(targets)
     # an erased record is no longer in the data, and its request is done: naming it again queues nothing
     assert targets[0] not in current_record_ids(params, queue)
     assert queue.submit([targets[0]], known=current_record_ids(params, queue).__contains__) == []
@@ -157,7 +157,7 @@ def test_crash_between_steps_loses_nothing_and_applies_once(prefect_harness, ins
     from tasks.removal.store import load_head
 
     params = load_params("params.yaml")
-    queue = RequestQueue(Path("data/requests"))
+    queue = RequestQueue(Path("data/requests/digits"))
     current = current_record_ids(params, queue)  # once: it reads the whole data set
     target = [i for i in _sensitive_ids(inside) if i in current][10]
     (request,) = queue.submit([target], known=current_record_ids(params, queue).__contains__)
@@ -170,7 +170,7 @@ def test_crash_between_steps_loses_nothing_and_applies_once(prefect_harness, ins
         _run_flow()
     batch_id, open_requests = queue.open_batch()
     assert [r.request_id for r in open_requests] == [request.request_id]
-    head, _, meta = load_head(Path("artifacts/head"))
+    head, _, meta = load_head(Path("artifacts/digits/head"))
     used_after_crash = head.used_total
     assert batch_id in meta["applied_batches"]
 
@@ -178,7 +178,7 @@ def test_crash_between_steps_loses_nothing_and_applies_once(prefect_harness, ins
     assert result.batch_id == batch_id
     done = [r for r in queue.read() if r.request_id == request.request_id]
     assert [r.status for r in done] == ["done"]
-    head, _, meta = load_head(Path("artifacts/head"))
+    head, _, meta = load_head(Path("artifacts/digits/head"))
     assert head.used_total == used_after_crash  # the budget was counted once
     assert sum(1 for line in queue.path.read_text().splitlines()
                if json.loads(line)["event"] == "done" and json.loads(line)["request_id"] == request.request_id) == 1
@@ -195,7 +195,7 @@ def test_one_request_per_record_and_each_row_counted_once(prefect_harness, insid
 
     monkeypatch.setattr(flows.notify, "server_answers", lambda *_a, **_k: False)
     params = load_params("params.yaml")
-    queue = RequestQueue(Path("data/requests"))
+    queue = RequestQueue(Path("data/requests/digits"))
     current = current_record_ids(params, queue)  # once: it reads the whole data set
     fresh = [i for i in _sensitive_ids(inside) if i in current]
     once, twice = fresh[20], fresh[21]
@@ -212,11 +212,11 @@ def test_one_request_per_record_and_each_row_counted_once(prefect_harness, insid
         for n in (1, 2):
             journal.write(json.dumps({"event": "received", "request_id": f"req-legacy-{n}", "record_id": twice,
                                       "reason": None, "received_at": f"2024-01-01T00:00:0{n}.000000Z"}) + "\n")
-    active_before = load_head(Path("artifacts/head"))[0].active.sum()
+    active_before = load_head(Path("artifacts/digits/head"))[0].active.sum()
 
     (result,) = _run_flow()
     assert result.requests == 3 and result.rows_removed == 2  # two rows, not three
-    assert load_head(Path("artifacts/head"))[0].active.sum() == active_before - 2
+    assert load_head(Path("artifacts/digits/head"))[0].active.sum() == active_before - 2
     client = MlflowClient(tracking_uri=f"sqlite:///{inside / 'mlflow.db'}")
     assert client.get_run(result.run_id).data.metrics["removal.rows_removed"] == 2
     legacy = queue.requests_for(twice)
@@ -232,7 +232,8 @@ def test_one_request_per_record_and_each_row_counted_once(prefect_harness, insid
     rows = [line.split() for line in out.splitlines() if line.startswith("req-")]
     assert code == 0 and [row[0] for row in rows] == [r.request_id for r in legacy]
     assert {row[1] for row in rows} == {legacy[0].record_hash[:12] + "…"}  # one record, its hash's start
-    assert twice not in out and out.splitlines()[-1].startswith("2 request(s) in data/requests/queue.jsonl still hold")
+    assert twice not in out
+    assert out.splitlines()[-1].startswith("2 request(s) in data/requests/digits/queue.jsonl still hold")
     # what the mechanism means, and why the DP model is never listed as uncovered
     assert "  newton: Newton-update removal" in out and "DP model versions are never listed as uncovered" in out
     code, out, _ = cli("requests", "--redact")
@@ -262,18 +263,18 @@ def test_an_unusable_template_falls_back_to_exporting_the_head(inside, monkeypat
 
     params = load_params("params.yaml")
     client = tracking.open_store(params)
-    assert registry._template(params, client, load_head(Path("artifacts/head"))[2]["training_id"]) is not None
+    assert registry._template(params, client, load_head(Path("artifacts/digits/head"))[2]["training_id"]) is not None
 
     def refuse(*_a, **_k):
         raise ValueError("model.pt2: no plain float32 weight '2.weight'")
 
     monkeypatch.setattr(served, "log_swapped", refuse)
     run = tracking.start_run(params)
-    version = registry.register_head(params, run, Path("artifacts/head"), tags={})
+    version = registry.register_head(params, run, Path("artifacts/digits/head"), tags={})
     mlflow.set_tracking_uri(params.run.tracking_uri)
     loaded = mlflow.pytorch.load_model(f"models:/{registry.head_model_name(params)}/{version}")
-    x = torch.as_tensor(Records.load(inside / "data/prepared/test").features[:8], dtype=torch.float32)
-    head = load_head(Path("artifacts/head"))[0]
+    x = torch.as_tensor(Records.load(inside / "data/prepared/digits/test").features[:8], dtype=torch.float32)
+    head = load_head(Path("artifacts/digits/head"))[0]
     with torch.no_grad():
-        np.testing.assert_allclose(loaded(x).numpy(), served_model(Path("artifacts/head"), head)(x).numpy(),
+        np.testing.assert_allclose(loaded(x).numpy(), served_model(Path("artifacts/digits/head"), head)(x).numpy(),
                                    rtol=1e-5, atol=1e-5)

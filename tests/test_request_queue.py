@@ -361,7 +361,7 @@ def test_forget_on_a_full_or_read_only_disk_is_one_line_and_queues_nothing(proje
 
     write_params(project, schedule={"prefect_api_url": "http://127.0.0.1:9/api"})  # nothing listens on port 9
     assert main(["init-data"]) == 0 and main(["forget", "digits-0001"]) == 0
-    journal = project / "data/requests/queue.jsonl"
+    journal = project / "data/requests/digits/queue.jsonl"
     before = journal.read_bytes()
     capsys.readouterr()
 
@@ -381,5 +381,5 @@ def test_forget_on_a_full_or_read_only_disk_is_one_line_and_queues_nothing(proje
         monkeypatch.setattr(queue.os, "write", write)
     assert main(["forget", "digits-0002"]) != 0
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "data/requests/queue.jsonl" in err and "nothing was queued" in err, err
+    assert err.count("\n") == 1 and "data/requests/digits/queue.jsonl" in err and "nothing was queued" in err, err
     assert journal.read_bytes() == before

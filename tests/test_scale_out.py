@@ -45,4 +45,4 @@ def test_teacher_stage_on_a_local_dask_cluster_with_two_workers(project, prefect
     dask_votes = np.load(on_dask.dir / "votes.npy")
     # the same teachers one after another in this process: each teacher is seeded by its index
     run_teachers(load_params("params.yaml"))
-    assert np.array_equal(np.load(paths.TEACHERS / "votes.npy"), dask_votes)
+    assert np.array_equal(np.load(paths.DatasetPaths('digits').teachers / "votes.npy"), dask_votes)

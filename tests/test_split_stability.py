@@ -19,10 +19,10 @@ from test_data import write_mnist
 DIGITS = Path("data/raw/digits.csv")
 
 
-def sets_by_id() -> dict[str, str]:
+def sets_by_id(dataset: str = "digits") -> dict[str, str]:
     """Base record id → the prepared set holding it (the ``:target`` copies under their raw id)."""
     found = {}
-    for folder in sorted(p for p in paths.PREPARED.iterdir() if p.is_dir()):
+    for folder in sorted(p for p in paths.DatasetPaths(dataset).prepared.iterdir() if p.is_dir()):
         for record_id in Records.load(folder).ids.astype(str):
             base = record_id.split(":", 1)[0]
             assert base not in found, f"{base} is in {found[base]} and {folder.name}"
@@ -94,7 +94,7 @@ def test_records_with_accepted_requests_are_in_no_prepared_set(project):
     before = sets_by_id()
     pending = [*some_of(before, "sensitive", 1), *some_of(before, "target", 1), *some_of(before, "test", 1)]
     in_batch, done = some_of(before, "public", 1), some_of(before, "sensitive", 1, skip=1)
-    queue = RequestQueue(paths.REQUESTS)
+    queue = RequestQueue(paths.DatasetPaths("digits").requests)
     queue.submit(pending, known=lambda _: True)
     in_batch_request, done_request = queue.submit([*in_batch, *done], known=lambda _: True)
     batch = queue.start_batch([in_batch_request.request_id, done_request.request_id])
@@ -118,16 +118,16 @@ def test_mnist_sets_stay_by_file_position(project):
                                    "target_domain": False})
     params = load_params("params.yaml")
     run_prepare(params)
-    before = sets_by_id()
+    before = sets_by_id("mnist")
     assert before["mnist-test-00004"] == "public" and before["mnist-test-00005"] == "test"
     gone = ["mnist-train-00003", "mnist-test-00001", "mnist-test-00008"]
-    queue = RequestQueue(paths.REQUESTS)
+    queue = RequestQueue(paths.DatasetPaths("mnist").requests)
     requests = queue.submit(gone, known=lambda _: True)
     batch = queue.start_batch([r.request_id for r in requests])
     queue.mark_done(batch, {r.request_id: {"mechanism": "absent"} for r in requests})
 
     out = run_prepare(params)  # IDX files are never rewritten: positions, and so sets, stay
-    after = sets_by_id()
+    after = sets_by_id("mnist")
 
     assert set(after) == set(before) - set(gone)
     assert all(after[i] == before[i] for i in after)

@@ -49,58 +49,58 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
     assert prepared.data_version.startswith("untracked:")
     assert prepared.sizes["target"] + prepared.sizes["target_test"] == 1797  # the UCI digits at 28×28
     shards = run_partition(params)
-    sizes = json.loads((project / "artifacts/partition/summary.json").read_text())["sizes"]
+    sizes = json.loads((project / "artifacts/mnist/partition/summary.json").read_text())["sizes"]
     assert shards.shards == 3 and sum(sizes) == 60 and min(sizes) >= 5
-    assert json.loads((project / "metrics/partition.json").read_text()) == {"shards": 3, "strategy": "iid"}
+    assert json.loads((project / "metrics/mnist/partition.json").read_text()) == {"shards": 3, "strategy": "iid"}
     assert run_dp_pca(params).projection_file is None
     teachers = run_teachers(params)
-    votes = np.load(project / "artifacts/teachers/votes.npy")
+    votes = np.load(project / "artifacts/mnist/teachers/votes.npy")
     assert votes.shape == (3, 10) and teachers.queries == 10
     # the ledger is only right if aggregate analyses the votes of teachers built on today's DP-PCA
-    np.save(project / "artifacts/dp_pca/projection.npy", np.eye(784, 2))
-    with pytest.raises(DataError, match="artifacts/teachers: built on another DP-PCA projection"):
+    np.save(project / "artifacts/mnist/dp_pca/projection.npy", np.eye(784, 2))
+    with pytest.raises(DataError, match="artifacts/mnist/teachers: built on another DP-PCA projection"):
         run_aggregate(params)
-    (project / "artifacts/dp_pca/projection.npy").unlink()
+    (project / "artifacts/mnist/dp_pca/projection.npy").unlink()
     with pytest.raises(DataError, match="partition of other records"):
-        load_shards(project / "artifacts/partition", Records.load(project / "data/prepared/test").ids)
+        load_shards(project / "artifacts/mnist/partition", Records.load(project / "data/prepared/mnist/test").ids)
 
     # three teachers: data-dependent accounting cannot win, so auto records the data-independent events,
     # both steps charged on every query asked, answered or not
     independent = run_aggregate(params)
-    events = Ledger.from_json((project / "artifacts/aggregate/ledger.json").read_text()).events
+    events = Ledger.from_json((project / "artifacts/mnist/aggregate/ledger.json").read_text()).events
     assert [(e.mechanism, e.count) for e in events] == [("gaussian", 10), ("gaussian", 10)]
     assert independent.analysis == "data_independent" and "cannot win" in independent.analysis_reason
     assert independent.epsilon_sanitised is None
-    assert not (project / "artifacts/private").exists()  # raw data-dependent values only when they are used
-    analysis = json.loads((project / "artifacts/aggregate/analysis.json").read_text())
+    assert not (project / "artifacts/mnist/private").exists()  # raw data-dependent values only when they are used
+    analysis = json.loads((project / "artifacts/mnist/aggregate/analysis.json").read_text())
     assert analysis["choice"]["analysis"] == "data_independent" and analysis["queries"] == 10
     # forced where it cannot win: refused before any noise is drawn or anything written
-    shutil.rmtree(project / "artifacts/aggregate")
+    shutil.rmtree(project / "artifacts/mnist/aggregate")
     write_params(project, **{**SETTINGS, "aggregate": {**SETTINGS["aggregate"], "analysis": "data_dependent"}})
     with pytest.raises(ConfigError, match="^aggregate.analysis: data_dependent cannot win here"):
         run_aggregate(load_params("params.yaml"))
-    assert not (project / "artifacts/aggregate").exists()
+    assert not (project / "artifacts/mnist/aggregate").exists()
 
     # under a GDP filter (a threshold every query clears) the budget stops the queries early, and the
     # ledger records the budget fixed up front, as one Gaussian event
     write_params(project, **{**SETTINGS, "aggregate": {**SETTINGS["aggregate"], "analysis": "filter",
                                                        "threshold": -1000.0, "filter_epsilon": 0.3}})
     filtered = run_aggregate(load_params("params.yaml"))
-    analysis = json.loads((project / "artifacts/aggregate/analysis.json").read_text())
+    analysis = json.loads((project / "artifacts/mnist/aggregate/analysis.json").read_text())
     budget = analysis["filter"]["budget_mu"]
     assert analysis["filter"]["recorded_mu"] == budget and analysis["filter"]["pool"] == 10
     assert filtered.analysis == "filter" and 0 < filtered.queries == filtered.answered < 10
     assert filtered.queries * (1 / 50**2 + 2 / 50**2) <= budget**2 < (filtered.queries + 1) * (3 / 50**2)
-    events = Ledger.from_json((project / "artifacts/aggregate/ledger.json").read_text()).events
+    events = Ledger.from_json((project / "artifacts/mnist/aggregate/ledger.json").read_text()).events
     assert [(e.mechanism, e.count) for e in events] == [("gaussian", 1)]
     assert events[0].noise_multiplier == pytest.approx(1 / budget)
     assert filtered.epsilon == pytest.approx(0.3, abs=2e-3)
-    assert (np.load(project / "artifacts/aggregate/labels.npy")[filtered.queries:] == -1).all()
+    assert (np.load(project / "artifacts/mnist/aggregate/labels.npy")[filtered.queries:] == -1).all()
 
     # 250 teachers agreeing on every query (votes written as the teachers stage would): GNMax at σ = 5
     # is cheaper to account for by the sanitised data-dependent bound, and auto picks it
-    queries = Records.load(project / "data/prepared/public", rows=np.arange(10))
-    np.save(project / "artifacts/teachers/votes.npy", np.tile(queries.labels, (250, 1)))
+    queries = Records.load(project / "data/prepared/mnist/public", rows=np.arange(10))
+    np.save(project / "artifacts/mnist/teachers/votes.npy", np.tile(queries.labels, (250, 1)))
     write_params(project, **{**SETTINGS, "aggregate": {"mechanism": "gnmax", "sigma": 5.0, "queries": 10,
                                                        "rdp_order": 8.0, "ss_beta": 0.06, "ss_noise": 20.0},
                              "privacy": {"epsilon_budget": 10.0}, "finetune": {**CNN_FINETUNE, "target_epsilon": 8.0}})
@@ -110,8 +110,8 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
     assert labels.analysis == "data_dependent" and "can win" in labels.analysis_reason
     assert labels.answered == 10 and labels.label_accuracy == 1.0
     assert labels.epsilon == labels.epsilon_sanitised < labels.epsilon_data_independent
-    assert (project / "artifacts/private/aggregate_data_dependent.json").exists()
-    ledger = Ledger.from_json((project / "artifacts/aggregate/ledger.json").read_text())
+    assert (project / "artifacts/mnist/private/aggregate_data_dependent.json").exists()
+    ledger = Ledger.from_json((project / "artifacts/mnist/aggregate/ledger.json").read_text())
     assert ledger.stages() == ["aggregate"] and labels.epsilon == pytest.approx(
         ledger.stage_epsilon("aggregate").epsilon)
     assert [e.mechanism for e in ledger.events] == ["rdp_curve"]
@@ -119,13 +119,13 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
     assert student.labeled == labels.answered and student.unlabeled_source == "target"
     assert 0.0 <= student.accuracy_target <= 1.0
     tuned = run_finetune(params)
-    assert json.loads((project / "artifacts/finetune/model.json").read_text())["model"] == "cnn"
-    ledger = Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text())
+    assert json.loads((project / "artifacts/mnist/finetune/model.json").read_text())["model"] == "cnn"
+    ledger = Ledger.from_json((project / "artifacts/mnist/finetune/ledger.json").read_text())
     assert ledger.stages() == ["aggregate", "finetune"] and ledger.epsilon().epsilon <= 8.0 + 1e-9
     assert tuned.steps == 12  # 6 steps an epoch at q = 10/60
     result = run_evaluate(params)
     assert 0.0 <= result.accuracy_test <= 1.0 and result.accuracy_target is not None
-    assert json.loads((project / "metrics/privacy.json").read_text())["total"]["epsilon"] == result.epsilon
+    assert json.loads((project / "metrics/mnist/privacy.json").read_text())["total"]["epsilon"] == result.epsilon
 
 
 def test_without_the_student_finetune_starts_from_scratch(project):
@@ -137,15 +137,15 @@ def test_without_the_student_finetune_starts_from_scratch(project):
     run_prepare(params)
     for run in (run_partition, run_dp_pca, run_teachers, run_aggregate, run_student):
         run(params)
-    assert json.loads((project / "metrics/aggregate.json").read_text()) == {"skipped": True}
+    assert json.loads((project / "metrics/mnist/aggregate.json").read_text()) == {"skipped": True}
     tuned = run_finetune(params)
-    assert Ledger.from_json((project / "artifacts/finetune/ledger.json").read_text()).stages() == ["finetune"]
+    assert Ledger.from_json((project / "artifacts/mnist/finetune/ledger.json").read_text()).stages() == ["finetune"]
     assert tuned.steps == 8  # 4 steps an epoch at q = 10/40
     assert 0.0 <= run_evaluate(params).accuracy_test <= 1.0
     # the fresh network is seeded from run.seed: a second run repeats the first exactly
-    first = torch.load(project / "artifacts/finetune/model.pt")
+    first = torch.load(project / "artifacts/mnist/finetune/model.pt")
     assert run_finetune(params).final_loss == tuned.final_loss
-    again = torch.load(project / "artifacts/finetune/model.pt")
+    again = torch.load(project / "artifacts/mnist/finetune/model.pt")
     assert all(torch.equal(first[k], again[k]) for k in first)
 
 
@@ -157,13 +157,13 @@ def test_a_diverged_model_is_refused_by_name_and_never_saved(project):
     run_prepare(params)
     run_dp_pca(params)
     run_finetune(params)
-    good = torch.load(project / "artifacts/finetune/model.pt")
+    good = torch.load(project / "artifacts/digits/finetune/model.pt")
     # past finetune.learning_rate's range, which load_params refuses: the guard is for what gets through
     params = load_params("params.yaml")
     params = dataclasses.replace(params, finetune=dataclasses.replace(params.finetune, learning_rate=1e37))
     with pytest.raises(ConfigError, match=r"^finetune.learning_rate: training diverged"):
         run_finetune(params)
-    assert all(torch.equal(good[k], v) for k, v in torch.load(project / "artifacts/finetune/model.pt").items())
+    assert all(torch.equal(good[k], v) for k, v in torch.load(project / "artifacts/digits/finetune/model.pt").items())
 
 
 def test_a_diverged_student_is_refused_by_name_and_never_saved(project):
@@ -175,7 +175,7 @@ def test_a_diverged_student_is_refused_by_name_and_never_saved(project):
         run(params)
     with pytest.raises(ConfigError, match=r"^student.learning_rate: training diverged"):
         run_student(params)
-    assert not (project / "artifacts/student").exists()
+    assert not (project / "artifacts/digits/student").exists()
 
 
 def test_a_local_usps_folder_as_the_mnist_target_domain(project):
@@ -188,8 +188,8 @@ def test_a_local_usps_folder_as_the_mnist_target_domain(project):
     write_params(project, prepare={"dataset": "mnist", "path": "mnist", "public_queries": 5, "target_source": "usps",
                                    "target_path": "usps"})
     prepared = run_prepare(load_params("params.yaml"))
-    target = Records.load(project / "data/prepared/target")
-    test = Records.load(project / "data/prepared/target_test")
+    target = Records.load(project / "data/prepared/mnist/target")
+    test = Records.load(project / "data/prepared/mnist/target_test")
     assert target.features.shape[1] == test.features.shape[1] == 784 and target.features.min() >= 0.0
     assert target.features.max() <= 1.0 and target.ids[0].startswith("usps-train-")
     # the 16×16 digit sits in MNIST's central 20×20 box
@@ -225,8 +225,8 @@ def test_a_stage_sets_torch_threads_logs_it_and_repeats_byte_for_byte(tmp_path, 
             assert "student: torch uses 1 thread(s) (run.torch_threads: 1)" in caplog.messages
             caplog.clear()
             outputs.append([(tmp_path / name).read_bytes()
-                            for name in ("metrics/student.json", "artifacts/student/history.json",
-                                         "artifacts/student/model.pt")])
+                            for name in ("metrics/digits/student.json", "artifacts/digits/student/history.json",
+                                         "artifacts/digits/student/model.pt")])
     finally:
         os.chdir(previous)
     assert outputs[0] == outputs[1]
@@ -259,14 +259,14 @@ def test_the_scatternet_front_serves_teachers_student_and_finetune(project):
     run_prepare(params)
     for run in (run_partition, run_dp_pca, run_teachers, run_aggregate, run_student):
         run(params)
-    assert json.loads((project / "artifacts/student/model.json").read_text())["transform"] == "scatternet"
+    assert json.loads((project / "artifacts/mnist/student/model.json").read_text())["transform"] == "scatternet"
     tuned = run_finetune(params)
     assert tuned.steps == 12
-    spec = json.loads((project / "artifacts/finetune/model.json").read_text())
+    spec = json.loads((project / "artifacts/mnist/finetune/model.json").read_text())
     assert spec["transform"] == "scatternet" and spec["scatter_j"] == 2
-    model = load_released(project / "artifacts/finetune")
+    model = load_released(project / "artifacts/mnist/finetune")
     assert type(model[0]).__name__ == "ScatterNet" and isinstance(model[1][1], torch.nn.GroupNorm)
-    test = Records.load(project / "data/prepared/test")
+    test = Records.load(project / "data/prepared/mnist/test")
     with torch.no_grad():
         assert model(torch.as_tensor(test.features)).shape == (len(test), 10)
     assert 0.0 <= run_evaluate(params).accuracy_test <= 1.0
@@ -285,10 +285,10 @@ def test_the_head_can_read_the_transform_coefficients(project):
     run_dp_pca(params)
     run_finetune(params)
     head = run_head(params)
-    source = json.loads((project / "artifacts/head/extractor/source.json").read_text())
+    source = json.loads((project / "artifacts/digits/head/extractor/source.json").read_text())
     assert source["source"] == "transform" and source["dp"]["epsilon"] == 0.0 and source["scatter_j"] == 1
     assert head.accuracy_test > 0.5  # it learns from the coefficients (10 classes: chance is 0.1)
-    extractor = extractor_from(project / "artifacts/head")
+    extractor = extractor_from(project / "artifacts/digits/head")
     assert type(extractor[0]).__name__ == "ScatterNet" and extractor[0].maps == (9, 4, 4)
 
 

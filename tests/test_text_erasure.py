@@ -49,7 +49,7 @@ def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_facto
     corpus = _corpus(params)
     in_train, in_test, later = str(corpus.train.ids[4]), str(corpus.test.ids[0]), str(corpus.train.ids[7])
     text_before = corpus_file.read_bytes()
-    copies = ("artifacts/text", "artifacts/text_features", "artifacts/cache/embeddings")
+    copies = ("artifacts/texts/text", "artifacts/texts/text_features", "artifacts/texts/cache/embeddings")
     assert all((project / p).is_dir() for p in copies)
 
     code, _, err = cli("forget", "text-no-such-record")
@@ -60,7 +60,7 @@ def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_facto
     assert code == 0
     assert "2 request(s) done, 0 head row(s) removed; no head" in out and "ACTION" not in out
 
-    queue = RequestQueue(Path("data/requests"))
+    queue = RequestQueue(Path("data/requests/digits"))
     train_request, test_request = queue.read()
     version = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}").get_model_version(
         "privpipe-text", trained.registered.version)
@@ -80,8 +80,8 @@ def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_facto
     # a request still pending withholds its record as well
     assert cli("forget", later)[0] == 0
     prepared = run_prepare_text(params)
-    ids = set(np.load(project / "artifacts/text/train_ids.npy").tolist()) | set(
-        np.load(project / "artifacts/text/test_ids.npy").tolist())
+    ids = set(np.load(project / "artifacts/texts/text/train_ids.npy").tolist()) | set(
+        np.load(project / "artifacts/texts/text/test_ids.npy").tolist())
     assert not ids & {in_train, in_test, later}
     assert len(ids) == len(corpus.train) + len(corpus.test) - 3 and prepared.n_withheld == 3
     assert re.search(r"\+minus-withheld:3-[0-9a-f]{8}$", prepared.data_version)

@@ -8,11 +8,11 @@
     privpipe forget ID... [--reason TEXT]        queue deletion requests (durable; unknown ids are refused)
     privpipe removals [--params ...]             process the queue as a Prefect flow (remove, register, new data
                                                  version)
-    privpipe requests [--record ID] [--redact]   list deletion requests and their state (and coverage)
+    privpipe requests [--record ID] [--redact] [--params ...]   list a dataset's deletion requests and their state
     privpipe serve [--params ...] [--use-running-server]   the Prefect deployments: scheduled retraining, deletion
                                                            processing
     privpipe budget [--release ID] [--params ...]  each dataset's lifetime privacy spend, run by run
-    privpipe audit [--dataset D] [--since DAY] [--until DAY] [--csv FILE]   the recorded runs as a table
+    privpipe audit [--params ...] [--dataset D] [--since DAY] [--until DAY] [--csv FILE]   the recorded runs
     privpipe privacy dpsgd --noise-multiplier 1.1 --sample-rate 0.01 --steps 10000 --delta 1e-5
 
 Bad input ends with one line on stderr naming the key or file, and exit code 2; a run that
@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     requests.add_argument("--redact", action="store_true",
                           help="rewrite requests an older privpipe journaled with the raw record id and reason, "
                                "keeping only their hashes")
+    _params_option(requests)
 
     serve = _command(commands, "serve", "flows.cli.serving:serve",
                      "serve the scheduled-retrain and deletion-processing deployments (starts a local Prefect server "
@@ -113,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     budget = _command(commands, "budget", "flows.cli.history:budget",
                       "each dataset's lifetime privacy spend, the runs in progress and what is left")
-    _params_option(budget)
+    budget.add_argument("--params", default=None,
+                        help="only the datasets this params file names (default: every dataset, with params.yaml's "
+                             "lifetime settings)")
     budget.add_argument("--release", default=None, metavar="RESERVATION",
                         help="drop the reservation of a run that ended without releasing anything (your word for "
                              "it: a run that died after it released output keeps its reservation counted until "
@@ -121,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit = _command(commands, "audit", "flows.cli.history:audit",
                      "the recorded runs (from MLflow): data version, ε per stage, accuracy, model version")
-    _params_option(audit)
+    audit.add_argument("--params", default=None,
+                       help="only the runs of this params file's experiment and dataset (default: every experiment's "
+                            "runs, in the store params.yaml names)")
     audit.add_argument("--dataset", default=None, help="only runs on this dataset (e.g. digits)")
     audit.add_argument("--since", default=None, help="only runs started on or after this day (YYYY-MM-DD, UTC)")
     audit.add_argument("--until", default=None, help="only runs started before this day (YYYY-MM-DD, UTC)")

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
 from privpipe.config import load_params
 from privpipe.requests import Request, RequestQueue
 from tasks import paths
 from tasks.removal.mechanisms import MECHANISMS
 
-__all__ = ["forget", "requests", "removals"]
+__all__ = ["forget", "requests", "removals", "next_step"]
 
 
 def forget(args: argparse.Namespace) -> int:
     params = load_params(args.params)
-    queue = RequestQueue(paths.REQUESTS)
+    queue = RequestQueue(paths.for_params(params).requests)
     from tasks.removal.erase import current_record_ids  # deferred: it reads text data, whose module imports torch
 
     known = current_record_ids(params, queue)
@@ -49,7 +50,7 @@ def forget(args: argparse.Namespace) -> int:
 
 
 def requests(args: argparse.Namespace) -> int:
-    queue = RequestQueue(paths.REQUESTS)
+    queue = RequestQueue(paths.for_params(load_params(args.params)).requests)
     if args.redact:
         print(f"{queue.redact()} request(s) rewritten with hashed record ids and reasons in {queue.path}")
     requests = queue.requests_for(args.record) if args.record is not None else queue.read()
@@ -82,13 +83,17 @@ def removals(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     # deferred until the params are known good: the removal steps and their flow import Prefect, MLflow and torch
     from flows.prefect_api import flow_api
+
+    # before the flow starts: a damaged journal, or requests with no head, fail here (the flow checks again)
+    from flows.removals import registry_preflight
     from flows.removals import removals as removals_flow
     from tasks.removal.erase import ensure_can_erase
     from tasks.removal.steps import ensure_head_for
 
-    # before the flow starts: a damaged journal, or requests with no head, fail here (the flow checks again)
-    ensure_head_for(params, RequestQueue(paths.REQUESTS))
-    ensure_can_erase(params, RequestQueue(paths.REQUESTS))
+    queue = RequestQueue(paths.for_params(params).requests)
+    ensure_head_for(params, queue)  # a head made from another dataset: refused here, in one line
+    ensure_can_erase(params, queue)
+    registry_preflight(params)
     with flow_api(params):
         results = removals_flow(params_file=args.params)
     if not results:
@@ -104,11 +109,21 @@ def removals(args: argparse.Namespace) -> int:
                   f"deletion request(s), {len(flagged.in_batch)} of this batch (tagged privacy.erasure.*): "
                   f"{flagged.action}")
     if any(out.data_rewritten for out in results):
-        pointer = f"{params.prepare.path}.dvc"
-        print(f"NEXT: the raw data lost the erased rows (a new data version): commit its pointer and push the data, "
-              f"so the repository and the DVC remote hold the erased version, not the old one: "
-              f"git add {pointer} && git commit -m 'erase deletion requests' && dvc push")
+        print(next_step(params.prepare.path))
     return 0
+
+
+def next_step(source: str) -> str:
+    """What to do after a removal run rewrote the raw data: commit the new version's DVC pointer, or, for data
+    DVC does not track yet, start tracking it (no pointer exists to commit)."""
+    pointer = Path(f"{source}.dvc")
+    if pointer.is_file():
+        return (f"NEXT: the raw data lost the erased rows (a new data version): commit its pointer and push the data, "
+                f"so the repository and the DVC remote hold the erased version, not the old one: "
+                f"git add {pointer} && git commit -m 'erase deletion requests' && dvc push")
+    return (f"NEXT: the raw data lost the erased rows (a new data version), and DVC does not track {source}: "
+            f"version it, so that later runs name the erased version: dvc add {source} && git add {pointer} && "
+            "git commit -m 'erase deletion requests'")
 
 
 def _legacy_note(requests: Sequence[Request], queue: RequestQueue) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from privpipe.config import ConfigError, Params, check_federated_use, check_text_use, load_params
 from privpipe.data import DataError
+from tasks.paths import for_params
 
 if TYPE_CHECKING:  # types only: the flows import Prefect, MLflow and torch (seconds), deferred below
     from flows.federated import FederatedTextResult
@@ -24,11 +25,12 @@ def run(args: argparse.Namespace) -> int:
     params = load_params(args.params)  # validate before Prefect starts anything
     # deferred until the params are known good: Prefect, MLflow and torch take seconds to import
     from flows.cli.run_report import let_prefect_record
-    from flows.pipeline import pipeline, preflight
+    from flows.pipeline import pipeline, preflight, registry_preflight
     from flows.prefect_api import flow_api
     from tasks.privacy import budget
 
     preflight(params)  # bad data, δ ≥ 1/n, an impossible partition: refused before any run state exists
+    registry_preflight(params)  # a model name that holds another dataset's versions: the same
     budget.check_lifetime(params, budget.dataset_name(params), what="pipeline run")  # the flow checks again
 
     with flow_api(params):
@@ -48,7 +50,8 @@ def _report_run(params: Params, result: RunResult) -> None:
     if evaluation.accuracy_target is not None:
         print(f"target domain   {evaluation.accuracy_target:.4f}   (accuracy on the related domain's labeled test set)")
     print(f"privacy spent   ε = {evaluation.epsilon:.4f}, δ = {evaluation.delta:g}  "
-          f"({evaluation.accountant.upper()} accountant over all stages; per stage in metrics/privacy.json)")
+          f"({evaluation.accountant.upper()} accountant over all stages; per stage in "
+          f"{for_params(params).metrics_file('privacy')})")
     life = result.lifetime.summary()
     print_audit(dict(evaluation.privacy_audit or {}))
     print(f"lifetime        dataset {life['dataset']}: ε = {life['spent']:.4g} spent over {life['runs']} run(s), "
@@ -90,6 +93,11 @@ def federated(args: argparse.Namespace) -> int:
     from flows.cli.run_report import let_prefect_record
     from flows.federated import federated_text
     from flows.prefect_api import flow_api
+    from tasks.tracking import ensure_models_of
+
+    # the text model's name holds no other corpus's versions: refused before any work
+    ensure_models_of(params, budget.dataset_name(params, flow="federated-text"),
+                     {params.text.model_name: "text.model_name"})
 
     with flow_api(params):
         result = federated_text(params_file=args.params)

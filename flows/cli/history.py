@@ -7,13 +7,23 @@ import argparse
 from datetime import UTC, datetime
 from pathlib import Path
 
-from privpipe.config import load_params
+from privpipe.config import load_params, parse_params
+from privpipe.data import DataError
+from tasks.paths import dataset_name
 
 __all__ = ["budget", "audit"]
 
 
+def _project_params(given: str | None):
+    """The params file given; without one, params.yaml's settings (the store, the ledger folder), or the
+    defaults in a project that has none (one whose datasets each run with a params file of their own)."""
+    if given is None and not Path("params.yaml").exists():
+        return parse_params({}, source="defaults")
+    return load_params(given or "params.yaml")
+
+
 def budget(args: argparse.Namespace) -> int:
-    params = load_params(args.params)
+    params = _project_params(args.params)
     from tasks.privacy import budget as lifetime  # deferred: privpipe.privacy imports torch (seconds)
 
     if args.release:
@@ -23,6 +33,9 @@ def budget(args: argparse.Namespace) -> int:
               "released nothing")
         return 0
     ledgers = lifetime.all_lifetimes(params)
+    if args.params is not None:  # the datasets that params file names: its table and its text corpus
+        mine = {lifetime.dataset_name(params), *_text_dataset(params, lifetime)}
+        ledgers = [ledger for ledger in ledgers if ledger.dataset in mine]
     if not ledgers:
         print(f"no runs recorded yet ({params.lifetime.ledger_dir} is empty); lifetime budget per dataset: "
               f"ε = {params.lifetime.epsilon_budget:g}, δ = {params.lifetime.delta_budget:g}")
@@ -44,6 +57,14 @@ def budget(args: argparse.Namespace) -> int:
         cost, basis = _run_cost(params, ledger, lifetime)
         print(f"  room for {int(life['left'] // cost)} more run(s) at {basis}")
     return 0
+
+
+def _text_dataset(params, lifetime) -> list[str]:
+    """The text corpus's dataset name, where the params name one that can be named (else none)."""
+    try:
+        return [lifetime.dataset_name(params, flow="federated-text")]
+    except DataError:
+        return []
 
 
 def _run_cost(params, ledger, lifetime) -> tuple[float, str]:
@@ -80,17 +101,23 @@ def _holder(lifetime, reservation) -> str:
 
 
 def audit(args: argparse.Namespace) -> int:
-    params = load_params(args.params)
+    # without --params: every experiment's runs, of every dataset (the store params.yaml names); with it, the
+    # runs of that params file's experiment and dataset
+    params = _project_params(args.params)
     since = _day(args.since, "--since")
     until = _day(args.until, "--until")
+    dataset = args.dataset
+    if dataset is None and args.params is not None:
+        dataset = dataset_name(params)
     # deferred until the params and days are known good: reading MLflow imports it (seconds)
     from tasks.privacy.audit import audit_rows, format_table, write_csv
     from tasks.tracking import open_store
 
-    rows = audit_rows(params, open_store(params), dataset=args.dataset, since=since, until=until)
+    every = args.params is None
+    rows = audit_rows(params, open_store(params), dataset=dataset, since=since, until=until, every_experiment=every)
     print(format_table(rows))
-    print(f"{len(rows)} run(s) in MLflow experiment {params.run.experiment!r}"
-          + (f", dataset {args.dataset}" if args.dataset else ""))
+    where = "every MLflow experiment" if every else f"MLflow experiment {params.run.experiment!r}"
+    print(f"{len(rows)} run(s) in {where}" + (f", dataset {dataset}" if dataset else ""))
     if args.csv:
         write_csv(rows, Path(args.csv))
         print(f"written {args.csv}")

@@ -50,26 +50,32 @@ def _check_inputs(params: Params, name: str) -> None:
     # deferred: the stage modules import torch (seconds)
     from tasks import paths
     from tasks.common import read_json
+    from tasks.identity import check_inputs
 
+    where = paths.for_params(params)
+    check_inputs(params, where.prepared)  # prepared from the dataset the params name (each stage checks the rest)
     if name == "dp_pca":
         # deferred: each branch imports its own stage's module (torch), only for that stage
         from privpipe.data.records import Records
         from tasks.dp_pca import check_components
 
-        records = Records.load(paths.SENSITIVE)
+        records = Records.load(where.sensitive)
         if params.dp_pca.enabled:
             check_components(params, records.features.shape[1])
     elif name == "aggregate" and params.student.enabled:
         from tasks.privacy.ledger import load_ledger  # deferred: as above, this stage's own module
 
-        load_ledger(paths.DP_PCA / "ledger.json", params)
-        read_json(paths.TEACHERS / "summary.json")
+        check_inputs(params, where.prepared, where.teachers, where.dp_pca)
+        load_ledger(where.dp_pca / "ledger.json", params)
+        read_json(where.teachers / "summary.json")
     elif name == "finetune" and params.finetune.enabled:
         # deferred: as above, this stage's own modules
         from tasks.finetune.stage import check_lot_size, start_dir
         from tasks.finetune.start import finetune_start
 
-        begin = finetune_start(params, sensitive=paths.SENSITIVE, dp_pca_dir=paths.DP_PCA, start=start_dir(params))
+        start = start_dir(params, where)
+        check_inputs(params, where.prepared, *dict.fromkeys([where.dp_pca, start]))
+        begin = finetune_start(params, sensitive=where.sensitive, dp_pca_dir=where.dp_pca, start=start)
         if params.finetune.mode != "federated":
             check_lot_size(params, len(begin.records))
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from privpipe.config import Params
 from privpipe.privacy import Ledger
-from tasks import paths
 from tasks.common import read_json
 from tasks.federated.tracking import log_rounds
+from tasks.paths import DatasetPaths
 from tasks.privacy import uncovered
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
@@ -103,9 +103,10 @@ class FederatedModel:
 FinetunedModel = DpSgdModel | FederatedModel
 
 
-def read_finetuned(model_dir: Path = paths.FINETUNE) -> FinetunedModel:
+def read_finetuned(where: DatasetPaths) -> FinetunedModel:
     """The last finetune's output, from its metrics file (what ``privpipe stage evaluate --track`` records)."""
-    figures = read_json(paths.metrics_file(STAGE))
+    model_dir = where.finetune
+    figures = read_json(where.metrics_file(STAGE))
     if figures.get("mode") == "federated":
         return FederatedModel(model_dir=model_dir, clients=figures["clients"], rounds=figures["rounds"],
                               rounds_planned=figures["rounds_planned"], sample_rate=figures["sample_rate"],

@@ -24,20 +24,22 @@ from privpipe.federated import ClientUpdates, LocalConfig, load_vector, trainabl
 from privpipe.files import private_folder
 from privpipe.models import apply_front, network_maps, released_model, save_released
 from privpipe.privacy import BudgetExceeded
-from tasks import paths
 from tasks.common import save_private_array, stage_logger, staged_dir, task_threads, write_json, write_text
 from tasks.device import training_device
 from tasks.federated.clients import ClientData, ClientJob, ModelSpec, forget_arrays, sequential_updates
 from tasks.federated.training import assign_clients, train_federated
 from tasks.finetune.deployed import FederatedModel
 from tasks.finetune.start import finetune_start
+from tasks.identity import MadeFrom
+from tasks.paths import DatasetPaths
 
 __all__ = ["run_finetune_federated"]
 
 
-def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pca_dir: Path, start: Path,
-                           out: Path, updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates
+def run_finetune_federated(params: Params, *, where: DatasetPaths, start: Path, made_from: MadeFrom,
+                           updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates
                            ) -> FederatedModel:
+    sensitive, test, dp_pca_dir, out = where.sensitive, where.test, where.dp_pca, where.finetune
     log = stage_logger("finetune")
     cfg = params.finetune
     begin = finetune_start(params, sensitive=sensitive, dp_pca_dir=dp_pca_dir, start=start)
@@ -87,7 +89,7 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
     load_vector(network, run.result.weights)
     model = released_model(network, list(begin.front))
     curve = [{"step": c["round"], "epsilon": c["epsilon"]} for c in run.curve]
-    with staged_dir(out) as staging:
+    with staged_dir(out, made_from=made_from) as staging:
         save_released(model, staging, spec=begin.spec, mode="federated")
         write_json(staging / "history.json", {"mode": "federated", "rounds": run.result.history,
                                               "epsilon_by_round": run.curve, "epsilon_by_step": curve,
@@ -102,7 +104,7 @@ def run_finetune_federated(params: Params, *, sensitive: Path, test: Path, dp_pc
         clients_dropped_total=int(sum(h["clients_dropped"] for h in history)),
         noise_multiplier=run.config.noise_multiplier, clip_norm=run.config.clip_norm, epsilon=spend.epsilon,
         accuracy_test_last_round=history[-1]["accuracy_test"], stopped=run.result.stopped)
-    write_json(paths.metrics_file("finetune"), deployed.metrics(params))
+    write_json(where.metrics_file("finetune"), deployed.metrics(params))
     log.info("finetune: federated done, %d rounds, stage %s (record-level); run total %s", run.result.rounds_run,
              spend, ledger.epsilon())
     return deployed

@@ -5,7 +5,7 @@
 Reads the ledger the earlier stages wrote, fixes σ (given, or found for
 ``finetune.target_epsilon`` as the run's total), refuses if the planned steps
 would overspend, trains, and appends the event that actually ran.
-Output: artifacts/finetune/{model.pt, model.json, history.json, ledger.json}.
+Output: artifacts/<dataset>/finetune/{model.pt, model.json, history.json, ledger.json}.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from tasks.federated.clients import ClientJob, sequential_updates
 from tasks.finetune.deployed import DpSgdModel, FinetunedModel
 from tasks.finetune.federated import run_finetune_federated
 from tasks.finetune.start import finetune_start
+from tasks.identity import check_inputs
+from tasks.paths import DatasetPaths
 from tasks.privacy import uncovered
 from tasks.privacy.ledger import calibrate_for, new_ledger
 from tasks.progress import progress
@@ -54,9 +56,9 @@ if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by
 __all__ = ["run_finetune", "finetune_task", "start_dir", "check_lot_size", "check_target_reachable"]
 
 
-def start_dir(params: Params) -> Path:
+def start_dir(params: Params, where: DatasetPaths) -> Path:
     """Where finetune starts: the student (weights and ledger) when PATE ran, else DP-PCA's ledger."""
-    return paths.STUDENT if params.student.enabled else paths.DP_PCA
+    return where.student if params.student.enabled else where.dp_pca
 
 
 def check_lot_size(params: Params, records: int) -> None:
@@ -91,25 +93,25 @@ def check_target_reachable(params: Params, records: int) -> None:
                           f"noise multiplier <= {HIGH:g} (already spent: ε = {ledger.epsilon().epsilon:.4g})")
 
 
-def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
-                 dp_pca_dir: Path = paths.DP_PCA, start: Path | None = None,
-                 out: Path = paths.FINETUNE,
+def run_finetune(params: Params, *, where: DatasetPaths | None = None,
                  updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates) -> FinetunedModel | Skipped:
     """DP-SGD (or, with ``finetune.mode: federated``, DP-FedAvg: see tasks.finetune.federated) from the
-    student's weights (``start`` holds model.pt) or from scratch (``start`` = dp_pca_dir)."""
+    student's weights (when PATE ran) or from scratch (on DP-PCA's ledger)."""
+    where = where or paths.for_params(params)
+    dp_pca_dir, out, start = where.dp_pca, where.finetune, start_dir(params, where)
+    made_from = check_inputs(params, where.prepared, *dict.fromkeys([dp_pca_dir, start]))
     if not params.finetune.enabled:
-        return skip_stage("finetune", out, "finetune.enabled is false: the student is deployed")
+        return skip_stage("finetune", out, "finetune.enabled is false: the student is deployed",
+                          metrics_file=where.metrics_file("finetune"), made_from=made_from)
     use_torch_threads(params, "finetune")
-    start = Path(start if start is not None else start_dir(params))
     federated = params.finetune.mode == "federated"
     warn_insecure_rng(params, "finetune", "DP-FedAvg's noise and client sampling come" if federated else
                       "DP-SGD's noise and lot sampling come", flow_warns=True)
     if federated:
-        return run_finetune_federated(params, sensitive=Path(sensitive), test=Path(test), dp_pca_dir=Path(dp_pca_dir),
-                                      start=start, out=out, updates_for=updates_for)
+        return run_finetune_federated(params, where=where, start=start, made_from=made_from, updates_for=updates_for)
     log = stage_logger("finetune")
     cfg = params.finetune
-    begin = finetune_start(params, sensitive=Path(sensitive), dp_pca_dir=Path(dp_pca_dir), start=start)
+    begin = finetune_start(params, sensitive=where.sensitive, dp_pca_dir=dp_pca_dir, start=start)
     ledger, records, features = begin.ledger, begin.records, begin.features
     check_lot_size(params, len(records))
     schedule = dpsgd_schedule(n=len(records), lot_size=cfg.lot_size, epochs=cfg.epochs)
@@ -122,7 +124,7 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
     log.info("finetune: %d steps at q = %.4g, σ = %.4g; run total will be %s", schedule.steps,
              schedule.sample_rate, sigma, after)
 
-    network = begin.network(params, start=start, dp_pca_dir=Path(dp_pca_dir), log=log)
+    network = begin.network(params, start=start, dp_pca_dir=dp_pca_dir, log=log)
     device = training_device(params)
     log.info("finetune: training on %s (run.device: %s)", device, params.run.device)
     def report(h: dict[str, float]) -> None:
@@ -152,26 +154,25 @@ def run_finetune(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Pat
                              accountant=ledger.accountant)
     curve = [{"step": int(s), "epsilon": e} for s, e in zip(steps, epsilons)]
     model = released_model(result.model, list(begin.front))
-    with staged_dir(out) as staging:
+    with staged_dir(out, made_from=made_from) as staging:
         save_released(model, staging, spec=begin.spec)
         write_json(staging / "history.json", {"epochs": result.history, "epsilon_by_step": curve})
         write_text(staging / "ledger.json", ledger.to_json())
     spend = ledger.stage_epsilon("finetune")
     deployed = DpSgdModel(model_dir=out, noise_multiplier=sigma, sample_rate=schedule.sample_rate,
                           steps=schedule.steps, epsilon=spend.epsilon, final_loss=result.history[-1]["loss"])
-    write_json(paths.metrics_file("finetune"), deployed.metrics(params))
+    write_json(where.metrics_file("finetune"), deployed.metrics(params))
     log.info("finetune: done, stage %s; run total %s", spend, ledger.epsilon())
     return deployed
 
 
 @task(name="finetune", cache_policy=NO_CACHE)
 def finetune_task(params: Params, run: TrackedRun, prepared: PreparedSets, projection: Projection,
-                  start: Path, before_release: Callable[[], None] | None = None) -> FinetunedModel:
+                  before_release: Callable[[], None] | None = None) -> FinetunedModel:
     """DP-SGD (federated rounds run in the flow, so that their client updates are mapped tasks); then the
     stage's figures and curves in MLflow. ``before_release``: called once training is done, before those
     figures leave (the flow's lifetime budget: from then on, the run has released its model's figures)."""
-    deployed = run_finetune(params, sensitive=prepared.sensitive, test=prepared.test, dp_pca_dir=projection.dir,
-                            start=start)
+    deployed = run_finetune(params, where=prepared.where)
     if isinstance(deployed, Skipped):
         raise RuntimeError("finetune_task runs only when finetune.enabled is true")
     if before_release is not None:

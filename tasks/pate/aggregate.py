@@ -14,10 +14,10 @@ filter`` instead asks the queries in order under a GDP budget fixed by ``filter_
 (privpipe.pate.gdp_filter): the threshold is charged on every query asked, the argmax only on the
 answered ones, and the queries stop when the next one might not fit; the budget is what the
 ledger records. The raw
-data-dependent bound is private: written only to artifacts/private/, never to MLflow,
+data-dependent bound is private: written only to artifacts/<dataset>/private/, never to MLflow,
 metrics or a DVC output.
-Output: artifacts/aggregate/{labels.npy (−1 = unanswered), query_ids.npy, analysis.json,
-ledger.json}; artifacts/private/aggregate_data_dependent.json.
+Output: artifacts/<dataset>/aggregate/{labels.npy (−1 = unanswered), query_ids.npy, analysis.json,
+ledger.json}; artifacts/<dataset>/private/aggregate_data_dependent.json.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ from tasks.common import (
     write_json,
     write_text,
 )
+from tasks.identity import check_inputs
 from tasks.pate.teachers import query_records
+from tasks.paths import DatasetPaths
 from tasks.prepared import read_shape
 from tasks.privacy.ledger import load_ledger
 from tasks.projection import check_projection
@@ -171,11 +173,11 @@ class Labels:
         return out
 
     @classmethod
-    def read(cls, folder: Path = paths.AGGREGATE) -> Labels:
+    def read(cls, where: DatasetPaths) -> Labels:
         """The last aggregate's output, from its metrics file (what ``privpipe stage evaluate --track``
         records)."""
-        figures = read_json(paths.metrics_file("aggregate"))
-        return cls(dir=folder, **{"label_accuracy": None, **figures})
+        figures = read_json(where.metrics_file("aggregate"))
+        return cls(dir=where.aggregate, **{"label_accuracy": None, **figures})
 
     def log(self, run: TrackedRun) -> None:
         """MLflow: the figures, and the run's privacy so far."""
@@ -192,10 +194,13 @@ def _label_accuracy(labels: np.ndarray, truth: np.ndarray, answered: np.ndarray)
     return float((labels[known] == truth[known]).mean()) if known.any() else 0.0
 
 
-def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public: Path = paths.PUBLIC,
-                  dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.AGGREGATE) -> Labels | Skipped:
+def run_aggregate(params: Params, *, where: DatasetPaths | None = None) -> Labels | Skipped:
+    where = where or paths.for_params(params)
+    teachers_dir, public, dp_pca_dir, out = where.teachers, where.public, where.dp_pca, where.aggregate
     if not params.student.enabled:
-        return skip_stage("aggregate", out, "student.enabled is false")
+        return skip_stage("aggregate", out, "student.enabled is false", metrics_file=where.metrics_file("aggregate"),
+                          made_from=check_inputs(params, where.prepared, teachers_dir))
+    made_from = check_inputs(params, where.prepared, teachers_dir, dp_pca_dir)
     log = stage_logger("aggregate")
     use_torch_threads(params, "aggregate")
     cfg = params.aggregate
@@ -259,14 +264,14 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
         private = {"warning": "data-dependent values: do not publish", "orders": list(RDP_ORDERS),
                    "rdp": raw_curve.tolist(), "epsilon": float(raw_epsilon), "order": float(raw_order),
                    "rdp_at_release_order": release.raw, "smooth_sensitivity": release.smooth_sensitivity}
-    with staged_dir(out) as staging:
+    with staged_dir(out, made_from=made_from) as staging:
         np.save(staging / "labels.npy", labels)
         np.save(staging / "query_ids.npy", queries.ids.astype(str))
         write_json(staging / "analysis.json", analysis)
         write_text(staging / "ledger.json", ledger.to_json())
-    write_json(paths.metrics_file("aggregate"), result.metrics())
+    write_json(where.metrics_file("aggregate"), result.metrics())
     if private:  # outside every DVC output and never logged: dvc push and MLflow do not see it
-        write_json(paths.PRIVATE / "aggregate_data_dependent.json", private)
+        write_json(where.private / "aggregate_data_dependent.json", private)
     if filtered and filtered.asked < len(queries):
         log.info("aggregate: the filter's budget stopped the queries after %d of %d", filtered.asked, len(queries))
     log.info("aggregate: %d of %d answered (label accuracy %s); stage ε = %.4g recorded (%s), "
@@ -279,7 +284,7 @@ def run_aggregate(params: Params, *, teachers_dir: Path = paths.TEACHERS, public
 @task(name="aggregate", cache_policy=NO_CACHE)
 def aggregate_task(params: Params, run: TrackedRun, votes: Votes, prepared: PreparedSets,
                    projection: Projection) -> Labels:
-    labels = run_aggregate(params, teachers_dir=votes.dir, public=prepared.public, dp_pca_dir=projection.dir)
+    labels = run_aggregate(params, where=prepared.where)
     if isinstance(labels, Skipped):
         raise RuntimeError("aggregate_task runs only when student.enabled is true")
     labels.log(run)

@@ -25,6 +25,8 @@ from privpipe.data import DataError, Records
 from privpipe.data.partition import assign_shards
 from tasks import paths
 from tasks.common import Skipped, load_array, read_json, skip_stage, stage_logger, staged_dir, write_json
+from tasks.identity import check_inputs
+from tasks.paths import DatasetPaths
 from tasks.prepared import read_shape
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
@@ -63,19 +65,22 @@ class Shards:
         return {"shards": self.shards, "strategy": self.strategy}
 
     @classmethod
-    def read(cls, folder: Path = paths.PARTITION) -> Shards:
+    def read(cls, where: DatasetPaths) -> Shards:
         """The last partition's output, from its metrics file (what ``privpipe stage evaluate --track`` records)."""
-        figures = read_json(paths.metrics_file("partition"))
-        return cls(dir=folder, shards=figures["shards"], strategy=figures["strategy"])
+        figures = read_json(where.metrics_file("partition"))
+        return cls(dir=where.partition, shards=figures["shards"], strategy=figures["strategy"])
 
     def log(self, run: TrackedRun) -> None:
         run.log_stage_figures("partition", self.metrics())
 
 
-def run_partition(params: Params, *, sensitive: Path = paths.SENSITIVE,
-                  out: Path = paths.PARTITION) -> Shards | Skipped:
+def run_partition(params: Params, *, where: DatasetPaths | None = None) -> Shards | Skipped:
+    where = where or paths.for_params(params)
+    made_from = check_inputs(params, where.prepared)
+    out, sensitive = where.partition, where.sensitive
     if not params.student.enabled:
-        return skip_stage("partition", out, "student.enabled is false")
+        return skip_stage("partition", out, "student.enabled is false", metrics_file=where.metrics_file("partition"),
+                          made_from=made_from)
     log = stage_logger("partition")
     cfg = params.partition
     records = Records.load(sensitive)
@@ -85,11 +90,11 @@ def run_partition(params: Params, *, sensitive: Path = paths.SENSITIVE,
     # partition, not in metrics, MLflow or logs
     sizes = np.bincount(shards, minlength=cfg.shards)
     result = Shards(dir=out, shards=cfg.shards, strategy=cfg.strategy)
-    with staged_dir(out) as staging:
+    with staged_dir(out, made_from=made_from) as staging:
         np.save(staging / "shards.npy", shards)
         write_json(staging / "summary.json", {**result.metrics(), "records_digest": _digest(records.ids),
                                               "sizes": sizes.tolist()})
-    write_json(paths.metrics_file("partition"), result.metrics())
+    write_json(where.metrics_file("partition"), result.metrics())
     log.info("partition: %d %s shards", cfg.shards, cfg.strategy)
     return result
 
@@ -109,7 +114,7 @@ def load_shards(partition_dir: Path, ids: np.ndarray) -> np.ndarray:
 
 @task(name="partition", cache_policy=NO_CACHE)
 def partition_task(params: Params, run: TrackedRun, prepared: PreparedSets) -> Shards:
-    result = run_partition(params, sensitive=prepared.sensitive)
+    result = run_partition(params, where=prepared.where)
     if isinstance(result, Skipped):
         raise RuntimeError("partition_task runs only when student.enabled is true")
     result.log(run)

@@ -40,7 +40,9 @@ from tasks.common import (
 )
 from tasks.device import training_device
 from tasks.features import build_network
+from tasks.identity import check_inputs
 from tasks.pate.teachers import model_front, query_records
+from tasks.paths import DatasetPaths
 from tasks.prepared import read_shape
 from tasks.privacy.ledger import load_ledger
 from tasks.projection import Projection, projection_digest
@@ -53,10 +55,10 @@ if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by
 __all__ = ["StudentModel", "run_student", "student_task", "target_sets"]
 
 
-def target_sets(prepared: Path = paths.PREPARED) -> tuple[Records | None, Records | None]:
-    """(unlabeled target pool, labeled target test): each None where prepare made none (a target file the user
-    names comes without a labeled test)."""
-    target, test = prepared / paths.TARGET.name, prepared / paths.TARGET_TEST.name
+def target_sets(prepared: Path) -> tuple[Records | None, Records | None]:
+    """(unlabeled target pool, labeled target test) of the prepared sets under ``prepared``: each None where
+    prepare made none (a target file the user names comes without a labeled test)."""
+    target, test = Path(prepared) / "target", Path(prepared) / "target_test"
     return (Records.load(target) if target.exists() else None, Records.load(test) if test.exists() else None)
 
 
@@ -87,11 +89,11 @@ class StudentModel:
         return out
 
     @classmethod
-    def read(cls, folder: Path = paths.STUDENT) -> StudentModel:
+    def read(cls, where: DatasetPaths) -> StudentModel:
         """The last student stage's output, from its metrics file (what ``privpipe stage evaluate --track``
         records)."""
-        figures = read_json(paths.metrics_file("student"))
-        return cls(model_dir=folder, labeled=figures["labeled"], unlabeled=figures["unlabeled"],
+        figures = read_json(where.metrics_file("student"))
+        return cls(model_dir=where.student, labeled=figures["labeled"], unlabeled=figures["unlabeled"],
                    unlabeled_source=figures["unlabeled_source"], accuracy_test=figures["accuracy_test"],
                    accuracy_target=figures.get("accuracy_target"))
 
@@ -102,11 +104,14 @@ class StudentModel:
         run.log_curve("student.loss", [(h["step"], h["loss"]) for h in history])
 
 
-def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public: Path = paths.PUBLIC,
-                test: Path = paths.TEST, dp_pca_dir: Path = paths.DP_PCA,
-                out: Path = paths.STUDENT) -> StudentModel | Skipped:
+def run_student(params: Params, *, where: DatasetPaths | None = None) -> StudentModel | Skipped:
+    where = where or paths.for_params(params)
+    aggregate_dir, public, test, dp_pca_dir, out = (where.aggregate, where.public, where.test, where.dp_pca,
+                                                    where.student)
     if not params.student.enabled:
-        return skip_stage("student", out, "student.enabled is false")
+        return skip_stage("student", out, "student.enabled is false", metrics_file=where.metrics_file("student"),
+                          made_from=check_inputs(params, where.prepared, aggregate_dir))
+    made_from = check_inputs(params, where.prepared, aggregate_dir, dp_pca_dir)
     log = stage_logger("student")
     use_torch_threads(params, "student")
     cfg = params.student
@@ -147,11 +152,11 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
                            unlabeled_source="target" if target is not None else "public",
                            accuracy_test=_accuracy(model, test_records),
                            accuracy_target=_accuracy(model, target_test) if target_test is not None else None)
-    with staged_dir(out) as staging:
+    with staged_dir(out, made_from=made_from) as staging:
         save_released(model, staging, spec=spec, dp_pca_digest=projection_digest(dp_pca_dir))
         write_json(staging / "history.json", {"steps": result.history})
         write_text(staging / "ledger.json", ledger.to_json())
-    write_json(paths.metrics_file("student"), student.metrics())
+    write_json(where.metrics_file("student"), student.metrics())
     log.info("student: %d labeled + %d unlabeled (%s); test accuracy %.4f%s", student.labeled, len(pool),
              student.unlabeled_source, student.accuracy_test,
              f", target accuracy {student.accuracy_target:.4f}" if student.accuracy_target is not None else "")
@@ -161,8 +166,7 @@ def run_student(params: Params, *, aggregate_dir: Path = paths.AGGREGATE, public
 @task(name="student", cache_policy=NO_CACHE)
 def student_task(params: Params, run: TrackedRun, labels: Labels, prepared: PreparedSets,
                  projection: Projection) -> StudentModel:
-    student = run_student(params, aggregate_dir=labels.dir, public=prepared.public, test=prepared.test,
-                          dp_pca_dir=projection.dir)
+    student = run_student(params, where=prepared.where)
     if not isinstance(student, StudentModel):
         raise RuntimeError("student_task runs only when student.enabled is true")
     student.log(run)

@@ -4,8 +4,8 @@
 
 In the flow every teacher is its own mapped Prefect task, so the runner params.yaml
 names (threads, processes, Dask or Ray; ``runner``) trains them in parallel. Each writes its votes to
-artifacts/teachers.partial/; :func:`collect_votes` checks that every teacher reported
-and writes artifacts/teachers/{votes.npy (teachers × queries), query_ids.npy}. The
+artifacts/<dataset>/teachers.partial/; :func:`collect_votes` checks that every teacher reported
+and writes artifacts/<dataset>/teachers/{votes.npy (teachers × queries), query_ids.npy}. The
 votes are the input of the privacy analysis. Teachers' weights are never saved:
 teachers are never released.
 """
@@ -44,7 +44,9 @@ from tasks.common import (
 )
 from tasks.device import training_device
 from tasks.features import build_network, model_spec
+from tasks.identity import check_inputs
 from tasks.pate.partition import Shards, load_shards
+from tasks.paths import DatasetPaths
 from tasks.prepared import read_shape
 from tasks.projection import Projection, load_projection, projection_digest
 
@@ -54,8 +56,6 @@ if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by
 
 __all__ = ["Votes", "train_teacher", "collect_votes", "run_teachers", "clear_partial_votes", "teacher_task",
            "collect_votes_task", "query_records", "model_front"]
-
-PARTIAL = paths.TEACHERS.with_name(paths.TEACHERS.name + ".partial")
 
 
 def model_front(params: Params, shape: DataShape, dp_pca_dir: Path, *, model: str,
@@ -68,7 +68,7 @@ def model_front(params: Params, shape: DataShape, dp_pca_dir: Path, *, model: st
     return spec, torch.nn.Sequential(*spec.front(projection))
 
 
-def query_records(params: Params, public: Path = paths.PUBLIC) -> Records:
+def query_records(params: Params, public: Path) -> Records:
     """The public records the teachers are asked about: the first ``aggregate.queries`` (0 = all)."""
     pool = len(np.load(Path(public) / "labels.npy", mmap_mode="r"))
     wanted = params.aggregate.queries or pool
@@ -97,10 +97,11 @@ def _query_features(params: Params, front: torch.nn.Sequential, public: Path, dp
         return _QUERY_FEATURES[key]
 
 
-def train_teacher(params: Params, teacher: int, *, sensitive: Path = paths.SENSITIVE,
-                  partition_dir: Path = paths.PARTITION, dp_pca_dir: Path = paths.DP_PCA,
-                  public: Path = paths.PUBLIC, partial: Path = PARTIAL) -> Path:
+def train_teacher(params: Params, teacher: int, *, where: DatasetPaths | None = None) -> Path:
     """Train teacher ``teacher`` on its shard alone and save its votes on the queries."""
+    where = where or paths.for_params(params)
+    sensitive, partition_dir, dp_pca_dir, public, partial = (where.sensitive, where.partition, where.dp_pca,
+                                                             where.public, where.teachers_partial)
     # in this worker thread or process, as many threads as each of the parallel teachers gets (tasks.common)
     apply_torch_threads(task_threads(params))
     cfg = params.teachers
@@ -138,19 +139,21 @@ class Votes:
         return {"teachers": self.teachers, "queries": self.queries}
 
     @classmethod
-    def read(cls, folder: Path = paths.TEACHERS) -> Votes:
+    def read(cls, where: DatasetPaths) -> Votes:
         """The last teachers stage's output, from its metrics file (what ``privpipe stage evaluate --track``
         records)."""
-        figures = read_json(paths.metrics_file("teachers"))
-        return cls(dir=folder, teachers=figures["teachers"], queries=figures["queries"])
+        figures = read_json(where.metrics_file("teachers"))
+        return cls(dir=where.teachers, teachers=figures["teachers"], queries=figures["queries"])
 
     def log(self, run: TrackedRun) -> None:
         run.log_stage_figures("teachers", {**self.metrics(), "released": False})
 
 
-def collect_votes(params: Params, *, public: Path = paths.PUBLIC, partial: Path = PARTIAL,
-                  dp_pca_dir: Path = paths.DP_PCA, out: Path = paths.TEACHERS) -> Votes:
+def collect_votes(params: Params, *, where: DatasetPaths | None = None) -> Votes:
     """Stack every teacher's votes; refuse if any teacher is missing."""
+    where = where or paths.for_params(params)
+    made_from = check_inputs(params, where.prepared, where.partition, where.dp_pca)
+    public, partial, dp_pca_dir, out = where.public, where.teachers_partial, where.dp_pca, where.teachers
     teachers = params.partition.shards
     files = [partial / f"teacher-{k:05d}.npy" for k in range(teachers)]
     missing = [f.name for f in files if not f.exists()]
@@ -162,7 +165,7 @@ def collect_votes(params: Params, *, public: Path = paths.PUBLIC, partial: Path 
     if votes.shape[1] != len(queries):
         raise DataError(f"{partial}: votes cover {votes.shape[1]} queries, expected {len(queries)}; "
                         "re-run the teachers stage")
-    with staged_dir(out) as staging:
+    with staged_dir(out, made_from=made_from) as staging:
         np.save(staging / "votes.npy", votes)
         np.save(staging / "query_ids.npy", queries.ids.astype(str))
         write_json(staging / "summary.json", {"teachers": teachers, "queries": len(queries),
@@ -170,33 +173,36 @@ def collect_votes(params: Params, *, public: Path = paths.PUBLIC, partial: Path 
                                               "dp_pca_digest": projection_digest(dp_pca_dir)})
     shutil.rmtree(partial, ignore_errors=True)
     votes_ = Votes(dir=out, teachers=teachers, queries=len(queries))
-    write_json(paths.metrics_file("teachers"), votes_.metrics())
+    write_json(where.metrics_file("teachers"), votes_.metrics())
     return votes_
 
 
-def clear_partial_votes(partial: Path = PARTIAL) -> None:
+def clear_partial_votes(where: DatasetPaths) -> None:
     """Forget votes of an earlier, unfinished run: every teacher of this run must report anew."""
-    shutil.rmtree(partial, ignore_errors=True)
+    shutil.rmtree(where.teachers_partial, ignore_errors=True)
 
 
 def run_teachers(params: Params) -> Votes | Skipped:
     """All teachers one after another, then collect (the DVC stage)."""
+    where = paths.for_params(params)
     if not params.student.enabled:
-        return skip_stage("teachers", paths.TEACHERS, "student.enabled is false")
+        return skip_stage("teachers", where.teachers, "student.enabled is false",
+                          metrics_file=where.metrics_file("teachers"),
+                          made_from=check_inputs(params, where.prepared, where.partition))
+    check_inputs(params, where.prepared, where.partition, where.dp_pca)  # before any teacher trains
     log = stage_logger("teachers")
     log.info("teachers: torch uses %d thread(s) per teacher (run.torch_threads: %d, as when they run in parallel on "
              "runner.workers)", task_threads(params), params.run.torch_threads)
-    clear_partial_votes()
+    clear_partial_votes(where)
     for k in range(params.partition.shards):
-        train_teacher(params, k)
+        train_teacher(params, k, where=where)
         log.info("teachers: %d/%d trained", k + 1, params.partition.shards)
-    return collect_votes(params)
+    return collect_votes(params, where=where)
 
 
 @task(name="teacher", cache_policy=NO_CACHE)
 def teacher_task(params: Params, teacher: int, prepared: PreparedSets, shards: Shards, projection: Projection) -> Path:
-    return train_teacher(params, teacher, sensitive=prepared.sensitive, partition_dir=shards.dir,
-                         dp_pca_dir=projection.dir, public=prepared.public)
+    return train_teacher(params, teacher, where=prepared.where)
 
 
 @task(name="collect-votes", cache_policy=NO_CACHE)
@@ -204,7 +210,7 @@ def collect_votes_task(params: Params, run: TrackedRun, prepared: PreparedSets, 
                        vote_files: list[Path]) -> Votes:
     """``vote_files`` (the mapped teachers' results) makes Prefect wait for every teacher; the
     files are then found by teacher index, so a missing one is named."""
-    votes = collect_votes(params, public=prepared.public, dp_pca_dir=projection.dir)
+    votes = collect_votes(params, where=prepared.where)
     votes.log(run)
     stage_logger("teachers").info("teachers: %d votes on %d queries collected (teachers are not released)",
                                   votes.teachers, votes.queries)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Run, ViewType
+from mlflow.entities import Experiment, Run, ViewType
 from mlflow.tracking import MlflowClient
 
 from privpipe.config import Params
@@ -71,10 +71,16 @@ def _pate(tags: dict[str, str], metrics: dict[str, float]) -> str:
 
 
 def audit_rows(params: Params, client: MlflowClient, *, dataset: str | None = None, since: datetime | None = None,
-               until: datetime | None = None) -> list[AuditRow]:
-    """The runs of ``run.experiment`` that privpipe recorded, oldest first, filtered."""
-    experiment = client.get_experiment_by_name(params.run.experiment)
-    if experiment is None:
+               until: datetime | None = None, every_experiment: bool = False) -> list[AuditRow]:
+    """The runs that privpipe recorded, oldest first, filtered: of ``run.experiment``, or with
+    ``every_experiment`` of every experiment in the store (each params file may name its own)."""
+    experiments: list[Experiment]
+    if every_experiment:
+        experiments = list(client.search_experiments(view_type=ViewType.ACTIVE_ONLY))
+    else:
+        found = client.get_experiment_by_name(params.run.experiment)
+        experiments = [found] if found is not None else []
+    if not experiments:
         return []
     clauses = ["tags.`privpipe.flow` != ''"]
     if dataset:
@@ -85,7 +91,7 @@ def audit_rows(params: Params, client: MlflowClient, *, dataset: str | None = No
         clauses.append(f"attributes.start_time < {int(until.timestamp() * 1000)}")
     rows, token = [], None
     while True:
-        page = client.search_runs([experiment.experiment_id], filter_string=" and ".join(clauses),
+        page = client.search_runs([e.experiment_id for e in experiments], filter_string=" and ".join(clauses),
                                   run_view_type=ViewType.ACTIVE_ONLY, max_results=1000,
                                   order_by=["attributes.start_time ASC"], page_token=token)
         rows += [_row(run) for run in page if "mlflow.parentRunId" not in run.data.tags]

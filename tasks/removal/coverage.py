@@ -77,15 +77,16 @@ def version_uses(params: Params, run: TrackedRun) -> tuple[str, list[RecordUse]]
     """(kind, uses) of the model ``run`` is about to register: the federated text flow's or the
     pipeline's deployed model, told apart by the run's flow tag; None where its data is not on disk."""
     text = run.tags().get("privpipe.flow") == "federated-text"
-    needed = paths.TEXT / "train_ids.npy" if text else paths.SENSITIVE / "ids.npy"
+    where, text_dir = paths.for_params(params), paths.for_text(params).text
+    needed = text_dir / "train_ids.npy" if text else where.sensitive / "ids.npy"
     if not needed.is_file():  # a model registered outside a run of the stages: its coverage will read "unknown"
         log.warning("record manifest of the model of run %s: %s is missing; erasure audits will report the "
                     "version as of unknown training data", run.run_id, needed)
         return None
-    queue = RequestQueue(paths.REQUESTS)
+    queue = RequestQueue(where.requests)
     if text:
-        return "text", text_uses(queue, private=params.federated.private)
-    return "model", pipeline_uses(params, queue)
+        return "text", text_uses(queue, private=params.federated.private, text_dir=text_dir)
+    return "model", pipeline_uses(params, queue, prepared=where.prepared)
 
 
 class ErasedDuringRun(RuntimeError):
@@ -93,12 +94,12 @@ class ErasedDuringRun(RuntimeError):
     requested (or done) after its run read the data: refused."""
 
 
-def requested_since_data(uses: Sequence[RecordUse], *, model: str) -> dict[str, str]:
+def requested_since_data(uses: Sequence[RecordUse], *, model: str, queue: RequestQueue) -> dict[str, str]:
     """At registration: the deletion requests accepted since the run read its data (any record of its
     training sets has one: prepare leaves out every record requested before) against the version's sets.
     Raises ErasedDuringRun where a set used without any guarantee holds one; else the tags that record
     that the version predates those erasures and what covers each record (its DP, or a removal)."""
-    requested = RequestQueue(paths.REQUESTS).withheld_record_hashes()
+    requested = queue.withheld_record_hashes()
     hit = {use.name: (use, hashes) for use in uses if use.hashes and (hashes := requested & use.hashes)}
     plain = {name: len(hashes) for name, (use, hashes) in hit.items() if use.coverage == "none"}
     if plain:

@@ -13,10 +13,16 @@ that privpipe knows of, other than the current one:
 
 and, when its bytes (in the cache, or in a remote that is a folder here) hold an erased record:
 
-- no registered model version was trained on it: deleted from ``.dvc/cache`` and from every DVC
-  remote that is a folder on this machine (the project's ``.dvcstore``); recorded in the ledger first,
-  so the audit records keep naming it, and a run killed in between deletes it when run again;
-- a registered version was (its ``dvc.data_version``, less what prepare withheld): kept, listed by
+- no registered model version that is not differentially private was trained on it: deleted from
+  ``.dvc/cache`` and from every DVC remote that is a folder on this machine (the project's
+  ``.dvcstore``); recorded in the ledger first, so the audit records keep naming it, and a run killed
+  in between deletes it when run again. A DP model version (the pipeline's released model, a private
+  text model) stays valid without its raw training data: its (ε, δ) covers the erased record. Such
+  versions trained on a deleted copy are listed in the audit record
+  (``erasure.copies.dvc_cache.unreproducible``) and tagged ``dvc.reproducible = false``: their
+  training data version can no longer be checked out;
+- a registered version that is not DP was (the removal-enabled head: its versions are flagged for
+  deletion by the coverage audit; its ``dvc.data_version``, less what prepare withheld): kept, listed by
   md5 in the audit record (``erasure.copies.dvc_cache.kept``) with the model versions that need it.
   Delete those versions and the next ``privpipe removals`` deletes it.
 
@@ -31,6 +37,7 @@ from __future__ import annotations
 import configparser
 import csv
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -51,11 +58,17 @@ from tasks.versioning import MD5_PATTERN, combined_version, pointer_md5
 if TYPE_CHECKING:  # MLflow only when a removal run prunes: tasks.removal.erase (and `privpipe forget`) import this
     from mlflow.tracking import MlflowClient
 
-__all__ = ["LEDGER", "CachePrune", "cache_object", "remember_replaced", "remember_sets",
-           "prune_versions"]
+__all__ = ["LEDGER_FILE", "ledger_file", "CachePrune", "cache_object", "remember_replaced", "remember_sets",
+           "prune_versions", "REPRODUCIBLE_TAG"]
 
-LEDGER = paths.REQUESTS / "dvc-versions.json"  # beside the journal: versions replaced, sets seen, versions deleted
+LEDGER_FILE = "dvc-versions.json"  # beside the journal: versions replaced, sets seen, versions deleted
 CACHE = Path(".dvc/cache")
+REPRODUCIBLE_TAG = "dvc.reproducible"  # "false" on a DP model version whose raw training data was deleted
+
+
+def ledger_file(params: Params) -> Path:
+    """The dataset's record of its raw data's versions, beside its deletion journal."""
+    return paths.for_params(params).requests / LEDGER_FILE
 
 
 def cache_object(root: Path, md5: str) -> Path:
@@ -65,38 +78,39 @@ def cache_object(root: Path, md5: str) -> Path:
 
 @dataclass
 class _VersionLedger:
-    """What removal runs recorded of the raw data's versions (``LEDGER``): each file's replaced md5s, the
-    md5 sets of multi-file data, and the md5s deleted (→ their file)."""
+    """What removal runs recorded of the raw data's versions (``path``, :data:`LEDGER_FILE`): each file's
+    replaced md5s, the md5 sets of multi-file data, and the md5s deleted (→ their file)."""
 
+    path: Path
     replaced: dict[str, list[str]] = field(default_factory=dict)
     sets: list[list[list[str]]] = field(default_factory=list)
     deleted: dict[str, str] = field(default_factory=dict)
 
     def save(self) -> None:
-        write_json(LEDGER, {"replaced": self.replaced, "sets": self.sets, "deleted": self.deleted})
+        write_json(self.path, {"replaced": self.replaced, "sets": self.sets, "deleted": self.deleted})
 
 
-def _ledger() -> _VersionLedger:
-    data = json.loads(LEDGER.read_text()) if LEDGER.is_file() else {}
-    return _VersionLedger(replaced=data.get("replaced", {}), sets=data.get("sets", []),
+def _ledger(path: Path) -> _VersionLedger:
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    return _VersionLedger(path=path, replaced=data.get("replaced", {}), sets=data.get("sets", []),
                           deleted=data.get("deleted", {}))
 
 
-def remember_replaced(file: Path, md5: str | None) -> None:
+def remember_replaced(ledger_path: Path, file: Path, md5: str | None) -> None:
     """Record that ``file``'s version ``md5`` is about to be replaced by a ``dvc add`` (before it: idempotent)."""
     if md5 is None:
         return
-    ledger = _ledger()
+    ledger = _ledger(ledger_path)
     known = ledger.replaced.setdefault(str(file), [])
     if md5 not in known:
         known.append(md5)
         ledger.save()
 
 
-def remember_sets(sets: Iterable[list[tuple[str, str]]]) -> None:
+def remember_sets(ledger_path: Path, sets: Iterable[list[tuple[str, str]]]) -> None:
     """Record versions of a raw data set of several files (each file's md5, in the source's order), so a
     model tagged with the set's label (``untracked:<digest of the md5s>``) names the files' versions."""
-    ledger = _ledger()
+    ledger = _ledger(ledger_path)
     new = [[list(pair) for pair in s] for s in sets if len(s) > 1]
     new = [s for i, s in enumerate(new) if s not in ledger.sets and s not in new[:i]]
     if new:
@@ -119,10 +133,31 @@ def _model_versions(client: MlflowClient) -> list[Any]:
             return out
 
 
-def _needed(client: MlflowClient, sets: list[list[list[str]]]) -> tuple[dict[str, list[str]], list[str]]:
-    """md5 → the registered model versions trained on it; and the versions whose training data version is
-    unknown (no ``dvc.data_version`` tag)."""
+def _differentially_private(tags: dict[str, str]) -> bool:
+    """Whether a registered version's guarantee is DP (a finite ε of its own), so that it needs no copy of its
+    raw training data to stay valid; the head (``privacy.head_dp = false``) and a non-private model do."""
+    if tags.get("privacy.head_dp") == "false":
+        return False
+    try:
+        return math.isfinite(float(tags.get("privacy.epsilon", "inf")))
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class _Users:
+    """The registered versions trained on each raw data version (md5), by whether they need it to stay valid."""
+
+    needed: dict[str, list[str]]  # md5 → versions that are not DP: the copy is kept while they exist
+    dp: dict[str, list[str]]  # md5 → DP versions: the copy may go; they are then marked unreproducible
+    unknown: list[str]  # versions with no dvc.data_version tag
+
+
+def _users(client: MlflowClient, sets: list[list[list[str]]]) -> _Users:
+    """Each md5's registered model versions, the DP ones apart; and the versions whose training data version
+    is unknown (no ``dvc.data_version`` tag)."""
     needed: dict[str, list[str]] = {}
+    dp: dict[str, list[str]] = {}
     unknown = []
     for mv in _model_versions(client):
         name = f"{mv.name}/{mv.version}"
@@ -137,9 +172,10 @@ def _needed(client: MlflowClient, sets: list[list[list[str]]]) -> tuple[dict[str
         kind, _, digest = base.rpartition(":")
         md5s = ([digest] if kind in ("", "modified") and MD5_PATTERN.fullmatch(digest) else
                 [md5 for s in sets if combined_version([md5 for _, md5 in s]) == base for _, md5 in s])
+        users = dp if _differentially_private(dict(mv.tags)) else needed
         for md5 in dict.fromkeys(md5s):
-            needed.setdefault(md5, []).append(name)
-    return needed, unknown
+            users.setdefault(md5, []).append(name)
+    return _Users(needed=needed, dp=dp, unknown=unknown)
 
 
 @dataclass(frozen=True)
@@ -169,6 +205,14 @@ def _remotes() -> list[_Remote]:
     return list(found.values())
 
 
+def _mark_unreproducible(client: MlflowClient, versions: list[str], md5: str) -> None:
+    for version in versions:
+        name, _, number = version.rpartition("/")
+        client.set_model_version_tag(name, number, REPRODUCIBLE_TAG, "false")
+        client.set_model_version_tag(name, number, "dvc.data_version_deleted",
+                                     f"{md5}: held an erased record; deleted from the DVC cache and folder remotes")
+
+
 def _ids(obj: Path, file: Path, id_column: str) -> list[str] | None:
     """The record ids in a cached version of ``file``, read as prepare reads ``file`` (its suffix names the
     format); None when its bytes are not such a table."""
@@ -190,12 +234,15 @@ class CachePrune:
     kept: list[dict[str, Any]] = field(default_factory=list)
     remotes: list[dict[str, Any]] = field(default_factory=list)
     unknown_data_version: list[str] = field(default_factory=list)
+    # DP model versions whose training data version was deleted: valid (their DP covers the erased
+    # records), no longer reproducible from DVC
+    unreproducible: list[dict[str, Any]] = field(default_factory=list)
     note: str | None = None
     deleted_now: int = 0  # versions this call deleted (the log's count; the audit lists every one deleted)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cache": str(CACHE), "files": self.files, "deleted": self.deleted,
-                               "kept": self.kept, "remotes": self.remotes}
+                               "kept": self.kept, "remotes": self.remotes, "unreproducible": self.unreproducible}
         if self.unknown_data_version:
             out["unknown_data_version"] = self.unknown_data_version
         if self.note is not None:
@@ -250,7 +297,7 @@ def prune_versions(params: Params, pointers: list[Path], queue: RequestQueue, er
             out.note = ("an image folder: an erasure deletes the images and makes no new copy; the cache keeps the "
                         "objects it held before (`dvc gc --workspace` once no commit needs them)")
         return out
-    ledger = _ledger()
+    ledger = _ledger(ledger_file(params))
     if not erased and not ledger.deleted:
         return out
     remotes = _remotes()
@@ -261,14 +308,15 @@ def prune_versions(params: Params, pointers: list[Path], queue: RequestQueue, er
     registry_read = True
     try:
         client = MlflowClient(tracking_uri=resolve_tracking_uri(params.run.tracking_uri))
-        needed, out.unknown_data_version = _needed(client, ledger.sets)
+        users = _users(client, ledger.sets)
+        needed, out.unknown_data_version = users.needed, users.unknown
     except (MlflowException, OSError) as error:
-        needed, registry_read = {}, False
+        users, needed, registry_read = _Users({}, {}, []), {}, False
         out.note = (f"the model registry could not be read ({type(error).__name__}): no version was deleted; "
                     "the next `privpipe removals` tries again")
     protected = _protected(pointers)
     id_column = params.prepare.id_column if params.prepare.dataset == "csv" else "id"
-    candidates = _candidates(files, ledger, queue, needed)
+    candidates = _candidates(files, ledger, queue, {**users.dp, **needed})
     for md5, names in sorted(candidates.items()):
         if md5 in protected:
             continue
@@ -281,12 +329,13 @@ def prune_versions(params: Params, pointers: list[Path], queue: RequestQueue, er
         if ids is None or not any(queue.hash_record_id(i) in erased for i in ids):
             continue  # not a version of the table, or one without an erased record
         if md5 in needed or not registry_read:
-            users = needed.get(md5, [])
+            holders = needed.get(md5, [])
             out.kept.append({"file": str(file), "md5": md5, "copies": [str(p) for p in copies],
-                             "needed_by": users,
+                             "needed_by": holders,
                              "why": (f"the training data (dvc.data_version) of registered model version(s) "
-                                     f"{', '.join(users)}: delete them (coverage says what each holds) and the "
-                                     "next `privpipe removals` deletes this version" if users else
+                                     f"{', '.join(holders)} that are not DP: delete them (coverage says what "
+                                     "each holds) and the next `privpipe removals` deletes this version"
+                                     if holders else
                                      "the model registry could not be read")})
             continue
         if ledger.deleted.get(md5) != str(file):
@@ -295,6 +344,15 @@ def prune_versions(params: Params, pointers: list[Path], queue: RequestQueue, er
         for copy in copies:
             copy.unlink(missing_ok=True)
         out.deleted_now += 1
+    for md5 in sorted(ledger.deleted):  # now and before: a run killed before its tags tags them when run again
+        versions = users.dp.get(md5, [])
+        if versions:
+            _mark_unreproducible(client, versions, md5)
+            out.unreproducible.append({
+                "file": ledger.deleted[md5], "md5": md5, "model_versions": versions,
+                "why": "DP model version(s) trained on this data version, which held an erased record: their (ε, δ) "
+                       "covers it, so they stay valid, but their training data can no longer be checked out "
+                       f"(tagged {REPRODUCIBLE_TAG} = false)"})
     gone = {md5: file for md5, file in ledger.deleted.items()
             if not any(cache_object(root, md5).is_file() for root in [CACHE, *(r.folder for r in remotes if r.folder)])}
     out.deleted = [{"file": file, "md5": md5} for md5, file in sorted(gone.items())]

@@ -163,9 +163,9 @@ def erase_from_source(params: Params, record_hashes: Iterable[str], *, queue: Re
                 raise RuntimeError(f"{pointer}: DVC-tracked, but {Path.cwd()} is not a DVC repository; "
                                    "run `dvc init`")
             # the version replaced, recorded before the add: the next step deletes it from the cache
-            dvc_cache.remember_replaced(target, pointer_md5(pointer))
+            dvc_cache.remember_replaced(dvc_cache.ledger_file(params), target, pointer_md5(pointer))
             dvc("add", "--quiet", str(target))
-    dvc_cache.remember_sets([*before, *_file_versions(params)])
+    dvc_cache.remember_sets(dvc_cache.ledger_file(params), [*before, *_file_versions(params)])
     return SourceErasure(rewritten=True, removed_rows=removed, data_version=source_version(params))
 
 

@@ -35,6 +35,8 @@ from privpipe.requests import RequestQueue, base_id
 from tasks import paths
 from tasks.common import Skipped, read_json, skip_stage, stage_logger, staged_dir, write_json
 from tasks.features import feature_transform
+from tasks.identity import check_inputs
+from tasks.paths import DatasetPaths
 from tasks.prepared import read_shape
 from tasks.projection import load_projection
 from tasks.removal.noise import noise_for
@@ -84,20 +86,24 @@ def _extractor_files(params: Params, staging: Path, model_dir: Path, dp_pca_dir:
     return extractor, dp
 
 
-def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = paths.TEST,
-             model_dir: Path | None = None, dp_pca_dir: Path = paths.DP_PCA,
-             out: Path = paths.HEAD) -> HeadVersion | Skipped:
+def run_head(params: Params, *, where: DatasetPaths | None = None) -> HeadVersion | Skipped:
+    where = where or paths.for_params(params)
+    sensitive, dp_pca_dir, out, model_dir = where.sensitive, where.dp_pca, where.head, where.deployed(params)
     if not params.head.enabled:
-        return skip_stage("head", out, "head.enabled is false")
+        return skip_stage("head", out, "head.enabled is false", metrics_file=where.metrics_file("head"),
+                          made_from=check_inputs(params, where.prepared))
+    # what the extractor is built from (head.features): the deployed model, or DP-PCA's projection
+    reads = {"model": [model_dir], "dp_pca": [dp_pca_dir]}.get(params.head.features, [])
+    made_from = check_inputs(params, where.prepared, *reads)
     log = stage_logger("head")
     cfg = params.head
-    model_dir = Path(model_dir if model_dir is not None else paths.deployed_dir(params))
-    all_records, test_set = Records.load(sensitive), Records.load(test)
+    all_records, test_set = Records.load(sensitive), Records.load(where.test)
     guarantee = RemovalGuarantee(epsilon=cfg.epsilon, delta=cfg.delta, sigma=cfg.sigma)
-    shape = read_shape(Path(sensitive).parent)
+    shape = read_shape(where.prepared)
     classes = shape.n_classes
-    queue = RequestQueue(paths.REQUESTS)
-    with queue.processing(wait=True), staged_dir(out) as staging:  # never beside a removal run
+    queue = RequestQueue(where.requests)
+    # never beside a removal run; stamped, so that a removal run refuses it for another dataset
+    with queue.processing(wait=True), staged_dir(out, made_from=made_from) as staging:
         records = _without_requested(all_records, queue, log)
         extractor, dp = _extractor_files(params, staging, model_dir, dp_pca_dir, shape)
         X = stored_rows(head_features(extractor, records.features))
@@ -116,12 +122,12 @@ def run_head(params: Params, *, sensitive: Path = paths.SENSITIVE, test: Path = 
         # what the extractor trained on (hashed ids), for the record manifest of every head version
         write_json(staging / "extractor" / "record_use.json", {
             "features": cfg.features,
-            "uses": [use.to_json() for use in extractor_uses(params, queue, prepared=Path(sensitive).parent)]})
+            "uses": [use.to_json() for use in extractor_uses(params, queue, prepared=where.prepared)]})
     trained = HeadVersion(dir=out, accuracy_test=accuracy, n=len(records), dim=int(X.shape[1]),
                           gradient_budget=head.budget, budget_used=head.used_total, removal_epsilon=cfg.epsilon,
                           removal_delta=cfg.delta, features_epsilon=dp["epsilon"], features_delta=dp["delta"],
                           whole_certified_removal_epsilon=summary["whole_model"]["certified_removal_epsilon"])
-    write_json(paths.metrics_file("head"), trained.metrics())
+    write_json(where.metrics_file("head"), trained.metrics())
     log.info("head: %s features (d = %d), test accuracy %.4f; certified removal (ε = %g, δ = %g), "
              "gradient budget σε/c = %.4g; extractor DP ε = %.4g", cfg.features, X.shape[1], accuracy,
              cfg.epsilon, cfg.delta, head.budget, dp["epsilon"])
@@ -144,12 +150,12 @@ def _without_requested(records: Records, queue: RequestQueue, log) -> Records:
 @task(name="head", cache_policy=NO_CACHE)
 def head_task(params: Params, run: TrackedRun, prepared: PreparedSets, deployed_dir: Path,
               projection: Projection) -> HeadVersion:
-    """Train the head and register its first version (its figures in the run)."""
+    """Train the head and register its first version (its figures in the run); ``deployed_dir`` and
+    ``projection`` are what it builds on (Prefect waits for them)."""
     # deferred: registering imports MLflow, which `privpipe stage head` (dvc repro) never needs
     from tasks.removal.steps import register_pipeline_head
 
-    trained = run_head(params, sensitive=prepared.sensitive, test=prepared.test, model_dir=deployed_dir,
-                       dp_pca_dir=projection.dir)
+    trained = run_head(params, where=prepared.where)
     if isinstance(trained, Skipped):
         raise RuntimeError("head_task runs only when head.enabled is true")
     return register_pipeline_head(params, run, trained)

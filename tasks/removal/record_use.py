@@ -20,7 +20,6 @@ import numpy as np
 
 from privpipe.config import Params
 from privpipe.requests import RequestQueue, hashes_in
-from tasks import paths
 from tasks.removal.scrub import erased_in, set_hashes
 from tasks.removal.store import load_head, row_hashes
 
@@ -65,29 +64,29 @@ def _ids(folder: Path) -> np.ndarray:
     return np.load(Path(folder) / "ids.npy", allow_pickle=False)
 
 
-def pipeline_uses(params: Params, queue: RequestQueue, *, prepared: Path = paths.PREPARED,
+def pipeline_uses(params: Params, queue: RequestQueue, *, prepared: Path,
                   epsilon_tag: str = "privacy.epsilon", delta_tag: str = "privacy.delta") -> list[RecordUse]:
-    """The sets the pipeline's deployed model trained on: the sensitive set under DP and, when PATE
-    ran, the student's public queries and unlabeled pool without DP."""
+    """The sets (under ``prepared``) the pipeline's deployed model trained on: the sensitive set under DP
+    and, when PATE ran, the student's public queries and unlabeled pool without DP."""
     prepared = Path(prepared)
-    uses = [_use("sensitive", "dp", set_hashes(queue, prepared / paths.SENSITIVE.name),
+    uses = [_use("sensitive", "dp", set_hashes(queue, prepared / "sensitive"),
                  "in the DP-protected sensitive set", epsilon_tag=epsilon_tag, delta_tag=delta_tag)]
     if params.student.enabled:
-        public = prepared / paths.PUBLIC.name
+        public = prepared / "public"
         # the first aggregate.queries records were asked; records scrubbed since (tasks.removal.scrub) may
         # have been: counted as asked (an erased record's coverage errs towards "not covered")
         ids = _ids(public)
         asked = ids[:min(params.aggregate.queries or len(ids), len(ids))]
         uses.append(_use("public_queries", "none", hashes_in(queue, asked) | erased_in(public),
                          "in the public pool: a PATE query the student trained on without DP"))
-        target = prepared / paths.TARGET.name
+        target = prepared / "target"
         pool, what = (target, "the target-domain pool") if target.is_dir() else (public, "the public pool")
         uses.append(_use(f"{pool.name}_unlabeled", "none", set_hashes(queue, pool),
                          f"in {what}: unlabeled data the student trained on without DP"))
     return uses
 
 
-def text_uses(queue: RequestQueue, *, private: bool, text_dir: Path = paths.TEXT) -> list[RecordUse]:
+def text_uses(queue: RequestQueue, *, private: bool, text_dir: Path) -> list[RecordUse]:
     """The federated text model's training texts: under its record-level DP, or with no guarantee
     at all when the run was not private (``federated.private: false``)."""
     ids = np.load(Path(text_dir) / "train_ids.npy", allow_pickle=False)
@@ -100,13 +99,13 @@ def text_uses(queue: RequestQueue, *, private: bool, text_dir: Path = paths.TEXT
                  epsilon_tag="privacy.record_epsilon", delta_tag="privacy.delta")]
 
 
-def extractor_uses(params: Params, queue: RequestQueue, *, prepared: Path = paths.PREPARED) -> list[RecordUse]:
-    """What the head's feature extractor (``head.features``) trained on, for artifacts/head/extractor."""
+def extractor_uses(params: Params, queue: RequestQueue, *, prepared: Path) -> list[RecordUse]:
+    """What the head's feature extractor (``head.features``) trained on, for artifacts/<dataset>/head/extractor."""
     tags = {"epsilon_tag": "privacy.features_epsilon", "delta_tag": "privacy.features_delta"}
     if params.head.features == "model":
         uses = pipeline_uses(params, queue, prepared=prepared, **tags)
     elif params.head.features == "dp_pca":
-        uses = [_use("sensitive", "dp", set_hashes(queue, Path(prepared) / paths.SENSITIVE.name),
+        uses = [_use("sensitive", "dp", set_hashes(queue, Path(prepared) / "sensitive"),
                      "in the DP-protected sensitive set", **tags)]
     else:
         uses = []
@@ -114,7 +113,7 @@ def extractor_uses(params: Params, queue: RequestQueue, *, prepared: Path = path
             for use in uses]
 
 
-def head_uses(queue: RequestQueue, *, folder: Path = paths.HEAD) -> list[RecordUse]:
+def head_uses(queue: RequestQueue, *, folder: Path) -> list[RecordUse]:
     """The head's rows as they stand (trained on, removed by Newton update, removed by retrain) and
     its extractor's sets (unknown for a head trained before extractors recorded them)."""
     head, ids, meta = load_head(folder)

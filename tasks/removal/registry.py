@@ -26,7 +26,7 @@ from privpipe.removal.features import served_weights
 from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import read_json, stage_logger
-from tasks.registered import RegisteredModel
+from tasks.registered import DATASET_TAG, RegisteredModel, claim_model, ensure_model_of
 from tasks.removal import coverage, served
 from tasks.removal.record_use import head_uses
 from tasks.removal.store import HeadVersion, head_model_name, load_head, served_model
@@ -77,9 +77,12 @@ def register_head(params: Params, run: TrackedRun, folder: Path, *, tags: dict[s
                 # not loaded back to check the example: the removal flow's test loads a version and runs it
                 validate_serving_input=False).model_uri
         client.update_run(run.run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
-    all_tags = {**guarantee_tags(folder), **tags, "mlflow.run_id": run.run_id,
+    dataset = paths.dataset_name(params)
+    ensure_model_of(client, head_model_name(params), dataset, key="run.model_name")
+    all_tags = {**guarantee_tags(folder), **tags, "mlflow.run_id": run.run_id, DATASET_TAG: dataset,
                 **({TRAINING_TAG: training} if training else {})}
     version = mlflow.register_model(model_uri, head_model_name(params), tags=all_tags)
+    claim_model(client, head_model_name(params), dataset)
     log_manifest(params, run, str(version.version), folder)
     return str(version.version)
 
@@ -97,7 +100,7 @@ def log_manifest(params: Params, run: TrackedRun, version: str, folder: Path) ->
     """The version's record manifest (tasks.removal.coverage): the head's rows as they stand, and its
     extractor's sets."""
     coverage.log_manifest(run, head_model_name(params), version, kind="head",
-                          uses=head_uses(RequestQueue(paths.REQUESTS), folder=folder))
+                          uses=head_uses(RequestQueue(paths.for_params(params).requests), folder=folder))
 
 
 def has_manifest(params: Params, client: MlflowClient, version: str) -> bool:

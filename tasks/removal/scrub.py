@@ -32,14 +32,13 @@ from privpipe.data.records import RECORD_FILES
 from privpipe.requests import RequestQueue, base_id, hashes_in
 from tasks import paths
 from tasks.common import exclusive_lock, staged_dir, write_json
+from tasks.paths import DatasetPaths, TextPaths
 
 __all__ = ["PreparedScrub", "TextScrub", "ERASED_FILE", "erased_in", "set_hashes", "scrub_prepared", "scrub_text",
            "UNREACHABLE"]
 
 ERASED_FILE = "erased.json"  # in a prepared set's folder: hashed ids of the records scrubbed from it
-PREPARED_SETS = (paths.SENSITIVE, paths.TEST, paths.PUBLIC, paths.TARGET, paths.TARGET_TEST)
-TEXT_COPIES = (paths.TEXT, paths.TEXT_FEATURES, paths.EMBEDDING_CACHE)
-TEXT_PENDING = paths.REQUESTS / "text-scrub.pending"  # beside the journal: the text copies were not removed yet
+TEXT_PENDING = "text-scrub.pending"  # beside the journal: the text copies were not removed yet
 
 #: copies of an erased record that privpipe does not hold and cannot remove; said in every audit record
 UNREACHABLE = [
@@ -100,14 +99,14 @@ class TextScrub:
         return out
 
 
-def scrub_prepared(queue: RequestQueue, erased: Iterable[str]) -> PreparedScrub:
-    """Rewrite each prepared set without the records whose hashed id is in ``erased``; how many rows
-    went, or why nothing was done."""
+def scrub_prepared(where: DatasetPaths, queue: RequestQueue, erased: Iterable[str]) -> PreparedScrub:
+    """Rewrite each of the dataset's prepared sets without the records whose hashed id is in ``erased``; how
+    many rows went, or why nothing was done."""
     erased = set(erased)
     try:
         with exclusive_lock(paths.PIPELINE_LOCK, blocking=False):
             removed = {}
-            for folder in PREPARED_SETS:
+            for folder in (where.sensitive, where.test, where.public, where.target, where.target_test):
                 if (folder / "ids.npy").is_file():
                     removed[folder.name] = _scrub_set(folder, queue, erased)
     except BlockingIOError:
@@ -133,20 +132,22 @@ def _scrub_set(folder: Path, queue: RequestQueue, erased: set[str]) -> int:
     return int(drop.sum())
 
 
-def scrub_text(erased_text: bool) -> TextScrub:
-    """Remove the text flow's prepared corpus, its features and the embedding cache when this batch
-    erased a text record (``erased_text``) or an earlier one could not (a text run held its lock then:
-    a marker beside the deletion journal remembers it); what was done."""
-    if not erased_text and not TEXT_PENDING.exists():
+def scrub_text(text: TextPaths, journal: Path, erased_text: bool) -> TextScrub:
+    """Remove the text flow's prepared corpus, its features and the embedding cache (``text``'s) when this
+    batch erased a text record (``erased_text``) or an earlier one could not (a text run held its lock then:
+    a marker beside the deletion journal, in ``journal``, remembers it); what was done."""
+    pending = Path(journal) / TEXT_PENDING
+    if not erased_text and not pending.exists():
         return TextScrub(done=True, removed=[])
+    copies = (text.text, text.features, text.embedding_cache)
     try:
         with exclusive_lock(paths.TEXT_LOCK, blocking=False):
-            gone = [str(p) for p in TEXT_COPIES if p.exists()]
-            for path in TEXT_COPIES:
+            gone = [str(p) for p in copies if p.exists()]
+            for path in copies:
                 shutil.rmtree(path, ignore_errors=True)
-            TEXT_PENDING.unlink(missing_ok=True)
+            pending.unlink(missing_ok=True)
     except BlockingIOError:
-        write_json(TEXT_PENDING, {"why": "a text record was erased while a federated text run held its lock"})
+        write_json(pending, {"why": "a text record was erased while a federated text run held its lock"})
         return TextScrub(done=False, removed=[],
-                         note="a federated text run was using artifacts/text: left to the next removal run")
+                         note=f"a federated text run was using {text.text}: left to the next removal run")
     return TextScrub(done=True, removed=gone)

@@ -3,9 +3,10 @@
     apply_batch → register_batch → erase_batch → coverage → audit records (marked done by the flow)
 
 - **apply**: Newton-update removal (or a retrain when the budget is spent) of the batch's
-  records from artifacts/head. The new state, with the batch id in ``applied_batches``,
-  replaces the old one in one rename: either the batch is in the head or it is not, and a
-  re-run that finds it there reuses what was recorded instead of removing again. Without a
+  records from artifacts/<dataset>/head, refused for a head made from another dataset. The new
+  state, with the batch id in ``applied_batches``, replaces the old one in one rename: either the
+  batch is in the head or it is not, and a re-run that finds it there reuses what was recorded
+  instead of removing again. Without a
   head (``head.enabled: false``, or only text records waiting) the step is skipped.
 - **register**: a new head version in MLflow, tagged ``removal.batch_id``, with its record
   manifest; a re-run that finds a version with that tag reuses it.
@@ -39,6 +40,7 @@ from privpipe.data import DataError
 from privpipe.requests import Request, RequestQueue, hashes_in
 from tasks import paths
 from tasks.common import stage_logger, staged_dir
+from tasks.identity import STAMP, check_dataset
 from tasks.removal import registry
 from tasks.removal.coverage import UNCOVERED, Coverage, coverage_audit, requested_since_data
 from tasks.removal.dvc_cache import CachePrune
@@ -78,19 +80,23 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def head_present(folder: Path = paths.HEAD) -> bool:
+def head_present(folder: Path) -> bool:
     """Whether a head was trained (load_head puts back a state a crash left between staged_dir's renames)."""
     return folder.joinpath("meta.json").exists() or any(folder.parent.glob(f".{folder.name}.previous-*"))
 
 
-def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path = paths.HEAD) -> None:
+def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path | None = None) -> None:
     """DataError when requests wait (pending or in an open batch) for records of the pipeline's
-    data, ``head.enabled`` is true and no head was trained: checked before a batch is announced, so the
-    requests stay pending rather than stuck in a batch. Text records need no head."""
+    data, ``head.enabled`` is true and no head was trained, or the head was made from another dataset than
+    the params name: checked before a batch is announced, so the requests stay pending rather than stuck
+    in a batch. Text records need no head."""
+    folder = folder if folder is not None else paths.for_params(params).head
     waiting = queue.waiting()
     if not waiting:
         return
     if head_present(folder):
+        _restore(folder)
+        check_dataset(params, folder)  # a deletion request never edits another dataset's model
         _ensure_head_loads(folder)
         return
     if not params.head.enabled:
@@ -98,6 +104,13 @@ def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path = paths
     pipeline = hashes_in(queue, pipeline_ids(params))
     if any(r.record_hash in pipeline for r in waiting):
         raise DataError(f"{folder}: no removal-enabled head (run the pipeline with head.enabled)")
+
+
+def _restore(folder: Path) -> None:
+    """Put back the state a crash left between staged_dir's two renames (as load_head does), so that its stamp
+    can be read."""
+    if not folder.exists():
+        load_head(folder)
 
 
 def _ensure_head_loads(folder: Path) -> None:
@@ -153,11 +166,14 @@ class AppliedBatch:
         return cls(**record)
 
 
-def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, folder: Path = paths.HEAD,
+def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, folder: Path | None = None,
                 version_before: str | None = None, queue: RequestQueue | None = None) -> AppliedBatch:
     log = stage_logger("removals")
-    queue = queue if queue is not None else RequestQueue(paths.REQUESTS)
+    where = paths.for_params(params)
+    folder = folder if folder is not None else where.head
+    queue = queue if queue is not None else RequestQueue(where.requests)
     head, ids, meta = load_head(folder)
+    check_dataset(params, folder)
     if batch_id in meta["applied_batches"]:
         log.info("removals: %s already applied to the head; reusing its record", batch_id)
         return AppliedBatch.from_json(meta["applied_batches"][batch_id])
@@ -184,7 +200,7 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
                                                "mechanism": step.mechanism, "certificate": step.certificate,
                                                "used": step.used})
     with staged_dir(folder) as staging:
-        for name in ("extractor", "guarantee.json"):
+        for name in ("extractor", "guarantee.json", STAMP):
             source = folder / name
             (shutil.copytree if source.is_dir() else shutil.copy2)(source, staging / name)
         save_head(staging, head, ids=ids, meta=meta)
@@ -201,7 +217,7 @@ def register_pipeline_head(params: Params, run: TrackedRun, trained: HeadVersion
     no version is registered with a record whose erasure was asked for, or done, while the run went on.
     The head's extractor may have used such records under its DP (a record of the DP model's sensitive
     set): the version says so; used without any guarantee, it is refused (ErasedDuringRun)."""
-    queue = RequestQueue(paths.REQUESTS)
+    queue = RequestQueue(paths.for_params(params).requests)
     folder = trained.dir
     with queue.processing(wait=True):  # no removal run between the check and the registration
         head, ids, meta = load_head(folder)
@@ -214,7 +230,7 @@ def register_pipeline_head(params: Params, run: TrackedRun, trained: HeadVersion
                                          "removed before registration (%s)", applied.rows_removed,
                                          "retrained" if applied.retrained else "Newton update")
             trained = dataclasses.replace(trained, budget_used=applied.budget_used or 0.0)
-        tags = requested_since_data(head_uses(queue, folder=folder), model=head_model_name(params))
+        tags = requested_since_data(head_uses(queue, folder=folder), model=head_model_name(params), queue=queue)
         return dataclasses.replace(trained, registered=registry.log_head(params, run, trained, tags=tags))
 
 
@@ -226,7 +242,8 @@ def skip_head(params: Params, requests: Sequence[Request]) -> AppliedBatch:
 
 
 def register_batch(params: Params, run: TrackedRun, batch_id: str, applied: AppliedBatch, *,
-                   folder: Path = paths.HEAD) -> str | None:
+                   folder: Path | None = None) -> str | None:
+    folder = folder if folder is not None else paths.for_params(params).head
     if not params.evaluate.register_model or applied.budget is None or applied.budget_used is None:
         return None
     found = registry.find_version(params, run.client, tag="removal.batch_id", value=batch_id)
@@ -277,19 +294,21 @@ def erase_batch(params: Params, requests: Sequence[Request]) -> Erasure:
     """The batch's records out of the raw data (a new data version), then out of every copy privpipe keeps
     (``copies``: tasks.removal.scrub; the head's rows went in :func:`apply_batch`)."""
     batch = {r.record_hash for r in requests}
-    source = erase_from_source(params, batch, queue=RequestQueue(paths.REQUESTS))
+    source = erase_from_source(params, batch, queue=RequestQueue(paths.for_params(params).requests))
     return Erasure(source=source, copies=scrub_copies(params, batch))
 
 
 def scrub_copies(params: Params, batch: set[str]) -> Copies:
     """Every erased record (this ``batch`` and those done before: a scrub an earlier run could not do is
     done now) out of the copies privpipe keeps; what was done and what it cannot reach."""
-    queue = RequestQueue(paths.REQUESTS)
+    where = paths.for_params(params)
+    queue = RequestQueue(where.requests)
     text = bool(batch & {queue.hash_record_id(str(i)) for i in text_ids(params)}) if batch else False
-    head = ("removed rows' features and labels are zeros, their ids hashed, in artifacts/head" if head_present()
-            else "no head")
+    head = (f"removed rows' features and labels are zeros, their ids hashed, in {where.head}"
+            if head_present(where.head) else "no head")
     erased = queue.erased_record_hashes() | batch
-    return Copies(head=head, prepared=scrub_prepared(queue, erased), text=scrub_text(text),
+    return Copies(head=head, prepared=scrub_prepared(where, queue, erased),
+                  text=scrub_text(paths.for_text(params), where.requests, text),
                   dvc_cache=prune_cached_versions(params, queue, erased))
 
 

@@ -1,4 +1,4 @@
-"""The head's files in artifacts/head: its state, the id of each row, and the frozen extractor.
+"""The head's files in artifacts/<dataset>/head: its state, the id of each row, and the frozen extractor.
 
 What the head stage writes, the removal steps update, and the deletion audit reads; nothing
 here trains or records anything.
@@ -25,8 +25,8 @@ from privpipe.models import load_released
 from privpipe.removal import RemovableHead
 from privpipe.removal.features import feature_extractor, head_model
 from privpipe.requests import RequestQueue, base_id
-from tasks import paths
 from tasks.common import read_json, write_json
+from tasks.paths import DatasetPaths
 from tasks.registered import RegisteredModel
 
 __all__ = ["HeadVersion", "head_model_name", "extractor_from", "served_model", "save_head", "load_head", "row_hashes",
@@ -63,9 +63,9 @@ class HeadVersion:
                 "whole_certified_removal_epsilon": self.whole_certified_removal_epsilon}
 
     @classmethod
-    def read(cls, folder: Path = paths.HEAD) -> HeadVersion:
+    def read(cls, where: DatasetPaths) -> HeadVersion:
         """The last head stage's output, from its metrics file (what ``privpipe stage evaluate --track`` records)."""
-        return cls(dir=folder, **read_json(paths.metrics_file("head")))
+        return cls(dir=where.head, **read_json(where.metrics_file("head")))
 
 
 def head_model_name(params: Params) -> str:

@@ -37,11 +37,14 @@ __all__ = ["run_text_dpsgd"]
 STAGE = "dpsgd"
 
 
-def run_text_dpsgd(params: Params, *, text_dir: Path = paths.TEXT, features_dir: Path = paths.TEXT_FEATURES,
-                   out: Path = paths.FEDERATED,
+def run_text_dpsgd(params: Params, *, text_dir: Path | None = None, features_dir: Path | None = None,
+                   out: Path | None = None,
                    before_training: Callable[[Event], None] | None = None) -> DpSgdTextModel:
     """``before_training(event)``: the most the steps can cost, once σ is fixed (the flow's lifetime check,
-    which may refuse the run)."""
+    which may refuse the run). The folders default to the text corpus's own (tasks.paths.TextPaths)."""
+    where = paths.for_text(params)
+    text_dir, features_dir = text_dir or where.text, features_dir or where.features
+    out = out or where.federated
     log = stage_logger(STAGE)
     use_torch_threads(params, STAGE)
     cfg = params.finetune

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks import paths
 from tasks.common import read_json
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run alone never needs
@@ -38,7 +37,7 @@ class EncodedTexts:
         return {k: v for k, v in meta.items() if v is not None}
 
     @classmethod
-    def read(cls, folder: Path = paths.TEXT_FEATURES) -> EncodedTexts:
+    def read(cls, folder: Path) -> EncodedTexts:
         return cls(dir=Path(folder), **read_json(Path(folder) / "meta.json"))
 
     def log(self, run: TrackedRun) -> None:

@@ -70,8 +70,11 @@ def _cached_embeddings(model, tokenizer, texts: list[str], *, digest: str, param
     return vectors, False
 
 
-def run_text_features(params: Params, *, text_dir: Path = paths.TEXT, out: Path = paths.TEXT_FEATURES,
-                      cache: Path = paths.EMBEDDING_CACHE) -> EncodedTexts:
+def run_text_features(params: Params, *, text_dir: Path | None = None, out: Path | None = None,
+                      cache: Path | None = None) -> EncodedTexts:
+    """Encode the prepared texts; the folders default to the text corpus's own (tasks.paths.TextPaths)."""
+    where = paths.for_text(params)
+    text_dir, out, cache = text_dir or where.text, out or where.features, cache or where.embedding_cache
     log = stage_logger("encode")
     use_torch_threads(params, "encode")
     folder = encoder_dir(params.text.encoder)

@@ -74,7 +74,13 @@ def current_corpus(params: Params) -> tuple[Corpus, set[str]]:
     corpus = load_corpus(cfg.path, format=cfg.format, text_column=cfg.text_column, label_column=cfg.label_column,
                          client_column=cfg.client_column, split_column=cfg.split_column,
                          test_fraction=cfg.test_fraction, seed=params.run.seed, download=cfg.download)
-    return drop_withheld(corpus, RequestQueue(paths.REQUESTS))
+    # a corpus may be named by several params files, each with its dataset's journal: a record requested in
+    # any of them is left out
+    dropped: set[str] = set()
+    for journal in dict.fromkeys([paths.for_params(params).requests, *paths.all_journals()]):
+        corpus, gone = drop_withheld(corpus, RequestQueue(journal))
+        dropped |= gone
+    return corpus, dropped
 
 
 def text_clients(params: Params, corpus: Corpus) -> tuple[np.ndarray, int]:
@@ -83,7 +89,8 @@ def text_clients(params: Params, corpus: Corpus) -> tuple[np.ndarray, int]:
                           natural=corpus.train.clients)
 
 
-def run_prepare_text(params: Params, *, out: Path = paths.TEXT) -> PreparedTexts:
+def run_prepare_text(params: Params, *, out: Path | None = None) -> PreparedTexts:
+    out = out if out is not None else paths.for_text(params).text
     log = stage_logger("prepare_text")
     corpus, withheld = current_corpus(params)
     assignment, clients = text_clients(params, corpus)

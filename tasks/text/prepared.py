@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks import paths
 from tasks.common import read_json
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run alone never needs
@@ -41,7 +40,7 @@ class PreparedTexts:
         return meta
 
     @classmethod
-    def read(cls, folder: Path = paths.TEXT) -> PreparedTexts:
+    def read(cls, folder: Path) -> PreparedTexts:
         return cls(dir=Path(folder), **read_json(Path(folder) / "meta.json"))
 
     def log(self, run: TrackedRun) -> None:

@@ -46,5 +46,5 @@ def register_text_model(params: Params, run: TrackedRun, model: TextModel,
                               f"transformers=={version('transformers')}", "privpipe"],
             tags=tags,
         )
-    return register_logged_model(params, run, info.model_uri, name=params.text.model_name, tags=tags,
-                                 run_tags=("text.encoder_digest",))
+    return register_logged_model(params, run, info.model_uri, name=params.text.model_name, key="text.model_name",
+                                 tags=tags, run_tags=("text.encoder_digest",))

@@ -101,12 +101,16 @@ def text_audit(params: Params, model: torch.nn.Module, weights: np.ndarray, reco
     return audit_figures(result, claimed_epsilon=claimed)
 
 
-def run_federated_text(params: Params, *, text_dir: Path = paths.TEXT, features_dir: Path = paths.TEXT_FEATURES,
-                       out: Path = paths.FEDERATED,
+def run_federated_text(params: Params, *, text_dir: Path | None = None, features_dir: Path | None = None,
+                       out: Path | None = None,
                        updates_for: Callable[[ClientJob], ClientUpdates] = sequential_updates,
                        before_rounds: Callable[[Event], None] | None = None) -> FederatedTextModel:
     """``before_rounds(event)``: the most the rounds can cost (client-level), once σ is fixed;
-    the flow's lifetime check, which may refuse the run."""
+    the flow's lifetime check, which may refuse the run. The folders default to the text corpus's own
+    (tasks.paths.TextPaths)."""
+    where = paths.for_text(params)
+    text_dir, features_dir = text_dir or where.text, features_dir or where.features
+    out = out or where.federated
     log = stage_logger(STAGE)
     use_torch_threads(params, STAGE)
     forget_arrays()  # files of an earlier run in this process may have been rewritten
