@@ -83,13 +83,13 @@ def removals(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     # deferred until the params are known good: the removal steps and their flow import Prefect, MLflow and torch
     from flows.prefect_api import flow_api
-
-    # before the flow starts: a damaged journal, or requests with no head, fail here (the flow checks again)
     from flows.removals import registry_preflight
     from flows.removals import removals as removals_flow
     from tasks.removal.erase import ensure_can_erase
     from tasks.removal.steps import ensure_head_for
 
+    # before the flow starts: a damaged journal, requests with no head, a head or a model name of another
+    # dataset fail here (the flow checks again)
     queue = RequestQueue(paths.for_params(params).requests)
     ensure_head_for(params, queue)  # a head made from another dataset: refused here, in one line
     ensure_can_erase(params, queue)
