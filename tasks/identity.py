@@ -21,8 +21,7 @@ from tasks.paths import dataset_name
 if TYPE_CHECKING:  # a type only: the stamp stays importable without privpipe.config
     from privpipe.config import Params
 
-__all__ = ["MadeFrom", "STAMP", "stamp", "read_stamp", "params_dataset", "check_inputs", "check_dataset",
-           "prepared_stamp"]
+__all__ = ["MadeFrom", "STAMP", "stamp", "read_stamp", "params_dataset", "check_inputs", "check_dataset"]
 
 STAMP = "identity.json"
 
@@ -72,9 +71,10 @@ def _required(folder: Path, *, stage: str = "earlier stages") -> MadeFrom:
     return made_from
 
 
-def check_dataset(params: Params, folder: Path) -> MadeFrom:
-    """The folder's stamp, when it names the dataset the params name; else DataError in one line."""
-    made_from = _required(folder, stage="prepare stage" if Path(folder).parent.name == "prepared" else "earlier stages")
+def check_dataset(params: Params, folder: Path, *, stage: str = "earlier stages") -> MadeFrom:
+    """The folder's stamp, when it names the dataset the params name; else DataError in one line (``stage``:
+    what to run when the folder is missing)."""
+    made_from = _required(folder, stage=stage)
     name, source = params_dataset(params)
     if (made_from.dataset, made_from.source) != (name, source):
         raise DataError(f"{folder}: made from {made_from.describe()}, not dataset {name} ({source}) that the "
@@ -82,15 +82,10 @@ def check_dataset(params: Params, folder: Path) -> MadeFrom:
     return made_from
 
 
-def prepared_stamp(params: Params, prepared: Path) -> MadeFrom:
-    """The prepared sets' stamp, checked against the params: what every later stage's output is stamped with."""
-    return check_dataset(params, prepared)
-
-
 def check_inputs(params: Params, prepared: Path, *folders: Path) -> MadeFrom:
     """Before a stage's work: the prepared sets are of the params' dataset, and each of ``folders`` (the
     artifacts the stage reads) was made from those same prepared sets, not an earlier data version."""
-    made_from = prepared_stamp(params, prepared)
+    made_from = check_dataset(params, prepared, stage="prepare stage")
     for folder in folders:
         other = _required(folder)
         if other != made_from:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import hashlib
 import os
@@ -9,12 +10,13 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 __all__ = ["git_commit", "data_version", "combined_version", "file_md5", "pointer_md5", "dvc", "MD5_PATTERN",
-           "dvc_storage", "restrict_dvc_storage"]
+           "DvcRemote", "dvc_remotes", "restrict_dvc_storage"]
 
 MD5_PATTERN = re.compile(r"[0-9a-f]{32}")  # a file's md5 in a DVC pointer (a folder's ends in .dir)
 
@@ -96,11 +98,18 @@ def dvc(*args: str) -> None:
         raise RuntimeError(f"dvc {' '.join(args)} failed: {result.stderr.strip().splitlines()[-1:]}")
 
 
-def dvc_storage() -> list[Path]:
-    """The project's DVC cache and the remotes that are folders on this machine (.dvc/config, config.local)."""
-    import configparser  # deferred: only where a dvc command ran
+@dataclass(frozen=True)
+class DvcRemote:
+    """A DVC remote as .dvc/config (then config.local) names it: its URL, and its folder when it is one here."""
 
-    found = [Path(".dvc/cache")]
+    name: str
+    url: str
+    folder: Path | None  # a folder on this machine, else None
+
+
+def dvc_remotes() -> list[DvcRemote]:
+    """DVC's remotes (.dvc/config, then config.local); a path without a scheme is relative to .dvc/."""
+    found: dict[str, DvcRemote] = {}
     for config in (Path(".dvc/config"), Path(".dvc/config.local")):
         parser = configparser.ConfigParser(interpolation=None)
         try:
@@ -108,17 +117,21 @@ def dvc_storage() -> list[Path]:
         except (configparser.Error, OSError):
             continue
         for section in parser.sections():
-            url = parser[section].get("url", "").strip() if section.strip("'").startswith("remote") else ""
-            if url and (url.startswith("file://") or "://" not in url):
-                found.append(Path(".dvc") / url.removeprefix("file://"))
-    return found
+            match = re.fullmatch(r"""'?remote\s+"(.+)"'?""", section.strip())
+            if not match or "url" not in parser[section]:
+                continue
+            url = parser[section]["url"].strip()
+            local = url.removeprefix("file://") if url.startswith("file://") or "://" not in url else None
+            folder = (Path(".dvc") / local).resolve() if local is not None else None
+            found[match.group(1)] = DvcRemote(match.group(1), url, folder)
+    return list(found.values())
 
 
 def restrict_dvc_storage() -> None:
     """Make every folder of DVC's cache and of a folder remote its owner's alone (0700). DVC writes its copies
     0444 in 0755 folders, readable by every user of the machine, while privpipe keeps the files they copy (a
     raw table, a lifetime ledger) 0600; the copies themselves keep DVC's mode, unreachable below a 0700 folder."""
-    for root in dvc_storage():
+    for root in [Path(".dvc/cache"), *(r.folder for r in dvc_remotes() if r.folder is not None)]:
         if not root.is_dir():
             continue
         for folder in [root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]:

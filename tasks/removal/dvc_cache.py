@@ -34,11 +34,10 @@ are not known here; ``dvc gc`` removes what no commit needs.
 
 from __future__ import annotations
 
-import configparser
 import csv
+import dataclasses
 import json
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +52,7 @@ from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import write_json
 from tasks.run_view import resolve_tracking_uri
-from tasks.versioning import MD5_PATTERN, combined_version, pointer_md5
+from tasks.versioning import MD5_PATTERN, DvcRemote, combined_version, dvc_remotes, pointer_md5
 
 if TYPE_CHECKING:  # MLflow only when a removal run prunes: tasks.removal.erase (and `privpipe forget`) import this
     from mlflow.tracking import MlflowClient
@@ -178,31 +177,9 @@ def _users(client: MlflowClient, sets: list[list[list[str]]]) -> _Users:
     return _Users(needed=needed, dp=dp, unknown=unknown)
 
 
-@dataclass(frozen=True)
-class _Remote:
-    name: str
-    url: str
-    folder: Path | None  # a folder on this machine, else None
-
-
-def _remotes() -> list[_Remote]:
-    """DVC's remotes (.dvc/config, then config.local); a path without a scheme is relative to .dvc/."""
-    found: dict[str, _Remote] = {}
-    for config in (Path(".dvc/config"), Path(".dvc/config.local")):
-        parser = configparser.ConfigParser(interpolation=None)
-        try:
-            parser.read_string(config.read_text() if config.is_file() else "")
-        except configparser.Error:
-            continue
-        for section in parser.sections():
-            match = re.fullmatch(r"""'?remote\s+"(.+)"'?""", section.strip())
-            if not match or "url" not in parser[section]:
-                continue
-            url = parser[section]["url"].strip()
-            local = url.removeprefix("file://") if url.startswith("file://") or "://" not in url else None
-            folder = (Path(".dvc") / local).resolve() if local is not None else None
-            found[match.group(1)] = _Remote(match.group(1), str(redact_url(url)), folder)
-    return list(found.values())
+def _remotes() -> list[DvcRemote]:
+    """DVC's remotes, their URLs with any secret in them redacted (the audit record names them)."""
+    return [dataclasses.replace(r, url=str(redact_url(r.url))) for r in dvc_remotes()]
 
 
 def _mark_unreproducible(client: MlflowClient, versions: list[str], md5: str) -> None:

@@ -95,22 +95,14 @@ def ensure_head_for(params: Params, queue: RequestQueue, *, folder: Path | None 
     if not waiting:
         return
     if head_present(folder):
-        _restore(folder)
+        _ensure_head_loads(folder)  # first: it puts back a state a crash left between staged_dir's renames
         check_dataset(params, folder)  # a deletion request never edits another dataset's model
-        _ensure_head_loads(folder)
         return
     if not params.head.enabled:
         return
     pipeline = hashes_in(queue, pipeline_ids(params))
     if any(r.record_hash in pipeline for r in waiting):
         raise DataError(f"{folder}: no removal-enabled head (run the pipeline with head.enabled)")
-
-
-def _restore(folder: Path) -> None:
-    """Put back the state a crash left between staged_dir's two renames (as load_head does), so that its stamp
-    can be read."""
-    if not folder.exists():
-        load_head(folder)
 
 
 def _ensure_head_loads(folder: Path) -> None:
