@@ -34,11 +34,12 @@ from prefect.task_runners import TaskRunner
 
 from flows.client_map import mapped_client_updates
 from flows.runner import describe_runner, mapping_runner
-from privpipe.config import Params, check_federated_use, check_pipeline_use, load_params
+from privpipe.config import Params, check_federated_use, check_pipeline_use
 from privpipe.privacy import Ledger, LifetimeLedger
 from tasks import run_view, tracking
 from tasks.common import Skipped, one_pipeline_at_a_time, read_json, use_torch_threads
 from tasks.device import training_device
+from tasks.discovery import discovery_plan
 from tasks.dp_pca import check_components, dp_pca_task
 from tasks.evaluate import evaluate_task, release_task
 from tasks.evaluation import Evaluation
@@ -55,6 +56,7 @@ from tasks.privacy import budget, uncovered
 from tasks.privacy import tracking as audit_tracking
 from tasks.progress import progress
 from tasks.projection import Projection
+from tasks.recipe import load_run_params
 from tasks.registered import RegisteredModel
 from tasks.removal.head import head_task, run_head
 from tasks.removal.store import HeadVersion, head_model_name
@@ -168,7 +170,8 @@ def preflight(params: Params) -> None:
     # each stage's own checks against the data, made here too: mid-run they would fail after MLflow wrote
     check_components(params, prepared.shape.width)
     check_lot_size(params, len(prepared.sensitive))
-    check_target_reachable(params, len(prepared.sensitive))
+    check_target_reachable(params, len(prepared.sensitive),
+                           spent=[prepared.discovered.event] if prepared.discovered else [])
     check_model(params, prepared.shape)
     if params.finetune.enabled and params.finetune.mode == "federated":  # the clients finetune would make
         sensitive = prepared.sensitive
@@ -193,7 +196,7 @@ def pipeline(params_file: str = "params.yaml") -> RunResult:
 
     One run at a time (a lock under artifacts/); refused before any work if the dataset's
     lifetime budget cannot pay for the run's ``privacy.epsilon_budget``."""
-    params = load_params(params_file)
+    params = load_run_params(params_file)  # the file's, with a recipe fitted to the data where it writes none
     # a deployment's run starts here, not at `privpipe run`: the same checks before any run state exists
     # (the lock, the reservation, the MLflow run), so bad data fails it with one line, not mid-run
     preflight(params)
@@ -225,6 +228,8 @@ def pipeline(params_file: str = "params.yaml") -> RunResult:
 
 def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, dataset: str,
             admission: budget.Admission, clock: StageClock) -> RunResult:
+    if discovery_plan(params) is not None:
+        admission.mark_published()  # prepare's schema stage releases a schema computed from the records
     with clock.timed("prepare"):
         prepared = prepare_task(params, run)
     if params.student.enabled:

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
 
-from privpipe.config import Params, load_params
+from privpipe.config import Params
 from privpipe.requests import Request, RequestQueue
 from tasks import paths, tracking
 from tasks.privacy import budget
+from tasks.recipe import load_run_params
 from tasks.removal import registry
 from tasks.removal.coverage import UncoveredVersion, flag_uncovered
 from tasks.removal.erase import ensure_can_erase
@@ -121,7 +122,7 @@ def registry_preflight(params: Params) -> None:
 @flow(name="privpipe-removals")
 def removals(params_file: str = "params.yaml") -> list[BatchResult]:
     """Process every pending deletion request, a crashed run's batch first; one result per batch."""
-    params = load_params(params_file)
+    params = load_run_params(params_file)  # the recipe the pipeline trained with (tasks.recipe)
     log = get_run_logger()
     queue = RequestQueue(paths.for_params(params).requests)
     results = []

@@ -32,7 +32,7 @@ __all__ = ["write_json", "read_json", "load_array", "save_private_array", "write
 
 #: run.seed is split into independent streams, one per use (numpy SeedSequence keys)
 SEED_STREAMS = {"dp_pca": 1, "aggregate": 2, "sanitise": 3, "teacher": 4, "student": 5, "head": 6, "removal": 7,
-                "federated": 8, "client": 9, "privacy_audit": 10, "finetune_init": 11}
+                "federated": 8, "client": 9, "privacy_audit": 10, "finetune_init": 11, "schema": 12}
 
 
 def write_text(path: Path, text: str) -> None:

@@ -54,7 +54,7 @@ def run_dp_pca(params: Params, *, where: DatasetPaths | None = None) -> Projecti
     log = stage_logger("dp_pca")
     use_torch_threads(params, "dp_pca")
     cfg = params.dp_pca
-    ledger = new_ledger(params)
+    ledger = new_ledger(params, prepared=where.prepared)  # the schema stage's charge first, if prepare made one
     records = Records.load(where.sensitive)
     projection = sigma = None
     if cfg.enabled:

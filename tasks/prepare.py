@@ -20,7 +20,7 @@ owner's wish from the moment it is accepted, so no new model trains on the recor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,11 +32,14 @@ from privpipe.config import ConfigError, Params
 from privpipe.data import DataError, Records, check_labels, subsample
 from privpipe.data.shape import DataShape
 from privpipe.data.sources import data_source
+from privpipe.privacy import Ledger
 from privpipe.requests import RequestQueue, base_id, version_suffix
 from tasks import paths
-from tasks.common import stage_logger, staged_dir
+from tasks.common import stage_logger, staged_dir, write_text
+from tasks.discovery import SCHEMA_FILE, SchemaRelease, discover_schema, schema_yaml, withheld_records
 from tasks.identity import MadeFrom, params_dataset
 from tasks.prepared import PreparedSets, write_shape
+from tasks.privacy.ledger import PREPARED_LEDGER
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version
 
@@ -84,6 +87,7 @@ class Prepared:
     shape: DataShape
     sources: list[Path]
     withheld: Withheld
+    discovered: SchemaRelease | None = None  # the schema stage's release, where something was not declared
 
     @property
     def sensitive(self) -> Records:
@@ -95,10 +99,13 @@ def prepared_sets(params: Params) -> Prepared:
     default data on first use). ``privpipe run`` calls it before Prefect starts, so bad data is refused
     before any run state exists."""
     ensure_default_data(params)
-    loaded = data_source(params.prepare.dataset).load(params.prepare, seed=params.run.seed,
-                                                      client_column=params.federated.client_column)
+    queue = RequestQueue(paths.for_params(params).requests)
+    # the schema stage: what the schema leaves out, discovered without the records whose deletion was asked
+    discovered = discover_schema(params, withheld=withheld_records(params))
+    cfg = params.prepare if discovered is None else replace(params.prepare, schema=discovered.schema)
+    loaded = data_source(cfg.dataset).load(cfg, seed=params.run.seed, client_column=params.federated.client_column)
     # every accepted request, whatever its state: gone from every set, whatever the file says
-    sets, withheld = _withhold(loaded.sets, RequestQueue(paths.for_params(params).requests))
+    sets, withheld = _withhold(loaded.sets, queue)
     # after the drop, so erasing a record never moves another in or out (see subsample)
     sets["sensitive"] = subsample(sets["sensitive"], size=params.prepare.max_train_records, seed=params.run.seed)
     sensitive = sets["sensitive"]
@@ -117,7 +124,7 @@ def prepared_sets(params: Params) -> Prepared:
                             f"the data set's {shape.describe()} are {shape.width}")
     if len(set(sensitive.labels.tolist())) < 2:
         raise DataError(f"{loaded.files[0]}: the sensitive set needs at least two classes")
-    return Prepared(sets=sets, shape=shape, sources=loaded.files, withheld=withheld)
+    return Prepared(sets=sets, shape=shape, sources=loaded.files, withheld=withheld, discovered=discovered)
 
 
 def run_prepare(params: Params) -> PreparedSets:
@@ -137,14 +144,23 @@ def run_prepare(params: Params) -> PreparedSets:
         for set_name, records in sets.items():
             records.save(out / set_name)
         write_shape(out, prepared.shape)
+        if prepared.discovered is not None:  # the schema stage's release and its charge, where the ledger starts
+            write_text(out / SCHEMA_FILE, schema_yaml(prepared.discovered, dataset=name, delta=params.privacy.delta))
+            ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
+                            accountant=params.privacy.accountant, events=[prepared.discovered.event])
+            write_text(out / PREPARED_LEDGER, ledger.to_json())
     result = PreparedSets(where=where, sizes={name: len(records) for name, records in sets.items()},
                           n_erased=len(withheld.erased), n_withheld_pending=len(withheld.pending),
                           n_features=prepared.shape.width, n_classes=prepared.shape.n_classes, data_version=version,
-                          source=params.prepare.path, shape=prepared.shape)
+                          source=params.prepare.path, shape=prepared.shape,
+                          schema_epsilon=prepared.discovered.epsilon if prepared.discovered else 0.0)
     result.write_metrics()
     log.info("prepare: %s from %s, %s (data version %s; %d records withheld for pending deletion requests)",
              ", ".join(f"{len(r)} {name}" for name, r in sets.items()), params.prepare.path,
              prepared.shape.describe(), version, len(withheld.dropped_pending))
+    if prepared.discovered is not None:
+        log.info("schema: %s discovered with DP at ε = %.4g (%s)", ", ".join(prepared.discovered.notes),
+                 prepared.discovered.epsilon, where.prepared / SCHEMA_FILE)
     return result
 
 

@@ -50,6 +50,7 @@ class PreparedSets:
     data_version: str
     source: str  # the raw data's file or folder (prepare.path), as the run's dataset input names it
     shape: DataShape  # the records' shape and the public label set (shape.json)
+    schema_epsilon: float = 0.0  # what the schema stage spent inside prepare (0: the schema was declared)
 
     @property
     def folder(self) -> Path:
@@ -74,11 +75,13 @@ class PreparedSets:
     def has_target(self) -> bool:
         return "target" in self.sizes
 
-    def metrics(self) -> dict[str, int | str]:
+    def metrics(self) -> dict[str, int | float | str]:
         """metrics/prepare.json (public counts and the data version)."""
-        out: dict[str, int | str] = {f"n_{name}": size for name, size in self.sizes.items()}
+        out: dict[str, int | float | str] = {f"n_{name}": size for name, size in self.sizes.items()}
         out.update({"n_erased": self.n_erased, "n_withheld_pending": self.n_withheld_pending,
                     "n_features": self.n_features, "data_version": self.data_version, "n_classes": self.n_classes})
+        if self.schema_epsilon:
+            out["schema_epsilon"] = self.schema_epsilon
         return out
 
     def write_metrics(self) -> None:
@@ -94,9 +97,12 @@ class PreparedSets:
         return cls(where=where, sizes=sizes, n_erased=figures["n_erased"],
                    n_withheld_pending=figures["n_withheld_pending"], n_features=figures["n_features"],
                    n_classes=figures["n_classes"], data_version=figures["data_version"], source=source,
-                   shape=read_shape(where.prepared))
+                   shape=read_shape(where.prepared), schema_epsilon=float(figures.get("schema_epsilon", 0.0)))
 
     def log(self, run: TrackedRun) -> None:
         """MLflow: the dataset input and data version, and the counts as ``data.n_*`` tags."""
         run.log_data_input(data_version=self.data_version, source=self.source)
         run.log_figures({f"data.{k}": float(v) for k, v in self.metrics().items() if k.startswith("n_")})
+        schema = self.folder / "schema.yaml"
+        if schema.is_file():  # the discovered schema: public (a DP release), for review beside the run
+            run.log_text(schema.read_text(), "schema/schema.yaml")

@@ -152,6 +152,7 @@ def write_texts(folder: Path, broken_line: str) -> None:
              for i in range(12)]
     lines[2] = broken_line
     (folder / TEXTS).write_text("\n".join(lines) + "\n")
+    set_params(folder, text={"labels": ["0", "1"]})  # server noise takes a declared label set
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,9 +246,8 @@ CASES = [
          "privpipe: error: clinic/patients.csv: line 2: label 'maybe' (column 'diagnosis') is not in "
          "prepare.schema.labels (malignant, benign)",
          setup=steps(own_table(), replace_in("clinic/patients.csv", ",malignant\n", ",maybe\n"))),
-    Case("own-csv-column-without-schema", ("run",),
-         "privpipe: error: prepare.schema.columns: no entry for column 'mean_radius' of clinic/patients.csv "
-         "(every feature column needs its public bounds {min, max}, scale {center, scale} or categories)",
+    Case("own-csv-schema-entry-for-no-column", ("run",),
+         "privpipe: error: prepare.schema.columns.mean_radios: not a feature column of clinic/patients.csv",
          setup=steps(own_table(), replace_in("params.yaml", "mean_radius:", "mean_radios:"))),
     Case("own-csv-too-small-for-the-partition", ("run",),
          "privpipe: error: partition.shards: 50 shards for 89 records leaves shard 0 with 1 records (need ≥ 5); "
@@ -429,9 +429,9 @@ CASES = [
     Case("text-one-class", ("federated",),
          f"privpipe: error: {TEXTS}: every training record has the label '1' (column 'label'): a classifier needs "
          "at least two classes",
-         setup=lambda folder: (folder / TEXTS).write_text("\n".join(
+         setup=steps(lambda folder: (folder / TEXTS).write_text("\n".join(
              json.dumps({"text": f"text {i}", "label": 1, "split": "test" if i % 4 == 0 else "train"})
-             for i in range(12)) + "\n")),
+             for i in range(12)) + "\n"), lambda folder: set_params(folder, text={"labels": ["0", "1"]}))),
     # a stage run before the one that writes its input (dvc repro keeps the order; a person may not)
     Case("teachers-before-partition", ("stage", "teachers"),
          "privpipe: error: artifacts/digits/partition: missing (run the earlier stages first)",

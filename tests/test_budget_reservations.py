@@ -22,7 +22,7 @@ from privpipe.data import DataError
 from privpipe.privacy import LifetimeBudgetExceeded, LifetimeLedger, Reservation, RunSpend
 from tasks.common import exclusive_lock
 from tasks.privacy import budget
-from text_fixtures import write_corpus, write_tiny_encoder
+from text_fixtures import TEXT_LABELS, write_corpus, write_tiny_encoder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -205,7 +205,8 @@ def test_two_federated_runs_at_once_sharing_a_budget_directory_cannot_both_spend
         folder.mkdir()
         write_corpus(folder / "texts.jsonl")
         # z fixed: client-level ε ≈ 3 over 3 rounds, ≈ 5 for one record; 8 pays the one, not two
-        write_params(folder, text={"path": "texts.jsonl", "encoder": str(encoder), "max_length": 16},
+        write_params(folder, text={"path": "texts.jsonl", "labels": TEXT_LABELS,
+                                   "encoder": str(encoder), "max_length": 16},
                      federated={"clients": 10, "rounds": 3, "sample_rate": 0.5, "local_epochs": 1,
                                 "local_batch_size": 8, "target_epsilon": None, "noise_multiplier": 1.6},
                      lifetime={"ledger_dir": str(shared), "epsilon_budget": 8.0})

@@ -23,7 +23,7 @@ from privpipe.federated import (
     worst_client_event,
 )
 from privpipe.privacy import Ledger, NoiseSource, PoissonGaussianEvent, compute_epsilon
-from text_fixtures import write_corpus, write_tiny_encoder
+from text_fixtures import TEXT_LABELS, write_corpus, write_tiny_encoder
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -109,7 +109,8 @@ def test_the_text_flow_with_client_noise_charges_the_worst_clients_record_level_
 
     encoder = write_tiny_encoder(tmp_path / "tiny-bert")
     write_corpus(project / "texts.jsonl")
-    write_params(project, text={"path": "texts.jsonl", "encoder": str(encoder), "max_length": 16},
+    write_params(project, text={"path": "texts.jsonl", "labels": TEXT_LABELS,
+                                "encoder": str(encoder), "max_length": 16},
                  federated={"clients": 4, "rounds": 2, "sample_rate": 1.0, "local_epochs": 1, "local_batch_size": 4,
                             "local_learning_rate": 0.5, "noise": "client", "target_epsilon": 3.0,
                             "noise_multiplier": None})

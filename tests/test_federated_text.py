@@ -23,7 +23,7 @@ from tasks.text.features import run_text_features
 from tasks.text.model import load_text_model
 from tasks.text.prepare import run_prepare_text
 from tasks.text.train import run_federated_text
-from text_fixtures import write_corpus, write_tiny_encoder
+from text_fixtures import TEXT_LABELS, write_corpus, write_tiny_encoder
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -38,7 +38,8 @@ def encoder(tmp_path_factory) -> Path:
 
 def text_project(project: Path, encoder: Path, **sections) -> object:
     write_corpus(project / "texts.jsonl")
-    text = {"path": "texts.jsonl", "encoder": str(encoder), "max_length": 16} | sections.pop("text", {})
+    text = {"path": "texts.jsonl", "labels": TEXT_LABELS,
+            "encoder": str(encoder), "max_length": 16} | sections.pop("text", {})
     write_params(project, text=text, federated=FEDERATED | sections.pop("federated", {}), **sections)
     return load_params("params.yaml")
 
@@ -183,11 +184,12 @@ def test_client_level_delta_is_refused_at_or_above_one_over_k(project, capsys):
     from flows.cli import main
 
     write_corpus(project / "texts.jsonl")
-    write_params(project, privacy={"delta": 0.2}, text={"path": "texts.jsonl"}, federated=FEDERATED)
+    write_params(project, privacy={"delta": 0.2}, text={"path": "texts.jsonl", "labels": TEXT_LABELS}
+                                                        , federated=FEDERATED)
     assert main(["federated"]) == 2
     assert capsys.readouterr().err.startswith("privpipe: error: privacy.delta: 0.2 is not below 1/K = 0.1 for K = 10")
     write_params(project, privacy={"epsilon_budget": 2.0}, finetune={"target_epsilon": 1.0},
-                 text={"path": "texts.jsonl"}, federated=FEDERATED)
+                 text={"path": "texts.jsonl", "labels": TEXT_LABELS}, federated=FEDERATED)
     assert main(["federated"]) == 2
     assert "federated.target_epsilon: exceeds privacy.epsilon_budget (2.0)" in capsys.readouterr().err
     assert not (project / "artifacts").exists()

@@ -106,10 +106,11 @@ def test_operations_sections_are_validated():
 
 def test_a_non_private_federated_run_is_refused_it_has_no_finite_epsilon(project, capsys):
     from flows.cli import main
-    from text_fixtures import write_corpus
+    from text_fixtures import TEXT_LABELS, write_corpus
 
     write_corpus(project / "texts.jsonl")
-    write_params(project, text={"path": "texts.jsonl"}, federated={"private": False, "clients": 4})
+    write_params(project, text={"path": "texts.jsonl", "labels": TEXT_LABELS}
+                                , federated={"private": False, "clients": 4})
     assert main(["federated"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("privpipe: refused: federated text run (not private): dataset 'texts' has spent ε = 0")

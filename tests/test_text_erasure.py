@@ -16,7 +16,7 @@ from conftest import cli, write_params
 from privpipe.config import load_params
 from privpipe.requests import RequestQueue
 from privpipe.text import load_corpus
-from text_fixtures import write_corpus, write_tiny_encoder
+from text_fixtures import TEXT_LABELS, write_corpus, write_tiny_encoder
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -42,7 +42,8 @@ def test_text_records_are_forgotten_audited_and_left_out(project, tmp_path_facto
     encoder = write_tiny_encoder(tmp_path_factory.mktemp("encoder") / "tiny-bert")
     corpus_file = write_corpus(project / "texts.jsonl")
     # head.enabled stays true: text records need no head, so its absence is no reason to refuse
-    write_params(project, text={"path": "texts.jsonl", "encoder": str(encoder), "max_length": 16},
+    write_params(project, text={"path": "texts.jsonl", "labels": TEXT_LABELS,
+                                "encoder": str(encoder), "max_length": 16},
                  federated=FEDERATED)
     params = load_params("params.yaml")
     trained = federated_text(params_file="params.yaml")

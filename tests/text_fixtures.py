@@ -11,6 +11,7 @@ TOPICS = {
     "fruit": ["apple", "banana", "cherry", "grape", "mango", "peach", "plum", "lemon"],
     "engine": ["piston", "gear", "wheel", "motor", "valve", "clutch", "brake", "axle"],
 }
+TEXT_LABELS = sorted(TOPICS)  # text.labels of the corpus: declared, as server noise needs
 FILLER = ["the", "a", "is", "and", "with", "very", "of", "my"]
 
 

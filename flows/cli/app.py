@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "write the embedded default dataset under data/raw if missing")
     _params_option(init)
 
+    schema = _command(commands, "schema", "flows.cli.schema:schema",
+                      "discover what prepare.schema leaves out (bounds, categories, labels) with DP, charged to the "
+                      "dataset's lifetime budget, and print it as a schema to review and commit")
+    _params_option(schema)
+
     forget = _command(commands, "forget", "flows.cli.erasure:forget",
                       "queue deletion requests for records (by record id)")
     forget.add_argument("record_ids", nargs="+", metavar="RECORD_ID",

@@ -22,7 +22,9 @@ __all__ = ["run", "federated"]
 
 
 def run(args: argparse.Namespace) -> int:
-    params = load_params(args.params)  # validate before Prefect starts anything
+    from tasks.recipe import load_run_params  # deferred: the data readers (torch, Prefect come later)
+
+    params = load_run_params(args.params)  # validate before Prefect starts anything; a recipe fitted where none is
     # deferred until the params are known good: Prefect, MLflow and torch take seconds to import
     from flows.cli.run_report import let_prefect_record
     from flows.pipeline import pipeline, preflight, registry_preflight
@@ -161,10 +163,13 @@ def _check_text_data(params: Params) -> None:
     import numpy as np
 
     from privpipe.federated import noise_mode
-    from tasks.text.prepare import current_corpus, text_clients
+    from tasks.text.prepare import current_corpus, text_clients, text_label_set
 
     # a 20newsgroups tarball, scikit-learn's cache or a folder: the loader says which is wrong
-    corpus, _ = current_corpus(params)
+    corpus, _ = current_corpus(params)  # the file's own checks first
+    discovered = text_label_set(params)  # then its label set: declared, or discovered (refused for server noise)
+    if discovered is not None:
+        corpus, _ = current_corpus(params, labels=discovered)
     if text.training == "dpsgd":  # central DP-SGD: no clients
         return
     assignment, clients = text_clients(params, corpus)

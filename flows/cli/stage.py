@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from privpipe.config import Params, check_pipeline_use, load_params
+from privpipe.config import Params, check_pipeline_use
 from tasks import STAGE_MODULES
 from tasks.common import one_pipeline_at_a_time, use_torch_threads
 from tasks.privacy import budget
@@ -25,7 +25,9 @@ def stage(args: argparse.Namespace) -> int:
     if args.track and args.name != "evaluate":
         raise argparse.ArgumentError(None, "--track: only the evaluate stage can record a run")
     _log_stages_to_stderr()
-    params = load_params(args.params)
+    from tasks.recipe import load_run_params  # deferred: the data readers, once the arguments are checked
+
+    params = load_run_params(args.params)  # the file's, with a recipe fitted to the data where it writes none
     check_pipeline_use(params)
     from tasks.device import training_device  # deferred: torch, once the params are checked
 

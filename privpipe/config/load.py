@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
+from privpipe.config.data_schema import DataSchema
 from privpipe.config.errors import ConfigError
 from privpipe.config.params import Params, check_all
-from privpipe.config.schema import DataSchema
 from privpipe.files import read_user_text
 
 __all__ = ["load_params", "parse_params"]
@@ -121,6 +121,18 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     return cls(**values)
 
 
+def _schema_file(key: str, path: Path) -> Any:
+    """The mapping a schema file holds (relative to the working folder, the project's)."""
+    if not path.is_file():
+        raise ConfigError(f"{key}: {path} is not a file (a schema file, or the mapping inline)")
+    try:
+        return yaml.load(read_user_text(path, error=ConfigError), Loader=_ParamsLoader)
+    except _UnsafeYaml as exc:
+        raise ConfigError(f"{key}: {path}: line {exc.line}: {exc.what}") from None
+    except yaml.YAMLError:
+        raise ConfigError(f"{key}: {path} is not valid YAML") from None
+
+
 def _coerce(key: str, value: Any, annotation: str) -> Any:
     """Check a value against its field's annotation. The annotations are strings ("float | None"):
     every section module has ``from __future__ import annotations``."""
@@ -141,6 +153,8 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
         return tuple(value)
     base = annotation.replace("| None", "").strip()
     if base == "DataSchema":  # a nested mapping: the schema reads and checks itself, naming its keys
+        if isinstance(value, str):  # or a file of that mapping (what `privpipe schema` prints)
+            return DataSchema.parse(_schema_file(key, Path(value)), key)
         return value if isinstance(value, DataSchema) else DataSchema.parse(value, key)
     if base == "bool":
         if not isinstance(value, bool):

@@ -23,6 +23,7 @@ from privpipe.config import (
     run,
     runner,
     schedule,
+    schema,
     student,
     teachers,
     text,
@@ -39,6 +40,7 @@ class Params:
     run: run.RunConfig = field(default_factory=run.RunConfig)
     privacy: privacy.PrivacyConfig = field(default_factory=privacy.PrivacyConfig)
     prepare: prepare.PrepareConfig = field(default_factory=prepare.PrepareConfig)
+    schema: schema.SchemaConfig = field(default_factory=schema.SchemaConfig)
     dp_pca: dp_pca.DpPcaConfig = field(default_factory=dp_pca.DpPcaConfig)
     features: features.FeaturesConfig = field(default_factory=features.FeaturesConfig)
     partition: partition.PartitionConfig = field(default_factory=partition.PartitionConfig)
@@ -71,6 +73,7 @@ def check_all(p: Params) -> None:
     run.check(p.run)
     privacy.check(p.privacy)
     prepare.check(p.prepare)
+    schema.check(p.schema, epsilon_budget=p.privacy.epsilon_budget)
     partition.check(p.partition)
     teachers.check(p.teachers, dp_pca=p.dp_pca)
     aggregate.check(p.aggregate, privacy=p.privacy)

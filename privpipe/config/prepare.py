@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from privpipe.config.data_schema import DataSchema
 from privpipe.config.errors import one_of, require
 from privpipe.config.ranges import MAX_COUNT, Range, at_least, fraction
-from privpipe.config.schema import DataSchema
 
 # the data kinds privpipe.data.sources reads (written out: privpipe.data imports numpy and scipy);
 # tests/test_config.py holds the two equal
@@ -48,8 +48,8 @@ class PrepareConfig:
     label_column: str = "label"
     #: csv: the feature columns; null = every column but the id, label and client
     feature_columns: tuple[str, ...] | None = None
-    #: csv (required) and images (optional): what is public about the data (labels; each column's bounds, scale or
-    #: categories), never computed from the rows
+    #: what is public about the data (labels; each column's bounds, scale or categories), never computed from the
+    #: rows; what it leaves out (csv: any of it; images: labels) the schema stage discovers with DP, charged to the run
     schema: DataSchema | None = None
     #: images: resize every image to this side (null: as stored, all one size)
     image_size: int | None = None
@@ -114,9 +114,6 @@ def check(prepare: PrepareConfig) -> None:
         require(prepare.target_path is not None, "prepare.target_path",
                 f"must name the folder of the local {prepare.target_source} files")
     if prepare.dataset == "csv":
-        require(prepare.schema is not None and bool(prepare.schema.labels), "prepare.schema",
-                "a csv data set needs its public schema: labels (the label set) and, per feature column, its "
-                "bounds {min, max}, scale {center, scale} or categories (docs/tutorials/own-data.md)")
         require(prepare.id_column != prepare.label_column, "prepare.label_column",
                 f"is the id column too ({prepare.id_column!r})")
         named = set(prepare.feature_columns or ())

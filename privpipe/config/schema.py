@@ -1,117 +1,48 @@
-"""prepare.schema: what is public about the user's data, declared before any record is read.
+"""schema: the private discovery of what ``prepare.schema`` leaves out (privpipe.discovery).
 
-    schema:
-      labels: [benign, malignant]               # the label set, in label order (a record's label is its index)
-      columns:
-        mean_radius: {min: 6.98, max: 28.11}    # numeric, public bounds: scaled to [-1, 1], clipped outside
-        age: {center: 50, scale: 20}            # numeric, public scale: (x - center) / scale
-        sex: {categories: [f, m]}               # categorical, public categories: one-hot
-
-Learning a vocabulary, a mean or a range from the sensitive rows and using it unaccounted would leak
-those rows; a declared schema costs no privacy, because nothing in it comes from the data. A label
-or category outside the declared set is refused, naming the file and line.
+Runs inside prepare, before any record is encoded, only where something is missing: a table without
+a schema, columns without entries, or no label set (a table's, an image folder's). Its ε comes out of
+``privacy.epsilon_budget`` like any stage's, and the stages after it calibrate to what is left.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
-from privpipe.config.errors import ConfigError, require
+from privpipe.config.errors import one_of, require
+from privpipe.config.ranges import MAX_EPSILON, Range, above, fraction
 
-__all__ = ["ColumnSchema", "DataSchema"]
-
-_NUMERIC_KEYS = (("min", "max"), ("center", "scale"))
-
-
-def _number(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-    return float(value)
-
-
-def _names(value: Any, key: str) -> tuple[str, ...]:
-    """A list of names (strings, or integers written as such), distinct and non-empty."""
-    if not isinstance(value, Sequence) or isinstance(value, str) or not value:
-        raise ConfigError(f"{key}: expected a non-empty list, got {value!r}")
-    names = []
-    for item in value:
-        if isinstance(item, bool) or not isinstance(item, (str, int)) or str(item) == "":
-            raise ConfigError(f"{key}: expected names (strings or integers), got {item!r}")
-        names.append(str(item))
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    require(not repeated, key, f"{repeated[0]!r} is listed twice" if repeated else "")
-    return tuple(names)
+#: privpipe.discovery.BOUNDS_ESTIMATORS (config does not import numpy's modules); tests/test_config.py holds them equal
+BOUNDS_ESTIMATORS = ("threshold", "quantile")
 
 
 @dataclass(frozen=True)
-class ColumnSchema:
-    """One feature column's public description: bounds, a scale, or its categories."""
+class SchemaConfig:
+    #: the discovery's ε at privacy.delta; null: budget_share of privacy.epsilon_budget
+    epsilon: float | None = None
+    #: the share of privacy.epsilon_budget the discovery spends when epsilon is null
+    budget_share: float = 0.2  # bounds of the right order need few records per column; the rest trains
+    #: threshold (lowest/highest log2 bin whose noisy count passes the noise) | quantile (noisy 2nd/98th
+    #: percentile bins)
+    bounds: str = "threshold"
+    #: the share of privacy.delta spent on partition selection (the chance a value only one record holds is
+    #: published)
+    selection_delta_share: float = 0.1
+    #: the share of the discovery's noise budget spent on the label column when the label set is discovered
+    label_share: float = 0.5  # every label must pass selection on its own; the columns only need their bulk
 
-    name: str
-    min: float | None = None
-    max: float | None = None
-    center: float | None = None
-    scale: float | None = None
-    categories: tuple[str, ...] | None = None
+    RANGES: ClassVar[dict[str, Range]] = {"epsilon": above(0, MAX_EPSILON), "budget_share": fraction(),
+                                          "selection_delta_share": fraction(), "label_share": fraction()}
 
-    @property
-    def kind(self) -> str:
-        """``bounds``, ``scale`` or ``categories``."""
-        if self.categories is not None:
-            return "categories"
-        return "bounds" if self.min is not None else "scale"
-
-    @property
-    def width(self) -> int:
-        """How many encoded features the column becomes (a one-hot column: one per category)."""
-        return len(self.categories) if self.categories is not None else 1
-
-    @classmethod
-    def parse(cls, name: str, raw: Any, key: str) -> ColumnSchema:
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{key}: expected a mapping ({{min, max}}, {{center, scale}} or {{categories}}), "
-                              f"got {raw!r}")
-        given = set(raw)
-        if given == {"categories"}:
-            return cls(name=name, categories=_names(raw["categories"], f"{key}.categories"))
-        for pair in _NUMERIC_KEYS:
-            if given == set(pair):
-                first, second = (_number(raw[k], f"{key}.{k}") for k in pair)
-                if pair == ("min", "max"):
-                    require(first < second, f"{key}.max", f"must be above min ({first:g})")
-                    return cls(name=name, min=first, max=second)
-                require(second > 0, f"{key}.scale", "must be > 0")
-                return cls(name=name, center=first, scale=second)
-        raise ConfigError(f"{key}: expected exactly one of {{min, max}}, {{center, scale}} or {{categories}}, "
-                          f"got {sorted(given, key=str)}")
+    def stage_epsilon(self, budget: float) -> float:
+        return self.epsilon if self.epsilon is not None else self.budget_share * budget
 
 
-@dataclass(frozen=True)
-class DataSchema:
-    """The public label set and, for tabular data, each feature column's description."""
-
-    labels: tuple[str, ...]
-    columns: tuple[ColumnSchema, ...] = ()
-
-    def column(self, name: str) -> ColumnSchema | None:
-        return next((c for c in self.columns if c.name == name), None)
-
-    @classmethod
-    def parse(cls, raw: Any, key: str = "prepare.schema") -> DataSchema:
-        """Read the mapping of params.yaml; ConfigError naming the key of the first wrong value."""
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{key}: expected a mapping with labels (and columns), got {raw!r}")
-        unknown = sorted(set(raw) - {"labels", "columns"}, key=str)  # a YAML key may be a number
-        require(not unknown, f"{key}.{unknown[0]}" if unknown else key, "unknown key (known: labels, columns)")
-        require("labels" in raw, f"{key}.labels", "must list the public label set (e.g. [benign, malignant])")
-        labels = _names(raw["labels"], f"{key}.labels")
-        require(len(labels) >= 2, f"{key}.labels", "needs at least two labels")
-        columns = raw.get("columns") or {}
-        if not isinstance(columns, Mapping):
-            raise ConfigError(f"{key}.columns: expected a mapping of column name to its description, got "
-                              f"{columns!r}")
-        return cls(labels=labels, columns=tuple(ColumnSchema.parse(str(name), value, f"{key}.columns.{name}")
-                                                for name, value in columns.items()))
+def check(schema: SchemaConfig, *, epsilon_budget: float) -> None:
+    one_of(schema.bounds, BOUNDS_ESTIMATORS, "schema.bounds")
+    for key in ("budget_share", "selection_delta_share", "label_share"):
+        require(0 < getattr(schema, key) < 1, f"schema.{key}", "must be in (0, 1)")
+    if schema.epsilon is not None:
+        require(0 < schema.epsilon < epsilon_budget, "schema.epsilon",
+                f"must be in (0, privacy.epsilon_budget = {epsilon_budget:g}): the stages after it need some")

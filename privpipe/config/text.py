@@ -25,6 +25,9 @@ class TextConfig:
     text_column: str = "text"
     #: the column holding each record's label
     label_column: str = "label"
+    #: the public label set, in label order (a record with another label is refused); null: discovered with DP
+    #: (the schema section's ε; record-level runs only: text.training dpsgd or federated.noise client)
+    labels: tuple[str, ...] | None = None
     #: a column naming each record's client (natural clients; K = their number)
     client_column: str | None = None
     #: train/test per record; without it a seeded test_fraction is held out
@@ -69,6 +72,8 @@ class TextConfig:
 
 def check(text: TextConfig) -> None:
     one_of(text.format, TEXT_FORMATS, "text.format")
+    if text.labels is not None:
+        require(len(set(text.labels)) == len(text.labels) >= 2, "text.labels", "needs at least two distinct labels")
     registered_model_name(text.model_name, "text.model_name")
     require(0 < text.test_fraction < 1, "text.test_fraction", "must be in (0, 1)")
     one_of(text.mode, ENCODER_MODES, "text.mode")

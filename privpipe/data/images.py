@@ -26,7 +26,8 @@ import numpy as np
 
 from privpipe.data.records import UNLABELED, DataError, Records
 
-__all__ = ["IMAGE_SUFFIXES", "image_files", "load_image_folder", "load_cifar10", "CIFAR10_FILES", "CIFAR10_SIDE"]
+__all__ = ["class_folders", "IMAGE_SUFFIXES", "image_files", "load_image_folder", "load_cifar10", "CIFAR10_FILES",
+           "CIFAR10_SIDE"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 CIFAR10_FILES = {"train": tuple(f"data_batch_{k}" for k in range(1, 6)), "test": ("test_batch",)}
@@ -83,22 +84,31 @@ def _stack(root: Path, files: list[Path], *, channels: int,
     return rows, (int(first[0]), int(first[1]))
 
 
+def class_folders(root: Path) -> list[str]:
+    """The class sub-folders' names, in order."""
+    return sorted(p.name for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
 def load_image_folder(root: Path, *, channels: int, size: int | None, classes: Sequence[str] | None = None,
-                      labeled: bool = True) -> tuple[Records, tuple[str, ...], tuple[int, int, int]]:
+                      labeled: bool = True, others: bool = False,
+                      ) -> tuple[Records, tuple[str, ...], tuple[int, int, int]]:
     """The images under ``root`` as records, the class names (label order) and the image shape (C, H, W).
 
     Labeled: one sub-folder per class; ``classes`` (the declared label set, if any) fixes the order and
-    refuses a sub-folder it does not list. Unlabeled: every image under ``root``, labels UNLABELED."""
+    refuses a sub-folder it does not list, or with ``others`` (a discovered label set) leaves its images
+    out. Unlabeled: every image under ``root``, labels UNLABELED."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: {'a file, not a folder of images' if root.exists() else 'folder not found'}")
     if labeled:
-        folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        folders = class_folders(root)
         if not folders:
             raise DataError(f"{root}: no class sub-folders (expected {root}/<class>/<image>.png, one folder a class)")
         names = tuple(classes) if classes is not None else tuple(folders)
         stray = [f for f in folders if f not in names]
-        if stray:
+        if stray and others:
+            folders = [f for f in folders if f in names]
+        elif stray:
             raise DataError(f"{root}/{stray[0]}: a class folder that prepare.schema.labels does not list "
                             f"({', '.join(names)})")
         linked = [root / name for name in folders if (root / name).is_symlink()]

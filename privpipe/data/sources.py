@@ -150,7 +150,7 @@ class Digits(DataSource):
 
 def _classes(cfg: PrepareConfig, own: tuple[str, ...]) -> tuple[str, ...]:
     """The kind's label set, or the schema's names for it (which must be as many)."""
-    if cfg.schema is None:
+    if cfg.schema is None or cfg.schema.labels is None:  # their classes are public: nothing to discover
         return own
     if len(cfg.schema.labels) != len(own):
         raise ConfigError(f"prepare.schema.labels: {cfg.dataset} has {len(own)} classes, the schema names "
@@ -338,7 +338,8 @@ class ImageFolder(DataSource):
         channels = cfg.channels or 3
         declared = cfg.schema.labels if cfg.schema is not None else None
         root = Path(cfg.path)
-        records, classes, image = load_image_folder(root, channels=channels, size=cfg.image_size, classes=declared)
+        records, classes, image = load_image_folder(root, channels=channels, size=cfg.image_size, classes=declared,
+                                                    others=cfg.schema is not None and cfg.schema.labels_discovered)
         shape = DataShape.image(channels=image[0], height=image[1], width=image[2], classes=classes)
         sets = split_by_shares(_prefixed(records, root), _shares(cfg, test=cfg.test_path is None,
                                                                   public=cfg.public_path is None, target=False),
@@ -386,13 +387,15 @@ class Table(DataSource):
     rewritable = True
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
-        if cfg.schema is None:  # config.prepare refuses csv without one
-            raise ConfigError("prepare.schema: a csv data set needs its public schema")
+        if cfg.schema is None or cfg.schema.labels is None:  # the schema stage completes it before a load
+            raise ConfigError("prepare.schema: a csv data set needs its schema, declared or discovered (the schema "
+                              "stage)")
         table = read_table(Path(cfg.path))
         features = table_columns(table, id_column=cfg.id_column, label_column=cfg.label_column,
                                  client_column=client_column, feature_columns=cfg.feature_columns)
         records, shape = encode_table(table, cfg.schema, id_column=cfg.id_column, label_column=cfg.label_column,
-                                      feature_columns=features, client_column=client_column)
+                                      feature_columns=features, client_column=client_column,
+                                      discovered_labels=cfg.schema.labels_discovered)
         sets = split_by_shares(records, _shares(cfg, test=cfg.test_path is None, public=cfg.public_path is None,
                                                 target=False), rest="sensitive", seed=seed)
         files = [Path(cfg.path)]
@@ -403,7 +406,8 @@ class Table(DataSource):
             # the main file's feature columns, which the other file must have too (its label column, in an
             # unlabeled pool, is neither read nor a feature)
             sets[name], _ = encode_table(read_table(Path(path)), cfg.schema, id_column=cfg.id_column,
-                                         label_column=cfg.label_column if labeled else None, feature_columns=features)
+                                         label_column=cfg.label_column if labeled else None, feature_columns=features,
+                                         discovered_labels=cfg.schema.labels_discovered)
             files.append(Path(path))
         _unique_across(sets, {"sensitive": cfg.path, "test": str(cfg.test_path), "public": str(cfg.public_path),
                               "target": str(cfg.target_path)})

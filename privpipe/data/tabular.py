@@ -25,15 +25,17 @@ from typing import Any
 
 import numpy as np
 
+from privpipe.config.data_schema import ColumnSchema, DataSchema
 from privpipe.config.errors import ConfigError
-from privpipe.config.schema import ColumnSchema, DataSchema
 from privpipe.data.records import UNLABELED, DataError, Records, read_text
 from privpipe.data.shape import DataShape
 from privpipe.files import private_file
 
-__all__ = ["Table", "read_table", "write_table", "encode_table", "table_columns", "PARQUET_SUFFIXES"]
+__all__ = ["Table", "read_table", "write_table", "encode_table", "table_columns", "PARQUET_SUFFIXES",
+           "canonical_name", "is_missing"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+UNKNOWN_LABEL = -2  # a row whose label the discovered label set does not hold (left out); not UNLABELED
 
 
 @dataclass(frozen=True)
@@ -118,16 +120,29 @@ def write_table(table: Table, keep: np.ndarray) -> None:
     tmp.replace(table.path)
 
 
-def _missing(value: Any) -> bool:
+def is_missing(value: Any) -> bool:
+    """An empty cell: None, NaN or blank text."""
     return value is None or (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str)
                                                                                   and not value.strip())
 
 
-def _text(value: Any) -> str:
-    """A cell as the name it is compared by: integers written as such (a Parquet 1.0 reads as "1")."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value).strip()
+def canonical_name(value: Any) -> str:
+    """A cell (or a declared name) as the name it is compared by: a number by its value, whatever its
+    format (``2``, ``"2.0"`` from a CSV and a Parquet 2.0 are all ``"2"``; ``"0.50"`` is ``"0.5"``),
+    anything else as its stripped text."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text:
+        return text
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(number):
+        return text
+    return str(int(number)) if number.is_integer() and abs(number) < 2**53 else repr(number)
+
+
+_text = canonical_name
 
 
 def table_columns(table: Table, *, id_column: str, label_column: str | None, client_column: str | None,
@@ -153,11 +168,13 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
     cells = table.cells[column.name]
     out = np.zeros((len(cells), column.width), dtype=np.float32)
     if column.categories is not None:
-        index = {name: i for i, name in enumerate(column.categories)}
+        index = {canonical_name(name): i for i, name in enumerate(column.categories)}
         for row, value in enumerate(cells):
-            if _missing(value):
+            if is_missing(value):
                 raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} has no value")
             position = index.get(_text(value))
+            if position is None and column.other:
+                continue  # a value outside the categories: no category (all zeros)
             if position is None:
                 raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is {_text(value)!r}, not "
                                 f"one of its declared categories ({', '.join(column.categories)}; "
@@ -165,7 +182,7 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
             out[row, position] = 1.0
         return out
     for row, value in enumerate(cells):
-        if _missing(value):
+        if is_missing(value):
             raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} has no value")
         try:
             number = float(value)
@@ -182,11 +199,16 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
     return ((out - column.center) / column.scale).astype(np.float32)
 
 
-def _labels(table: Table, label_column: str, classes: tuple[str, ...]) -> np.ndarray:
-    index = {name: i for i, name in enumerate(classes)}
+def _labels(table: Table, label_column: str, classes: tuple[str, ...], *, others: bool) -> np.ndarray:
+    """Each row's label index; ``others``: a label outside ``classes`` is UNKNOWN_LABEL (a discovered
+    label set: the row is left out), else refused."""
+    index = {canonical_name(name): i for i, name in enumerate(classes)}
     labels = np.empty(len(table), dtype=np.int64)
     for row, value in enumerate(table.cells[label_column]):
-        position = index.get(_text(value)) if not _missing(value) else None
+        position = index.get(_text(value)) if not is_missing(value) else None
+        if position is None and others:
+            labels[row] = UNKNOWN_LABEL
+            continue
         if position is None:
             raise DataError(f"{table.path}: {table.where(row)}: label {_text(value) if value is not None else ''!r} "
                             f"(column {label_column!r}) is not in prepare.schema.labels ({', '.join(classes)})")
@@ -198,7 +220,7 @@ def _ids(table: Table, id_column: str) -> np.ndarray:
     seen: dict[str, int] = {}
     ids = []
     for row, value in enumerate(table.cells[id_column]):
-        if _missing(value):
+        if is_missing(value):
             raise DataError(f"{table.path}: {table.where(row)}: the id (column {id_column!r}) is empty")
         text = _text(value)
         if text in seen:
@@ -211,7 +233,7 @@ def _ids(table: Table, id_column: str) -> np.ndarray:
 
 def _clients(table: Table, client_column: str) -> np.ndarray:
     values = table.cells[client_column]
-    empty = next((row for row, value in enumerate(values) if _missing(value)), None)
+    empty = next((row for row, value in enumerate(values) if is_missing(value)), None)
     if empty is not None:
         raise DataError(f"{table.path}: {table.where(empty)}: the client (column {client_column!r}) is empty")
     return np.array([_text(v) for v in values])
@@ -219,9 +241,13 @@ def _clients(table: Table, client_column: str) -> np.ndarray:
 
 def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_column: str | None,
                  feature_columns: Sequence[str] | None = None, client_column: str | None = None,
-                 ) -> tuple[Records, DataShape]:
+                 discovered_labels: bool = False) -> tuple[Records, DataShape]:
     """The table's records, encoded by ``schema``, and their shape. ``label_column`` None: an unlabeled pool
-    (every label UNLABELED; a label column, if the file has one, is neither read nor a feature)."""
+    (every label UNLABELED; a label column, if the file has one, is neither read nor a feature).
+    ``discovered_labels``: the label set was found privately, so a row whose label is not in it is left
+    out (its label is not published), not refused."""
+    if schema.labels is None:
+        raise ConfigError("prepare.schema.labels: not declared and not discovered (run the schema stage)")
     features = table_columns(table, id_column=id_column, label_column=label_column, client_column=client_column,
                              feature_columns=feature_columns)
     if not features:
@@ -236,8 +262,10 @@ def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_colu
     columns = [c for name in features if (c := schema.column(name)) is not None]
     encoded = np.concatenate([_encode_column(table, c) for c in columns], axis=1)
     names = [name for c in columns for name in ([f"{c.name}={k}" for k in c.categories] if c.categories else [c.name])]
-    labels = _labels(table, label_column, schema.labels) if label_column is not None else \
-        np.full(len(table), UNLABELED, dtype=np.int64)
+    labels = _labels(table, label_column, schema.labels, others=discovered_labels) if label_column is not None \
+        else np.full(len(table), UNLABELED, dtype=np.int64)
     clients = _clients(table, client_column) if client_column is not None else None
-    records = Records(encoded, labels, _ids(table, id_column), clients)
+    kept = np.flatnonzero(labels != UNKNOWN_LABEL)
+    records = Records(encoded[kept], labels[kept], _ids(table, id_column)[kept],
+                      None if clients is None else clients[kept])
     return records, DataShape.table(features=names, classes=schema.labels)

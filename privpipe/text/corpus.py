@@ -42,6 +42,7 @@ import numpy as np
 
 from privpipe.data.records import DataError, read_text
 from privpipe.data.split import assign_sets
+from privpipe.data.tabular import canonical_name
 
 __all__ = ["TextSet", "Corpus", "load_corpus", "FORMATS"]
 
@@ -104,7 +105,8 @@ def _sorted_classes(values: set[str]) -> tuple[str, ...]:
 
 
 def _table(path: Path, fmt: str, *, text_column: str, label_column: str, client_column: str | None,
-           split_column: str | None, test_fraction: float, seed: int) -> Corpus:
+           split_column: str | None, test_fraction: float, seed: int, classes: tuple[str, ...] | None = None,
+           others: bool = False) -> Corpus:
     if not path.is_file():
         raise DataError(f"{path}: text file not found (text.path)")
     fmt = fmt if fmt != "auto" else {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv"}.get(path.suffix.lower(), "")
@@ -139,13 +141,20 @@ def _table(path: Path, fmt: str, *, text_column: str, label_column: str, client_
         is_test = np.array(splits) == "test"
     else:
         is_test = assign_sets(ids_array, {"test": test_fraction}, rest="train", seed=seed) == "test"
-    classes = _sorted_classes(set(labels))
-    index = {c: i for i, c in enumerate(classes)}
-    label_array = np.array([index[v] for v in labels], dtype=np.int64)
+    if classes is None:
+        classes = _sorted_classes(set(labels))
+    index = {canonical_name(c): i for i, c in enumerate(classes)}
+    positions = [index.get(canonical_name(v)) for v in labels]
+    outside = next((k for k, p in enumerate(positions) if p is None), None)
+    if outside is not None and not others:
+        raise DataError(f"{path}:{rows[outside][0].split('-')[1]}: label {labels[outside]!r} (column "
+                        f"{label_column!r}) is not in text.labels ({', '.join(classes)})")
+    known = np.array([p is not None for p in positions], dtype=bool)  # a discovered set: the others left out
+    label_array = np.array([-1 if p is None else p for p in positions], dtype=np.int64)
     client_array = np.array(clients) if client_column else None
 
     def part(mask: np.ndarray) -> TextSet:
-        picked = np.flatnonzero(mask)
+        picked = np.flatnonzero(mask & known)
         return TextSet([texts[i] for i in picked], label_array[picked], ids_array[picked],
                        None if client_array is None else client_array[picked])
 
@@ -336,9 +345,12 @@ def _newsgroups(path: str | Path | None, *, download: bool) -> Corpus:
 
 def load_corpus(path: str | Path | None, *, format: str, text_column: str, label_column: str,
                 client_column: str | None, split_column: str | None, test_fraction: float, seed: int,
-                download: bool = False) -> Corpus:
+                download: bool = False, classes: tuple[str, ...] | None = None, others: bool = False) -> Corpus:
     """Read a labelled text set; raise :class:`DataError` naming the file and line on bad input.
 
+    ``classes``: the label set (declared, or discovered with DP), in label order; a record with another label
+    is refused or, with ``others`` (a discovered set, which does not publish it), left out. None: the
+    file's own labels (only for data whose label set is public, 20newsgroups' 20 groups).
     ``download`` (20newsgroups only): let scikit-learn fetch the data into ``path`` (a folder) when it is
     not there."""
     if format not in FORMATS:
@@ -348,4 +360,17 @@ def load_corpus(path: str | Path | None, *, format: str, text_column: str, label
     if path is None or str(path) == "":
         raise DataError("text.path: empty (a JSONL or CSV file of texts and labels)")
     return _table(Path(path), format, text_column=text_column, label_column=label_column,
-                  client_column=client_column, split_column=split_column, test_fraction=test_fraction, seed=seed)
+                  client_column=client_column, split_column=split_column, test_fraction=test_fraction, seed=seed,
+                  classes=classes, others=others)
+
+
+def corpus_labels(path: str | Path, *, format: str, label_column: str) -> list[tuple[str, str]]:
+    """Each record's (id, label) as the file holds them: what the label set's discovery counts."""
+    path = Path(path)
+    fmt = format if format != "auto" else {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv"}.get(
+        path.suffix.lower(), "")
+    if not path.is_file() or not fmt:
+        return []  # load_corpus says what is wrong
+    rows = _rows_jsonl(path) if fmt == "jsonl" else _rows_csv(path)
+    return [(str(row["id"]) if row.get("id") not in (None, "") else where, _label_text(row.get(label_column, "")))
+            for where, row in rows]

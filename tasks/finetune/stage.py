@@ -11,7 +11,7 @@ Output: artifacts/<dataset>/finetune/{model.pt, model.json, history.json, ledger
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,7 @@ from privpipe.dp_pca import dp_pca_event
 from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
 from privpipe.federated import ClientUpdates
 from privpipe.models import DIVERGED, diverged, released_model, save_released
-from privpipe.privacy import epsilon_curve
+from privpipe.privacy import Event, epsilon_curve
 from privpipe.privacy.calibrate import HIGH
 from tasks import paths
 from tasks.common import (
@@ -47,6 +47,7 @@ from tasks.paths import DatasetPaths
 from tasks.privacy import uncovered
 from tasks.privacy.ledger import calibrate_for, new_ledger
 from tasks.progress import progress
+from tasks.recipe import recipe_warnings
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.prepared import PreparedSets
@@ -69,16 +70,18 @@ def check_lot_size(params: Params, records: int) -> None:
         raise ConfigError(f"finetune.lot_size: {cfg.lot_size} exceeds the {records} sensitive records")
 
 
-def check_target_reachable(params: Params, records: int) -> None:
+def check_target_reachable(params: Params, records: int, *, spent: Sequence[Event] = ()) -> None:
     """Before any work (the preflight calls it): ConfigError when no σ reaches ``finetune.target_epsilon``
     after what dp_pca spends, BudgetExceeded when a fixed ``finetune.noise_multiplier`` would pass
     ``privacy.epsilon_budget`` — both known from the params and the record count, and otherwise found only
     after the earlier stages ran. PATE's data-dependent cost can only add; it is still checked when finetune
-    calibrates. Costs one ε of the DP-SGD schedule (at the search's largest σ, or at the fixed one)."""
+    calibrates. Costs one ε of the DP-SGD schedule (at the search's largest σ, or at the fixed one).
+    ``spent``: what prepare's schema stage will charge first."""
     cfg = params.finetune
     if not cfg.enabled or cfg.mode != "dpsgd":
         return
     ledger = new_ledger(params)
+    ledger.record(*spent)
     if params.dp_pca.enabled:
         sigma = params.dp_pca.noise_multiplier
         if sigma is None:
@@ -114,6 +117,8 @@ def run_finetune(params: Params, *, where: DatasetPaths | None = None,
     begin = finetune_start(params, sensitive=where.sensitive, dp_pca_dir=dp_pca_dir, start=start)
     ledger, records, features = begin.ledger, begin.records, begin.features
     check_lot_size(params, len(records))
+    for line in recipe_warnings(params, records=len(records)):  # a written recipe this data cannot train with
+        log.warning(line)
     schedule = dpsgd_schedule(n=len(records), lot_size=cfg.lot_size, epochs=cfg.epochs)
     sigma = cfg.noise_multiplier
     if sigma is None:

@@ -11,12 +11,29 @@ from privpipe.data import DataError
 from privpipe.privacy import Event, Ledger
 from tasks.common import read_json
 
-__all__ = ["new_ledger", "load_ledger", "calibrate_for"]
+__all__ = ["new_ledger", "load_ledger", "calibrate_for", "PREPARED_LEDGER", "prepared_events"]
+
+#: beside the prepared sets: the schema stage's charge (tasks.discovery), where the run's ledger starts
+PREPARED_LEDGER = "ledger.json"
 
 
-def new_ledger(params: Params) -> Ledger:
+def prepared_events(folder: Path) -> list[Event]:
+    """The schema stage's charge that prepare left beside its sets (none when nothing was discovered)."""
+    path = Path(folder) / PREPARED_LEDGER
+    if not path.is_file():
+        return []
+    try:
+        return list(Ledger.from_dict(read_json(path)).events)
+    except ValueError as exc:
+        raise DataError(f"{path}: not a ledger this privpipe reads ({exc})") from None
+
+
+def new_ledger(params: Params, *, prepared: Path | None = None) -> Ledger:
+    """The run's ledger as the first spending stage after prepare starts it: with the schema stage's charge
+    that prepare left in ``prepared`` (the prepared sets' folder), if any."""
+    events = prepared_events(prepared) if prepared is not None else []
     return Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                  accountant=params.privacy.accountant)
+                  accountant=params.privacy.accountant, events=events)
 
 
 def load_ledger(source: Path, params: Params) -> Ledger:

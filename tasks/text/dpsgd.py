@@ -25,7 +25,7 @@ from tasks import paths
 from tasks.common import stage_logger, staged_dir, use_torch_threads, warn_insecure_rng, write_json, write_text
 from tasks.device import training_device
 from tasks.federated.clients import ModelSpec, build_model
-from tasks.privacy.ledger import calibrate_for
+from tasks.privacy.ledger import calibrate_for, prepared_events
 from tasks.text.encoded import EncodedTexts
 from tasks.text.model import predict_batches
 from tasks.text.prepared import PreparedTexts
@@ -57,7 +57,8 @@ def run_text_dpsgd(params: Params, *, text_dir: Path | None = None, features_dir
     train_x = np.load(Path(features_dir) / "train_embeddings.npy")
     train_y = np.load(Path(features_dir) / "train_labels.npy")
     ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                    accountant=params.privacy.accountant)
+                    accountant=params.privacy.accountant,
+                    events=prepared_events(text_dir))  # the label set's discovery, if prepare made one
     schedule = dpsgd_schedule(n=len(train_y), lot_size=min(cfg.lot_size, len(train_y)), epochs=cfg.epochs)
     sigma = cfg.noise_multiplier
 

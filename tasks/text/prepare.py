@@ -22,18 +22,21 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
 from privpipe.data import DataError
+from privpipe.privacy import Ledger
 from privpipe.requests import RequestQueue, version_suffix
 from privpipe.text import Corpus, TextSet, load_corpus
 from tasks import paths
-from tasks.common import read_json, save_private_array, stage_logger, staged_dir, write_json
+from tasks.common import read_json, save_private_array, stage_logger, staged_dir, write_json, write_text
+from tasks.discovery import SchemaRelease, discover_text_labels
 from tasks.federated.training import assign_clients
+from tasks.privacy.ledger import PREPARED_LEDGER
 from tasks.text.prepared import PreparedTexts
 from tasks.versioning import data_version
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.tracking import TrackedRun
 
-__all__ = ["run_prepare_text", "prepare_text_task", "load_split", "current_corpus", "text_clients"]
+__all__ = ["run_prepare_text", "prepare_text_task", "load_split", "current_corpus", "text_clients", "text_label_set"]
 
 
 def _version(params: Params, texts: list[str]) -> str:
@@ -67,18 +70,34 @@ def drop_withheld(corpus: Corpus, queue: RequestQueue) -> tuple[Corpus, set[str]
     return replace(corpus, train=parts["train"], test=parts["test"]), dropped
 
 
-def current_corpus(params: Params) -> tuple[Corpus, set[str]]:
-    """The text file as the flow reads it (checked; each record with a deletion request left out), and the
-    left-out records' hashes."""
-    cfg = params.text
-    corpus = load_corpus(cfg.path, format=cfg.format, text_column=cfg.text_column, label_column=cfg.label_column,
-                         client_column=cfg.client_column, split_column=cfg.split_column,
-                         test_fraction=cfg.test_fraction, seed=params.run.seed, download=cfg.download)
+def _journals(params: Params) -> list[RequestQueue]:
     # a corpus may be named by several params files, each with its dataset's journal: a record requested in
     # any of them is left out
+    return [RequestQueue(j) for j in dict.fromkeys([paths.for_params(params).requests, *paths.all_journals()])]
+
+
+def text_label_set(params: Params) -> SchemaRelease | None:
+    """The label set's private discovery, where text.labels does not declare it (tasks.discovery)."""
+    queues = _journals(params)
+    hashes = [(q, q.withheld_record_hashes()) for q in queues]
+    return discover_text_labels(params, withheld=lambda i: any(h and q.hash_record_id(i) in h for q, h in hashes))
+
+
+def current_corpus(params: Params, *, labels: SchemaRelease | None = None) -> tuple[Corpus, set[str]]:
+    """The text file as the flow reads it (checked; each record with a deletion request left out), and the
+    left-out records' hashes. Its label set: text.labels, or ``labels`` (discovered: text_label_set), or
+    for 20newsgroups and non-private runs the file's own."""
+    cfg = params.text
+    classes, others = cfg.labels, False
+    if classes is None and labels is not None:
+        classes, others = labels.schema.labels, True
+    corpus = load_corpus(cfg.path, format=cfg.format, text_column=cfg.text_column, label_column=cfg.label_column,
+                         client_column=cfg.client_column, split_column=cfg.split_column,
+                         test_fraction=cfg.test_fraction, seed=params.run.seed, download=cfg.download,
+                         classes=classes, others=others)
     dropped: set[str] = set()
-    for journal in dict.fromkeys([paths.for_params(params).requests, *paths.all_journals()]):
-        corpus, gone = drop_withheld(corpus, RequestQueue(journal))
+    for queue in _journals(params):
+        corpus, gone = drop_withheld(corpus, queue)
         dropped |= gone
     return corpus, dropped
 
@@ -92,7 +111,8 @@ def text_clients(params: Params, corpus: Corpus) -> tuple[np.ndarray, int]:
 def run_prepare_text(params: Params, *, out: Path | None = None) -> PreparedTexts:
     out = out if out is not None else paths.for_text(params).text
     log = stage_logger("prepare_text")
-    corpus, withheld = current_corpus(params)
+    discovered = text_label_set(params)
+    corpus, withheld = current_corpus(params, labels=discovered)
     assignment, clients = text_clients(params, corpus)
     sizes = np.bincount(assignment, minlength=clients)
     prepared = PreparedTexts(
@@ -109,6 +129,12 @@ def run_prepare_text(params: Params, *, out: Path | None = None) -> PreparedText
             save_private_array(staging / f"{name}_ids.npy", part.ids.astype(str))
         save_private_array(staging / "assignment.npy", assignment)
         write_json(staging / "meta.json", prepared.to_json())
+        if discovered is not None:  # the label set's discovery: its charge, where the run's ledger starts
+            write_text(staging / PREPARED_LEDGER, Ledger(
+                epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
+                accountant=params.privacy.accountant, events=[discovered.event]).to_json())
+            log.info("prepare_text: the label set discovered with DP at ε = %.4g (%d labels)", discovered.epsilon,
+                     len(corpus.classes))
     log.info("prepare_text: %d train / %d test texts, %d classes, %d clients (%s; median %.0f records each)%s",
              prepared.n_train, prepared.n_test, len(corpus.classes), clients,
              "natural" if prepared.natural_clients else params.federated.strategy,

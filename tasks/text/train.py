@@ -33,6 +33,7 @@ from tasks.common import read_json, stage_logger, staged_dir, task_threads, use_
 from tasks.device import training_device
 from tasks.federated.clients import ClientData, ClientJob, ModelSpec, build_model, forget_arrays, sequential_updates
 from tasks.federated.training import train_federated
+from tasks.privacy.ledger import prepared_events
 from tasks.privacy.membership_audit import audit_figures, audit_released_model
 from tasks.text.features import input_names
 from tasks.text.model import predict_batches
@@ -116,7 +117,8 @@ def run_federated_text(params: Params, *, text_dir: Path | None = None, features
     forget_arrays()  # files of an earlier run in this process may have been rewritten
     job = client_job(params, text_dir=text_dir, features_dir=features_dir)
     ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                    accountant=params.privacy.accountant)
+                    accountant=params.privacy.accountant,
+                    events=prepared_events(text_dir))  # the label set's discovery, if prepare made one
     model = build_model(job.model)  # the server's copy: initial weights and evaluation
     if params.text.head_init == "class_names":
         start_from_class_names(model, np.load(Path(features_dir) / "class_embeddings.npy"))

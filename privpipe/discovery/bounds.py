@@ -1,0 +1,97 @@
+"""Bounds estimators: a numeric column's [min, max] from its noisy log-binned histogram, one class each
+behind one interface (post-processing of :func:`~privpipe.discovery.release.release_column`: free of
+privacy cost).
+
+    estimator = make_bounds_estimator("threshold")
+    low, high = estimator.bounds(noisy)
+
+- ``threshold`` (as Google's ApproxBounds): the lowest and highest bins whose noisy count passes z·σ,
+  z set so that all-empty bins pass with probability 5 % together;
+- ``quantile``: the bins holding the noisy histogram's 2nd and 98th percentiles (counts below the noise
+  level, z·σ with half an empty bin expected past it, taken as zero: the many empty bins' positive noise
+  would otherwise outweigh a thin tail), which keeps the bulk and clips thin tails.
+
+Either falls back on the bin with the largest noisy count when nothing passes (too few records for the
+noise): a bound of the right order rather than none. Adding one: its class here and its line in
+``_REGISTRY``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from scipy import stats
+
+from privpipe.discovery.bins import LOG_BINS, LogBins
+from privpipe.discovery.release import NoisyColumn
+
+__all__ = ["BoundsEstimator", "ThresholdBounds", "QuantileBounds", "BOUNDS_ESTIMATORS", "make_bounds_estimator"]
+
+
+@dataclass(frozen=True)
+class BoundsEstimator(ABC):
+    """The interface: noisy bins in, (min, max) out, and whether the estimate fell back on the top bin."""
+
+    bins: LogBins = LOG_BINS
+    name: ClassVar[str] = ""
+
+    def bounds(self, noisy: NoisyColumn) -> tuple[float, float]:
+        span = self.span(noisy.numeric, noisy.sigma)
+        if span is None:
+            top = int(np.argmax(noisy.numeric))
+            span = (top, top)
+        return self.bins.edges(span[0])[0], self.bins.edges(span[1])[1]
+
+    def fell_back(self, noisy: NoisyColumn) -> bool:
+        return self.span(noisy.numeric, noisy.sigma) is None
+
+    @abstractmethod
+    def span(self, counts: np.ndarray, sigma: float) -> tuple[int, int] | None:
+        """The first and last bin the bounds cover, or None when the counts say nothing."""
+
+
+@dataclass(frozen=True)
+class ThresholdBounds(BoundsEstimator):
+    #: chance that some empty bin passes the threshold (widening the bounds with noise alone)
+    false_positive: float = 0.05
+    name: ClassVar[str] = "threshold"
+
+    def threshold(self, sigma: float) -> float:
+        return float(sigma * stats.norm.isf(self.false_positive / len(self.bins)))
+
+    def span(self, counts: np.ndarray, sigma: float) -> tuple[int, int] | None:
+        passed = np.flatnonzero(counts >= self.threshold(sigma))
+        return (int(passed[0]), int(passed[-1])) if len(passed) else None
+
+
+@dataclass(frozen=True)
+class QuantileBounds(BoundsEstimator):
+    low: float = 0.02
+    high: float = 0.98
+    name: ClassVar[str] = "quantile"
+
+    def span(self, counts: np.ndarray, sigma: float) -> tuple[int, int] | None:
+        mass = np.where(counts >= sigma * stats.norm.isf(0.5 / len(self.bins)), counts, 0.0)
+        total = mass.sum()
+        if total < sigma:  # nothing but noise
+            return None
+        cumulative = np.cumsum(mass) / total
+        first = int(np.searchsorted(cumulative, self.low, side="left"))
+        last = int(np.searchsorted(cumulative, self.high, side="left"))
+        return first, min(last, len(counts) - 1)
+
+
+_REGISTRY: dict[str, type[BoundsEstimator]] = {kind.name: kind for kind in (ThresholdBounds, QuantileBounds)}
+
+#: the names ``schema.bounds`` accepts
+BOUNDS_ESTIMATORS: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def make_bounds_estimator(name: str) -> BoundsEstimator:
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        raise ValueError(f"unknown bounds estimator {name!r} (choose one of {', '.join(BOUNDS_ESTIMATORS)})") from None

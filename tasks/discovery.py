@@ -1,0 +1,190 @@
+"""The schema stage: what ``prepare.schema`` leaves out, discovered with DP before prepare encodes a record.
+
+    privpipe schema --params clinic.yaml > schema.yaml     # the discovery alone, charged to the lifetime budget
+    privpipe run --params clinic.yaml                      # … or inside prepare, charged to the run
+
+A table's undeclared columns (all of them without a schema) and, without ``labels``, its label set; an image
+folder's label set (its class folders). Records with an accepted deletion request are never counted. The
+release is one event, ``schema``, which prepare writes to the run's ledger (data/prepared/<dataset>/
+ledger.json, where dp_pca starts from) and the discovered schema to data/prepared/<dataset>/schema.yaml,
+which MLflow records with the run. Declared entries cost nothing and are never re-estimated: committing the
+printed file as ``prepare.schema`` makes later runs free of this stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from privpipe.config import ConfigError, Params
+from privpipe.config.data_schema import DataSchema
+from privpipe.data.images import class_folders, image_files
+from privpipe.data.tabular import read_table, table_columns
+from privpipe.discovery import DiscoveryMechanism, discover, make_bounds_estimator
+from privpipe.privacy import Event, Ledger
+from privpipe.privacy.secure_noise import NoiseSource
+from privpipe.requests import RequestQueue
+from privpipe.text.corpus import corpus_labels
+from tasks import paths
+from tasks.common import seed_for
+
+__all__ = ["SchemaRelease", "discovery_plan", "DiscoveryPlan", "discover_schema", "schema_yaml", "SCHEMA_FILE",
+           "mechanism_for", "withheld_records", "discover_text_labels"]
+
+STAGE = "schema"
+SCHEMA_FILE = "schema.yaml"  # beside the prepared sets: the schema they were encoded by
+
+
+@dataclass(frozen=True)
+class DiscoveryPlan:
+    """What the release estimates: the columns (file order) and whether the label set. Public: it follows
+    from the params and the file's header."""
+
+    columns: tuple[str, ...]
+    labels: bool
+
+
+@dataclass(frozen=True)
+class SchemaRelease:
+    """The complete schema, how each discovered entry was found, and the release's cost."""
+
+    schema: DataSchema
+    notes: dict[str, str]
+    event: Event
+    epsilon: float  # the stage's own ε at privacy.delta
+
+
+def discovery_plan(params: Params) -> DiscoveryPlan | None:
+    """What is to be discovered, or None when the schema declares all there is (or the kind's classes are
+    its own: digits, mnist, cifar10, svhn)."""
+    cfg = params.prepare
+    declared = cfg.schema
+    labels = declared is None or declared.labels is None
+    if cfg.dataset == "csv":
+        table = read_table(Path(cfg.path))
+        features = table_columns(table, id_column=cfg.id_column, label_column=cfg.label_column,
+                                 client_column=params.federated.client_column, feature_columns=cfg.feature_columns)
+        extra = [c.name for c in (declared.columns if declared else ()) if c.name not in features]
+        if extra:  # a misspelt entry: refused before any noise is drawn
+            raise ConfigError(f"prepare.schema.columns.{extra[0]}: not a feature column of {table.path}")
+        missing = tuple(name for name in features if declared is None or declared.column(name) is None)
+        return DiscoveryPlan(missing, labels) if missing or labels else None
+    if cfg.dataset == "imagefolder" and labels:
+        return DiscoveryPlan((), True)
+    return None
+
+
+def mechanism_for(params: Params, plan: DiscoveryPlan) -> DiscoveryMechanism:
+    """The noise that spends the stage's ε (``schema.epsilon``, or its share of the budget) at privacy.delta."""
+    require_accountant(params)
+    cfg = params.schema
+    return DiscoveryMechanism.calibrated(
+        epsilon=cfg.stage_epsilon(params.privacy.epsilon_budget), delta=params.privacy.delta,
+        columns=len(plan.columns), labels=plan.labels, selection_delta=cfg.selection_delta_share * params.privacy.delta,
+        label_share=cfg.label_share, accountant=params.privacy.accountant)
+
+
+def require_accountant(params: Params) -> None:
+    if params.privacy.accountant == "pld":
+        raise ConfigError("privacy.accountant: pld cannot account for the schema stage (partition selection is an "
+                          "approximate RDP curve, which has no PLD): use best or rdp, or declare prepare.schema "
+                          "in full")
+
+
+def _cells(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool],
+           ) -> tuple[dict[str, list[Any]], list[Any] | None]:
+    """The cells the release counts: every record of the main file (or folder) but those withheld."""
+    cfg = params.prepare
+    if cfg.dataset == "csv":
+        table = read_table(Path(cfg.path))
+        keep = [row for row, i in enumerate(table.cells[cfg.id_column]) if not withheld(str(i).strip())]
+        columns = {name: [table.cells[name][row] for row in keep] for name in plan.columns}
+        labels = [table.cells[cfg.label_column][row] for row in keep] if plan.labels else None
+        return columns, labels
+    root = Path(cfg.path)  # an image folder: each image's class is its folder's name
+    names = [folder for folder in class_folders(root) for f in image_files(root / folder)
+             if not withheld(f"{root.name}/{f.relative_to(root).as_posix()}")]
+    return {}, names
+
+
+def withheld_records(params: Params) -> Callable[[str], bool]:
+    """Whether a raw record id has an accepted deletion request (any state): such a record is never counted."""
+    queue = RequestQueue(paths.for_params(params).requests)
+    accepted = {r.record_hash for r in queue.read()}
+    return lambda record_id: bool(accepted) and queue.hash_record_id(record_id) in accepted
+
+
+def discover_schema(params: Params, *, withheld: Callable[[str], bool]) -> SchemaRelease | None:
+    """The schema with its missing entries discovered (None: nothing is missing). ``withheld(id)``: a record
+    with an accepted deletion request, never counted."""
+    plan = discovery_plan(params)
+    if plan is None:
+        return None
+    mechanism = mechanism_for(params, plan)
+    columns, labels = _cells(params, plan, withheld)
+    noise = NoiseSource(seed=seed_for(params.run.seed, STAGE), secure=params.privacy.secure_rng)
+    found = discover(columns, labels, mechanism=mechanism, bounds=make_bounds_estimator(params.schema.bounds),
+                     noise=noise)
+    if plan.labels and len(found.labels or ()) < 2:
+        raise ConfigError(f"prepare.schema.labels: the schema stage found {len(found.labels or ())} label(s) with "
+                          f"enough records for its noise (a label needs about "
+                          f"{mechanism.selection_threshold(mechanism.label_sigma):.0f} at schema ε = "
+                          f"{params.schema.stage_epsilon(params.privacy.epsilon_budget):g}); declare the label set")
+    declared = params.prepare.schema or DataSchema(labels=None)
+    schema = declared.completed(labels=found.labels, columns=found.columns)
+    if params.prepare.dataset == "csv":  # the file's column order, declared or discovered
+        order = [name for name in columns] + [c.name for c in declared.columns]
+        schema = replace(schema, columns=tuple(sorted(schema.columns, key=lambda c: order.index(c.name)
+                                                      if c.name in order else len(order))))
+    event = mechanism.event(stage=STAGE)
+    ledger = _ledger(params, [event])
+    return SchemaRelease(schema=schema, notes=dict(found.notes), event=event,
+                         epsilon=ledger.stage_epsilon(STAGE).epsilon)
+
+
+def discover_text_labels(params: Params, *, withheld: Callable[[str], bool]) -> SchemaRelease | None:
+    """The text flow's label set, discovered (None: ``text.labels`` declares it, the file's is public
+    (20newsgroups), or the run is not private). Each record counts once, under its label: record-level, so
+    refused where the run's ledger is client-level (server noise), which one record cannot bound."""
+    cfg = params.text
+    private = cfg.training == "dpsgd" or params.federated.private
+    if cfg.labels is not None or cfg.format == "20newsgroups" or not private:
+        return None
+    if cfg.training == "federated" and params.federated.noise == "server":
+        raise ConfigError("text.labels: must list the label set with federated.noise: server (its ledger is "
+                          "client-level, and discovering labels privately counts records); or use "
+                          "federated.noise: client or text.training: dpsgd, where privpipe discovers it with DP")
+    require_accountant(params)
+    plan = DiscoveryPlan((), True)
+    mechanism = mechanism_for(params, plan)
+    labels = [label for record_id, label in corpus_labels(cfg.path, format=cfg.format, label_column=cfg.label_column)
+              if not withheld(record_id)]
+    noise = NoiseSource(seed=seed_for(params.run.seed, STAGE), secure=params.privacy.secure_rng)
+    found = discover({}, labels, mechanism=mechanism, bounds=make_bounds_estimator(params.schema.bounds), noise=noise)
+    if len(found.labels or ()) < 2:
+        raise ConfigError(f"text.labels: the schema stage found {len(found.labels or ())} label(s) with enough "
+                          f"records for its noise (a label needs about "
+                          f"{mechanism.selection_threshold(mechanism.label_sigma):.0f}); declare the label set")
+    event = mechanism.event(stage=STAGE)
+    return SchemaRelease(schema=DataSchema(labels=found.labels, discovered=("labels",)), notes=dict(found.notes),
+                         event=event, epsilon=_ledger(params, [event]).stage_epsilon(STAGE).epsilon)
+
+
+def _ledger(params: Params, events: list[Event]) -> Ledger:
+    return Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
+                  accountant=params.privacy.accountant, events=events)
+
+
+def schema_yaml(release: SchemaRelease, *, dataset: str, delta: float) -> str:
+    """The schema as a reviewable YAML file: a header saying what it cost, each discovered entry's note as
+    a comment, and the mapping ``prepare.schema`` takes."""
+    body = yaml.safe_dump(release.schema.to_mapping(), sort_keys=False, allow_unicode=True, width=100)
+    lines = [f"# prepare.schema of {dataset}: discovered with DP by privpipe's schema stage at ε = "
+             f"{release.epsilon:.4g}, δ = {delta:g} (the entries below marked 'discovered'; the others were "
+             "declared).", "# Review it, then set it as prepare.schema (inline, or prepare.schema: <this file>): "
+             "declared entries cost no ε.", *[f"# discovered {name}: {note}" for name, note in release.notes.items()]]
+    return "\n".join(lines) + "\n" + body
