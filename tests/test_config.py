@@ -360,3 +360,14 @@ def test_the_calculators_limits_are_the_params_ranges():
     from privpipe.config import ranges
 
     assert (arguments.MAX_SCALE, arguments.MAX_COUNT) == (ranges.MAX_SCALE, ranges.MAX_COUNT)
+
+
+def test_the_bounds_estimators_and_selectors_config_accepts_are_the_registries():
+    # written out in privpipe/config: the registries import numpy and scipy
+    from privpipe.config import finetune as config_finetune
+    from privpipe.config import schema as config_schema
+    from privpipe.discovery import BOUNDS_ESTIMATORS
+    from privpipe.selection import SELECTORS
+
+    assert config_schema.BOUNDS_ESTIMATORS == BOUNDS_ESTIMATORS
+    assert config_finetune.SELECTORS == SELECTORS

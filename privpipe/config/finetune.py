@@ -32,6 +32,11 @@ CLIPPINGS = ("flat", "per_layer")
 GRAD_SAMPLE_MODES = ("bk", "ghost", "hooks", "functorch", "ew")  # privpipe.dpsgd.GRAD_SAMPLE_MODES
 
 
+RECIPES = ("as_written", "auto")
+#: privpipe.selection.SELECTORS (config does not import numpy's modules); tests/test_config.py holds them equal
+SELECTORS = ("logarithmic", "geometric")
+
+
 @dataclass(frozen=True)
 class FinetuneConfig:
     #: false: deploy the student as it is
@@ -79,6 +84,15 @@ class FinetuneConfig:
     ema_decay: float = 0.0  # bk: release an exponential moving average of the iterates (per step); 0: the last one
     #: ε over steps is logged at this many evenly spaced steps
     epsilon_curve_points: int = 20
+    #: as_written (the keys above, or the recipe fitted to the data where none is written) | auto (chosen privately
+    #: among a short list around it on a validation split of the sensitive records: tasks/finetune/selection.py)
+    recipe: str = "as_written"
+    #: auto: logarithmic (Papernot & Steinke 2022, η = 0) | geometric (Liu & Talwar 2019's stopping, η = 1)
+    selector: str = "logarithmic"
+    #: auto: the mean number of training runs E[K] (the selection's cost grows with log E[K])
+    selection_runs: float = 4.0
+    #: auto: the share of the sensitive records held out to score the runs (the released model trains on the rest)
+    validation_fraction: float = 0.2
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
     RANGES: ClassVar[dict[str, Range]] = {
@@ -88,6 +102,7 @@ class FinetuneConfig:
         "max_grad_norm": above(0, MAX_SCALE), "noise_multiplier": above(0, MAX_SCALE),
         "target_epsilon": above(0, MAX_EPSILON), "max_physical_batch": at_least(1, MAX_BATCH),
         "ema_decay": fraction(zero=True), "epsilon_curve_points": at_least(2, 10**4),
+        "selection_runs": above(1, 1000), "validation_fraction": fraction(),
     }
 
 
@@ -98,6 +113,14 @@ def check_something_to_deploy(finetune: FinetuneConfig, *, student_enabled: bool
 
 def check(finetune: FinetuneConfig, *, dp_pca: DpPcaConfig, privacy: PrivacyConfig) -> None:
     one_of(finetune.model, MODELS, "finetune.model")
+    one_of(finetune.recipe, RECIPES, "finetune.recipe")
+    one_of(finetune.selector, SELECTORS, "finetune.selector")
+    if finetune.recipe == "auto":
+        require(finetune.mode == "dpsgd", "finetune.recipe", "auto selects among DP-SGD runs (finetune.mode: dpsgd)")
+        require(finetune.noise_multiplier is None and finetune.target_epsilon is not None, "finetune.recipe",
+                "auto calibrates every candidate to finetune.target_epsilon (set noise_multiplier: null)")
+        require(finetune.selection_runs > 1, "finetune.selection_runs", "must be > 1 (the mean number of runs)")
+        require(0 < finetune.validation_fraction < 1, "finetune.validation_fraction", "must be in (0, 1)")
     require(finetune.model != "cnn" or not dp_pca.enabled, "finetune.model",
             "cnn trains on raw pixels; set dp_pca.enabled: false")
     require(all(h >= 1 for h in finetune.hidden_units), "finetune.hidden_units", "every layer needs >= 1 unit")

@@ -28,6 +28,8 @@ def _rdp_curve_stages(p: Params) -> list[str]:
     # (auto never picks the data-dependent curve under pld: tasks.pate.aggregate.decide_analysis)
     if p.student.enabled and p.aggregate.analysis == "data_dependent":
         stages.append("aggregate.analysis: data_dependent")
+    if p.finetune.enabled and p.finetune.recipe == "auto":
+        stages.append("finetune.recipe: auto (the selection's RDP curve)")
     # (federated server noise's record-level rounds have a PLD: privpipe.privacy.events' replace-one event)
     return stages
 

@@ -10,6 +10,7 @@ Output: artifacts/<dataset>/finetune/{model.pt, model.json, history.json, ledger
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,8 +42,9 @@ from tasks.device import training_device
 from tasks.federated.clients import ClientJob, sequential_updates
 from tasks.finetune.deployed import DpSgdModel, FinetunedModel
 from tasks.finetune.federated import run_finetune_federated
-from tasks.finetune.start import finetune_start
-from tasks.identity import check_inputs
+from tasks.finetune.selection import plan_selection, select, split_for_selection
+from tasks.finetune.start import FinetuneStart, finetune_start
+from tasks.identity import MadeFrom, check_inputs
 from tasks.paths import DatasetPaths
 from tasks.privacy import uncovered
 from tasks.privacy.ledger import calibrate_for, new_ledger
@@ -119,6 +121,8 @@ def run_finetune(params: Params, *, where: DatasetPaths | None = None,
     check_lot_size(params, len(records))
     for line in recipe_warnings(params, records=len(records)):  # a written recipe this data cannot train with
         log.warning(line)
+    if cfg.recipe == "auto":
+        return _finetune_selected(params, begin, where=where, start=start, made_from=made_from, log=log)
     schedule = dpsgd_schedule(n=len(records), lot_size=cfg.lot_size, epochs=cfg.epochs)
     sigma = cfg.noise_multiplier
     if sigma is None:
@@ -168,6 +172,51 @@ def run_finetune(params: Params, *, where: DatasetPaths | None = None,
                           steps=schedule.steps, epsilon=spend.epsilon, final_loss=result.history[-1]["loss"])
     write_json(where.metrics_file("finetune"), deployed.metrics(params))
     log.info("finetune: done, stage %s; run total %s", spend, ledger.epsilon())
+    return deployed
+
+
+def _finetune_selected(params: Params, begin: FinetuneStart, *, where: DatasetPaths, start: Path,
+                       made_from: MadeFrom, log: logging.Logger | logging.LoggerAdapter) -> DpSgdModel:
+    """finetune.recipe auto: the recipe chosen privately (tasks.finetune.selection), its model released."""
+    cfg = params.finetune
+    ledger, records, features = begin.ledger, begin.records, begin.features
+    validation = split_for_selection(records.ids, seed=params.run.seed, validation_fraction=cfg.validation_fraction)
+    if validation.all() or not validation.any():
+        raise ConfigError(f"finetune.validation_fraction: {cfg.validation_fraction:g} of {len(records)} records "
+                          "leaves one part empty")
+    check_lot_size(params, int((~validation).sum()))
+    plan = plan_selection(params, ledger, training_records=int((~validation).sum()))
+    after = ledger.ensure_affordable(plan.event)
+    log.info("finetune: recipe auto: %d candidates, each at σ for ε %.4g alone; E[K] = %g runs (%s); run total "
+             "will be %s", len(plan.candidates), plan.run_epsilon, cfg.selection_runs, cfg.selector, after)
+    device = training_device(params)
+    with warnings.catch_warnings():
+        if not params.privacy.secure_rng:
+            warnings.simplefilter("ignore")  # the flow (or, alone, the stage) has warned through its logger
+        chosen = select(params, plan, features=features, labels=records.labels, validation=validation,
+                        network=lambda p: begin.network(p, start=start, dp_pca_dir=where.dp_pca, log=log),
+                        device=device)
+    ledger.record(plan.event)
+    result = chosen.result
+    if diverged(result.model, result.history[-1]["loss"]):
+        raise ConfigError(DIVERGED.format(key="finetune.learning_rate"))
+    model = released_model(result.model, list(begin.front))
+    choice = {"candidate": chosen.candidate.name, "epochs": chosen.candidate.epochs,
+              "learning_rate": chosen.candidate.learning_rate, "noisy_validation_correct": chosen.noisy_score,
+              "selector": cfg.selector, "mean_runs": cfg.selection_runs}
+    out = where.finetune
+    with staged_dir(out, made_from=made_from) as staging:
+        save_released(model, staging, spec=begin.spec)
+        # the released run's own history only: the others' (and how many there were) stay unreleased
+        write_json(staging / "history.json", {"epochs": result.history, "epsilon_by_step": [], "selection": choice})
+        write_text(staging / "ledger.json", ledger.to_json())
+    spend = ledger.stage_epsilon("finetune")
+    deployed = DpSgdModel(model_dir=out, noise_multiplier=chosen.sigma, sample_rate=chosen.schedule.sample_rate,
+                          steps=chosen.schedule.steps, epsilon=spend.epsilon, final_loss=result.history[-1]["loss"])
+    write_json(where.metrics_file("finetune"), deployed.metrics(params))
+    log.info("finetune: recipe chosen privately: %s (epochs %d, lr %g; noisy validation score %.1f of %d); stage %s; "
+             "run total %s", chosen.candidate.name, chosen.candidate.epochs, chosen.candidate.learning_rate,
+             chosen.noisy_score, chosen.validation_records, spend, ledger.epsilon())
     return deployed
 
 

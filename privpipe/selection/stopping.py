@@ -1,0 +1,73 @@
+"""The truncated negative binomial distribution D_{η,γ} of the number of runs (Papernot & Steinke 2022, §2):
+
+    P[K = k] = (1 − γ)^k / (γ^(−η) − 1) · Π_{l<k} (l + η)/(l + 1),   k = 1, 2, …   (η ≠ 0)
+    P[K = k] = (1 − γ)^k / (k · log(1/γ))                                          (η = 0: logarithmic)
+
+η = 1 is the geometric distribution (Liu & Talwar's random stopping); E[K] fixes γ for a given η.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize
+from scipy.special import gammaln
+
+from privpipe.privacy.secure_noise import NoiseSource
+
+__all__ = ["TruncatedNegativeBinomial"]
+
+MAX_RUNS = 10_000  # the support is cut here for sampling (its tail past it is below 1e-12 at any sane mean)
+
+
+@dataclass(frozen=True)
+class TruncatedNegativeBinomial:
+    eta: float  # η ≥ 0 (the paper allows (−1, ∞); the selectors here use 0 and 1)
+    gamma: float  # γ ∈ (0, 1)
+
+    def __post_init__(self) -> None:
+        if not self.eta >= 0:
+            raise ValueError(f"eta must be >= 0, got {self.eta!r}")
+        if not 0 < self.gamma < 1:
+            raise ValueError(f"gamma must be in (0, 1), got {self.gamma!r}")
+
+    @property
+    def mean(self) -> float:
+        g, eta = self.gamma, self.eta
+        if eta == 0:
+            return (1 / g - 1) / math.log(1 / g)
+        return eta * (1 - g) / (g * (1 - g**eta))
+
+    def pmf(self, k: np.ndarray) -> np.ndarray:
+        k = np.asarray(k, dtype=np.float64)
+        g, eta = self.gamma, self.eta
+        if eta == 0:
+            return np.where(k >= 1, (1 - g) ** k / (np.maximum(k, 1) * math.log(1 / g)), 0.0)
+        # Π_{l<k} (l + η)/(l + 1) = Γ(k + η)/(Γ(η) Γ(k + 1))
+        log_terms = gammaln(np.maximum(k, 1) + eta) - gammaln(eta) - gammaln(np.maximum(k, 1) + 1)
+        return np.where(k >= 1, np.exp(k * math.log(1 - g) + log_terms) / (g**-eta - 1), 0.0)
+
+    def pgf(self, z: np.ndarray) -> np.ndarray:
+        """E[z^K]: P[max of K draws ≤ s] is this at the draws' CDF F(s)."""
+        z = np.asarray(z, dtype=np.float64)
+        g, eta = self.gamma, self.eta
+        if eta == 0:
+            return np.log(1 - (1 - g) * z) / math.log(g)
+        return ((1 - (1 - g) * z) ** -eta - 1) / (g**-eta - 1)
+
+    def sample(self, noise: NoiseSource) -> int:
+        """K, by inverse CDF from one of ``noise``'s uniforms (secret when the source is secure)."""
+        support = np.arange(1, MAX_RUNS + 1)
+        cdf = np.cumsum(self.pmf(support))
+        u = float(noise.uniform(1)[0]) * cdf[-1]
+        return int(support[min(int(np.searchsorted(cdf, u, side="left")), len(support) - 1)])
+
+    @classmethod
+    def with_mean(cls, *, eta: float, mean: float) -> TruncatedNegativeBinomial:
+        """The distribution of this η whose E[K] is ``mean`` (> 1)."""
+        if not mean > 1:
+            raise ValueError(f"the mean number of runs must be > 1, got {mean!r}")
+        gamma = optimize.brentq(lambda g: cls(eta, g).mean - mean, 1e-9, 1 - 1e-9, xtol=1e-14)
+        return cls(eta, float(gamma))
