@@ -23,6 +23,7 @@ import yaml
 from privpipe.config import ConfigError, Params
 from privpipe.config.data_schema import DataSchema
 from privpipe.data.images import class_folders, image_files
+from privpipe.data.sources import data_source
 from privpipe.data.tabular import read_table, table_columns
 from privpipe.discovery import DiscoveryMechanism, discover, make_bounds_estimator
 from privpipe.privacy import Event, Ledger
@@ -106,8 +107,11 @@ def _cells(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool],
         labels = [table.cells[cfg.label_column][row] for row in keep] if plan.labels else None
         return columns, labels
     root = Path(cfg.path)  # an image folder: each image's class is its folder's name
-    names = [folder for folder in class_folders(root) for f in image_files(root / folder)
-             if not withheld(f"{root.name}/{f.relative_to(root).as_posix()}")]
+    folders = set(class_folders(root))
+    files = image_files(root)  # (which refuses a symbolic link anywhere under the folder, naming it)
+    relative = [f.relative_to(root) for f in files]
+    names = [r.parts[0] for r in relative
+             if len(r.parts) > 1 and r.parts[0] in folders and not withheld(f"{root.name}/{r.as_posix()}")]
     return {}, names
 
 
@@ -118,12 +122,33 @@ def withheld_records(params: Params) -> Callable[[str], bool]:
     return lambda record_id: bool(accepted) and queue.hash_record_id(record_id) in accepted
 
 
+#: the releases made in this process, by what they were made from: a run's checks before any work (the
+#: preflight) and its prepare stage must see one release, not two draws of the noise (with privacy.secure_rng
+#: each draw is fresh, and a refusal after the first would release a bit the run is not charged for)
+_RELEASES: dict[tuple[str, ...], SchemaRelease] = {}
+
+
+def _made_from(params: Params, what: str, files: list[Path]) -> tuple[str, ...]:
+    """The params, the data files and the deletion journals, as they are now (any change: a new release)."""
+    journals = [journal / "queue.jsonl" for journal in dict.fromkeys([paths.for_params(params).requests,
+                                                                       *paths.all_journals()])]
+    stats = [f"{f}:{f.stat().st_mtime_ns}:{f.stat().st_size}" for f in [*files, *journals] if f.exists()]
+    return (what, repr(params), *stats)
+
+
 def discover_schema(params: Params, *, withheld: Callable[[str], bool]) -> SchemaRelease | None:
     """The schema with its missing entries discovered (None: nothing is missing). ``withheld(id)``: a record
-    with an accepted deletion request, never counted."""
+    with an accepted deletion request, never counted. One release per run: made once, then reused."""
     plan = discovery_plan(params)
     if plan is None:
         return None
+    key = _made_from(params, "schema", data_source(params.prepare.dataset).files(params.prepare))
+    if key not in _RELEASES:
+        _RELEASES[key] = _discovered_schema(params, plan, withheld)
+    return _RELEASES[key]
+
+
+def _discovered_schema(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool]) -> SchemaRelease:
     mechanism = mechanism_for(params, plan)
     columns, labels = _cells(params, plan, withheld)
     noise = NoiseSource(seed=seed_for(params.run.seed, STAGE), secure=params.privacy.secure_rng)
@@ -159,6 +184,14 @@ def discover_text_labels(params: Params, *, withheld: Callable[[str], bool]) -> 
                           "client-level, and discovering labels privately counts records); or use "
                           "federated.noise: client or text.training: dpsgd, where privpipe discovers it with DP")
     require_accountant(params)
+    key = _made_from(params, "text labels", [Path(cfg.path)])
+    if key not in _RELEASES:
+        _RELEASES[key] = _discovered_text_labels(params, withheld)
+    return _RELEASES[key]
+
+
+def _discovered_text_labels(params: Params, withheld: Callable[[str], bool]) -> SchemaRelease:
+    cfg = params.text
     plan = DiscoveryPlan((), True)
     mechanism = mechanism_for(params, plan)
     labels = [label for record_id, label in corpus_labels(cfg.path, format=cfg.format, label_column=cfg.label_column)

@@ -11,7 +11,7 @@ The recipes were chosen on validation splits (bench/own_data_defaults.py, bench/
   ScatterNet front (features.transform scatternet, J = 2, or 1 below 16 pixels a side; no DP-PCA), lots of
   up to 256, clip 0.1, lr 1 with momentum 0.9, about 8 epochs per unit of ε (at most 40);
 - **tables** (csv): a linear model on the schema's scaled columns (DP-SGD on a few hundred rows cannot afford
-  a hidden layer), lots of n/16 (16 to 512), clip 0.5, lr 1, 50 epochs.
+  a hidden layer), lots of n/16 (32 to 512), clip 0.5, lr 1, 50 epochs.
 
 digits and mnist keep the defaults tuned for them (params.yaml). The record count (the public size of the
 data, as DP-SGD's sampling rate already takes it) and the image side are read from the files, nothing else.
@@ -72,7 +72,7 @@ def fitted_recipe(*, kind: str, records: int, side: int | None, train_epsilon: f
     """The recipe for ``records`` sensitive records of ``kind`` (images ``side`` pixels a side), trained at
     ``train_epsilon`` (what is left for DP-SGD after the stages before it)."""
     if kind == "csv":
-        lot = _power_of_two(records / 16, 16, 512)
+        lot = _power_of_two(records / 16, 32, 512)
         return Recipe({"features": {"transform": "none"}, "dp_pca": {"enabled": False},
                        "finetune": {"model": "mlp", "hidden_units": (), "epochs": 50, "lot_size": lot,
                                     "learning_rate": 1.0, "lr_schedule": "constant", "momentum": 0.0,

@@ -209,3 +209,12 @@ def test_server_noise_takes_a_declared_text_label_set(project):
     write_params(project, text={"path": "texts.jsonl"})
     with pytest.raises(ConfigError, match="^text.labels: must list the label set with federated.noise: server"):
         text_label_set(load_params("params.yaml"))
+
+
+def test_a_runs_checks_and_its_prepare_see_one_release_even_with_fresh_secure_noise(project):
+    params = _no_schema_project(project, privacy={"secure_rng": True})
+    first, second = prepared_sets(params).discovered, prepared_sets(params).discovered
+    assert first is second  # one draw of the noise, whatever reads it
+    with (project / "clinic/patients.csv").open("a") as handle:
+        handle.write("P9999,10,20,0.05,12,0.1,north,benign\n")  # the data changed: a new release
+    assert prepared_sets(params).discovered is not first

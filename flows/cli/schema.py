@@ -41,6 +41,6 @@ def schema(args: argparse.Namespace) -> int:
         admission.charge(budget.spend_of_run(run_id=admission.reservation.run, flow="schema", data_version="",
                                              ledger=ledger))
     sys.stdout.write(text)
-    print(f"schema: discovered at ε = {release.epsilon:.4g}, δ = {params.privacy.delta:g}, charged to dataset "
-          f"{dataset!r}'s lifetime budget ({budget.ledger_path(params, dataset)})", file=sys.stderr)
+    print(f"schema: discovered at ε = {release.epsilon:.4g}, δ = {params.privacy.delta:g}, charged to the lifetime "
+          f"budget of dataset {dataset!r} ({budget.ledger_path(params, dataset)})", file=sys.stderr)
     return 0

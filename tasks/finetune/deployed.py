@@ -58,6 +58,11 @@ class DpSgdModel:
         run.log_batch(metrics=metrics)
         run.log_figures({"finetune.noise_multiplier": self.noise_multiplier, "finetune.sample_rate": self.sample_rate,
                          "finetune.steps": self.steps})
+        if "selection" in history:  # finetune.recipe auto: the released run's candidate and noisy score (a DP release)
+            choice = history["selection"]
+            run.log_figures({"finetune.selection.epochs": float(choice["epochs"]),
+                             "finetune.selection.learning_rate": float(choice["learning_rate"]),
+                             "finetune.selection.noisy_validation_correct": float(choice["noisy_validation_correct"])})
         run.log_privacy(Ledger.from_json(self.ledger_file.read_text()))
 
 

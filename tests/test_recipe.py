@@ -1,0 +1,57 @@
+"""A recipe fitted to the data where a params file writes none (tasks.recipe), and the warning for one that
+cannot train."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import write_params
+from own_data import write_cancer_csv, write_image_folder
+from tasks.recipe import fitted_recipe, load_run_params, recipe_warnings
+
+
+def _user_file(project, **sections):
+    import yaml
+
+    (project / "params.yaml").write_text(yaml.safe_dump(sections))
+
+
+def test_a_table_without_recipe_keys_gets_the_linear_recipe_scaled_to_its_rows(project):
+    write_cancer_csv(project / "clinic/patients.csv")
+    _user_file(project, prepare={"dataset": "csv", "path": "clinic/patients.csv", "id_column": "patient_id",
+                                 "label_column": "diagnosis"})
+    params = load_run_params("params.yaml")
+    assert params.finetune.hidden_units == () and params.finetune.model == "mlp" and not params.dp_pca.enabled
+    assert params.finetune.lot_size == 32 and params.finetune.epochs == 50
+
+
+def test_an_image_folder_without_recipe_keys_gets_scatternet_and_its_cnn(project):
+    write_image_folder(project / "photos", size=(20, 20), per_class=40)
+    _user_file(project, prepare={"dataset": "imagefolder", "path": "photos"})
+    params = load_run_params("params.yaml")
+    assert params.features.transform == "scatternet" and params.features.scatter_j == 2
+    assert params.finetune.model == "cnn" and not params.dp_pca.enabled and params.finetune.momentum == 0.9
+
+
+def test_one_recipe_key_written_keeps_the_files_recipe_and_digits_keep_theirs(project):
+    write_image_folder(project / "photos", per_class=40)
+    _user_file(project, prepare={"dataset": "imagefolder", "path": "photos"}, finetune={"epochs": 3})
+    params = load_run_params("params.yaml")
+    assert params.features.transform == "none" and params.finetune.epochs == 3
+    write_params(project)  # the project's params.yaml: digits, every key written
+    assert load_run_params("params.yaml").finetune.hidden_units == (1000,)
+
+
+@pytest.mark.parametrize("side, j", [(8, 1), (32, 2)])
+def test_small_images_take_one_scattering_scale(side, j):
+    recipe = fitted_recipe(kind="imagefolder", records=2000, side=side, train_epsilon=2.4)
+    assert recipe.values["features"]["scatter_j"] == j and recipe.values["finetune"]["epochs"] == 19
+
+
+def test_a_recipe_too_short_for_its_data_is_warned_about(project):
+    write_params(project, finetune={"epochs": 2, "lot_size": 64})
+    from privpipe.config import load_params
+
+    lines = recipe_warnings(load_params("params.yaml"), records=100)
+    assert any("2 epoch(s) in lots of 64 over 100 records is 2 DP-SGD steps" in line for line in lines)
+    assert recipe_warnings(load_params("params.yaml"), records=100_000) == []
