@@ -29,12 +29,12 @@ from privpipe.discovery import DiscoveryMechanism, discover, make_bounds_estimat
 from privpipe.privacy import Event, Ledger
 from privpipe.privacy.secure_noise import NoiseSource
 from privpipe.requests import RequestQueue
-from privpipe.text.corpus import corpus_labels
 from tasks import paths
 from tasks.common import seed_for
 
 __all__ = ["SchemaRelease", "discovery_plan", "DiscoveryPlan", "discover_schema", "schema_yaml", "SCHEMA_FILE",
-           "mechanism_for", "withheld_records", "discover_text_labels"]
+           "mechanism_for", "withheld_records", "release_once", "ledger_of", "made_from",
+           "discover_labels"]
 
 STAGE = "schema"
 SCHEMA_FILE = "schema.yaml"  # beside the prepared sets: the schema they were encoded by
@@ -128,7 +128,7 @@ def withheld_records(params: Params) -> Callable[[str], bool]:
 _RELEASES: dict[tuple[str, ...], SchemaRelease] = {}
 
 
-def _made_from(params: Params, what: str, files: list[Path]) -> tuple[str, ...]:
+def made_from(params: Params, what: str, files: list[Path]) -> tuple[str, ...]:
     """The params, the data files and the deletion journals, as they are now (any change: a new release)."""
     journals = [journal / "queue.jsonl" for journal in dict.fromkeys([paths.for_params(params).requests,
                                                                        *paths.all_journals()])]
@@ -142,10 +142,31 @@ def discover_schema(params: Params, *, withheld: Callable[[str], bool]) -> Schem
     plan = discovery_plan(params)
     if plan is None:
         return None
-    key = _made_from(params, "schema", data_source(params.prepare.dataset).files(params.prepare))
+    key = made_from(params, "schema", data_source(params.prepare.dataset).files(params.prepare))
+    return release_once(key, lambda: _discovered_schema(params, plan, withheld))
+
+
+def release_once(key: tuple[str, ...], make: Callable[[], SchemaRelease]) -> SchemaRelease:
+    """The release made from ``key`` (made_from) in this process, made now if none was."""
     if key not in _RELEASES:
-        _RELEASES[key] = _discovered_schema(params, plan, withheld)
+        _RELEASES[key] = make()
     return _RELEASES[key]
+
+
+def discover_labels(params: Params, labels: list[Any], *, key: str) -> SchemaRelease:
+    """A label set alone, discovered from each record's label cell (``key``: the setting that would declare it,
+    named when too few labels pass)."""
+    require_accountant(params)
+    mechanism = mechanism_for(params, DiscoveryPlan((), True))
+    noise = NoiseSource(seed=seed_for(params.run.seed, STAGE), secure=params.privacy.secure_rng)
+    found = discover({}, labels, mechanism=mechanism, bounds=make_bounds_estimator(params.schema.bounds), noise=noise)
+    if len(found.labels or ()) < 2:
+        raise ConfigError(f"{key}: the schema stage found {len(found.labels or ())} label(s) with enough records for "
+                          f"its noise (a label needs about {mechanism.selection_threshold(mechanism.label_sigma):.0f}"
+                          "); declare the label set")
+    event = mechanism.event(stage=STAGE)
+    return SchemaRelease(schema=DataSchema(labels=found.labels, discovered=("labels",)), notes=dict(found.notes),
+                         event=event, epsilon=ledger_of(params, [event]).stage_epsilon(STAGE).epsilon)
 
 
 def _discovered_schema(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool]) -> SchemaRelease:
@@ -166,48 +187,12 @@ def _discovered_schema(params: Params, plan: DiscoveryPlan, withheld: Callable[[
         schema = replace(schema, columns=tuple(sorted(schema.columns, key=lambda c: order.index(c.name)
                                                       if c.name in order else len(order))))
     event = mechanism.event(stage=STAGE)
-    ledger = _ledger(params, [event])
+    ledger = ledger_of(params, [event])
     return SchemaRelease(schema=schema, notes=dict(found.notes), event=event,
                          epsilon=ledger.stage_epsilon(STAGE).epsilon)
 
 
-def discover_text_labels(params: Params, *, withheld: Callable[[str], bool]) -> SchemaRelease | None:
-    """The text flow's label set, discovered (None: ``text.labels`` declares it, the file's is public
-    (20newsgroups), or the run is not private). Each record counts once, under its label: record-level, so
-    refused where the run's ledger is client-level (server noise), which one record cannot bound."""
-    cfg = params.text
-    private = cfg.training == "dpsgd" or params.federated.private
-    if cfg.labels is not None or cfg.format == "20newsgroups" or not private:
-        return None
-    if cfg.training == "federated" and params.federated.noise == "server":
-        raise ConfigError("text.labels: must list the label set with federated.noise: server (its ledger is "
-                          "client-level, and discovering labels privately counts records); or use "
-                          "federated.noise: client or text.training: dpsgd, where privpipe discovers it with DP")
-    require_accountant(params)
-    key = _made_from(params, "text labels", [Path(cfg.path)])
-    if key not in _RELEASES:
-        _RELEASES[key] = _discovered_text_labels(params, withheld)
-    return _RELEASES[key]
-
-
-def _discovered_text_labels(params: Params, withheld: Callable[[str], bool]) -> SchemaRelease:
-    cfg = params.text
-    plan = DiscoveryPlan((), True)
-    mechanism = mechanism_for(params, plan)
-    labels = [label for record_id, label in corpus_labels(cfg.path, format=cfg.format, label_column=cfg.label_column)
-              if not withheld(record_id)]
-    noise = NoiseSource(seed=seed_for(params.run.seed, STAGE), secure=params.privacy.secure_rng)
-    found = discover({}, labels, mechanism=mechanism, bounds=make_bounds_estimator(params.schema.bounds), noise=noise)
-    if len(found.labels or ()) < 2:
-        raise ConfigError(f"text.labels: the schema stage found {len(found.labels or ())} label(s) with enough "
-                          f"records for its noise (a label needs about "
-                          f"{mechanism.selection_threshold(mechanism.label_sigma):.0f}); declare the label set")
-    event = mechanism.event(stage=STAGE)
-    return SchemaRelease(schema=DataSchema(labels=found.labels, discovered=("labels",)), notes=dict(found.notes),
-                         event=event, epsilon=_ledger(params, [event]).stage_epsilon(STAGE).epsilon)
-
-
-def _ledger(params: Params, events: list[Event]) -> Ledger:
+def ledger_of(params: Params, events: list[Event]) -> Ledger:
     return Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
                   accountant=params.privacy.accountant, events=events)
 

@@ -27,9 +27,10 @@ from privpipe.requests import RequestQueue, version_suffix
 from privpipe.text import Corpus, TextSet, load_corpus
 from tasks import paths
 from tasks.common import read_json, save_private_array, stage_logger, staged_dir, write_json, write_text
-from tasks.discovery import SchemaRelease, discover_text_labels
+from tasks.discovery import SchemaRelease
 from tasks.federated.training import assign_clients
 from tasks.privacy.ledger import PREPARED_LEDGER
+from tasks.text.labels import discover_text_labels
 from tasks.text.prepared import PreparedTexts
 from tasks.versioning import data_version
 
