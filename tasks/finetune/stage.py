@@ -191,8 +191,8 @@ def _finetune_selected(params: Params, begin: FinetuneStart, *, where: DatasetPa
              "will be %s", len(plan.candidates), plan.run_epsilon, cfg.selection_runs, cfg.selector, after)
     device = training_device(params)
     with warnings.catch_warnings():
-        if not params.privacy.secure_rng:
-            warnings.simplefilter("ignore")  # the flow (or, alone, the stage) has warned through its logger
+        # every run's warnings silenced, whatever they are: how many times one came would tell K
+        warnings.simplefilter("ignore")
         chosen = select(params, plan, features=features, labels=records.labels, validation=validation,
                         network=lambda p: begin.network(p, start=start, dp_pca_dir=where.dp_pca, log=log),
                         device=device)
