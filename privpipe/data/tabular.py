@@ -145,6 +145,14 @@ def canonical_name(value: Any) -> str:
 _text = canonical_name
 
 
+def _id_text(value: Any) -> str:
+    """A record id as deletion requests name it (the rule ids always had: an integral float as an integer,
+    else the stripped text); never canonical_name's, which would turn "007" into "7"."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
 def table_columns(table: Table, *, id_column: str, label_column: str | None, client_column: str | None,
                   feature_columns: Sequence[str] | None) -> list[str]:
     """The feature columns: those named, or every column but the id, label and client ones. A named column
@@ -222,7 +230,7 @@ def _ids(table: Table, id_column: str) -> np.ndarray:
     for row, value in enumerate(table.cells[id_column]):
         if is_missing(value):
             raise DataError(f"{table.path}: {table.where(row)}: the id (column {id_column!r}) is empty")
-        text = _text(value)
+        text = _id_text(value)
         if text in seen:
             raise DataError(f"{table.path}: {table.where(row)}: id {text!r} (column {id_column!r}) repeats "
                             f"{table.where(seen[text])}")
