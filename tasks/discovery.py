@@ -26,14 +26,15 @@ from privpipe.data.images import class_folders, image_files
 from privpipe.data.sources import data_source
 from privpipe.data.tabular import read_table, table_columns
 from privpipe.discovery import DiscoveryMechanism, discover, make_bounds_estimator
-from privpipe.privacy import Event, Ledger
+from privpipe.privacy import Event
 from privpipe.privacy.secure_noise import NoiseSource
 from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import seed_for
+from tasks.privacy.ledger import new_ledger
 
 __all__ = ["SchemaRelease", "discovery_plan", "DiscoveryPlan", "discover_schema", "schema_yaml", "SCHEMA_FILE",
-           "mechanism_for", "withheld_records", "release_once", "ledger_of", "made_from",
+           "mechanism_for", "withheld_records", "release_once", "made_from",
            "discover_labels"]
 
 STAGE = "schema"
@@ -166,7 +167,7 @@ def discover_labels(params: Params, labels: list[Any], *, key: str) -> SchemaRel
                           "); declare the label set")
     event = mechanism.event(stage=STAGE)
     return SchemaRelease(schema=DataSchema(labels=found.labels, discovered=("labels",)), notes=dict(found.notes),
-                         event=event, epsilon=ledger_of(params, [event]).stage_epsilon(STAGE).epsilon)
+                         event=event, epsilon=new_ledger(params, events=[event]).stage_epsilon(STAGE).epsilon)
 
 
 def _discovered_schema(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool]) -> SchemaRelease:
@@ -187,14 +188,9 @@ def _discovered_schema(params: Params, plan: DiscoveryPlan, withheld: Callable[[
         schema = replace(schema, columns=tuple(sorted(schema.columns, key=lambda c: order.index(c.name)
                                                       if c.name in order else len(order))))
     event = mechanism.event(stage=STAGE)
-    ledger = ledger_of(params, [event])
+    ledger = new_ledger(params, events=[event])
     return SchemaRelease(schema=schema, notes=dict(found.notes), event=event,
                          epsilon=ledger.stage_epsilon(STAGE).epsilon)
-
-
-def ledger_of(params: Params, events: list[Event]) -> Ledger:
-    return Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                  accountant=params.privacy.accountant, events=events)
 
 
 def schema_yaml(release: SchemaRelease, *, dataset: str, delta: float) -> str:

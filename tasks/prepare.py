@@ -32,14 +32,13 @@ from privpipe.config import ConfigError, Params
 from privpipe.data import DataError, Records, check_labels, subsample
 from privpipe.data.shape import DataShape
 from privpipe.data.sources import data_source
-from privpipe.privacy import Ledger
 from privpipe.requests import RequestQueue, base_id, version_suffix
 from tasks import paths
 from tasks.common import stage_logger, staged_dir, write_text
 from tasks.discovery import SCHEMA_FILE, SchemaRelease, discover_schema, schema_yaml, withheld_records
 from tasks.identity import MadeFrom, params_dataset
 from tasks.prepared import PreparedSets, write_shape
-from tasks.privacy.ledger import PREPARED_LEDGER
+from tasks.privacy.ledger import write_prepared_ledger
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version
 
@@ -146,9 +145,7 @@ def run_prepare(params: Params) -> PreparedSets:
         write_shape(out, prepared.shape)
         if prepared.discovered is not None:  # the schema stage's release and its charge, where the ledger starts
             write_text(out / SCHEMA_FILE, schema_yaml(prepared.discovered, dataset=name, delta=params.privacy.delta))
-            ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                            accountant=params.privacy.accountant, events=[prepared.discovered.event])
-            write_text(out / PREPARED_LEDGER, ledger.to_json())
+            write_prepared_ledger(out, params, prepared.discovered.event)
     result = PreparedSets(where=where, sizes={name: len(records) for name, records in sets.items()},
                           n_erased=len(withheld.erased), n_withheld_pending=len(withheld.pending),
                           n_features=prepared.shape.width, n_classes=prepared.shape.n_classes, data_version=version,

@@ -18,9 +18,9 @@ __all__ = ["schema"]
 
 def schema(args: argparse.Namespace) -> int:
     params = load_params(args.params)
-    from privpipe.privacy import Ledger  # deferred: numpy, scipy and the data readers, once the params are checked
-    from tasks import discovery
+    from tasks import discovery  # deferred: numpy, scipy and the data readers, once the params are checked
     from tasks.privacy import budget
+    from tasks.privacy.ledger import new_ledger
 
     plan = discovery.discovery_plan(params)
     if plan is None:
@@ -36,10 +36,8 @@ def schema(args: argparse.Namespace) -> int:
         assert release is not None  # the plan said something is missing
         admission.mark_published()
         text = discovery.schema_yaml(release, dataset=dataset, delta=params.privacy.delta)
-        ledger = Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                               accountant=params.privacy.accountant, events=[release.event])
         admission.charge(budget.spend_of_run(run_id=admission.reservation.run, flow="schema", data_version="",
-                                             ledger=ledger))
+                                             ledger=new_ledger(params, events=[release.event])))
     sys.stdout.write(text)
     print(f"schema: discovered at ε = {release.epsilon:.4g}, δ = {params.privacy.delta:g}, charged to the lifetime "
           f"budget of dataset {dataset!r} ({budget.ledger_path(params, dataset)})", file=sys.stderr)

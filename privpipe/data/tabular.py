@@ -142,8 +142,6 @@ def canonical_name(value: Any) -> str:
     return str(int(number)) if number.is_integer() and abs(number) < 2**53 else repr(number)
 
 
-_text = canonical_name
-
 
 def _id_text(value: Any) -> str:
     """A record id as deletion requests name it (the rule ids always had: an integral float as an integer,
@@ -180,12 +178,13 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
         for row, value in enumerate(cells):
             if is_missing(value):
                 raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} has no value")
-            position = index.get(_text(value))
+            position = index.get(canonical_name(value))
             if position is None and column.other:
                 continue  # a value outside the categories: no category (all zeros)
             if position is None:
-                raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is {_text(value)!r}, not "
-                                f"one of its declared categories ({', '.join(column.categories)}; "
+                raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is "
+                                f"{canonical_name(value)!r}, not one of its declared categories "
+                                f"({', '.join(column.categories)}; "
                                 f"prepare.schema.columns.{column.name})")
             out[row, position] = 1.0
         return out
@@ -195,8 +194,9 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is {_text(value)!r}, not a "
-                            "number (declare its categories in prepare.schema if it is categorical)") from None
+            raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is "
+                            f"{canonical_name(value)!r}, not a number (declare its categories in prepare.schema if it "
+                            "is categorical)") from None
         if not math.isfinite(number):
             raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is {number}, not finite")
         out[row, 0] = number
@@ -213,12 +213,13 @@ def _labels(table: Table, label_column: str, classes: tuple[str, ...], *, others
     index = {canonical_name(name): i for i, name in enumerate(classes)}
     labels = np.empty(len(table), dtype=np.int64)
     for row, value in enumerate(table.cells[label_column]):
-        position = index.get(_text(value)) if not is_missing(value) else None
+        position = index.get(canonical_name(value)) if not is_missing(value) else None
         if position is None and others:
             labels[row] = UNKNOWN_LABEL
             continue
         if position is None:
-            raise DataError(f"{table.path}: {table.where(row)}: label {_text(value) if value is not None else ''!r} "
+            shown = canonical_name(value) if value is not None else ""
+            raise DataError(f"{table.path}: {table.where(row)}: label {shown!r} "
                             f"(column {label_column!r}) is not in prepare.schema.labels ({', '.join(classes)})")
         labels[row] = position
     return labels
@@ -244,7 +245,7 @@ def _clients(table: Table, client_column: str) -> np.ndarray:
     empty = next((row for row, value in enumerate(values) if is_missing(value)), None)
     if empty is not None:
         raise DataError(f"{table.path}: {table.where(empty)}: the client (column {client_column!r}) is empty")
-    return np.array([_text(v) for v in values])
+    return np.array([_id_text(v) for v in values])  # a client's name, as ids are kept
 
 
 def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_column: str | None,

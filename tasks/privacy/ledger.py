@@ -3,15 +3,15 @@ that spends (aggregate, finetune, the federated text flow), and checked against 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DataError
 from privpipe.privacy import Event, Ledger
-from tasks.common import read_json
+from tasks.common import read_json, write_text
 
-__all__ = ["new_ledger", "load_ledger", "calibrate_for", "PREPARED_LEDGER", "prepared_events"]
+__all__ = ["new_ledger", "load_ledger", "calibrate_for", "PREPARED_LEDGER", "prepared_events", "write_prepared_ledger"]
 
 #: beside the prepared sets: the schema stage's charge (tasks.discovery), where the run's ledger starts
 PREPARED_LEDGER = "ledger.json"
@@ -28,12 +28,17 @@ def prepared_events(folder: Path) -> list[Event]:
         raise DataError(f"{path}: not a ledger this privpipe reads ({exc})") from None
 
 
-def new_ledger(params: Params, *, prepared: Path | None = None) -> Ledger:
+def new_ledger(params: Params, *, prepared: Path | None = None, events: Sequence[Event] = ()) -> Ledger:
     """The run's ledger as the first spending stage after prepare starts it: with the schema stage's charge
-    that prepare left in ``prepared`` (the prepared sets' folder), if any."""
-    events = prepared_events(prepared) if prepared is not None else []
+    that prepare left in ``prepared`` (the prepared sets' folder), if any, then ``events``."""
+    recorded = prepared_events(prepared) if prepared is not None else []
     return Ledger(epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                  accountant=params.privacy.accountant, events=events)
+                  accountant=params.privacy.accountant, events=[*recorded, *events])
+
+
+def write_prepared_ledger(folder: Path, params: Params, event: Event) -> None:
+    """The schema stage's charge beside the sets it encoded (what :func:`prepared_events` reads back)."""
+    write_text(Path(folder) / PREPARED_LEDGER, new_ledger(params, events=[event]).to_json())
 
 
 def load_ledger(source: Path, params: Params) -> Ledger:

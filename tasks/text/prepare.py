@@ -22,14 +22,13 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
 from privpipe.data import DataError
-from privpipe.privacy import Ledger
 from privpipe.requests import RequestQueue, version_suffix
 from privpipe.text import Corpus, TextSet, load_corpus
 from tasks import paths
-from tasks.common import read_json, save_private_array, stage_logger, staged_dir, write_json, write_text
+from tasks.common import read_json, save_private_array, stage_logger, staged_dir, write_json
 from tasks.discovery import SchemaRelease
 from tasks.federated.training import assign_clients
-from tasks.privacy.ledger import PREPARED_LEDGER
+from tasks.privacy.ledger import write_prepared_ledger
 from tasks.text.labels import discover_text_labels
 from tasks.text.prepared import PreparedTexts
 from tasks.versioning import data_version
@@ -131,9 +130,7 @@ def run_prepare_text(params: Params, *, out: Path | None = None) -> PreparedText
         save_private_array(staging / "assignment.npy", assignment)
         write_json(staging / "meta.json", prepared.to_json())
         if discovered is not None:  # the label set's discovery: its charge, where the run's ledger starts
-            write_text(staging / PREPARED_LEDGER, Ledger(
-                epsilon_budget=params.privacy.epsilon_budget, delta=params.privacy.delta,
-                accountant=params.privacy.accountant, events=[discovered.event]).to_json())
+            write_prepared_ledger(staging, params, discovered.event)
             log.info("prepare_text: the label set discovered with DP at ε = %.4g (%d labels)", discovered.epsilon,
                      len(corpus.classes))
     log.info("prepare_text: %d train / %d test texts, %d classes, %d clients (%s; median %.0f records each)%s",
