@@ -38,6 +38,7 @@ from tasks.privacy import tracking as audit_tracking
 from tasks.registered import RegisteredModel
 from tasks.text.dpsgd import run_text_dpsgd
 from tasks.text.features import text_features_task
+from tasks.text.labels import text_labels_discovered
 from tasks.text.prepare import prepare_text_task
 from tasks.text.tracking import register_text_model
 from tasks.text.train import record_ledger, run_federated_text
@@ -119,6 +120,8 @@ def _run(params: Params, params_file: str, dataset: str, log: logging.Logger | l
                               dataset=dataset) as run, mapping_runner(params) as runner:
         if not central:
             log.info("federated: client updates run on %s", describe_runner(params))
+        if text_labels_discovered(params):
+            admission.mark_published()  # prepare's label set is a release computed from the records
         prepared = prepare_text_task(params, run)
         encoded = text_features_task(params, run, prepared)
 

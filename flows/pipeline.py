@@ -39,7 +39,7 @@ from privpipe.privacy import Ledger, LifetimeLedger
 from tasks import run_view, tracking
 from tasks.common import Skipped, one_pipeline_at_a_time, read_json, use_torch_threads
 from tasks.device import training_device
-from tasks.discovery import discovery_plan
+from tasks.discovery import check_sources, discovery_plan
 from tasks.dp_pca import check_components, dp_pca_task
 from tasks.evaluate import evaluate_task, release_task
 from tasks.evaluation import Evaluation
@@ -131,17 +131,20 @@ def privacy_markdown(ledger: Ledger, result: RunResult, *, mlflow_url: str | Non
 
 @dataclass
 class StageClock:
-    """Wall seconds of each stage as the flow runs it (what the per-stage child runs record)."""
+    """Wall seconds of each stage as the flow runs it (what the per-stage child runs record); None for a
+    stage whose time is withheld."""
 
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float | None] = field(default_factory=dict)
 
     @contextmanager
-    def timed(self, stage: str) -> Iterator[None]:
+    def timed(self, stage: str, *, withheld: bool = False) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            before = self.seconds.get(stage, 0.0)
+            self.seconds[stage] = None if withheld or before is None else before + elapsed
 
 
 def _teachers(params: Params, runner: TaskRunner, prepared: PreparedSets, shards: Shards,
@@ -163,6 +166,16 @@ def preflight(params: Params) -> None:
     calls it before Prefect, MLflow or the pipeline lock exist, so bad input leaves no trace."""
     check_pipeline_use(params)
     training_device(params)  # run.device: cuda on a machine without one is refused here, not mid-run
+    if discovery_plan(params) is not None:
+        # the checks below read the data through the schema the run discovers: that draw is a release, made
+        # under the run's admission (a refusal after it is charged, _stages), never here, uncharged
+        check_sources(params)
+        return
+    data_checks(params)
+
+
+def data_checks(params: Params) -> None:
+    """The checks of the data and of what each stage makes of it (preflight, or once the schema is drawn)."""
     prepared = prepared_sets(params)
     if params.student.enabled:
         shard_assignment(params, prepared.sensitive, classes=prepared.shape.n_classes, source=params.prepare.path)
@@ -230,6 +243,7 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
             admission: budget.Admission, clock: StageClock) -> RunResult:
     if discovery_plan(params) is not None:
         admission.mark_published()  # prepare's schema stage releases a schema computed from the records
+        data_checks(params)  # the preflight's checks, which need that schema: a refusal now is charged
     with clock.timed("prepare"):
         prepared = prepare_task(params, run)
     if params.student.enabled:
@@ -266,7 +280,8 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
     elif params.finetune.enabled:
         if uncovered.recorded(params):  # privacy.log_uncovered: each epoch's loss goes to the logs as it goes
             admission.mark_published()
-        with clock.timed("finetune"):
+        # finetune.recipe auto: the stage's time grows with the selection's secret number of runs
+        with clock.timed("finetune", withheld=params.finetune.recipe == "auto"):
             # the stage's figures, once DP-SGD is done: a crash while training released nothing
             finetune_task(params, run, prepared, projection, before_release=admission.mark_published)
     else:

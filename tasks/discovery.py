@@ -24,7 +24,7 @@ from privpipe.config import ConfigError, Params
 from privpipe.config.data_schema import DataSchema
 from privpipe.data.images import class_folders, image_files
 from privpipe.data.sources import data_source
-from privpipe.data.tabular import read_table, table_columns
+from privpipe.data.tabular import id_text, read_table, record_ids, table_columns
 from privpipe.discovery import DiscoveryMechanism, discover, make_bounds_estimator
 from privpipe.privacy import Event
 from privpipe.privacy.secure_noise import NoiseSource
@@ -33,8 +33,8 @@ from tasks import paths
 from tasks.common import seed_for
 from tasks.privacy.ledger import new_ledger
 
-__all__ = ["SchemaRelease", "discovery_plan", "DiscoveryPlan", "discover_schema", "schema_yaml", "SCHEMA_FILE",
-           "mechanism_for", "withheld_records", "release_once", "made_from",
+__all__ = ["SchemaRelease", "discovery_plan", "check_sources", "DiscoveryPlan", "discover_schema", "schema_yaml",
+           "SCHEMA_FILE", "mechanism_for", "withheld_records", "release_once", "made_from",
            "discover_labels"]
 
 STAGE = "schema"
@@ -80,6 +80,16 @@ def discovery_plan(params: Params) -> DiscoveryPlan | None:
     return None
 
 
+def check_sources(params: Params) -> None:
+    """The data's checks that need no schema, made before the release is drawn (``privpipe run``'s preflight):
+    the table read whole, its ids present and each once; an image folder's files (no link under it)."""
+    cfg = params.prepare
+    if cfg.dataset == "csv":
+        record_ids(read_table(Path(cfg.path)), cfg.id_column)
+    elif cfg.dataset == "imagefolder":
+        image_files(Path(cfg.path))
+
+
 def mechanism_for(params: Params, plan: DiscoveryPlan) -> DiscoveryMechanism:
     """The noise that spends the stage's ε (``schema.epsilon``, or its share of the budget) at privacy.delta."""
     require_accountant(params)
@@ -103,7 +113,7 @@ def _cells(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool],
     cfg = params.prepare
     if cfg.dataset == "csv":
         table = read_table(Path(cfg.path))
-        keep = [row for row, i in enumerate(table.cells[cfg.id_column]) if not withheld(str(i).strip())]
+        keep = [row for row, i in enumerate(table.cells[cfg.id_column]) if not withheld(id_text(i))]
         columns = {name: [table.cells[name][row] for row in keep] for name in plan.columns}
         labels = [table.cells[cfg.label_column][row] for row in keep] if plan.labels else None
         return columns, labels

@@ -50,14 +50,39 @@ def test_repeating_a_run_costs_more_than_one_run_at_high_orders():
 
 
 @pytest.mark.parametrize("eta", [0.0, 1.0, 2.5])
-def test_the_stopping_distribution_has_its_mean_and_samples_from_it(eta):
+def test_the_stopping_distribution_has_its_mean(eta):
     stopping = TruncatedNegativeBinomial.with_mean(eta=eta, mean=5.0)
     k = np.arange(1, 20000)
     assert stopping.pmf(k).sum() == pytest.approx(1.0, abs=1e-9)
     assert (k * stopping.pmf(k)).sum() == pytest.approx(5.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("eta", [0.0, 1.0])
+def test_the_stopping_sampler_draws_the_pmf(eta):
+    """Frequencies of 20,000 draws against the pmf (a chi-square test at p = 0.001 on k = 1..11 and the rest)."""
+    from scipy import stats
+
+    stopping = TruncatedNegativeBinomial.with_mean(eta=eta, mean=4.0)
     noise = NoiseSource(seed=0, secure=False)
+    draws = np.array([stopping.sample(noise) for _ in range(20000)])
+    k = np.arange(1, 12)
+    expected = np.append(stopping.pmf(k), 1 - stopping.pmf(k).sum()) * len(draws)
+    observed = np.append([(draws == i).sum() for i in k], (draws > k[-1]).sum())
+    assert draws.min() >= 1 and stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_the_stopping_sampler_has_no_cut_tail():
+    """E[K] = 5000: P[K > 10,000] is 0.12 (a sampler whose support stopped there would draw none)."""
+    stopping = TruncatedNegativeBinomial.with_mean(eta=0.0, mean=5000.0)
+    tail = 1 - stopping.pmf(np.arange(1, 10_001)).sum()
+    noise = NoiseSource(seed=1, secure=False)
     draws = np.array([stopping.sample(noise) for _ in range(4000)])
-    assert draws.min() >= 1 and draws.mean() == pytest.approx(5.0, rel=0.12)
+    assert tail > 0.05 and (draws > 10_000).mean() == pytest.approx(tail, abs=0.015)
+
+
+def test_a_stopping_law_without_an_exact_sampler_is_refused():
+    with pytest.raises(ValueError, match="no exact sampler"):
+        TruncatedNegativeBinomial.with_mean(eta=2.5, mean=5.0).sample(NoiseSource(seed=0, secure=False))
 
 
 def test_geometric_stopping_is_liu_and_talwars_geometric_distribution():

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from privpipe.config import ConfigError, Params, check_federated_use, check_text_use, load_params
+from privpipe.config import Params, check_federated_use, check_text_use, load_params
 from privpipe.data import DataError
 from tasks.paths import for_params
 
@@ -160,21 +160,11 @@ def _check_text_data(params: Params) -> None:
         raise DataError(f"{text.path}: text file not found (text.path: a JSONL or CSV file with "
                         f"{text.text_column!r} and {text.label_column!r} columns)")
     # deferred: the text and federated modules import torch, the prepare task Prefect (seconds)
-    import numpy as np
-
-    from privpipe.federated import noise_mode
-    from tasks.text.prepare import current_corpus, text_clients, text_label_set
+    from tasks.text.labels import text_labels_discovered
+    from tasks.text.prepare import check_text_clients, current_corpus
 
     # a 20newsgroups tarball, scikit-learn's cache or a folder: the loader says which is wrong
     corpus, _ = current_corpus(params)  # the file's own checks first
-    discovered = text_label_set(params)  # then its label set: declared, or discovered (refused for server noise)
-    if discovered is not None:
-        corpus, _ = current_corpus(params, labels=discovered)
-    if text.training == "dpsgd":  # central DP-SGD: no clients
-        return
-    assignment, clients = text_clients(params, corpus)
-    check_federated_use(params, clients=clients)  # natural clients: K is known only now
-    fed = params.federated
-    if fed.private and noise_mode(fed.noise).clients_run_dpsgd and np.bincount(assignment, minlength=clients).min() < 1:
-        raise ConfigError("federated.noise: client needs every client to hold records (a client with none runs no "
-                          "DP-SGD); set federated.min_records >= 1")
+    if not text_labels_discovered(params):  # (refused for server noise)
+        # a label set to discover is drawn under the run's admission: the clients it leaves are checked there
+        check_text_clients(params, corpus)

@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # a type only: the stage modules import torch (seconds), whic
 
 __all__ = ["stage"]
 
-SPENDING_STAGES = ("dp_pca", "aggregate", "finetune")  # the stages that add events to the ledger
+SPENDING_STAGES = ("dp_pca", "aggregate", "finetune")  # the stages that add events to the ledger (and prepare's
+# schema stage, when it discovers something)
 
 
 def stage(args: argparse.Namespace) -> int:
@@ -32,8 +33,12 @@ def stage(args: argparse.Namespace) -> int:
     from tasks.device import training_device  # deferred: torch, once the params are checked
 
     training_device(params)  # run.device: cuda on a machine without one is refused before any work
+    from tasks.discovery import discovery_plan  # deferred: as above
+
+    # prepare spends too when its schema stage discovers what prepare.schema leaves out
+    spends = args.name in SPENDING_STAGES or (args.name == "prepare" and discovery_plan(params) is not None)
     with one_pipeline_at_a_time():  # never beside a `privpipe run`, which writes the same artifacts
-        if args.name in SPENDING_STAGES:
+        if spends:
             _check_inputs(params, args.name)  # before the reservation: a stage refused here wrote nothing
             # dvc repro: the stages share one reservation of the project, settled at evaluate --track
             budget.reserve_for_stages(params, budget.dataset_name(params), what=f"stage {args.name}")
@@ -54,6 +59,11 @@ def _check_inputs(params: Params, name: str) -> None:
     from tasks.common import read_json
     from tasks.identity import check_inputs
 
+    if name == "prepare":  # its schema stage: what can be checked before the release is drawn
+        from tasks.discovery import check_sources
+
+        check_sources(params)
+        return
     where = paths.for_params(params)
     check_inputs(params, where.prepared)  # prepared from the dataset the params name (each stage checks the rest)
     if name == "dp_pca":

@@ -102,7 +102,7 @@ class FinetuneConfig:
         "max_grad_norm": above(0, MAX_SCALE), "noise_multiplier": above(0, MAX_SCALE),
         "target_epsilon": above(0, MAX_EPSILON), "max_physical_batch": at_least(1, MAX_BATCH),
         "ema_decay": fraction(zero=True), "epsilon_curve_points": at_least(2, 10**4),
-        "selection_runs": above(1, 1000), "validation_fraction": fraction(),
+        "selection_runs": above(1, 100), "validation_fraction": fraction(),
     }
 
 

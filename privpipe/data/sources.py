@@ -45,7 +45,7 @@ from privpipe.data.mnist import load_mnist, mnist_files, read_idx
 from privpipe.data.records import DataError, Records, check_labels
 from privpipe.data.shape import DataShape
 from privpipe.data.split import split_by_shares
-from privpipe.data.tabular import encode_table, read_table, table_columns, write_table
+from privpipe.data.tabular import encode_table, id_text, read_table, table_columns, write_table
 
 __all__ = ["LoadedData", "DataSource", "data_source", "SOURCES"]
 
@@ -419,7 +419,7 @@ class Table(DataSource):
             table = read_table(path)
             if cfg.id_column not in table.names:
                 raise ConfigError(f"prepare.id_column: {cfg.id_column!r} is not a column of {path}")
-            ids += [str(v).strip() for v in table.cells[cfg.id_column]]
+            ids += [id_text(v) for v in table.cells[cfg.id_column]]
         return ids
 
     def files(self, cfg: PrepareConfig) -> list[Path]:
@@ -429,7 +429,7 @@ class Table(DataSource):
         removed = 0
         for path in self.files(cfg):
             table = read_table(path)
-            keep = np.array([not drop(str(v).strip()) for v in table.cells[cfg.id_column]], dtype=bool)
+            keep = np.array([not drop(id_text(v)) for v in table.cells[cfg.id_column]], dtype=bool)
             if not keep.all():
                 write_table(table, keep)
                 removed += int((~keep).sum())

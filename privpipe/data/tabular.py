@@ -32,7 +32,7 @@ from privpipe.data.shape import DataShape
 from privpipe.files import private_file
 
 __all__ = ["Table", "read_table", "write_table", "encode_table", "table_columns", "PARQUET_SUFFIXES",
-           "canonical_name", "is_missing"]
+           "canonical_name", "is_missing", "id_text", "record_ids"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 UNKNOWN_LABEL = -2  # a row whose label the discovered label set does not hold (left out); not UNLABELED
@@ -143,7 +143,7 @@ def canonical_name(value: Any) -> str:
 
 
 
-def _id_text(value: Any) -> str:
+def id_text(value: Any) -> str:
     """A record id as deletion requests name it (the rule ids always had: an integral float as an integer,
     else the stripped text); never canonical_name's, which would turn "007" into "7"."""
     if isinstance(value, float) and value.is_integer():
@@ -225,13 +225,14 @@ def _labels(table: Table, label_column: str, classes: tuple[str, ...], *, others
     return labels
 
 
-def _ids(table: Table, id_column: str) -> np.ndarray:
+def record_ids(table: Table, id_column: str) -> np.ndarray:
+    """Each row's id, as deletion requests name it; an empty or repeated id refused, naming its line."""
     seen: dict[str, int] = {}
     ids = []
     for row, value in enumerate(table.cells[id_column]):
         if is_missing(value):
             raise DataError(f"{table.path}: {table.where(row)}: the id (column {id_column!r}) is empty")
-        text = _id_text(value)
+        text = id_text(value)
         if text in seen:
             raise DataError(f"{table.path}: {table.where(row)}: id {text!r} (column {id_column!r}) repeats "
                             f"{table.where(seen[text])}")
@@ -245,7 +246,7 @@ def _clients(table: Table, client_column: str) -> np.ndarray:
     empty = next((row for row, value in enumerate(values) if is_missing(value)), None)
     if empty is not None:
         raise DataError(f"{table.path}: {table.where(empty)}: the client (column {client_column!r}) is empty")
-    return np.array([_id_text(v) for v in values])  # a client's name, as ids are kept
+    return np.array([id_text(v) for v in values])  # a client's name, as ids are kept
 
 
 def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_column: str | None,
@@ -275,6 +276,6 @@ def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_colu
         else np.full(len(table), UNLABELED, dtype=np.int64)
     clients = _clients(table, client_column) if client_column is not None else None
     kept = np.flatnonzero(labels != UNKNOWN_LABEL)
-    records = Records(encoded[kept], labels[kept], _ids(table, id_column)[kept],
+    records = Records(encoded[kept], labels[kept], record_ids(table, id_column)[kept],
                       None if clients is None else clients[kept])
     return records, DataShape.table(features=names, classes=schema.labels)

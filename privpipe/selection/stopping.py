@@ -4,6 +4,9 @@
     P[K = k] = (1 − γ)^k / (k · log(1/γ))                                          (η = 0: logarithmic)
 
 η = 1 is the geometric distribution (Liu & Talwar's random stopping); E[K] fixes γ for a given η.
+K is sampled exactly, over its whole unbounded support (a cut support would be another distribution, for
+which Theorem 2 does not hold): η = 1 by inverting the geometric CDF in closed form, η = 0 by Kemp's (1981)
+algorithm LK for the logarithmic distribution, p = 1 − γ.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from privpipe.privacy.secure_noise import NoiseSource
 
 __all__ = ["TruncatedNegativeBinomial"]
 
-MAX_RUNS = 10_000  # the support is cut here for sampling (its tail past it is below 1e-12 at any sane mean)
+SAMPLED_ETAS = (0.0, 1.0)  # the η with an exact sampler here (the selectors' two)
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,14 @@ class TruncatedNegativeBinomial:
         return ((1 - (1 - g) * z) ** -eta - 1) / (g**-eta - 1)
 
     def sample(self, noise: NoiseSource) -> int:
-        """K, by inverse CDF from one of ``noise``'s uniforms (secret when the source is secure)."""
-        support = np.arange(1, MAX_RUNS + 1)
-        cdf = np.cumsum(self.pmf(support))
-        u = float(noise.uniform(1)[0]) * cdf[-1]
-        return int(support[min(int(np.searchsorted(cdf, u, side="left")), len(support) - 1)])
+        """K, drawn exactly from ``noise``'s uniforms (secret when the source is secure)."""
+        p = 1.0 - self.gamma
+        if self.eta == 1:  # geometric on {1, 2, …}: P[K > k] = p^k
+            u = float(noise.uniform(1)[0])
+            return 1 + math.floor(math.log1p(-u) / math.log(p)) if 0 < u < 1 else 1
+        if self.eta == 0:
+            return _logarithmic(p, noise)
+        raise ValueError(f"no exact sampler for eta {self.eta!r} (those with one: {SAMPLED_ETAS})")
 
     @classmethod
     def with_mean(cls, *, eta: float, mean: float) -> TruncatedNegativeBinomial:
@@ -71,3 +77,22 @@ class TruncatedNegativeBinomial:
             raise ValueError(f"the mean number of runs must be > 1, got {mean!r}")
         gamma = optimize.brentq(lambda g: cls(eta, g).mean - mean, 1e-9, 1 - 1e-9, xtol=1e-14)
         return cls(eta, float(gamma))
+
+
+def _logarithmic(p: float, noise: NoiseSource) -> int:
+    """Kemp's LK for P[K = k] = −p^k / (k·log(1 − p)): with V ≥ p, K = 1; else, with q = 1 − (1 − p)^U,
+    K = ⌊1 + log V / log q⌋ when V ≤ q², 1 when V ≥ q, and 2 between (U, V uniform)."""
+    r = math.log1p(-p)
+    while True:
+        v, u = (float(x) for x in noise.uniform(2))
+        if v >= p:
+            return 1
+        q = -math.expm1(r * u)
+        if q <= 0.0 or v <= 0.0:  # a uniform at the end of its range: draw again (probability ~2⁻⁵³)
+            continue
+        if v <= q * q:
+            k = math.floor(1 + math.log(v) / math.log(q))
+            if k >= 1:
+                return int(k)
+            continue
+        return 1 if v >= q else 2

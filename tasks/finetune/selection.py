@@ -20,7 +20,7 @@ fitted one (tasks.recipe): the released model's spec is the stage's.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,10 +49,6 @@ class Candidate:
     name: str
     epochs: int
     learning_rate: float
-
-    def params(self, params: Params) -> Params:
-        return dataclasses.replace(params, finetune=dataclasses.replace(
-            params.finetune, epochs=self.epochs, learning_rate=self.learning_rate))
 
 
 def candidates(params: Params) -> list[Candidate]:
@@ -150,8 +146,9 @@ def _correct(model: torch.nn.Module, features: np.ndarray, labels: np.ndarray) -
 
 
 def select(params: Params, plan: SelectionPlan, *, features: np.ndarray, labels: np.ndarray, validation: np.ndarray,
-           network: Callable[[Params], torch.nn.Module], device: torch.device) -> Selected:
-    """Run the selection: K runs (K from the selector, secret), the best-scored one released."""
+           initial: torch.nn.Module, device: torch.device) -> Selected:
+    """Run the selection: K runs (K from the selector, secret), the best-scored one released. ``initial``: the
+    network every run starts from (a copy each; built once, so that nothing is logged per run)."""
     cfg = params.finetune
     selector: Selector = make_selector(cfg.selector, mean_runs=cfg.selection_runs)
     secret = NoiseSource(seed=np.random.SeedSequence([params.run.seed, 0x5E1EC7]), secure=params.privacy.secure_rng)
@@ -162,9 +159,9 @@ def select(params: Params, plan: SelectionPlan, *, features: np.ndarray, labels:
         # each run draws its candidate from the secret source too: the runs must be alike (iid) for Theorem 2
         pick = min(int(secret.uniform(1)[0] * len(plan.candidates)), len(plan.candidates) - 1)
         candidate, schedule, sigma = plan.candidates[pick], plan.schedules[pick], plan.sigmas[pick]
-        variant = candidate.params(params)
         result = train_dpsgd(
-            network(variant), features[train], labels[train], noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm,
+            copy.deepcopy(initial), features[train], labels[train], noise_multiplier=sigma,
+            max_grad_norm=cfg.max_grad_norm,
             lot_size=cfg.lot_size, epochs=candidate.epochs, learning_rate=candidate.learning_rate,
             lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end, lr_decay_epochs=cfg.lr_decay_epochs,
             momentum=cfg.momentum, clipping=cfg.clipping, grad_sample_mode=cfg.grad_sample_mode,

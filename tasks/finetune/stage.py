@@ -194,8 +194,7 @@ def _finetune_selected(params: Params, begin: FinetuneStart, *, where: DatasetPa
         # every run's warnings silenced, whatever they are: how many times one came would tell K
         warnings.simplefilter("ignore")
         chosen = select(params, plan, features=features, labels=records.labels, validation=validation,
-                        network=lambda p: begin.network(p, start=start, dp_pca_dir=where.dp_pca, log=log),
-                        device=device)
+                        initial=begin.network(params, start=start, dp_pca_dir=where.dp_pca, log=log), device=device)
     ledger.record(plan.event)
     result = chosen.result
     if diverged(result.model, result.history[-1]["loss"]):

@@ -37,8 +37,9 @@ CURVES = ("privacy.finetune.epsilon_by_step", "privacy.finetune.epsilon_by_round
 _EXTRA_PREFIXES = {"prepare": ("data.",), "evaluate": ("accuracy.", "privacy.audit.")}
 
 
-def log_stage_runs(params: Params, run: TrackedRun, seconds: dict[str, float]) -> dict[str, str]:
-    """A child run per stage (in the order run), holding what the parent logged about it."""
+def log_stage_runs(params: Params, run: TrackedRun, seconds: dict[str, float | None]) -> dict[str, str]:
+    """A child run per stage (in the order run), holding what the parent logged about it; a stage whose
+    seconds are None has its time withheld (a private recipe selection's would tell how many runs it made)."""
     client, parent_id = run.client, run.run_id
     parent = client.get_run(parent_id)
     flat = params.flat()
@@ -47,11 +48,12 @@ def log_stage_runs(params: Params, run: TrackedRun, seconds: dict[str, float]) -
         prefixes = (f"{stage}.", f"privacy.{stage}.", *_EXTRA_PREFIXES.get(stage, ()))
         child = client.create_run(parent.info.experiment_id, run_name=stage, tags={
             "mlflow.parentRunId": parent_id, "privpipe.stage": stage,
-            "mlflow.note.content": f"stage {stage} of run {parent.info.run_name} ({stage_seconds(wall)})",
+            "mlflow.note.content": f"stage {stage} of run {parent.info.run_name} ("
+                                   f"{stage_seconds(wall) if wall is not None else WITHHELD_TIME})",
             **{k: v for k, v in parent.data.tags.items()
                if k.startswith((*prefixes, "privpipe.", "dvc.", "mlflow.source.")) and k != "privpipe.flow"}})
         run_id = child.info.run_id
-        metrics: list[Metric | tuple[str, float, int]] = [("stage.seconds", wall, 0)]
+        metrics: list[Metric | tuple[str, float, int]] = [("stage.seconds", wall, 0)] if wall is not None else []
         for key in parent.data.metrics:
             if key.startswith(prefixes):
                 metrics += client.get_metric_history(parent_id, key)
@@ -61,6 +63,9 @@ def log_stage_runs(params: Params, run: TrackedRun, seconds: dict[str, float]) -
         client.set_terminated(run_id, "FINISHED")
         children[stage] = run_id
     return children
+
+
+WITHHELD_TIME = "time withheld: it grows with the private recipe selection's secret number of runs"
 
 
 def stage_seconds(wall: float) -> str:
@@ -106,7 +111,7 @@ def charge_run(params: Params, run: TrackedRun, *, flow: str, dataset: str, ledg
 
 
 def log_audit_view(params: Params, run: TrackedRun, *, dataset: str, ledger: Ledger,
-                   seconds: dict[str, float] | None = None) -> None:
+                   seconds: dict[str, float | None] | None = None) -> None:
     """The plots (ε by stage, accuracy vs ε over the dataset's runs) and the per-stage child runs."""
     curves = {key.split(".", 1)[1]: [(m.step, m.value) for m in run.client.get_metric_history(run.run_id, key)]
               for key in CURVES}

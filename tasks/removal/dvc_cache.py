@@ -47,7 +47,7 @@ import yaml
 
 from privpipe.config import Params, redact_url
 from privpipe.data import DataError
-from privpipe.data.tabular import read_table
+from privpipe.data.tabular import id_text, read_table
 from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import write_json
@@ -199,7 +199,7 @@ def _ids(obj: Path, file: Path, id_column: str) -> list[str] | None:
         return None
     if id_column not in table.names:
         return None
-    return [str(v).strip() for v in table.cells[id_column]]
+    return [id_text(v) for v in table.cells[id_column]]
 
 
 @dataclass

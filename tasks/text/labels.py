@@ -15,19 +15,28 @@ from privpipe.config import ConfigError, Params
 from privpipe.text.corpus import corpus_labels
 from tasks.discovery import SchemaRelease, discover_labels, made_from, release_once
 
-__all__ = ["discover_text_labels"]
+__all__ = ["discover_text_labels", "text_labels_discovered"]
 
 
-def discover_text_labels(params: Params, *, withheld: Callable[[str], bool]) -> SchemaRelease | None:
-    """The discovered label set, once per run (None where it is declared, public, or the run not private)."""
+def text_labels_discovered(params: Params) -> bool:
+    """Whether the run discovers its label set (False where it is declared, public, or the run not private);
+    ConfigError where it would have to and cannot (server noise)."""
     cfg = params.text
     private = cfg.training == "dpsgd" or params.federated.private
     if cfg.labels is not None or cfg.format == "20newsgroups" or not private:
-        return None
+        return False
     if cfg.training == "federated" and params.federated.noise == "server":
         raise ConfigError("text.labels: must list the label set with federated.noise: server (its ledger is "
                           "client-level, and discovering labels privately counts records); or use "
                           "federated.noise: client or text.training: dpsgd, where privpipe discovers it with DP")
+    return True
+
+
+def discover_text_labels(params: Params, *, withheld: Callable[[str], bool]) -> SchemaRelease | None:
+    """The discovered label set, once per run (None where text_labels_discovered says there is none to find)."""
+    if not text_labels_discovered(params):
+        return None
+    cfg = params.text
 
     def make() -> SchemaRelease:
         cells = [label for record_id, label in corpus_labels(cfg.path, format=cfg.format,

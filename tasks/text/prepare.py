@@ -20,8 +20,9 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from privpipe.config import Params
+from privpipe.config import ConfigError, Params, check_federated_use
 from privpipe.data import DataError
+from privpipe.federated import noise_mode
 from privpipe.requests import RequestQueue, version_suffix
 from privpipe.text import Corpus, TextSet, load_corpus
 from tasks import paths
@@ -36,7 +37,8 @@ from tasks.versioning import data_version
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.tracking import TrackedRun
 
-__all__ = ["run_prepare_text", "prepare_text_task", "load_split", "current_corpus", "text_clients", "text_label_set"]
+__all__ = ["run_prepare_text", "prepare_text_task", "load_split", "current_corpus", "text_clients", "text_label_set",
+           "check_text_clients"]
 
 
 def _version(params: Params, texts: list[str]) -> str:
@@ -108,11 +110,25 @@ def text_clients(params: Params, corpus: Corpus) -> tuple[np.ndarray, int]:
                           natural=corpus.train.clients)
 
 
+def check_text_clients(params: Params, corpus: Corpus) -> None:
+    """The clients the flow would make from ``corpus``, checked (none for central DP-SGD): K against the
+    federated section, and every client holding a record where clients run DP-SGD themselves."""
+    if params.text.training == "dpsgd":
+        return
+    assignment, clients = text_clients(params, corpus)
+    check_federated_use(params, clients=clients)  # natural clients: K is known only now
+    fed = params.federated
+    if fed.private and noise_mode(fed.noise).clients_run_dpsgd and np.bincount(assignment, minlength=clients).min() < 1:
+        raise ConfigError("federated.noise: client needs every client to hold records (a client with none runs no "
+                          "DP-SGD); set federated.min_records >= 1")
+
+
 def run_prepare_text(params: Params, *, out: Path | None = None) -> PreparedTexts:
     out = out if out is not None else paths.for_text(params).text
     log = stage_logger("prepare_text")
     discovered = text_label_set(params)
     corpus, withheld = current_corpus(params, labels=discovered)
+    check_text_clients(params, corpus)
     assignment, clients = text_clients(params, corpus)
     sizes = np.bincount(assignment, minlength=clients)
     prepared = PreparedTexts(
