@@ -28,6 +28,14 @@ RGB, Gaussian noise σ 8), resized to a random side in 28..44 and saved as JPEG 
 (fitted: ScatterNet and its CNN). Non-private baseline: LogisticRegression (max_iter 300) on the same prepared
 training pixels, scored on the same test pixels. The data is written once under /tmp/privpipe-bench.
 
+**Bounds estimator, chosen on validation splits** (``--part bounds``): for each table and seed, a validation
+project holds only the rows that seed's real project does *not* test on (its data/prepared/<dataset>/test/ids),
+split again into training and validation rows under run.seed = seed + 1000; every estimator of
+``schema.bounds`` runs the fitted recipe there and the one with the best mean validation accuracy over both
+tables is named (the candidate for the default, privpipe/config/schema.py). The test rows above are never
+used for it. Writes
+bench/out/own_data/bounds.md and bounds.json.
+
 With ``--part all`` (the default) writes bench/out/own_data/defaults.json (every run) and
 bench/out/own_data/defaults.md (the table); a part alone only prints its table.
 """
@@ -195,10 +203,77 @@ def cases(part: str) -> list[dict[str, Any]]:
     return out
 
 
+def test_ids(spec: Any, data: Any, *, seed: int, prepare: dict[str, Any]) -> set[str]:
+    """The ids the real project of ``seed`` tests on (its prepare alone: the keyed split)."""
+    from own_data_tabular import write_csv
+
+    from tasks.prepare import run_prepare
+    from tasks.recipe import load_run_params
+
+    with tempfile.TemporaryDirectory(prefix="privpipe-defaults-") as tmp:
+        folder = Path(tmp)
+        write_csv(folder / spec.file, spec, data)
+        user_params(folder, prepare, seed=seed, finetune={})
+        os.chdir(folder)
+        run_prepare(load_run_params("params.yaml"))
+        ids = {str(i) for i in np.load(next(Path("data/prepared").iterdir()) / "test/ids.npy", allow_pickle=False)}
+        os.chdir(ROOT)
+    return ids
+
+
+def bounds_validation(seeds: int) -> None:
+    """Each bounds estimator's validation accuracy (the rows no real project's seed tests on)."""
+    import yaml
+    from own_data_tabular import write_csv
+
+    from privpipe.discovery import BOUNDS_ESTIMATORS
+
+    started = time.perf_counter()
+    runs = []
+    for case in [c for c in cases("tables") if c["recipe"] == "fitted"]:
+        spec = case["table"]
+        data = spec.load()
+        for seed in range(seeds):
+            keep = {f"{spec.id_prefix}{i:04d}" for i in range(len(data.target))} - test_ids(
+                spec, data, seed=seed, prepare=case["prepare"])
+            for name in BOUNDS_ESTIMATORS:
+                with tempfile.TemporaryDirectory(prefix="privpipe-defaults-") as tmp:
+                    folder = Path(tmp)
+                    write_csv(folder / spec.file, spec, data, keep=keep)
+                    path = user_params(folder, case["prepare"], seed=seed + 1000, finetune={})
+                    params = yaml.safe_load(path.read_text())
+                    params["schema"] = {"bounds": name}
+                    path.write_text(yaml.safe_dump(params, sort_keys=False))
+                    result = run_project(folder)
+                    os.chdir(ROOT)
+                runs.append({"data": case["data"], "seed": seed, "bounds": name, "validation_accuracy":
+                             result["accuracy"], "epsilon": result["epsilon"], "sizes": result["sizes"]})
+                print(json.dumps(runs[-1]), flush=True)
+    lines = [f"# Bounds estimators on validation splits (total ε {EPSILON:g}, δ {DELTA:g}, RDP; fitted recipe)", "",
+             f"Seeds 0..{seeds - 1}: each a validation project of the rows its real project does not test on; mean ± "
+             "sample std [min, max] of the validation accuracy.", "", "| data | bounds | validation accuracy |",
+             "|---|---|---|"]
+    overall = {}
+    for data_name in dict.fromkeys(r["data"] for r in runs):
+        for name in BOUNDS_ESTIMATORS:
+            acc = spread([r["validation_accuracy"] for r in runs if r["data"] == data_name and r["bounds"] == name])
+            overall.setdefault(name, []).append(acc["mean"])
+            lines.append(f"| {data_name} | {name} | {acc['mean']:.3f} ± {acc['std']:.3f} [{acc['min']:.3f}, "
+                         f"{acc['max']:.3f}] |")
+    best = max(overall, key=lambda n: statistics.fmean(overall[n]))
+    lines += ["", f"Best mean over the tables: **{best}** ({statistics.fmean(overall[best]):.3f}).", "",
+              f"Command: `.venv/bin/python bench/own_data_defaults.py --seeds {seeds} --part bounds`; total wall time "
+              f"{time.perf_counter() - started:.0f} s; torch.set_num_threads(1), CPU."]
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "bounds.json").write_text(json.dumps(runs, indent=1, default=str))
+    (OUT / "bounds.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--part", choices=("all", "tables", "images"), default="all")
+    parser.add_argument("--part", choices=("all", "tables", "images", "bounds"), default="all")
     args = parser.parse_args()
     import logging
 
@@ -207,6 +282,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)
+    if args.part == "bounds":
+        bounds_validation(args.seeds)
+        return
     started = time.perf_counter()
     runs, rows = [], []
     for case in cases(args.part):

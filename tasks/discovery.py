@@ -22,7 +22,7 @@ import yaml
 
 from privpipe.config import ConfigError, Params
 from privpipe.config.data_schema import DataSchema
-from privpipe.data.images import class_folders, image_files
+from privpipe.data.images import class_folders, image_files, load_image_folder
 from privpipe.data.sources import data_source
 from privpipe.data.tabular import id_text, read_table, record_ids, table_columns
 from privpipe.discovery import DiscoveryMechanism, discover, make_bounds_estimator
@@ -81,23 +81,32 @@ def discovery_plan(params: Params) -> DiscoveryPlan | None:
 
 
 def check_sources(params: Params) -> None:
-    """The data's checks that need no schema, made before the release is drawn (``privpipe run``'s preflight):
-    the table read whole, its ids present and each once; an image folder's files (no link under it)."""
+    """The checks that need no release, made before it is drawn (``privpipe run``'s preflight): the stage's
+    noise calibrated; the table read whole, its ids present and each once; an image folder's images (no link,
+    one size or image_size)."""
     cfg = params.prepare
+    plan = discovery_plan(params)
+    if plan is not None:
+        mechanism_for(params, plan)  # its noise, calibrated (an ε out of reach refused), not drawn
     if cfg.dataset == "csv":
         record_ids(read_table(Path(cfg.path)), cfg.id_column)
-    elif cfg.dataset == "imagefolder":
-        image_files(Path(cfg.path))
+    elif cfg.dataset == "imagefolder":  # every image read as prepare reads it (its class folders unpublished)
+        load_image_folder(Path(cfg.path), channels=cfg.channels or 3, size=cfg.image_size)
 
 
 def mechanism_for(params: Params, plan: DiscoveryPlan) -> DiscoveryMechanism:
     """The noise that spends the stage's ε (``schema.epsilon``, or its share of the budget) at privacy.delta."""
     require_accountant(params)
     cfg = params.schema
-    return DiscoveryMechanism.calibrated(
-        epsilon=cfg.stage_epsilon(params.privacy.epsilon_budget), delta=params.privacy.delta,
-        columns=len(plan.columns), labels=plan.labels, selection_delta=cfg.selection_delta_share * params.privacy.delta,
-        label_share=cfg.label_share, accountant=params.privacy.accountant)
+    epsilon = cfg.stage_epsilon(params.privacy.epsilon_budget)
+    try:
+        return DiscoveryMechanism.calibrated(
+            epsilon=epsilon, delta=params.privacy.delta, columns=len(plan.columns), labels=plan.labels,
+            selection_delta=cfg.selection_delta_share * params.privacy.delta, label_share=cfg.label_share,
+            accountant=params.privacy.accountant)
+    except ValueError as exc:  # no σ reaches so small an ε
+        raise ConfigError(f"schema.epsilon: {epsilon:g} is out of reach for the schema stage ({exc}); raise it, or "
+                          "declare prepare.schema in full") from None
 
 
 def require_accountant(params: Params) -> None:
@@ -176,8 +185,9 @@ def discover_labels(params: Params, labels: list[Any], *, key: str) -> SchemaRel
                           f"its noise (a label needs about {mechanism.selection_threshold(mechanism.label_sigma):.0f}"
                           "); declare the label set")
     event = mechanism.event(stage=STAGE)
-    return SchemaRelease(schema=DataSchema(labels=found.labels, discovered=("labels",)), notes=dict(found.notes),
-                         event=event, epsilon=new_ledger(params, events=[event]).stage_epsilon(STAGE).epsilon)
+    return SchemaRelease(schema=DataSchema(labels=found.labels, discovered=("labels",), labels_other=True),
+                         notes=dict(found.notes), event=event,
+                         epsilon=new_ledger(params, events=[event]).stage_epsilon(STAGE).epsilon)
 
 
 def _discovered_schema(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool]) -> SchemaRelease:
@@ -185,7 +195,7 @@ def _discovered_schema(params: Params, plan: DiscoveryPlan, withheld: Callable[[
     columns, labels = _cells(params, plan, withheld)
     noise = NoiseSource(seed=seed_for(params.run.seed, STAGE), secure=params.privacy.secure_rng)
     found = discover(columns, labels, mechanism=mechanism, bounds=make_bounds_estimator(params.schema.bounds),
-                     noise=noise)
+                     noise=noise, label_names_as_written=params.prepare.dataset == "imagefolder")
     if plan.labels and len(found.labels or ()) < 2:
         raise ConfigError(f"prepare.schema.labels: the schema stage found {len(found.labels or ())} label(s) with "
                           f"enough records for its noise (a label needs about "

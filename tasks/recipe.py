@@ -113,7 +113,7 @@ def _image_side(params: Params) -> int:
 
 def _training_records(params: Params) -> int:
     cfg = params.prepare
-    records = len(data_source(cfg.dataset).record_ids(cfg))
+    records = len(data_source(cfg.dataset).training_ids(cfg))  # (test_path's and the public pool's not counted)
     if cfg.own_test_set:
         return records
     return int(records * (1 - cfg.test_fraction - (cfg.public_fraction if cfg.public_path is None else 0.0)))

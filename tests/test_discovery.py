@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import write_params
+from conftest import cli, write_params
 from own_data import CANCER_COLUMNS, write_cancer_csv
 from privpipe.config import ConfigError, load_params
 from privpipe.config.data_schema import DataSchema
@@ -99,7 +99,9 @@ def test_each_bounds_estimator_covers_the_bulk_within_a_power_of_two(name):
     noisy = release_column(count_column(values.tolist()), sigma=5.0, selection_threshold=1e9,
                            noise=NoiseSource(seed=0, secure=False))
     low, high = make_bounds_estimator(name).bounds(noisy)
-    assert 10.0 <= low <= np.quantile(values, 0.02) and np.quantile(values, 0.98) <= high <= 180.0
+    # scan widens by each neighbour past 1σ: an empty neighbour's noise passes that one time in six
+    slack = 2.0 if name == "scan" else 1.0
+    assert 10.0 / slack <= low <= np.quantile(values, 0.02) and np.quantile(values, 0.98) <= high <= 180.0 * slack
 
 
 def test_with_only_noise_an_estimator_falls_back_on_the_most_counted_bin():
@@ -218,3 +220,68 @@ def test_a_runs_checks_and_its_prepare_see_one_release_even_with_fresh_secure_no
     with (project / "clinic/patients.csv").open("a") as handle:
         handle.write("P9999,10,20,0.05,12,0.1,north,benign\n")  # the data changed: a new release
     assert prepared_sets(params).discovered is not first
+
+
+def test_the_printed_schema_committed_leaves_out_what_its_release_did_not_publish(project):
+    """A rare label and an odd cell in a numeric column: the discovered schema leaves the row out and encodes
+    the cell as the middle, and so does the printed file once committed as prepare.schema (nothing refused,
+    nothing named)."""
+    params = _no_schema_project(project)
+    with (project / "clinic/patients.csv").open("a") as handle:
+        handle.write("P9001,unknown,20,0.05,12,0.1,north,benign\n")
+        handle.write("P9002,12,20,0.05,12,0.1,north,secret-dx\n")
+    discovered = prepared_sets(params)
+    code, printed, err = cli("schema", "--params", "params.yaml")
+    assert code == 0, err
+    (project / "schema.yaml").write_text(printed)
+    reread = DataSchema.parse(__import__("yaml").safe_load(printed))
+    assert reread.labels_other and reread.column("mean_radius").missing_center and "secret-dx" not in printed
+    write_params(project, prepare={"dataset": "csv", "path": "clinic/patients.csv", "id_column": "patient_id",
+                                   "label_column": "diagnosis", "public_fraction": 0.01, "target_domain": False,
+                                   "schema": "schema.yaml"},
+                 dp_pca={"enabled": False}, head={"enabled": False}, privacy_audit={"enabled": False})
+    committed = prepared_sets(load_params("params.yaml"))
+    assert committed.discovered is None  # declared now: nothing drawn, nothing charged
+    for prepared in (discovered, committed):
+        ids = np.concatenate([r.ids for r in prepared.sets.values()])
+        assert "P9002" not in ids and "P9001" in ids
+        where = {name: records for name, records in prepared.sets.items() if "P9001" in records.ids}
+        (records,) = where.values()
+        assert records.features[list(records.ids).index("P9001"), 0] == 0.0  # mean_radius: the middle
+
+
+def test_image_class_folders_keep_their_own_names_when_discovered(project):
+    from own_data import write_image_folder
+
+    write_image_folder(project / "photos", classes=("01", "02"), per_class=60)
+    write_params(project, prepare={"dataset": "imagefolder", "path": "photos", "image_size": 8, "channels": 1},
+                 dp_pca={"enabled": False}, head={"enabled": False}, privacy_audit={"enabled": False},
+                 privacy={"delta": 1e-3})
+    prepared = prepared_sets(load_params("params.yaml"))
+    assert prepared.discovered is not None and prepared.discovered.schema.labels == ("01", "02")
+    assert sum(len(r) for r in prepared.sets.values()) == 120  # none left out
+
+
+def test_a_runs_preflight_draws_no_release_and_a_refusal_after_the_draw_is_charged(project, monkeypatch):
+    """privpipe run's checks before admission read the sources only; privpipe schema refusing after its draw
+    (too few labels pass at a tiny ε) leaves the dataset charged."""
+    from flows.pipeline import preflight
+    from tasks import discovery
+
+    params = _no_schema_project(project)
+    monkeypatch.setattr(discovery, "_RELEASES", {})
+    preflight(params)
+    assert discovery._RELEASES == {}
+    _no_schema_project(project, schema={"epsilon": 0.02})
+    code, _, err = cli("schema", "--params", "params.yaml")
+    assert code != 0 and "prepare.schema.labels: the schema stage found" in err
+    (entry,) = json.loads((project / "data/budget/patients.json").read_text())["entries"]
+    assert entry["flow"] == "schema (failed)"
+
+
+def test_prepare_under_dvc_repro_holds_the_stages_reservation_when_it_discovers(project):
+    _no_schema_project(project)
+    code, _, err = cli("stage", "prepare")
+    assert code == 0, err
+    (held,) = json.loads((project / "data/budget/.patients.reservations.json").read_text())["reservations"]
+    assert held["flow"] == "dvc-repro" and held["published"]

@@ -80,8 +80,11 @@ def requests(args: argparse.Namespace) -> int:
 
 
 def removals(args: argparse.Namespace) -> int:
-    params = load_params(args.params)
+    load_params(args.params)  # the file's own checks first, before the imports below
     # deferred until the params are known good: the removal steps and their flow import Prefect, MLflow and torch
+    from tasks.recipe import load_run_params
+
+    params = load_run_params(args.params)  # what the flow checks with: the recipe the pipeline trained with
     from flows.prefect_api import flow_api
     from flows.removals import registry_preflight
     from flows.removals import removals as removals_flow

@@ -27,14 +27,15 @@ def schema(args: argparse.Namespace) -> int:
         print(f"{args.params}: prepare.schema declares everything {params.prepare.path} holds: nothing to discover "
               "(and nothing spent)", file=sys.stderr)
         return 0
+    discovery.check_sources(params)  # what can be refused before the draw, refused uncharged
     dataset = budget.dataset_name(params)
     with budget.admitted(params, dataset, what="schema discovery", flow="schema") as admission:
         planned = discovery.mechanism_for(params, plan).event(stage="schema")
         spend = budget.planned_cost(params, planned, record_level=True, unit="release")
         admission.resize(epsilon=spend[0], delta=spend[1], basis=spend[2], before="the discovery")
+        admission.mark_published()  # from the draw on: a refusal that follows it (too few labels) says something
         release = discovery.discover_schema(params, withheld=discovery.withheld_records(params))
         assert release is not None  # the plan said something is missing
-        admission.mark_published()
         text = discovery.schema_yaml(release, dataset=dataset, delta=params.privacy.delta)
         admission.charge(budget.spend_of_run(run_id=admission.reservation.run, flow="schema", data_version="",
                                              ledger=new_ledger(params, events=[release.event])))

@@ -14,7 +14,7 @@ from privpipe.config.errors import one_of, require
 from privpipe.config.ranges import MAX_EPSILON, Range, above, fraction
 
 #: privpipe.discovery.BOUNDS_ESTIMATORS (config does not import numpy's modules); tests/test_config.py holds them equal
-BOUNDS_ESTIMATORS = ("threshold", "quantile")
+BOUNDS_ESTIMATORS = ("threshold", "quantile", "scan")
 
 
 @dataclass(frozen=True)

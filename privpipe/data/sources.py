@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -96,6 +96,11 @@ class DataSource(ABC):
     @abstractmethod
     def files(self, cfg: PrepareConfig) -> list[Path]:
         """The raw files a data version hashes (and a rewrite replaces)."""
+
+    def training_ids(self, cfg: PrepareConfig) -> list[str]:
+        """The ids of the records training is drawn from: ``prepare.path``'s (a kind with a test set of its
+        own: its training split), not test_path's, public_path's or target_path's."""
+        return self.record_ids(replace(cfg, test_path=None, public_path=None, target_path=None))
 
     def erase(self, cfg: PrepareConfig, drop: Callable[[str], bool]) -> int:
         """Remove the records whose id ``drop`` picks from the raw data; how many went. Only kinds whose ids do
@@ -276,6 +281,10 @@ class Cifar10(DataSource):
         splits, _ = load_cifar10(Path(cfg.path), channels=1)
         return [i for records in splits.values() for i in records.ids.tolist()]
 
+    def training_ids(self, cfg: PrepareConfig) -> list[str]:
+        splits, _ = load_cifar10(Path(cfg.path), channels=1)
+        return splits["train"].ids.tolist()
+
     def files(self, cfg: PrepareConfig) -> list[Path]:
         folder = Path(cfg.path)
         return [folder / "batches.meta"] + [folder / name for names in
@@ -322,6 +331,9 @@ class Svhn(DataSource):
         splits = load_svhn(Path(cfg.path), grayscale=True)
         return [i for records in splits.values() for i in records.ids.tolist()]
 
+    def training_ids(self, cfg: PrepareConfig) -> list[str]:
+        return load_svhn(Path(cfg.path), grayscale=True)["train"].ids.tolist()
+
     def files(self, cfg: PrepareConfig) -> list[Path]:
         return [Path(cfg.path) / "train_32x32.mat", Path(cfg.path) / "test_32x32.mat"]
 
@@ -339,7 +351,7 @@ class ImageFolder(DataSource):
         declared = cfg.schema.labels if cfg.schema is not None else None
         root = Path(cfg.path)
         records, classes, image = load_image_folder(root, channels=channels, size=cfg.image_size, classes=declared,
-                                                    others=cfg.schema is not None and cfg.schema.labels_discovered)
+                                                    others=cfg.schema is not None and cfg.schema.labels_other)
         shape = DataShape.image(channels=image[0], height=image[1], width=image[2], classes=classes)
         sets = split_by_shares(_prefixed(records, root), _shares(cfg, test=cfg.test_path is None,
                                                                   public=cfg.public_path is None, target=False),
@@ -394,8 +406,7 @@ class Table(DataSource):
         features = table_columns(table, id_column=cfg.id_column, label_column=cfg.label_column,
                                  client_column=client_column, feature_columns=cfg.feature_columns)
         records, shape = encode_table(table, cfg.schema, id_column=cfg.id_column, label_column=cfg.label_column,
-                                      feature_columns=features, client_column=client_column,
-                                      discovered_labels=cfg.schema.labels_discovered)
+                                      feature_columns=features, client_column=client_column)
         sets = split_by_shares(records, _shares(cfg, test=cfg.test_path is None, public=cfg.public_path is None,
                                                 target=False), rest="sensitive", seed=seed)
         files = [Path(cfg.path)]
@@ -406,8 +417,7 @@ class Table(DataSource):
             # the main file's feature columns, which the other file must have too (its label column, in an
             # unlabeled pool, is neither read nor a feature)
             sets[name], _ = encode_table(read_table(Path(path)), cfg.schema, id_column=cfg.id_column,
-                                         label_column=cfg.label_column if labeled else None, feature_columns=features,
-                                         discovered_labels=cfg.schema.labels_discovered)
+                                         label_column=cfg.label_column if labeled else None, feature_columns=features)
             files.append(Path(path))
         _unique_across(sets, {"sensitive": cfg.path, "test": str(cfg.test_path), "public": str(cfg.public_path),
                               "target": str(cfg.target_path)})

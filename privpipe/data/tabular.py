@@ -176,6 +176,8 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
     if column.categories is not None:
         index = {canonical_name(name): i for i, name in enumerate(column.categories)}
         for row, value in enumerate(cells):
+            if is_missing(value) and column.other:
+                continue  # no value: no category (all zeros)
             if is_missing(value):
                 raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} has no value")
             position = index.get(canonical_name(value))
@@ -188,23 +190,37 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
                                 f"prepare.schema.columns.{column.name})")
             out[row, position] = 1.0
         return out
+    centered = np.zeros(len(cells), dtype=bool)  # missing: center — the cells that encode as the middle
     for row, value in enumerate(cells):
+        number = _number_or_none(value)
+        if number is None and column.missing_center:
+            centered[row] = True  # (never named: a discovered column's odd cell is not published)
+            continue
         if is_missing(value):
             raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} has no value")
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
+        if number is None:
             raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is "
-                            f"{canonical_name(value)!r}, not a number (declare its categories in prepare.schema if it "
-                            "is categorical)") from None
-        if not math.isfinite(number):
-            raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is {number}, not finite")
+                            f"{canonical_name(value)!r}, not a finite number (declare its categories in "
+                            "prepare.schema if it is categorical)")
         out[row, 0] = number
     if column.min is not None and column.max is not None:
-        scaled = 2.0 * (out - column.min) / (column.max - column.min) - 1.0
-        return np.clip(scaled, -1.0, 1.0).astype(np.float32)
-    assert column.center is not None and column.scale is not None  # ColumnSchema.parse: one of the two pairs
-    return ((out - column.center) / column.scale).astype(np.float32)
+        encoded = np.clip(2.0 * (out - column.min) / (column.max - column.min) - 1.0, -1.0, 1.0)
+    else:
+        assert column.center is not None and column.scale is not None  # ColumnSchema.parse: one of the two pairs
+        encoded = (out - column.center) / column.scale
+    encoded[centered] = 0.0
+    return encoded.astype(np.float32)
+
+
+def _number_or_none(value: Any) -> float | None:
+    """A cell as a finite number, or None (empty, text, inf or NaN)."""
+    if is_missing(value) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _labels(table: Table, label_column: str, classes: tuple[str, ...], *, others: bool) -> np.ndarray:
@@ -251,11 +267,11 @@ def _clients(table: Table, client_column: str) -> np.ndarray:
 
 def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_column: str | None,
                  feature_columns: Sequence[str] | None = None, client_column: str | None = None,
-                 discovered_labels: bool = False) -> tuple[Records, DataShape]:
+                 ) -> tuple[Records, DataShape]:
     """The table's records, encoded by ``schema``, and their shape. ``label_column`` None: an unlabeled pool
     (every label UNLABELED; a label column, if the file has one, is neither read nor a feature).
-    ``discovered_labels``: the label set was found privately, so a row whose label is not in it is left
-    out (its label is not published), not refused."""
+    ``schema.labels_other`` (a discovered label set): a row whose label is not in it is left out (its label
+    is not published), not refused."""
     if schema.labels is None:
         raise ConfigError("prepare.schema.labels: not declared and not discovered (run the schema stage)")
     features = table_columns(table, id_column=id_column, label_column=label_column, client_column=client_column,
@@ -272,7 +288,7 @@ def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_colu
     columns = [c for name in features if (c := schema.column(name)) is not None]
     encoded = np.concatenate([_encode_column(table, c) for c in columns], axis=1)
     names = [name for c in columns for name in ([f"{c.name}={k}" for k in c.categories] if c.categories else [c.name])]
-    labels = _labels(table, label_column, schema.labels, others=discovered_labels) if label_column is not None \
+    labels = _labels(table, label_column, schema.labels, others=schema.labels_other) if label_column is not None \
         else np.full(len(table), UNLABELED, dtype=np.int64)
     clients = _clients(table, client_column) if client_column is not None else None
     kept = np.flatnonzero(labels != UNKNOWN_LABEL)

@@ -9,11 +9,16 @@ privacy cost).
   z set so that all-empty bins pass with probability 5 % together;
 - ``quantile``: the bins holding the noisy histogram's 2nd and 98th percentiles (counts below the noise
   level, z·σ with half an empty bin expected past it, taken as zero: the many empty bins' positive noise
-  would otherwise outweigh a thin tail), which keeps the bulk and clips thin tails.
+  would otherwise outweigh a thin tail), which keeps the bulk and clips thin tails;
+- ``scan``: the run of at most four adjacent bins whose noisy mass, in units of its own noise (σ√w for w
+  bins), is largest, widened by each neighbouring bin past 1σ: a column's values lie in adjacent bins,
+  so at a low signal-to-noise ratio (a few hundred rows, many columns), where no single bin passes a
+  threshold, their sum still stands out of the empty bins' noise.
 
-Either falls back on the bin with the largest noisy count when nothing passes (too few records for the
-noise): a bound of the right order rather than none. Adding one: its class here and its line in
-``_REGISTRY``.
+``threshold`` and ``quantile`` fall back on the bin with the largest noisy count when nothing passes (too
+few records for the noise): a bound of the right order rather than none (``scan``, measured on validation
+splits in bench/out/own_data/bounds.md, is the better choice for small tables). Adding one: its class
+here and its line in ``_REGISTRY``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from scipy import stats
 from privpipe.discovery.bins import LOG_BINS, LogBins
 from privpipe.discovery.release import NoisyColumn
 
-__all__ = ["BoundsEstimator", "ThresholdBounds", "QuantileBounds", "BOUNDS_ESTIMATORS", "make_bounds_estimator"]
+__all__ = ["BoundsEstimator", "ThresholdBounds", "QuantileBounds", "ScanBounds", "scan_window", "BOUNDS_ESTIMATORS",
+           "make_bounds_estimator"]
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,33 @@ class QuantileBounds(BoundsEstimator):
         return first, min(last, len(counts) - 1)
 
 
-_REGISTRY: dict[str, type[BoundsEstimator]] = {kind.name: kind for kind in (ThresholdBounds, QuantileBounds)}
+def scan_window(counts: np.ndarray, sigma: float, *, max_width: int = 4, widen: float = 1.0) -> tuple[int, int]:
+    """The first and last bin of the run of at most ``max_width`` adjacent bins with the largest noisy mass
+    per unit of its noise (σ√w), then widened by each neighbour whose count passes ``widen``·σ."""
+    best = (-np.inf, 0, 0)
+    for width in range(1, min(max_width, len(counts)) + 1):
+        sums = np.convolve(counts, np.ones(width), mode="valid") / (sigma * np.sqrt(width))
+        first = int(np.argmax(sums))
+        if sums[first] > best[0]:
+            best = (float(sums[first]), first, first + width - 1)
+    _, first, last = best
+    while first > 0 and counts[first - 1] >= widen * sigma:
+        first -= 1
+    while last < len(counts) - 1 and counts[last + 1] >= widen * sigma:
+        last += 1
+    return first, last
+
+
+@dataclass(frozen=True)
+class ScanBounds(BoundsEstimator):
+    name: ClassVar[str] = "scan"
+
+    def span(self, counts: np.ndarray, sigma: float) -> tuple[int, int] | None:
+        return scan_window(counts, sigma)
+
+
+_REGISTRY: dict[str, type[BoundsEstimator]] = {kind.name: kind for kind in (ThresholdBounds, QuantileBounds,
+                                                                             ScanBounds)}
 
 #: the names ``schema.bounds`` accepts
 BOUNDS_ESTIMATORS: tuple[str, ...] = tuple(_REGISTRY)

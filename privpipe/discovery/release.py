@@ -69,9 +69,11 @@ class NoisyColumn:
         return float(sum(max(v, 0.0) for v in self.values.values()))
 
 
-def count_column(cells: Sequence[Any], *, bins: LogBins = LOG_BINS, numbers_only: bool = False) -> ColumnCounts:
+def count_column(cells: Sequence[Any], *, bins: LogBins = LOG_BINS, numbers_only: bool = False,
+                 canonical: bool = True) -> ColumnCounts:
     """The exact counts of one column's cells. ``numbers_only``: every cell is a value (a label column):
-    numbers are counted by name too, never binned."""
+    numbers are counted by name too, never binned. ``canonical``: values counted by canonical_name (a table's
+    ``2`` and ``2.0`` are one), else by their own text (an image folder's class folders: ``01`` stays ``01``)."""
     numeric = np.zeros(len(bins), dtype=np.int64)
     values: Counter[str] = Counter()
     missing = 0
@@ -82,7 +84,7 @@ def count_column(cells: Sequence[Any], *, bins: LogBins = LOG_BINS, numbers_only
             continue
         number = None if numbers_only else as_number(cell)
         if number is None:
-            values[canonical_name(cell)] += 1
+            values[canonical_name(cell) if canonical else str(cell)] += 1
         else:
             found.append(number)
     if found:

@@ -42,10 +42,12 @@ def label_order(names: Sequence[str]) -> tuple[str, ...]:
 
 
 def discover(columns: Mapping[str, Sequence[Any]], labels: Sequence[Any] | None, *,
-             mechanism: DiscoveryMechanism, bounds: BoundsEstimator, noise: NoiseSource) -> Discovered:
+             mechanism: DiscoveryMechanism, bounds: BoundsEstimator, noise: NoiseSource,
+             label_names_as_written: bool = False) -> Discovered:
     """``columns``: the cells of each column to estimate, in a fixed (public) order; ``labels``: the label
     column's cells when the label set is to be found, else None. The mechanism's noise must be for these
-    counts (``mechanism.columns == len(columns)``, ``mechanism.labels == (labels is not None)``)."""
+    counts (``mechanism.columns == len(columns)``, ``mechanism.labels == (labels is not None)``).
+    ``label_names_as_written``: labels compared by their text, not as numbers (an image folder's names)."""
     if mechanism.columns != len(columns) or mechanism.labels != (labels is not None):
         raise ValueError(f"the mechanism is for {mechanism.columns} columns (labels: {mechanism.labels}), asked "
                          f"for {len(columns)} (labels: {labels is not None})")
@@ -60,13 +62,15 @@ def discover(columns: Mapping[str, Sequence[Any]], labels: Sequence[Any] | None,
             notes[name] = f"categories: the values whose noisy count passed {mechanism.selection_threshold(sigma):.0f}"
             continue
         low, high = bounds.bounds(noisy)
-        found.append(ColumnSchema(name=name, min=low, max=high))
+        # an empty or non-numeric cell (which lost to the numbers) encodes as the middle, unnamed
+        found.append(ColumnSchema(name=name, min=low, max=high, missing_center=True))
         notes[name] = (f"bounds: {bounds.name}" + (" (no bin passed: the most counted bin)" if bounds.fell_back(noisy)
                                                    else ""))
     label_set = None
     if labels is not None:
         sigma = mechanism.label_sigma
-        noisy = release_column(count_column(labels, numbers_only=True), sigma=sigma,
+        noisy = release_column(count_column(labels, numbers_only=True, canonical=not label_names_as_written),
+                               sigma=sigma,
                                selection_threshold=mechanism.selection_threshold(sigma), noise=noise)
         label_set = label_order(list(noisy.values))
         notes["labels"] = f"the labels whose noisy count passed {mechanism.selection_threshold(sigma):.0f}"
