@@ -166,10 +166,11 @@ def preflight(params: Params) -> None:
     calls it before Prefect, MLflow or the pipeline lock exist, so bad input leaves no trace."""
     check_pipeline_use(params)
     training_device(params)  # run.device: cuda on a machine without one is refused here, not mid-run
-    if discovery_plan(params) is not None:
+    plan = discovery_plan(params)
+    if plan is not None:
         # the checks below read the data through the schema the run discovers: that draw is a release, made
         # under the run's admission (a refusal after it is charged, _stages), never here, uncharged
-        check_sources(params)
+        check_sources(params, plan)
         return
     data_checks(params)
 

@@ -80,14 +80,12 @@ def discovery_plan(params: Params) -> DiscoveryPlan | None:
     return None
 
 
-def check_sources(params: Params) -> None:
+def check_sources(params: Params, plan: DiscoveryPlan) -> None:
     """The checks that need no release, made before it is drawn (``privpipe run``'s preflight): the stage's
     noise calibrated; the table read whole, its ids present and each once; an image folder's images (no link,
     one size or image_size)."""
     cfg = params.prepare
-    plan = discovery_plan(params)
-    if plan is not None:
-        mechanism_for(params, plan)  # its noise, calibrated (an ε out of reach refused), not drawn
+    mechanism_for(params, plan)  # its noise, calibrated (an ε out of reach refused), not drawn
     if cfg.dataset == "csv":
         record_ids(read_table(Path(cfg.path)), cfg.id_column)
     elif cfg.dataset == "imagefolder":  # every image read as prepare reads it (its class folders unpublished)

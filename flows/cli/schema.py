@@ -27,7 +27,7 @@ def schema(args: argparse.Namespace) -> int:
         print(f"{args.params}: prepare.schema declares everything {params.prepare.path} holds: nothing to discover "
               "(and nothing spent)", file=sys.stderr)
         return 0
-    discovery.check_sources(params)  # what can be refused before the draw, refused uncharged
+    discovery.check_sources(params, plan)  # what can be refused before the draw, refused uncharged
     dataset = budget.dataset_name(params)
     with budget.admitted(params, dataset, what="schema discovery", flow="schema") as admission:
         planned = discovery.mechanism_for(params, plan).event(stage="schema")

@@ -33,13 +33,17 @@ def stage(args: argparse.Namespace) -> int:
     from tasks.device import training_device  # deferred: torch, once the params are checked
 
     training_device(params)  # run.device: cuda on a machine without one is refused before any work
-    from tasks.discovery import discovery_plan  # deferred: as above
+    from tasks.discovery import check_sources, discovery_plan  # deferred: as above
 
     # prepare spends too when its schema stage discovers what prepare.schema leaves out
-    spends = args.name in SPENDING_STAGES or (args.name == "prepare" and discovery_plan(params) is not None)
+    plan = discovery_plan(params) if args.name == "prepare" else None
     with one_pipeline_at_a_time():  # never beside a `privpipe run`, which writes the same artifacts
-        if spends:
-            _check_inputs(params, args.name)  # before the reservation: a stage refused here wrote nothing
+        if args.name in SPENDING_STAGES or plan is not None:
+            # before the reservation: a stage refused here wrote nothing
+            if plan is not None:
+                check_sources(params, plan)  # what can be checked before the schema's draw
+            else:
+                _check_inputs(params, args.name)
             # dvc repro: the stages share one reservation of the project, settled at evaluate --track
             budget.reserve_for_stages(params, budget.dataset_name(params), what=f"stage {args.name}")
         use_torch_threads(params, args.name, quiet=True)  # run.torch_threads; the torch-heavy stages say so themselves
@@ -59,11 +63,6 @@ def _check_inputs(params: Params, name: str) -> None:
     from tasks.common import read_json
     from tasks.identity import check_inputs
 
-    if name == "prepare":  # its schema stage: what can be checked before the release is drawn
-        from tasks.discovery import check_sources
-
-        check_sources(params)
-        return
     where = paths.for_params(params)
     check_inputs(params, where.prepared)  # prepared from the dataset the params name (each stage checks the rest)
     if name == "dp_pca":

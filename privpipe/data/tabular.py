@@ -32,7 +32,7 @@ from privpipe.data.shape import DataShape
 from privpipe.files import private_file
 
 __all__ = ["Table", "read_table", "write_table", "encode_table", "table_columns", "PARQUET_SUFFIXES",
-           "canonical_name", "is_missing", "id_text", "record_ids"]
+           "canonical_name", "is_missing", "id_text", "record_ids", "as_number"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 UNKNOWN_LABEL = -2  # a row whose label the discovered label set does not hold (left out); not UNLABELED
@@ -192,7 +192,7 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
         return out
     centered = np.zeros(len(cells), dtype=bool)  # missing: center — the cells that encode as the middle
     for row, value in enumerate(cells):
-        number = _number_or_none(value)
+        number = as_number(value)
         if number is None and column.missing_center:
             centered[row] = True  # (never named: a discovered column's odd cell is not published)
             continue
@@ -212,9 +212,9 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
     return encoded.astype(np.float32)
 
 
-def _number_or_none(value: Any) -> float | None:
-    """A cell as a finite number, or None (empty, text, inf or NaN)."""
-    if is_missing(value) or isinstance(value, bool):
+def as_number(value: Any) -> float | None:
+    """A cell as a finite number, or None (empty, text, a bool, inf or NaN)."""
+    if isinstance(value, bool):
         return None
     try:
         number = float(value)

@@ -12,7 +12,6 @@ P(1 + N(0, σ²) ≥ τ), which the mechanism charges as δ (:mod:`privpipe.disc
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,22 +20,11 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from privpipe.data.tabular import canonical_name, is_missing
+from privpipe.data.tabular import as_number, canonical_name, is_missing
 from privpipe.discovery.bins import LOG_BINS, LogBins
 from privpipe.privacy.secure_noise import NoiseSource
 
 __all__ = ["ColumnCounts", "NoisyColumn", "count_column", "release_column", "as_number"]
-
-
-def as_number(value: Any) -> float | None:
-    """The cell as a finite number, or None (text, or not finite)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 @dataclass(frozen=True)
