@@ -85,6 +85,7 @@ def removals(args: argparse.Namespace) -> int:
     from tasks.recipe import load_run_params
 
     params = load_run_params(args.params)  # what the flow checks with: the recipe the pipeline trained with
+    # deferred with the rest: Prefect, MLflow and torch load only for a params file that passed its checks
     from flows.prefect_api import flow_api
     from flows.removals import registry_preflight
     from flows.removals import removals as removals_flow

@@ -23,9 +23,9 @@ class SchemaConfig:
     epsilon: float | None = None
     #: the share of privacy.epsilon_budget the discovery spends when epsilon is null
     budget_share: float = 0.2  # bounds of the right order need few records per column; the rest trains
-    #: threshold (lowest/highest log2 bin whose noisy count passes the noise) | quantile (noisy 2nd/98th
-    #: percentile bins)
-    bounds: str = "threshold"
+    #: scan (the run of adjacent log2 bins whose noisy mass stands furthest out of its noise) | threshold
+    #: (lowest/highest bin whose noisy count passes the noise) | quantile (noisy 2nd/98th percentile bins)
+    bounds: str = "scan"  # the best of the three on validation splits (bench/out/own_data/bounds.md)
     #: the share of privacy.delta spent on partition selection (the chance a value only one record holds is
     #: published)
     selection_delta_share: float = 0.1

@@ -16,8 +16,8 @@ privacy cost).
   threshold, their sum still stands out of the empty bins' noise.
 
 ``threshold`` and ``quantile`` fall back on the bin with the largest noisy count when nothing passes (too
-few records for the noise): a bound of the right order rather than none (``scan``, measured on validation
-splits in bench/out/own_data/bounds.md, is the better choice for small tables). Adding one: its class
+few records for the noise): a bound of the right order rather than none. ``scan``, the best of the three on
+validation splits (bench/out/own_data/bounds.md), is ``schema.bounds``'s default. Adding one: its class
 here and its line in ``_REGISTRY``.
 """
 
