@@ -30,6 +30,7 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import DataError, Records, check_labels, subsample
+from privpipe.data.raw_input import RecordInput
 from privpipe.data.shape import DataShape
 from privpipe.data.sources import data_source
 from privpipe.requests import RequestQueue, base_id, version_suffix
@@ -37,7 +38,7 @@ from tasks import paths
 from tasks.common import stage_logger, staged_dir, write_text
 from tasks.discovery import SCHEMA_FILE, SchemaRelease, discover_schema, schema_yaml, withheld_records
 from tasks.identity import MadeFrom, params_dataset
-from tasks.prepared import PreparedSets, write_shape
+from tasks.prepared import PreparedSets, write_input, write_shape
 from tasks.privacy.ledger import write_prepared_ledger
 from tasks.source import ensure_default_data
 from tasks.versioning import data_version
@@ -86,6 +87,7 @@ class Prepared:
     shape: DataShape
     sources: list[Path]
     withheld: Withheld
+    rule: RecordInput  # how a raw record became one of them (input.json: what a served model applies)
     discovered: SchemaRelease | None = None  # the schema stage's release, where something was not declared
 
     @property
@@ -123,7 +125,8 @@ def prepared_sets(params: Params) -> Prepared:
                             f"the data set's {shape.describe()} are {shape.width}")
     if len(set(sensitive.labels.tolist())) < 2:
         raise DataError(f"{loaded.files[0]}: the sensitive set needs at least two classes")
-    return Prepared(sets=sets, shape=shape, sources=loaded.files, withheld=withheld, discovered=discovered)
+    return Prepared(sets=sets, shape=shape, sources=loaded.files, withheld=withheld, rule=loaded.rule,
+                    discovered=discovered)
 
 
 def run_prepare(params: Params) -> PreparedSets:
@@ -143,6 +146,7 @@ def run_prepare(params: Params) -> PreparedSets:
         for set_name, records in sets.items():
             records.save(out / set_name)
         write_shape(out, prepared.shape)
+        write_input(out, prepared.rule)
         if prepared.discovered is not None:  # the schema stage's release and its charge, where the ledger starts
             write_text(out / SCHEMA_FILE, schema_yaml(prepared.discovered, dataset=name, delta=params.privacy.delta))
             write_prepared_ledger(out, params, prepared.discovered.event)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from privpipe.data.raw_input import RecordInput, input_from_json
 from privpipe.data.shape import DataShape
 from tasks.common import read_json, write_json
 from tasks.paths import DatasetPaths
@@ -19,14 +20,24 @@ from tasks.paths import DatasetPaths
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.tracking import TrackedRun
 
-__all__ = ["PreparedSets", "read_shape", "write_shape", "SHAPE_FILE"]
+__all__ = ["PreparedSets", "read_shape", "write_shape", "SHAPE_FILE", "read_input", "write_input", "INPUT_FILE"]
 
 STAGE = "prepare"
 SHAPE_FILE = "shape.json"  # beside the sets: their records' shape and the public label set
+INPUT_FILE = "input.json"  # beside them: how a raw record became one (what a served model applies)
 
 
 def write_shape(folder: Path, shape: DataShape) -> None:
     write_json(Path(folder) / SHAPE_FILE, shape.to_json())
+
+
+def write_input(folder: Path, rule: RecordInput) -> None:
+    write_json(Path(folder) / INPUT_FILE, rule.to_json())
+
+
+def read_input(folder: Path) -> RecordInput:
+    """The rule the prepared records were encoded by (public: the schema's, or the image kind's)."""
+    return input_from_json(read_json(Path(folder) / INPUT_FILE))
 
 
 def read_shape(folder: Path) -> DataShape:

@@ -42,6 +42,7 @@ from privpipe.data.domains import (
 from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
 from privpipe.data.images import IMAGE_SUFFIXES, image_files, load_cifar10, load_image_folder
 from privpipe.data.mnist import load_mnist, mnist_files, read_idx
+from privpipe.data.raw_input import ImageInput, RecordInput, TableInput, VectorInput
 from privpipe.data.records import DataError, Records, check_labels
 from privpipe.data.shape import DataShape
 from privpipe.data.split import split_by_shares
@@ -54,11 +55,17 @@ DIGIT_CLASSES = tuple(str(d) for d in range(10))
 
 @dataclass(frozen=True)
 class LoadedData:
-    """What a kind read: the sets (by name), the records' shape, and the raw files a data version hashes."""
+    """What a kind read: the sets (by name), the records' shape, the raw files a data version hashes, and the
+    rule a raw record of the kind is encoded by (what a served model applies to a team's own records)."""
 
     sets: dict[str, Records]
     shape: DataShape
     files: list[Path]
+    rule: RecordInput
+
+
+def _image_rule(shape: DataShape, resize: str) -> ImageInput:
+    return ImageInput(channels=shape.channels, height=shape.height, width=shape.side, resize=resize)
 
 
 def _with_features(records: Records, features: np.ndarray, suffix: str) -> Records:
@@ -137,7 +144,7 @@ class Digits(DataSource):
         for name in ("target", "target_test") if cfg.target_domain else ():
             sets[name] = _with_features(sets[name], digits_target_transform(sets[name].features), ":target")
         return LoadedData(sets, DataShape.image(channels=1, height=8, width=8, classes=_classes(cfg, DIGIT_CLASSES)),
-                          [source])
+                          [source], VectorInput(columns=tuple(f"p{i}" for i in range(records.features.shape[1]))))
 
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
         return load_labeled_csv(Path(cfg.path)).ids.tolist()
@@ -195,8 +202,8 @@ class Mnist(DataSource):
         sets = _fixed_test_sets(cfg, splits["train"], splits["test"])
         if cfg.target_domain:
             sets["target"], sets["target_test"] = self._target(cfg, seed)
-        return LoadedData(sets, DataShape.image(channels=1, height=28, width=28, classes=_classes(cfg, DIGIT_CLASSES)),
-                          mnist_files(source))
+        shape = DataShape.image(channels=1, height=28, width=28, classes=_classes(cfg, DIGIT_CLASSES))
+        return LoadedData(sets, shape, mnist_files(source), _image_rule(shape, "pillow"))
 
     @staticmethod
     def _target(cfg: PrepareConfig, seed: int) -> tuple[Records, Records]:
@@ -266,7 +273,7 @@ class Cifar10(DataSource):
         shape = _resized_shape(shape, cfg.image_size)
         sets = _fixed_test_sets(cfg, splits["train"], splits["test"])
         _image_pools(cfg, shape, sets)
-        return LoadedData(sets, shape, self.files(cfg))
+        return LoadedData(sets, shape, self.files(cfg), _image_rule(shape, "tensor"))
 
     @staticmethod
     def _download(folder: Path) -> None:
@@ -325,7 +332,7 @@ class Svhn(DataSource):
         shape = _resized_shape(shape, cfg.image_size)
         sets = _fixed_test_sets(cfg, splits["train"], splits["test"])
         _image_pools(cfg, shape, sets)
-        return LoadedData(sets, shape, self.files(cfg))
+        return LoadedData(sets, shape, self.files(cfg), _image_rule(shape, "tensor"))
 
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
         splits = load_svhn(Path(cfg.path), grayscale=True)
@@ -366,7 +373,7 @@ class ImageFolder(DataSource):
         _image_pools(cfg, shape, sets)
         _unique_across(sets, {"test": str(cfg.test_path), "public": str(cfg.public_path),
                               "target": str(cfg.target_path)})
-        return LoadedData(sets, shape, self.files(cfg))
+        return LoadedData(sets, shape, self.files(cfg), _image_rule(shape, "pillow"))
 
     @staticmethod
     def _roots(cfg: PrepareConfig) -> list[Path]:
@@ -421,7 +428,8 @@ class Table(DataSource):
             files.append(Path(path))
         _unique_across(sets, {"sensitive": cfg.path, "test": str(cfg.test_path), "public": str(cfg.public_path),
                               "target": str(cfg.target_path)})
-        return LoadedData(sets, shape, files)
+        rule = TableInput(columns=tuple(c for name in features if (c := cfg.schema.column(name)) is not None))
+        return LoadedData(sets, shape, files, rule)
 
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
         ids = []

@@ -31,7 +31,7 @@ from privpipe.data.records import UNLABELED, DataError, Records, read_text
 from privpipe.data.shape import DataShape
 from privpipe.files import private_file
 
-__all__ = ["Table", "read_table", "write_table", "encode_table", "table_columns", "PARQUET_SUFFIXES",
+__all__ = ["Table", "read_table", "write_table", "encode_table", "encode_columns", "table_columns", "PARQUET_SUFFIXES",
            "canonical_name", "is_missing", "id_text", "record_ids", "as_number"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -45,13 +45,17 @@ class Table:
     path: Path
     names: tuple[str, ...]
     cells: dict[str, list[Any]]
+    numbered: str = ""  # "line" (a CSV's), "row" (Parquet's, a DataFrame's); "": by the path's suffix
+    first_row: int = 0  # the first cell's row in what the user gave (a batch of a longer file)
 
     def __len__(self) -> int:
         return len(next(iter(self.cells.values()))) if self.cells else 0
 
     def where(self, row: int) -> str:
         """The row as a user finds it: its line in a CSV (after the header), its row number in Parquet."""
-        return f"row {row + 1}" if self.path.suffix in PARQUET_SUFFIXES else f"line {row + 2}"
+        row += self.first_row
+        by_row = self.numbered == "row" or (not self.numbered and self.path.suffix in PARQUET_SUFFIXES)
+        return f"row {row + 1}" if by_row else f"line {row + 2}"
 
 
 def _read_csv(path: Path) -> Table:
@@ -167,6 +171,12 @@ def table_columns(table: Table, *, id_column: str, label_column: str | None, cli
                               f"columns: {', '.join(table.names)})")
         return list(feature_columns)
     return [name for name in table.names if name not in (id_column, label_column, client_column)]
+
+
+def encode_columns(table: Table, columns: Sequence[ColumnSchema]) -> np.ndarray:
+    """The ``columns`` of ``table``, each encoded by its schema, side by side: (n, Σ width) float32 (a served
+    model encodes a team's rows by the same function as prepare)."""
+    return np.concatenate([_encode_column(table, c) for c in columns], axis=1)
 
 
 def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
@@ -286,7 +296,7 @@ def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_colu
     if extra:
         raise ConfigError(f"prepare.schema.columns.{extra[0]}: not a feature column of {table.path}")
     columns = [c for name in features if (c := schema.column(name)) is not None]
-    encoded = np.concatenate([_encode_column(table, c) for c in columns], axis=1)
+    encoded = encode_columns(table, columns)
     names = [name for c in columns for name in ([f"{c.name}={k}" for k in c.categories] if c.categories else [c.name])]
     labels = _labels(table, label_column, schema.labels, others=schema.labels_other) if label_column is not None \
         else np.full(len(table), UNLABELED, dtype=np.int64)
