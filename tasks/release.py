@@ -6,18 +6,20 @@ audits in between)."""
 from __future__ import annotations
 
 import mlflow
-import numpy as np
 import torch
 
 from privpipe.config import Params
+from privpipe.data.raw_input import RecordInput
 from privpipe.models import load_released
 from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import read_json
 from tasks.evaluation import Evaluation
+from tasks.prepared import read_input, read_shape
 from tasks.privacy import membership_audit
 from tasks.registered import DATASET_TAG, RegisteredModel, claim_model, ensure_model_of
 from tasks.removal.coverage import log_manifest, requested_since_data, version_uses
+from tasks.serving.logged import log_served
 from tasks.tracking import TrackedRun
 
 __all__ = ["track_evaluation", "release_model", "log_released_model", "register_logged_model"]
@@ -31,27 +33,23 @@ def track_evaluation(params: Params, run: TrackedRun, evaluation: Evaluation) ->
 
 def release_model(params: Params, run: TrackedRun, evaluation: Evaluation) -> RegisteredModel | None:
     """Log the evaluated model to the run and register it (``evaluate.register_model``)."""
-    # a synthetic input example: real records, even test ones, stay out of MLflow
-    width = read_json(evaluation.model_dir / "model.json")["input_dim"]
-    example = np.zeros((2, width), dtype=np.float32)
     spend = evaluation.ledger().epsilon()
     privacy_tags = {"privacy.epsilon": f"{spend.epsilon:.6g}", "privacy.delta": f"{spend.delta:g}",
                     "privacy.accountant": spend.accountant}
     privacy_tags.update(membership_audit.version_tags(params, dict(evaluation.privacy_audit or {})))
-    return log_released_model(params, run, load_released(evaluation.model_dir), example, tags=privacy_tags)
+    prepared = paths.for_params(params).prepared  # how the records it trained on were encoded, and their labels
+    return log_released_model(params, run, load_released(evaluation.model_dir), rule=read_input(prepared),
+                              classes=read_shape(prepared).classes,
+                              width=int(read_json(evaluation.model_dir / "model.json")["input_dim"]), tags=privacy_tags)
 
 
-def log_released_model(params: Params, run: TrackedRun, model: torch.nn.Module, example: np.ndarray, *,
-                       tags: dict[str, str]) -> RegisteredModel | None:
-    """Log the released model and register it, its version tagged with ``tags`` (its (ε, δ), the audit's)."""
+def log_released_model(params: Params, run: TrackedRun, model: torch.nn.Module, *, rule: RecordInput,
+                       classes: tuple[str, ...], width: int, tags: dict[str, str]) -> RegisteredModel | None:
+    """Log the released model as the served pyfunc (the team's raw records in, by ``rule``; ``classes`` out:
+    tasks.serving) and register it, its version tagged with ``tags`` (its (ε, δ), the audit's)."""
     with mlflow.start_run(run_id=run.run_id):
-        # pt2 (torch.export) is a graph, not pickled code: loading it runs nothing of ours
-        info = mlflow.pytorch.log_model(
-            model, name="model", serialization_format="pt2", input_example=example.astype(np.float32),
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"],
-            tags=tags,
-        )
-    return register_logged_model(params, run, info.model_uri, name=params.run.model_name, key="run.model_name",
+        model_uri = log_served(model, rule=rule, classes=classes, width=width, name="model", tags=tags)
+    return register_logged_model(params, run, model_uri, name=params.run.model_name, key="run.model_name",
                                  tags=tags)
 
 

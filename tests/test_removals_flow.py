@@ -126,11 +126,11 @@ def test_removal_flow_end_to_end(prefect_harness, inside):
     client = MlflowClient(tracking_uri=f"sqlite:///{inside / 'mlflow.db'}")
     version = client.get_model_version("removal-test-head", result.head_version)
     assert version.tags["removal.batch_id"] == result.batch_id and version.tags["privacy.head_dp"] == "false"
-    # the registered version (logged without MLflow's load-back check) loads and predicts as the updated head
-    import mlflow.pytorch
+    # the registered version (the template's copy, its weights swapped) loads and predicts as the updated head
+    import mlflow.pyfunc
 
     mlflow.set_tracking_uri(f"sqlite:///{inside / 'mlflow.db'}")
-    served = mlflow.pytorch.load_model(f"models:/removal-test-head/{result.head_version}")
+    served = mlflow.pyfunc.load_model(f"models:/removal-test-head/{result.head_version}").get_raw_model().network
     test_set = Records.load(inside / "data/prepared/digits/test")
     with torch.no_grad():
         scores = served(torch.as_tensor(test_set.features[:50], dtype=torch.float32)).numpy()
@@ -272,7 +272,7 @@ def test_an_unusable_template_falls_back_to_exporting_the_head(inside, monkeypat
     run = tracking.start_run(params)
     version = registry.register_head(params, run, Path("artifacts/digits/head"), tags={})
     mlflow.set_tracking_uri(params.run.tracking_uri)
-    loaded = mlflow.pytorch.load_model(f"models:/{registry.head_model_name(params)}/{version}")
+    loaded = mlflow.pyfunc.load_model(f"models:/{registry.head_model_name(params)}/{version}").get_raw_model().network
     x = torch.as_tensor(Records.load(inside / "data/prepared/digits/test").features[:8], dtype=torch.float32)
     head = load_head(Path("artifacts/digits/head"))[0]
     with torch.no_grad():

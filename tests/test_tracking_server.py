@@ -10,12 +10,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
 from conftest import write_params
+from privpipe.data.raw_input import VectorInput
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -68,7 +68,8 @@ def test_a_run_recorded_through_a_tracking_server(project, tracking_server, caps
         audit_tracking.charge_run(params, run, flow="pipeline", dataset="digits", ledger=ledger,
                                   data_version="abc", admission=None)
         run.log_batch(metrics={"accuracy.test": 0.9})
-        registered = release.log_released_model(params, run, torch.nn.Linear(4, 2), np.zeros((2, 4), dtype=np.float32),
+        registered = release.log_released_model(params, run, torch.nn.Linear(4, 2), width=4,
+                                                rule=VectorInput(columns=("a", "b", "c", "d")), classes=("no", "yes"),
                                                 tags={"privacy.epsilon": "1"})
         run.log_privacy(ledger)
         audit_tracking.log_audit_view(params, run, dataset="digits", ledger=ledger, seconds={"dp_pca": 0.5})

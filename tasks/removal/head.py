@@ -37,7 +37,7 @@ from tasks.common import Skipped, read_json, skip_stage, stage_logger, staged_di
 from tasks.features import feature_transform
 from tasks.identity import check_inputs
 from tasks.paths import DatasetPaths
-from tasks.prepared import read_shape
+from tasks.prepared import INPUT_FILE, read_shape
 from tasks.projection import load_projection
 from tasks.removal.noise import noise_for
 from tasks.removal.record_use import extractor_uses
@@ -116,8 +116,9 @@ def run_head(params: Params, *, where: DatasetPaths | None = None) -> HeadVersio
         # names this training's served graph: its registered versions differ only in the linear weights
         meta = {"training_id": uuid.uuid4().hex, "features": cfg.features, "model_dir": str(model_dir),
                 "applied_batches": {}, "removed_by": {}, "left_out_at_training": len(all_records) - len(records),
-                "input_dim": int(records.features.shape[1]), "classes": classes}
+                "input_dim": int(records.features.shape[1]), "classes": classes, "class_names": list(shape.classes)}
         save_head(staging, head, ids=records.ids, meta=meta)
+        shutil.copy(where.prepared / INPUT_FILE, staging / INPUT_FILE)  # how its raw records are encoded, served
         write_json(staging / "guarantee.json", summary)
         # what the extractor trained on (hashed ids), for the record manifest of every head version
         write_json(staging / "extractor" / "record_use.json", {

@@ -16,8 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlflow
-import numpy as np
-import torch
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -26,10 +24,12 @@ from privpipe.removal.features import served_weights
 from privpipe.requests import RequestQueue
 from tasks import paths
 from tasks.common import read_json, stage_logger
+from tasks.prepared import INPUT_FILE, read_input, read_shape
 from tasks.registered import DATASET_TAG, RegisteredModel, claim_model, ensure_model_of
 from tasks.removal import coverage, served
 from tasks.removal.record_use import head_uses
 from tasks.removal.store import HeadVersion, head_model_name, load_head, served_model
+from tasks.serving.logged import log_served
 from tasks.tracking import TrackedRun
 
 TRAINING_TAG = "head.training_id"  # the head training a version comes from: its versions share one graph
@@ -68,14 +68,14 @@ def register_head(params: Params, run: TrackedRun, folder: Path, *, tags: dict[s
         except (ValueError, OSError, MlflowException) as error:  # e.g. its artifacts deleted: export instead
             stage_logger("removals").warning("head: template %s unusable (%s); exporting the model", template, error)
     if model_uri is None:
-        model = served_model(folder, head)
-        width = int(meta["input_dim"])  # the example is synthetic: no record goes to MLflow
+        # the rule its rows were encoded by and their label names, kept with the head (a head trained before
+        # it kept them: the prepared data's, which it was trained from)
+        prepared = paths.for_params(params).prepared
+        rule = read_input(folder if (folder / INPUT_FILE).exists() else prepared)
+        classes = tuple(meta.get("class_names") or read_shape(prepared).classes)
         with mlflow.start_run(run_id=run.run_id):
-            model_uri = mlflow.pytorch.log_model(
-                model, name="head", serialization_format="pt2", input_example=np.zeros((2, width), dtype=np.float32),
-                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"],
-                # not loaded back to check the example: the removal flow's test loads a version and runs it
-                validate_serving_input=False).model_uri
+            model_uri = log_served(served_model(folder, head), rule=rule, classes=classes, width=int(meta["input_dim"]),
+                                   name="head", tags={})
         client.update_run(run.run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
     dataset = paths.dataset_name(params)
     ensure_model_of(client, head_model_name(params), dataset, key="run.model_name")

@@ -22,6 +22,9 @@ import numpy as np
 import yaml
 from mlflow import MlflowClient
 
+from privpipe.serving import SERVED_FOLDER
+from privpipe.serving.served import GRAPH_FILE
+
 __all__ = ["WEIGHT_KEY", "swap_weight", "log_swapped"]
 
 WEIGHT_KEY = "2.weight"  # privpipe.removal.features.head_model: Sequential(extractor, HeadFeatures(), Linear)
@@ -60,7 +63,11 @@ def log_swapped(client: MlflowClient, *, experiment_id: str, run_id: str, templa
     new logged model of ``run_id``; return its URI (``models:/<id>``) for registration."""
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(mlflow.artifacts.download_artifacts(template_uri, dst_path=tmp, tracking_uri=client.tracking_uri))
-        swap_weight(local / "data" / "model.pt2", WEIGHT_KEY, weights)
+        # a template logged before heads served raw records has no such file: ValueError, and it is exported
+        graph = local / "data" / SERVED_FOLDER / GRAPH_FILE
+        if not graph.is_file():
+            raise ValueError(f"{template_uri}: not a served privpipe model (no data/{SERVED_FOLDER}/{GRAPH_FILE})")
+        swap_weight(graph, WEIGHT_KEY, weights)
         (local / "registered_model_meta").unlink(missing_ok=True)  # the template's registration, not ours
         model = client.create_logged_model(experiment_id=experiment_id, name="head", source_run_id=run_id)
         spec = yaml.safe_load((local / "MLmodel").read_text())
