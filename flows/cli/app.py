@@ -30,7 +30,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from flows.cli.arguments import noise_multiplier, positive_float, step_count
+from flows.cli.arguments import model_ref, noise_multiplier, positive_float, step_count
 from flows.cli.exits import ERROR, clip_values
 from tasks import STAGE_MODULES
 
@@ -87,6 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
                       "discover what prepare.schema leaves out (bounds, categories, labels) with DP, charged to the "
                       "dataset's lifetime budget, and print it as a schema to review and commit")
     _params_option(schema)
+
+    predict = _command(commands, "predict", "flows.cli.predict:predict",
+                       "score a table (CSV, Parquet) or an image folder with a registered model: the team's raw "
+                       "records in, label names and class probabilities out")
+    predict.add_argument("--model", required=True, type=model_ref, metavar="NAME[/VERSION]",
+                         help="the registered model and its version (default: the latest)")
+    predict.add_argument("--input", required=True, metavar="FILE",
+                         help="a CSV or Parquet file with the model's columns, or a folder of PNG/JPEG images")
+    predict.add_argument("--output", required=True, metavar="FILE",
+                         help="where the scores go (.csv or .parquet): the input's other columns, label, probability, "
+                              "p_<class>")
+    _params_option(predict)
 
     forget = _command(commands, "forget", "flows.cli.erasure:forget",
                       "queue deletion requests for records (by record id)")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 
 #: params.yaml's ranges for noise multipliers and counts (privpipe.config.ranges' MAX_SCALE and MAX_COUNT,
 #: written out: importing privpipe.config would slow `--help`; tests/test_config.py keeps them equal)
 MAX_SCALE = 1e6
 MAX_COUNT = 10**9
 
-__all__ = ["positive_float", "positive_int", "noise_multiplier", "step_count"]
+__all__ = ["positive_float", "positive_int", "noise_multiplier", "step_count", "model_ref", "ModelRef"]
 
 
 def positive_float(text: str) -> float:
@@ -51,3 +52,17 @@ def step_count(text: str) -> int:
     if value > MAX_COUNT:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT}, got {text}")
     return value
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    name: str
+    version: str | None  # None: the latest
+
+
+def model_ref(text: str) -> ModelRef:
+    """``NAME`` or ``NAME/VERSION`` of a registered model (the version a number)."""
+    name, _, version = text.partition("/")
+    if not name.strip() or "/" in version or (version and (not version.isdigit() or int(version) < 1)):
+        raise argparse.ArgumentTypeError(f"expected NAME or NAME/VERSION (a version number >= 1), got {text!r}")
+    return ModelRef(name=name, version=str(int(version)) if version else None)

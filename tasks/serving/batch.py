@@ -1,0 +1,185 @@
+"""Batch scoring with a registered model (``privpipe predict``): a table (CSV, Parquet) or an image folder in,
+a table of label names and class probabilities out, a batch at a time.
+
+    privpipe predict --model privpipe-breast-cancer/3 --input new_patients.csv --output scored.csv
+
+Each output row carries the input row's columns the model does not read (an id, say), then ``label``,
+``probability`` and one ``p_<class>`` per class; an image folder's rows start with ``file``, the image's path
+under the folder. The output is written beside its name and moved there once every row is scored: a row
+the model cannot read (named by file, line and column) leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import pandas as pd
+
+from privpipe.config import ConfigError, Params
+from privpipe.data.images import image_files
+from privpipe.data.raw_input import ImageInput, RecordInput, TableInput
+from privpipe.data.records import DataError
+from privpipe.data.tabular import PARQUET_SUFFIXES, as_number, is_missing
+from privpipe.serving import BATCH_ROWS, ServedModel
+from tasks.progress import progress
+from tasks.registered import RegisteredModel
+from tasks.run_view import resolve_tracking_uri
+from tasks.tracking import open_store
+
+__all__ = ["check_paths", "load_served", "score_file", "TABLE_SUFFIXES"]
+
+TABLE_SUFFIXES = (".csv", *PARQUET_SUFFIXES)
+
+
+def check_paths(source: Path, target: Path) -> None:
+    """Before any work: the input is a table file or a folder, the output a table file in an existing folder,
+    not the input."""
+    if not source.exists():
+        raise ConfigError(f"--input: {source}: not found")
+    if source.is_file() and source.suffix.lower() not in TABLE_SUFFIXES:
+        raise ConfigError(f"--input: {source}: expected a CSV or Parquet file, or a folder of images")
+    if target.suffix.lower() not in TABLE_SUFFIXES:
+        raise ConfigError(f"--output: {target}: expected a .csv or .parquet file name")
+    if not target.parent.is_dir():
+        raise ConfigError(f"--output: {target.parent}: no such folder")
+    if target.exists() and target.resolve() == source.resolve():
+        raise ConfigError(f"--output: {target} is the input")
+
+
+def load_served(params: Params, name: str, version: str | None) -> tuple[RegisteredModel, ServedModel]:
+    """The version of registered model ``name`` (None: the latest) and its served model; ConfigError naming --model when
+    the registry has no such version, or the version does not serve raw records. A SQLite store not made yet
+    holds none, and is not made."""
+    uri = resolve_tracking_uri(params.run.tracking_uri)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise ConfigError(f"--model: no registered model {name!r}: run.tracking_uri {params.run.tracking_uri} "
+                          "holds no runs yet")
+    client = open_store(params)
+    quoted = name.replace("'", "\\'")
+    versions = sorted((str(v.version) for v in client.search_model_versions(f"name = '{quoted}'")), key=int)
+    if not versions:
+        raise ConfigError(f"--model: no registered model {name!r} in {params.run.tracking_uri}")
+    version = version or versions[-1]
+    if version not in versions:
+        raise ConfigError(f"--model: {name} has no version {version} (its versions: {', '.join(versions)})")
+    served = mlflow.pyfunc.load_model(f"models:/{name}/{version}").get_raw_model()
+    if not isinstance(served, ServedModel):
+        raise ConfigError(f"--model: {name}/{version} does not take raw records (a text model, or a version "
+                          "registered before privpipe served them): load it with mlflow.pyfunc")
+    return RegisteredModel(name=name, version=version), served
+
+
+def _where(source: Path, row: int) -> str:
+    return f"row {row + 1}" if source.suffix.lower() in PARQUET_SUFFIXES else f"line {row + 2}"
+
+
+def _typed(frame: pd.DataFrame, rule: RecordInput, *, source: Path, first_row: int) -> pd.DataFrame:
+    """A CSV's text cells (or Parquet's values) as the signature's types: numbers in numeric columns, text in
+    categorical ones. A numeric column's cell that is neither empty nor a number is refused here, by line."""
+    missing = [name for name in rule.names if name not in frame.columns]
+    if missing:
+        raise DataError(f"{source}: no column {missing[0]!r} (the model reads {', '.join(rule.names)})")
+    typed: dict[str, Any] = {}
+    columns = rule.columns if isinstance(rule, TableInput) else ()
+    categorical = {c.name for c in columns if c.categories is not None}
+    for name in rule.names:
+        cells = frame[name].tolist()
+        if name in categorical:
+            typed[name] = pd.Series([None if is_missing(v) else str(v) for v in cells], dtype=object)
+            continue
+        numbers = [as_number(v) for v in cells]
+        bad = next((row for row, (n, v) in enumerate(zip(numbers, cells)) if n is None and not is_missing(v)), None)
+        if bad is not None:
+            raise DataError(f"{source}: {_where(source, first_row + bad)}: column {name!r} is {str(cells[bad])!r}, "
+                            "not a finite number")
+        typed[name] = np.array([np.nan if n is None else n for n in numbers], dtype=np.float64)
+    return pd.DataFrame(typed)
+
+
+def _table_batches(source: Path) -> tuple[int, Iterator[pd.DataFrame]]:
+    if source.suffix.lower() in PARQUET_SUFFIXES:
+        import pyarrow.parquet as pq  # deferred: Parquet files alone
+
+        parquet = pq.ParquetFile(source)
+        return parquet.metadata.num_rows, (b.to_pandas() for b in parquet.iter_batches(batch_size=BATCH_ROWS))
+    with source.open(encoding="utf-8", newline="") as handle:
+        rows = max(sum(1 for _ in csv.reader(handle)) - 1, 0)
+    return rows, iter(pd.read_csv(source, dtype=str, keep_default_na=False, chunksize=BATCH_ROWS))
+
+
+def _image_batches(source: Path) -> tuple[int, Iterator[pd.DataFrame]]:
+    files = image_files(source)
+    if not files:
+        raise DataError(f"{source}: no PNG or JPEG images")
+
+    def batches() -> Iterator[pd.DataFrame]:
+        for start in range(0, len(files), BATCH_ROWS):
+            chunk = files[start:start + BATCH_ROWS]
+            yield pd.DataFrame({"file": [f.relative_to(source).as_posix() for f in chunk],
+                                "image": [f.read_bytes() for f in chunk]})
+    return len(files), batches()
+
+
+class _Writer:
+    """Scored batches appended to a CSV, or to a Parquet file (by the final name's suffix)."""
+
+    def __init__(self, path: Path, *, parquet: bool) -> None:
+        self.path, self.parquet = path, parquet
+        self.rows = 0
+        self._parquet: Any = None
+
+    def write(self, frame: pd.DataFrame) -> None:
+        if self.parquet:
+            import pyarrow as pa  # deferred: Parquet files alone
+            import pyarrow.parquet as pq
+
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            if self._parquet is None:
+                self._parquet = pq.ParquetWriter(self.path, table.schema)
+            self._parquet.write_table(table.cast(self._parquet.schema))
+        else:
+            frame.to_csv(self.path, mode="a" if self.rows else "w", header=not self.rows, index=False)
+        self.rows += len(frame)
+
+    def close(self) -> None:
+        if self._parquet is not None:
+            self._parquet.close()
+            self._parquet = None
+
+
+def score_file(params: Params, *, name: str, version: str | None, source: Path,
+               target: Path) -> tuple[RegisteredModel, int]:
+    """Score every row (or image) of ``source`` into ``target`` with ``name``/``version`` (None: the latest);
+    the version used and the rows scored."""
+    registered, served = load_served(params, name, version)
+    images = isinstance(served.rule, ImageInput)
+    if images != source.is_dir():
+        wanted = "images: give a folder of them" if images else "a table's rows: give a CSV or Parquet file"
+        raise ConfigError(f"--input: {source}: {registered} reads {wanted}")
+    total, batches = _image_batches(source) if images else _table_batches(source)
+    partial = target.with_name(f".{target.name}.partial")
+    writer = _Writer(partial, parquet=target.suffix.lower() in PARQUET_SUFFIXES)
+    try:
+        with progress(total, "predict", unit="rows") as bar:
+            for frame in batches:
+                frame = frame.reset_index(drop=True)
+                model_input = frame if images else _typed(frame, served.rule, source=source,
+                                                                     first_row=writer.rows)
+                scored = served.predict(model_input, source=str(source), first_row=writer.rows)
+                kept = frame[[c for c in frame.columns if c not in served.rule.names]]  # an id, a file name
+                writer.write(pd.concat([kept, scored], axis=1))
+                bar.update(len(frame))
+        writer.close()
+        if not writer.rows:
+            raise DataError(f"{source}: no rows to score")
+        os.replace(partial, target)
+    finally:
+        writer.close()
+        partial.unlink(missing_ok=True)
+    return registered, writer.rows
