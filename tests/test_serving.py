@@ -216,3 +216,25 @@ def test_mlflow_models_serve_answers_raw_rows_and_images_the_head_too(table_run,
         for process, _ in servers.values():
             process.terminate()
             process.wait(timeout=30)
+
+
+def test_numbers_and_their_text_encode_alike_and_a_bool_or_an_int_past_floats_range_is_refused_by_row():
+    """A served frame's Python numbers take the array path, a CSV's text the cell-by-cell one: one encoding."""
+    from privpipe.config.data_schema import ColumnSchema
+    from privpipe.data.raw_input import TableInput
+    from privpipe.data.records import DataError
+
+    rule = TableInput(columns=(ColumnSchema(name="x", min=0.0, max=10.0), ColumnSchema(name="y", center=1.0, scale=2.0),
+                               ColumnSchema(name="z", min=0.0, max=1.0, missing_center=True)))
+    numbers = {"x": [0, 2.5, 12.0, -1], "y": [1, 3.0, -1.0, 5], "z": [0.25, 1, 0, 0.5]}
+    text = {name: [str(v) for v in cells] for name, cells in numbers.items()}
+    encoded = rule.encode_cells(numbers)
+    assert np.array_equal(encoded, rule.encode_cells(text))
+    assert encoded[:, 0].tolist() == [-1.0, -0.5, 1.0, -1.0] and encoded[:, 1].tolist() == [0.0, 1.0, -1.0, 2.0]
+    for bad in (True, 10**400, float("inf")):
+        with pytest.raises(DataError, match=r"input: row 2: column 'x' is .*, not a finite number"):
+            rule.encode_cells({**numbers, "x": [1.0, bad, 2.0, 3.0]})
+    with pytest.raises(DataError, match=r"input: row 3: column 'x' has no value"):
+        rule.encode_cells({**numbers, "x": [1.0, 2.0, float("nan"), 3.0]})
+    gaps = rule.encode_cells({**numbers, "z": [0.25, None, 1, 0.5]})  # missing: center — the middle, 0
+    assert gaps[:, 2].tolist() == [-0.5, 0.0, 1.0, 0.0]

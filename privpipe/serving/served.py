@@ -70,8 +70,9 @@ class ServedModel:
                 raise DataError(f"{source}: no column 'image' (the model reads images: encoded files or arrays)")
             files = [str(f) for f in frame["file"]] if "file" in frame.columns else None  # privpipe predict's
             return self.rule.encode_images(list(frame["image"]), source=source, first_row=first_row, files=files)
-        return self.rule.encode_cells({str(name): frame[name].tolist() for name in frame.columns}, source=source,
-                                      first_row=first_row)
+        # one conversion of the whole frame: a column at a time costs pandas' indexing per column (~10 µs each)
+        cells = dict(zip((str(name) for name in frame.columns), frame.to_numpy(dtype=object).T.tolist()))
+        return self.rule.encode_cells(cells, source=source, first_row=first_row)
 
     def probabilities(self, features: np.ndarray) -> np.ndarray:
         """Each row's class probabilities (softmax of the network's scores), a batch at a time."""
@@ -86,7 +87,7 @@ class ServedModel:
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         scores = self.probabilities(self.encode(frame, source=source, first_row=first_row)).astype(np.float64)
         best = scores.argmax(axis=1)
-        out = pd.DataFrame(scores, columns=output_columns(self.classes)[2:], index=frame.index)
-        out.insert(0, "probability", scores[np.arange(len(best)), best])
-        out.insert(0, "label", [self.classes[k] for k in best])
-        return out
+        columns: dict[str, Any] = {"label": [self.classes[k] for k in best],
+                                   "probability": scores[np.arange(len(best)), best]}
+        columns.update(zip(output_columns(self.classes)[2:], scores.T))
+        return pd.DataFrame(columns, index=frame.index)
