@@ -138,6 +138,33 @@ def test_a_row_outside_the_schema_is_refused_naming_its_column(table_run, tmp_pa
     assert code == 2 and "--model: clinic has no version 99" in err
 
 
+def test_predict_reads_a_csv_by_prepares_rule_and_keeps_clashing_columns_under_input_names(table_run, tmp_path,
+                                                                                          monkeypatch):
+    """A line with one field too many (pandas would shift every cell one column left) is refused by line; an
+    input column named like an output column (a digits file's ``label``) is kept as ``input_<name>``; a
+    Parquet output keeps a column whose first batch is all gaps."""
+    folder, _ = table_run
+    monkeypatch.chdir(folder)
+    rows = _test_rows(folder)
+    rows[FEATURES].head(3).to_csv(tmp_path / "in.csv", index=False)
+    lines = (tmp_path / "in.csv").read_text().splitlines()
+    (tmp_path / "shifted.csv").write_text("\n".join([lines[0], lines[1], lines[2] + ",", lines[3]]) + "\n")
+    args = ("predict", "--params", str(folder / "params.yaml"), "--model", "clinic")
+    code, _, err = cli(*args, "--input", str(tmp_path / "shifted.csv"), "--output", str(tmp_path / "out.csv"))
+    assert code == 2 and f"{tmp_path / 'shifted.csv'}: line 3 has {len(FEATURES) + 1} fields, expected " in err
+    assert not (tmp_path / "out.csv").exists()
+
+    many = pd.concat([rows] * (1100 // len(rows) + 1), ignore_index=True).head(1100)
+    many = many.assign(label=many["diagnosis"], note=[None] * 1050 + ["seen twice"] * 50)
+    many.to_parquet(tmp_path / "many.parquet")
+    code, _, err = cli(*args, "--input", str(tmp_path / "many.parquet"), "--output", str(tmp_path / "out.parquet"))
+    assert code == 0, err
+    out = pd.read_parquet(tmp_path / "out.parquet")
+    assert len(out) == 1100 and out["input_label"].tolist() == many["diagnosis"].tolist()
+    assert out["note"].tolist() == many["note"].tolist() and set(out["label"]) <= set(CANCER_LABELS)
+    assert list(out.columns[-4:]) == ["label", "probability", "p_malignant", "p_benign"]
+
+
 def test_the_head_serves_raw_rows_with_its_own_test_accuracy(table_run):
     folder, result = table_run
     rows = _test_rows(folder)
@@ -209,6 +236,12 @@ def test_mlflow_models_serve_answers_raw_rows_and_images_the_head_too(table_run,
                                                   run.model.version if name == "model"
                                                   else run.head.registered.version)).predict(rows[FEATURES])
             assert [a["label"] for a in answer] == local["label"].tolist()
+        bad = json.loads(rows[FEATURES].assign(site="west").to_json(orient="split", index=False))
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _post(servers["model"][1], {"dataframe_split": bad})
+        message = json.loads(refused.value.read())["message"]
+        assert refused.value.code == 400 and "row 1: column 'site' is 'west', not one of its declared categories" \
+            in message and "unexpected error" not in message
         answer = _post(servers["image"][1], {"dataframe_split": {"columns": ["image"],
                                                                  "data": [[base64.b64encode(image).decode()]]}})
         assert answer["predictions"][0]["label"] in {"circle", "square", "stripes"}
@@ -238,3 +271,36 @@ def test_numbers_and_their_text_encode_alike_and_a_bool_or_an_int_past_floats_ra
         rule.encode_cells({**numbers, "x": [1.0, 2.0, float("nan"), 3.0]})
     gaps = rule.encode_cells({**numbers, "z": [0.25, None, 1, 0.5]})  # missing: center — the middle, 0
     assert gaps[:, 2].tolist() == [-0.5, 0.0, 1.0, 0.0]
+
+
+def _png(width: int, height: int) -> bytes:
+    """A PNG that claims ``width`` × ``height`` with an empty body (Pillow checks the size before the pixels)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+def test_a_colour_kinds_image_is_encoded_from_its_own_side_as_prepare_did_and_a_bomb_is_refused_in_one_line():
+    import torch
+    from PIL import Image
+
+    from privpipe.data.images import _luminance
+    from privpipe.data.raw_input import ImageInput
+    from privpipe.data.records import DataError
+
+    rule = ImageInput(channels=1, height=16, width=16, resize="tensor", native=32)
+    y, x = np.mgrid[0:32, 0:32]
+    picture = np.stack([x * 8, y * 8, (x + y) * 4], axis=-1).astype(np.uint8)  # a smooth colour ramp
+    prepared = torch.nn.functional.interpolate(  # prepare's rule on a 32-pixel CIFAR-10 image
+        torch.as_tensor(_luminance(picture.transpose(2, 0, 1)[None].astype(np.float32) / 255.0)), size=(16, 16),
+        mode="bilinear", align_corners=False).clamp(0, 1).numpy().reshape(1, -1)
+    assert np.allclose(rule.encode_images([picture]), prepared, atol=1e-6)
+    large = np.asarray(Image.fromarray(picture).resize((256, 256), Image.Resampling.BICUBIC))
+    assert np.abs(rule.encode_images([large]) - prepared).max() < 0.03  # brought to 32 first: no aliasing
+    with pytest.raises(DataError, match=r"input: row 1: column 'image' is not a readable image \(Decompression"):
+        rule.encode_images([_png(40_000, 40_000)])

@@ -17,7 +17,8 @@ import numpy as np
 from privpipe.data.records import DataError, Records, read_text
 from privpipe.files import private_file
 
-__all__ = ["export_digits_csv", "load_labeled_csv", "EMBEDDED_DIGITS_MD5", "EMBEDDED_DIGITS_SIZE"]
+__all__ = ["export_digits_csv", "load_labeled_csv", "labeled_csv_features", "EMBEDDED_DIGITS_MD5",
+           "EMBEDDED_DIGITS_SIZE"]
 
 #: md5 and size of the bytes :func:`export_digits_csv` writes: the embedded default's first data
 #: version. A pointer naming any other md5 is a later version (records erased) that only DVC has.
@@ -40,6 +41,12 @@ def export_digits_csv(path: Path) -> None:
     with private_file(tmp, "w") as out:  # the records: their owner's alone (0600)
         out.write(buffer.getvalue())
     tmp.replace(path)
+
+
+def labeled_csv_features(path: Path) -> tuple[str, ...]:
+    """The feature columns' names in a CSV :func:`load_labeled_csv` read (its header after ``id,label``)."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        return tuple(next(csv.reader(handle), [])[2:])
 
 
 def load_labeled_csv(path: Path) -> Records:

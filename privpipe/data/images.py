@@ -60,7 +60,7 @@ def _read_image(path: Path, *, channels: int, size: int | None) -> np.ndarray:
             if size is not None and converted.size != (size, size):
                 converted = converted.resize((size, size), Image.Resampling.BILINEAR)
             pixels = np.asarray(converted, dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
         raise DataError(f"{path}: not a readable image ({type(exc).__name__}: {exc})") from None
     return pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
 

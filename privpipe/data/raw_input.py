@@ -87,6 +87,7 @@ class ImageInput:
     height: int
     width: int
     resize: str = "pillow"
+    native: int | None = None  # the tensor rule's: the side the kind's own images have (CIFAR-10, SVHN: 32)
     kind: ClassVar[str] = "image"
 
     @property
@@ -114,7 +115,7 @@ class ImageInput:
                 opened.load()
             else:
                 opened = Image.fromarray(_as_uint8(np.asarray(image)))
-        except (UnidentifiedImageError, OSError, ValueError, TypeError) as exc:
+        except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, TypeError) as exc:
             raise DataError(f"{where}: column 'image' is not a readable image ({type(exc).__name__}: {exc})") from None
         if self.resize == "pillow":  # privpipe.data.images' rule: convert, then resize
             converted = opened.convert("L" if self.channels == 1 else "RGB")
@@ -122,10 +123,16 @@ class ImageInput:
                 converted = converted.resize((self.width, self.height), Image.Resampling.BILINEAR)
             pixels = np.asarray(converted, dtype=np.float32) / 255.0
             return pixels[None] if self.channels == 1 else pixels.transpose(2, 0, 1)
-        return self._tensor_rule(np.asarray(opened.convert("RGB"), dtype=np.float32).transpose(2, 0, 1) / 255.0)
+        rgb = opened.convert("RGB")
+        if self.native is not None and rgb.size != (self.native, self.native):
+            # first to the kind's own side, as its training images came (Pillow's bilinear, which smooths
+            # a large image as it shrinks it), then prepare's own step from there
+            rgb = rgb.resize((self.native, self.native), Image.Resampling.BILINEAR)
+        return self._tensor_rule(np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) / 255.0)
 
     def _tensor_rule(self, rgb: np.ndarray) -> np.ndarray:
-        """CIFAR-10's and SVHN's: the luminance of the colour pixels, then torch's bilinear resize."""
+        """CIFAR-10's and SVHN's, from their own side: the luminance of the colour pixels, then torch's bilinear
+        resize to the model's side (prepare.image_size)."""
         pixels = np.tensordot(_LUMA, rgb, axes=([0], [0]))[None] if self.channels == 1 else rgb
         if pixels.shape[1:] == (self.height, self.width):
             return np.clip(pixels, 0.0, 1.0)
@@ -138,7 +145,7 @@ class ImageInput:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "channels": self.channels, "height": self.height, "width": self.width,
-                "resize": self.resize}
+                "resize": self.resize, "native": self.native}
 
 
 def _as_uint8(array: np.ndarray) -> np.ndarray:
@@ -170,6 +177,7 @@ def input_from_json(data: Mapping[str, Any]) -> RecordInput:
         resize = str(data.get("resize", "pillow"))
         if resize not in RESIZE_RULES:
             raise ValueError(f"input.resize: {resize!r} is not one of {', '.join(RESIZE_RULES)}")
+        native = data.get("native")
         return ImageInput(channels=int(data["channels"]), height=int(data["height"]), width=int(data["width"]),
-                          resize=resize)
+                          resize=resize, native=None if native is None else int(native))
     raise ValueError(f"input.kind: {kind!r} is not table, vector or image")

@@ -31,7 +31,7 @@ import numpy as np
 
 from privpipe.config.errors import ConfigError
 from privpipe.config.prepare import PrepareConfig
-from privpipe.data.digits import load_labeled_csv
+from privpipe.data.digits import labeled_csv_features, load_labeled_csv
 from privpipe.data.domains import (
     MNIST_BOX,
     MNIST_SIDE,
@@ -64,8 +64,8 @@ class LoadedData:
     rule: RecordInput
 
 
-def _image_rule(shape: DataShape, resize: str) -> ImageInput:
-    return ImageInput(channels=shape.channels, height=shape.height, width=shape.side, resize=resize)
+def _image_rule(shape: DataShape, resize: str, *, native: int | None = None) -> ImageInput:
+    return ImageInput(channels=shape.channels, height=shape.height, width=shape.side, resize=resize, native=native)
 
 
 def _with_features(records: Records, features: np.ndarray, suffix: str) -> Records:
@@ -144,7 +144,7 @@ class Digits(DataSource):
         for name in ("target", "target_test") if cfg.target_domain else ():
             sets[name] = _with_features(sets[name], digits_target_transform(sets[name].features), ":target")
         return LoadedData(sets, DataShape.image(channels=1, height=8, width=8, classes=_classes(cfg, DIGIT_CLASSES)),
-                          [source], VectorInput(columns=tuple(f"p{i}" for i in range(records.features.shape[1]))))
+                          [source], VectorInput(columns=labeled_csv_features(source)))
 
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
         return load_labeled_csv(Path(cfg.path)).ids.tolist()
@@ -273,7 +273,7 @@ class Cifar10(DataSource):
         shape = _resized_shape(shape, cfg.image_size)
         sets = _fixed_test_sets(cfg, splits["train"], splits["test"])
         _image_pools(cfg, shape, sets)
-        return LoadedData(sets, shape, self.files(cfg), _image_rule(shape, "tensor"))
+        return LoadedData(sets, shape, self.files(cfg), _image_rule(shape, "tensor", native=32))
 
     @staticmethod
     def _download(folder: Path) -> None:
@@ -332,7 +332,7 @@ class Svhn(DataSource):
         shape = _resized_shape(shape, cfg.image_size)
         sets = _fixed_test_sets(cfg, splits["train"], splits["test"])
         _image_pools(cfg, shape, sets)
-        return LoadedData(sets, shape, self.files(cfg), _image_rule(shape, "tensor"))
+        return LoadedData(sets, shape, self.files(cfg), _image_rule(shape, "tensor", native=32))
 
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
         splits = load_svhn(Path(cfg.path), grayscale=True)

@@ -1,5 +1,5 @@
 """A served model: a team's raw records in (a table's named columns, or images), label names and class
-probabilities out. MLflow loads it through :mod:`privpipe.serving.loader`; ``privpipe predict`` and ``mlflow
+probabilities out. MLflow loads it through tasks.serving.loader; ``privpipe predict`` and ``mlflow
 models serve`` call :meth:`ServedModel.predict`.
 
     model = ServedModel.load(Path("model/data/served"))
@@ -56,11 +56,6 @@ class ServedModel:
         (folder / INPUT_FILE).write_text(json.dumps(rule.to_json(), indent=2) + "\n", encoding="utf-8")
         (folder / CLASSES_FILE).write_text(json.dumps(list(classes)) + "\n", encoding="utf-8")
         torch.export.save(program, folder / GRAPH_FILE)
-
-    def get_raw_model(self) -> ServedModel:
-        """What ``mlflow.pyfunc.load_model(uri).get_raw_model()`` returns: this model (its rule, classes,
-        network), for a caller that passes pixel arrays or numbers its rows itself."""
-        return self
 
     def encode(self, frame: pd.DataFrame, *, source: str = "input", first_row: int = 0) -> np.ndarray:
         """The frame's rows as the network's input; DataError naming the column, or the row and column, it

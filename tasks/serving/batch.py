@@ -12,8 +12,10 @@ the model cannot read (named by file, line and column) leaves nothing behind.
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from privpipe.data.images import image_files
 from privpipe.data.raw_input import ImageInput, RecordInput, TableInput
 from privpipe.data.records import DataError
 from privpipe.data.tabular import PARQUET_SUFFIXES, as_number, is_missing
-from privpipe.serving import BATCH_ROWS, ServedModel
+from privpipe.serving import BATCH_ROWS, ServedModel, output_columns
 from tasks.progress import progress
 from tasks.registered import RegisteredModel
 from tasks.run_view import resolve_tracking_uri
@@ -102,18 +104,80 @@ def _typed(frame: pd.DataFrame, rule: RecordInput, *, source: Path, first_row: i
     return pd.DataFrame(typed)
 
 
-def _table_batches(source: Path) -> tuple[int, Iterator[pd.DataFrame]]:
-    if source.suffix.lower() in PARQUET_SUFFIXES:
-        import pyarrow.parquet as pq  # deferred: Parquet files alone
+@dataclass(frozen=True)
+class _Input:
+    """What a source holds before any row is scored: its rows, its column names (in order), the types a
+    Parquet file gives its columns, and its rows a batch at a time."""
 
+    rows: int
+    names: tuple[str, ...]
+    arrow_types: dict[str, Any]
+    batches: Iterator[pd.DataFrame]
+
+
+def _csv_input(source: Path) -> _Input:
+    """A CSV read by prepare's rule (a header of distinct names, every line as many fields, blank lines
+    skipped), checked whole before any row is scored, then a batch at a time as text."""
+
+    def records() -> Iterator[tuple[int, list[str]]]:  # each record and the line it ends on
+        with source.open(encoding="utf-8", newline="") as handle:
+            reader = csv.reader(handle)
+            try:
+                for row in reader:
+                    if row:
+                        yield reader.line_num, row
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{source}: line {reader.line_num + 1}: not UTF-8 text ({exc.reason})") from None
+            except csv.Error as exc:
+                raise DataError(f"{source}: line {reader.line_num}: not a CSV record ({exc})") from None
+
+    header: list[str] | None = None
+    rows = 0
+    for line, row in records():
+        if header is None:
+            header = row
+            repeated = sorted({name for name in header if header.count(name) > 1})
+            if repeated:
+                raise DataError(f"{source}: column {repeated[0]!r} appears twice in the header")
+        elif len(row) != len(header):
+            raise DataError(f"{source}: line {line} has {len(row)} fields, expected {len(header)}")
+        else:
+            rows += 1
+    if header is None:
+        raise DataError(f"{source}: empty file (expected a header of column names)")
+    names = tuple(header)
+
+    def batches() -> Iterator[pd.DataFrame]:
+        body = (row for _, row in records())
+        next(body)  # the header
+        while chunk := list(itertools.islice(body, BATCH_ROWS)):
+            yield pd.DataFrame(chunk, columns=list(names), dtype=object)
+    return _Input(rows, names, {}, batches())
+
+
+def _parquet_input(source: Path) -> _Input:
+    import pyarrow.parquet as pq  # deferred: Parquet files alone
+
+    try:
         parquet = pq.ParquetFile(source)
-        return parquet.metadata.num_rows, (b.to_pandas() for b in parquet.iter_batches(batch_size=BATCH_ROWS))
-    with source.open(encoding="utf-8", newline="") as handle:
-        rows = max(sum(1 for _ in csv.reader(handle)) - 1, 0)
-    return rows, iter(pd.read_csv(source, dtype=str, keep_default_na=False, chunksize=BATCH_ROWS))
+        schema = parquet.schema_arrow
+    except Exception as exc:  # pyarrow raises its own errors on a damaged or non-Parquet file
+        raise DataError(f"{source}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    names = tuple(str(name) for name in schema.names)
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise DataError(f"{source}: column {repeated[0]!r} appears twice")
+
+    def batches() -> Iterator[pd.DataFrame]:
+        try:
+            for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
+                yield batch.to_pandas()
+        except Exception as exc:  # a damaged row group shows only when it is read
+            raise DataError(f"{source}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+    return _Input(parquet.metadata.num_rows, names, {str(f.name): f.type for f in schema}, batches())
 
 
-def _image_batches(source: Path) -> tuple[int, Iterator[pd.DataFrame]]:
+def _image_input(source: Path) -> _Input:
     files = image_files(source)
     if not files:
         raise DataError(f"{source}: no PNG or JPEG images")
@@ -123,14 +187,29 @@ def _image_batches(source: Path) -> tuple[int, Iterator[pd.DataFrame]]:
             chunk = files[start:start + BATCH_ROWS]
             yield pd.DataFrame({"file": [f.relative_to(source).as_posix() for f in chunk],
                                 "image": [f.read_bytes() for f in chunk]})
-    return len(files), batches()
+    return _Input(len(files), ("file", "image"), {}, batches())
+
+
+def _kept_names(names: tuple[str, ...], rule: RecordInput, classes: tuple[str, ...]) -> dict[str, str]:
+    """The input's columns the model does not read (an id, a known label, a file name), each with its name in
+    the output: ``input_<name>`` where the output has a column of that name (a digits file's ``label``)."""
+    produced = set(output_columns(classes))
+    kept = {name: f"input_{name}" if name in produced else name for name in names if name not in rule.names}
+    clash = next((name for name, out in kept.items() if out != name and out in names), None)
+    if clash is not None:
+        raise ConfigError(f"--input: columns {clash!r} and 'input_{clash}' both clash with predict's output "
+                          f"({', '.join(sorted(produced))}): rename one")
+    return kept
 
 
 class _Writer:
-    """Scored batches appended to a CSV, or to a Parquet file (by the final name's suffix)."""
+    """Scored batches appended to a CSV, or to a Parquet file (by the final name's suffix) whose schema is
+    fixed up front: a kept column keeps its Parquet type (text otherwise), a batch of gaps included."""
 
-    def __init__(self, path: Path, *, parquet: bool) -> None:
+    def __init__(self, path: Path, *, parquet: bool, kept: dict[str, str], arrow_types: dict[str, Any],
+                 classes: tuple[str, ...]) -> None:
         self.path, self.parquet = path, parquet
+        self.kept, self.arrow_types, self.classes = kept, arrow_types, classes
         self.rows = 0
         self._parquet: Any = None
 
@@ -139,10 +218,12 @@ class _Writer:
             import pyarrow as pa  # deferred: Parquet files alone
             import pyarrow.parquet as pq
 
-            table = pa.Table.from_pandas(frame, preserve_index=False)
             if self._parquet is None:
-                self._parquet = pq.ParquetWriter(self.path, table.schema)
-            self._parquet.write_table(table.cast(self._parquet.schema))
+                fields = [pa.field(out, self.arrow_types.get(name, pa.string())) for name, out in self.kept.items()]
+                fields += [pa.field("label", pa.string())]
+                fields += [pa.field(column, pa.float64()) for column in output_columns(self.classes)[1:]]
+                self._parquet = pq.ParquetWriter(self.path, pa.schema(fields))
+            self._parquet.write_table(pa.Table.from_pandas(frame, schema=self._parquet.schema, preserve_index=False))
         else:
             frame.to_csv(self.path, mode="a" if self.rows else "w", header=not self.rows, index=False)
         self.rows += len(frame)
@@ -162,18 +243,21 @@ def score_file(params: Params, *, name: str, version: str | None, source: Path,
     if images != source.is_dir():
         wanted = "images: give a folder of them" if images else "a table's rows: give a CSV or Parquet file"
         raise ConfigError(f"--input: {source}: {registered} reads {wanted}")
-    total, batches = _image_batches(source) if images else _table_batches(source)
+    if images:
+        read = _image_input(source)
+    else:
+        read = _parquet_input(source) if source.suffix.lower() in PARQUET_SUFFIXES else _csv_input(source)
+    kept = _kept_names(read.names, served.rule, served.classes)
     partial = target.with_name(f".{target.name}.partial")
-    writer = _Writer(partial, parquet=target.suffix.lower() in PARQUET_SUFFIXES)
+    writer = _Writer(partial, parquet=target.suffix.lower() in PARQUET_SUFFIXES, kept=kept,
+                     arrow_types=read.arrow_types, classes=served.classes)
     try:
-        with progress(total, "predict", unit="rows") as bar:
-            for frame in batches:
+        with progress(read.rows, "predict", unit="rows") as bar:
+            for frame in read.batches:
                 frame = frame.reset_index(drop=True)
-                model_input = frame if images else _typed(frame, served.rule, source=source,
-                                                                     first_row=writer.rows)
+                model_input = frame if images else _typed(frame, served.rule, source=source, first_row=writer.rows)
                 scored = served.predict(model_input, source=str(source), first_row=writer.rows)
-                kept = frame[[c for c in frame.columns if c not in served.rule.names]]  # an id, a file name
-                writer.write(pd.concat([kept, scored], axis=1))
+                writer.write(pd.concat([frame[list(kept)].rename(columns=kept), scored], axis=1))
                 bar.update(len(frame))
         writer.close()
         if not writer.rows:

@@ -4,7 +4,7 @@ class probabilities out, logged as an MLflow pyfunc.
     model_uri = log_served(network, rule=read_input(prepared), classes=shape.classes, name="model", tags=tags)
 
 The logged model's data folder (privpipe.serving.ServedModel) holds the input rule, the label names and the
-network as a torch.export graph; MLflow loads it with :mod:`privpipe.serving.loader`, so loading runs the
+network as a torch.export graph; MLflow loads it with :mod:`tasks.serving.loader`, so loading runs the
 installed privpipe package and the graph, no pickled code. The signature names the team's own columns and
 their types; the input example is made from the public schema, never from a record.
 """
@@ -23,7 +23,9 @@ from mlflow.types import ColSpec, Schema
 
 from privpipe.config.data_schema import ColumnSchema
 from privpipe.data.raw_input import ImageInput, RecordInput, VectorInput
-from privpipe.serving import LOADER_MODULE, SERVED_FOLDER, ServedModel, output_columns
+from privpipe.serving import SERVED_FOLDER, ServedModel, output_columns
+
+LOADER_MODULE = "tasks.serving.loader"  # what an MLmodel's python_function flavour names
 
 __all__ = ["log_served", "served_signature", "schema_example", "export_graph", "served_requirements"]
 
@@ -62,8 +64,9 @@ def schema_example(rule: RecordInput) -> pd.DataFrame:
 def _column_example(column: ColumnSchema) -> list[object]:
     if column.categories is not None:
         return [column.categories[0], column.categories[-1]]
-    if column.min is not None:
+    if column.min is not None and column.max is not None:
         return [(column.min + column.max) / 2, column.min]
+    assert column.center is not None and column.scale is not None  # ColumnSchema.parse: one of the two pairs
     return [column.center, column.center + column.scale]
 
 
