@@ -189,6 +189,46 @@ def test_bk_refuses_a_model_it_cannot_clip_before_training():
                     learning_rate=0.1)
 
 
+
+def test_batch_norm_lets_one_example_move_the_others_gradients():
+    # the defect bk's check prevents: batch statistics couple the examples, so example 0's gradient
+    # depends on example 3, and clipping each example's gradient no longer bounds one record's influence
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, affine=False), nn.Linear(4, 2))
+    x = torch.randn(4, 3)
+
+    def first_example_grad(batch: torch.Tensor) -> torch.Tensor:
+        model.zero_grad()
+        model(batch)[0].square().sum().backward()
+        return model[0].weight.grad.clone()
+
+    changed = x.clone()
+    changed[3] += 5.0
+    assert not torch.allclose(first_example_grad(x), first_example_grad(changed), atol=1e-3)
+
+
+@pytest.mark.parametrize("norm", [nn.BatchNorm1d(4, affine=False), nn.BatchNorm2d(4),
+                                  nn.BatchNorm1d(4, affine=False).eval()],
+                         ids=["batchnorm1d-no-affine", "batchnorm2d-affine", "batchnorm1d-eval"])
+def test_bk_refuses_a_layer_that_mixes_the_batch(norm):
+    from privpipe.dpsgd import BookKeeping, UnsupportedLayer
+
+    body = nn.Unflatten(1, (4, 1, 1)) if isinstance(norm, nn.BatchNorm2d) else nn.Identity()
+    model = nn.Sequential(nn.Linear(3, 4), body, norm, nn.Flatten(), nn.Linear(4, 2))
+    with pytest.raises(UnsupportedLayer, match=f"2 is {type(norm).__name__}, which mixes the examples"):
+        BookKeeping(model)
+
+
+def test_bk_accepts_parameter_free_layers_that_keep_examples_apart():
+    from privpipe.dpsgd import BookKeeping
+
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4, affine=False), nn.ReLU(),
+                          nn.MaxPool2d(2), nn.InstanceNorm2d(4), nn.Dropout(0.1), nn.Flatten(),
+                          nn.LayerNorm(16, elementwise_affine=False), nn.Linear(16, 2))
+    taps = BookKeeping(model)
+    assert [tap.module for tap in taps.taps] == [model[0], model[8]]
+    taps.close()
+
 def test_cosine_schedule_runs_from_start_to_end_over_the_run():
     kwargs = dict(start=1.0, schedule="cosine", end=0.1, decay_epochs=10, epochs=40)
     assert learning_rate_at(0, **kwargs) == pytest.approx(1.0)
