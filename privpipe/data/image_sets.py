@@ -73,7 +73,14 @@ def _read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{path}: X must be uint8 of shape (32, 32, 3, n), got {images.dtype} {images.shape}")
     if labels.size != images.shape[3] or labels.ndim != 2 or labels.shape[1] != 1:
         raise DataError(f"{path}: y must have shape ({images.shape[3]}, 1) to match X, got {labels.shape}")
-    return images, labels.reshape(-1)
+    if labels.dtype.kind not in "iuf":  # a cell array (object) or characters: not the format's numbers
+        raise DataError(f"{path}: y must hold numbers (the digits 1..10), got {labels.dtype} ({labels.dtype.kind})")
+    labels = labels.reshape(-1)
+    if labels.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(labels) | (labels != np.round(labels)))
+        if bad.size:
+            raise DataError(f"{path}: y[{bad[0]}] is {labels[bad[0]]}, not a whole number (the digits 1..10)")
+    return images, labels.astype(np.int64)
 
 
 def load_svhn(folder: Path, *, grayscale: bool = True,

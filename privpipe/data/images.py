@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,13 +26,20 @@ import numpy as np
 
 from privpipe.data.records import UNLABELED, DataError, Records
 
+#: numpy's own pickle constructor (numpy._core in numpy 2, numpy.core before)
+_numpy_core: Any = getattr(np, "_core", None) or np.core
+_numpy_reconstruct: Callable[..., np.ndarray] = _numpy_core.multiarray._reconstruct
+
 __all__ = ["class_folders", "IMAGE_SUFFIXES", "image_files", "load_image_folder", "load_cifar10", "CIFAR10_FILES",
-           "CIFAR10_SIDE"]
+           "CIFAR10_SIDE", "pixel_limit", "check_pixels"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 CIFAR10_FILES = {"train": tuple(f"data_batch_{k}" for k in range(1, 6)), "test": ("test_batch",)}
 CIFAR10_SIDE = 32
 _MODES = {1: "L", 3: "RGB"}
+_MIN_PIXEL_LIMIT = 4096 * 4096
+#: the most elements one array of a CIFAR-10 batch may ask for: twice a batch's pixels (10,000 × 3,072)
+_MAX_ARRAY_ELEMENTS = 2 * 10_000 * 3 * CIFAR10_SIDE * CIFAR10_SIDE
 
 
 def image_files(folder: Path) -> list[Path]:
@@ -50,16 +57,35 @@ def image_files(folder: Path) -> list[Path]:
     return sorted(files)
 
 
+def pixel_limit(side: int | None) -> int:
+    """The most pixels an image may claim before it is decoded: 16.8 MP (4096²: a phone's photo), or 64 times
+    the side it is resized to where that is more. A header past it is refused before its pixels cost memory
+    (Pillow itself only warns from 89 MP and refuses from 179 MP)."""
+    return max(_MIN_PIXEL_LIMIT, 64 * side * side) if side is not None else _MIN_PIXEL_LIMIT
+
+
+def check_pixels(where: str, width: int, height: int, side: int | None) -> None:
+    """DataError (one line, naming ``where``) when ``width`` × ``height`` is over :func:`pixel_limit`."""
+    limit = pixel_limit(side)
+    if width * height > limit:
+        resized = f"for prepare.image_size {side}" if side is not None else "without prepare.image_size"
+        raise DataError(f"{where}: {width}×{height} pixels ({width * height / 1e6:.1f} MP) is more than privpipe "
+                        f"decodes {resized} ({limit / 1e6:.1f} MP at most): shrink the image first")
+
+
 def _read_image(path: Path, *, channels: int, size: int | None) -> np.ndarray:
     """One image as (channels, height, width) float32 in [0, 1]."""
     from PIL import Image, UnidentifiedImageError  # deferred: Pillow, for image folders alone
 
     try:
         with Image.open(path) as image:
+            check_pixels(str(path), *image.size, size)  # the header's size: nothing is decoded yet
             converted = image.convert(_MODES[channels])
             if size is not None and converted.size != (size, size):
                 converted = converted.resize((size, size), Image.Resampling.BILINEAR)
             pixels = np.asarray(converted, dtype=np.float32) / 255.0
+    except DataError:  # check_pixels' own line (a DataError is a ValueError: not to be wrapped again)
+        raise
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
         raise DataError(f"{path}: not a readable image ({type(exc).__name__}: {exc})") from None
     return pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
@@ -137,7 +163,39 @@ class _ArraysOnly(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self._ALLOWED:
             raise pickle.UnpicklingError(f"refusing {module}.{name}: a CIFAR-10 batch holds only arrays")
+        if name == "_reconstruct":
+            return _bounded_reconstruct
+        if name == "ndarray":
+            return _BoundedArray
         return super().find_class(module, name)
+
+
+def _check_shape(shape: Any) -> None:
+    """A shape a pickle asks an array for, refused past _MAX_ARRAY_ELEMENTS before any memory is taken (a
+    94-byte file can ask numpy for a TiB)."""
+    dims = shape if isinstance(shape, tuple) else (shape,)
+    if not all(isinstance(d, int) and d >= 0 for d in dims):
+        raise pickle.UnpicklingError(f"an array shape of {shape!r}")
+    count = 1
+    for d in dims:
+        count *= d
+    if count > _MAX_ARRAY_ELEMENTS:
+        raise pickle.UnpicklingError(f"an array of {count:,} elements (a CIFAR-10 batch has at most "
+                                     f"{_MAX_ARRAY_ELEMENTS // 2:,})")
+
+
+class _BoundedArray(np.ndarray):
+    """numpy's ndarray as a pickle may call it: its shape checked first."""
+
+    def __new__(cls, shape: Any, *args: Any, **kwargs: Any) -> _BoundedArray:
+        _check_shape(shape)
+        return np.ndarray.__new__(cls, shape, *args, **kwargs)
+
+
+def _bounded_reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+    """numpy's pickle constructor (an empty array its state then fills), its shape checked first."""
+    _check_shape(shape)
+    return _numpy_reconstruct(subtype, shape, dtype)
 
 
 def _unpickle(path: Path) -> dict[str, Any]:
@@ -145,8 +203,8 @@ def _unpickle(path: Path) -> dict[str, Any]:
         raise DataError(f"{path}: CIFAR-10 batch not found (prepare.path: the extracted cifar-10-batches-py folder)")
     try:
         data = _ArraysOnly(io.BytesIO(path.read_bytes()), encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
-        raise DataError(f"{path}: not a CIFAR-10 python batch ({exc})") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, MemoryError) as exc:
+        raise DataError(f"{path}: not a CIFAR-10 python batch ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict):
         raise DataError(f"{path}: not a CIFAR-10 python batch (expected a dict)")
     return {k.decode() if isinstance(k, bytes) else str(k): v for k, v in data.items()}
@@ -170,7 +228,10 @@ def load_cifar10(folder: Path, *, channels: int = 3) -> tuple[dict[str, Records]
         parts, labels = [], []
         for name in files:
             batch = _unpickle(folder / name)
-            data, batch_labels = np.asarray(batch.get("data")), np.asarray(batch.get("labels"), dtype=np.int64)
+            try:
+                data, batch_labels = np.asarray(batch.get("data")), np.asarray(batch.get("labels"), dtype=np.int64)
+            except (TypeError, ValueError, OverflowError):
+                raise DataError(f"{folder / name}: labels must be integers") from None
             if data.ndim != 2 or data.shape[1] != 3 * CIFAR10_SIDE * CIFAR10_SIDE or data.dtype != np.uint8:
                 raise DataError(f"{folder / name}: data must be uint8 rows of 3072 pixels, got {data.dtype} "
                                 f"{data.shape}")

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from privpipe.config.data_schema import ColumnSchema
+from privpipe.data.images import check_pixels
 from privpipe.data.records import DataError
 from privpipe.data.tabular import Table, encode_columns
 
@@ -112,9 +113,12 @@ class ImageInput:
         try:
             if isinstance(image, (bytes, bytearray, memoryview)):
                 opened = Image.open(io.BytesIO(bytes(image)))
+                check_pixels(where, *opened.size, max(self.height, self.width))  # the header's: before decoding
                 opened.load()
             else:
                 opened = Image.fromarray(_as_uint8(np.asarray(image)))
+        except DataError:  # check_pixels' own line (a DataError is a ValueError: not to be wrapped again)
+            raise
         except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, TypeError) as exc:
             raise DataError(f"{where}: column 'image' is not a readable image ({type(exc).__name__}: {exc})") from None
         if self.resize == "pillow":  # privpipe.data.images' rule: convert, then resize
