@@ -259,3 +259,15 @@ def test_the_readmes_worked_table_example_prepares_with_its_own_params(project):
     # the documented ranges scale every column into [-1, 1], none squashed to a sliver of it
     assert features.min() >= -1 and features.max() <= 1 and (features.max(axis=0) - features.min(axis=0)).min() > 0.3
     assert sum(len(s.ids) for s in prepared.sets.values()) == 569
+
+
+def test_a_wide_header_with_a_repeat_is_refused_at_once_and_a_byte_order_mark_is_no_part_of_a_name(tmp_path):
+    """100,000 columns: a check that counts each name over the header would not end (issue 46)."""
+    from privpipe.data.tabular import read_table
+
+    names = [f"c{i}" for i in range(100_000)] + ["c7"]
+    (tmp_path / "wide.csv").write_text(",".join(names) + "\n" + ",".join("1" for _ in names) + "\n")
+    with pytest.raises(DataError, match="wide.csv: column 'c7' appears twice in the header"):
+        read_table(tmp_path / "wide.csv")
+    (tmp_path / "bom.csv").write_bytes("\ufeffpatient_id,x\n1,2\n".encode())
+    assert read_table(tmp_path / "bom.csv").names == ("patient_id", "x")

