@@ -371,3 +371,17 @@ def test_the_bounds_estimators_and_selectors_config_accepts_are_the_registries()
 
     assert config_schema.BOUNDS_ESTIMATORS == BOUNDS_ESTIMATORS
     assert config_finetune.SELECTORS == SELECTORS
+
+
+def test_params_yaml_comments_name_every_data_kind_and_who_each_share_is_for():
+    """params.yaml is where a user looks first: its prepare comments list every kind (not digits and mnist
+    alone), and a share a table or an image folder also uses is not called "digits only" (issue 46)."""
+    from privpipe.config.prepare import DATASETS
+
+    lines = {line.split(":", 1)[0].strip(): line.split("#", 1)[1] for line in
+             (PROJECT / "params.yaml").read_text().splitlines()
+             if line.startswith("  ") and "#" in line and ":" in line}
+    assert all(kind in lines["dataset"] for kind in DATASETS), lines["dataset"]
+    for share in ("test_fraction", "public_fraction"):
+        assert "digits only" not in lines[share] and "csv" in lines[share] and "imagefolder" in lines[share]
+    assert all(kind in lines["public_queries"] for kind in ("mnist", "cifar10", "svhn"))
