@@ -364,3 +364,15 @@ def test_texts_held_in_one_place_train_by_central_dpsgd(project, encoder, prefec
 def test_dpsgd_text_training_needs_the_frozen_encoder(project, encoder):
     with pytest.raises(ConfigError, match="text.mode: lora cannot train with text.training: dpsgd"):
         text_project(project, encoder, text={"training": "dpsgd", "mode": "lora"})
+
+
+def test_central_dpsgd_makes_no_clients_however_many_the_federated_section_asks_for(project, encoder):
+    """text.training dpsgd holds the texts in one place: federated.clients (500 by default) is not used, so a
+    corpus of fewer texts than that prepares (it was cut into 500 clients and failed; issue 46)."""
+    from tasks.text.prepare import run_prepare_text
+
+    params = text_project(project, encoder, text={"training": "dpsgd"}, federated={"clients": 500})
+    prepared = run_prepare_text(params)
+    assert prepared.clients == 1 and prepared.n_train < 500
+    assignment = np.load(project / "artifacts/texts/text/assignment.npy")
+    assert len(assignment) == prepared.n_train and not assignment.any()

@@ -129,7 +129,10 @@ def run_prepare_text(params: Params, *, out: Path | None = None) -> PreparedText
     discovered = text_label_set(params)
     corpus, withheld = current_corpus(params, labels=discovered)
     check_text_clients(params, corpus)
-    assignment, clients = text_clients(params, corpus)
+    if params.text.training == "dpsgd":  # central DP-SGD: the texts are held in one place, no clients to make
+        assignment, clients = np.zeros(len(corpus.train), dtype=np.int64), 1
+    else:
+        assignment, clients = text_clients(params, corpus)
     sizes = np.bincount(assignment, minlength=clients)
     prepared = PreparedTexts(
         dir=out, classes=list(corpus.classes), clients=int(clients), source=corpus.source,
@@ -149,10 +152,11 @@ def run_prepare_text(params: Params, *, out: Path | None = None) -> PreparedText
             write_prepared_ledger(staging, params, discovered.event)
             log.info("prepare_text: the label set discovered with DP at ε = %.4g (%d labels)", discovered.epsilon,
                      len(corpus.classes))
-    log.info("prepare_text: %d train / %d test texts, %d classes, %d clients (%s; median %.0f records each)%s",
-             prepared.n_train, prepared.n_test, len(corpus.classes), clients,
-             "natural" if prepared.natural_clients else params.federated.strategy,
-             prepared.records_per_client_median, f"; {len(withheld)} left out (deletion requests)" if withheld else "")
+    held = ("held in one place (central DP-SGD)" if params.text.training == "dpsgd" else
+            f"{clients} clients ({'natural' if prepared.natural_clients else params.federated.strategy}; median "
+            f"{prepared.records_per_client_median:.0f} records each)")
+    log.info("prepare_text: %d train / %d test texts, %d classes, %s%s", prepared.n_train, prepared.n_test,
+             len(corpus.classes), held, f"; {len(withheld)} left out (deletion requests)" if withheld else "")
     return prepared
 
 
