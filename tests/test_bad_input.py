@@ -224,6 +224,84 @@ def own_images(folder: Path) -> None:
                dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
 
 
+def own_images_past_the_pixel_limit(folder: Path) -> None:
+    """An image folder of 12×12 PNGs and one whose header claims 5000×5000 pixels (a tiny file: the body is
+    empty; a decoder that trusts the header would allocate 25 MP before it found out)."""
+    from own_data import write_image_folder
+    from test_serving import _png
+
+    write_image_folder(folder / "photos", per_class=20)
+    (folder / "photos/square/huge.png").write_bytes(_png(5000, 5000))
+    set_params(folder, prepare={"dataset": "imagefolder", "path": "photos", "target_domain": False},
+               dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+
+
+def cifar10_asking_for_a_tebibyte(folder: Path) -> None:
+    """CIFAR-10's layout, each batch a ~100-byte pickle whose one array asks numpy for 2^40 bytes."""
+    import pickle
+
+    from privpipe.data.images import _numpy_reconstruct
+
+    class Bomb:
+        def __reduce__(self):
+            return _numpy_reconstruct, (np.ndarray, (2**40,), b"b")
+
+    root = folder / "data/raw/cifar"
+    root.mkdir(parents=True)
+    for name in ("batches.meta", *(f"data_batch_{k}" for k in range(1, 6)), "test_batch"):
+        (root / name).write_bytes(pickle.dumps({b"label_names": Bomb()}, protocol=2))
+    set_params(folder, prepare={"dataset": "cifar10", "path": "data/raw/cifar", "target_domain": False},
+               dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+
+
+def svhn_labels(y: Callable[[np.ndarray], np.ndarray]) -> Callable[[Path], None]:
+    """SVHN's two .mat files, the training file's ``y`` replaced by ``y(digits)``."""
+    def run(folder: Path) -> None:
+        from scipy.io import loadmat, savemat
+
+        from own_data import write_svhn
+
+        write_svhn(folder / "svhn", train=20, test=10)
+        train = loadmat(folder / "svhn/train_32x32.mat")
+        savemat(folder / "svhn/train_32x32.mat", {"X": train["X"], "y": y(train["y"])})
+        set_params(folder, prepare={"dataset": "svhn", "path": "svhn", "target_domain": False},
+                   dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+    return run
+
+
+def as_cells(y: np.ndarray) -> np.ndarray:
+    cells = np.empty(y.shape, dtype=object)
+    for index in np.ndindex(y.shape):
+        cells[index] = np.array([[float(y[index])]])
+    return cells
+
+
+def with_nan(y: np.ndarray) -> np.ndarray:
+    out = y.astype(np.float64)
+    out[3, 0] = np.nan
+    return out
+
+
+def own_table_cell(line: int, column: str, value: str, **columns: dict) -> Callable[[Path], None]:
+    """The README's worked table with one cell replaced (``line``: its line in the file) and schema entries
+    ``columns`` replaced."""
+    from own_data import cancer_schema
+
+    def run(folder: Path) -> None:
+        own_table()(folder)
+        schema = cancer_schema()
+        schema["columns"].update(columns)
+        set_params(folder, prepare={"schema": schema})
+        path = folder / "clinic/patients.csv"
+        lines = path.read_text().splitlines()
+        header = lines[0].split(",")
+        cells = lines[line - 1].split(",")
+        cells[header.index(column)] = value
+        lines[line - 1] = ",".join(cells)
+        path.write_text("\n".join(lines) + "\n")
+    return run
+
+
 def replace_in(path: str, old: str, new: str) -> Callable[[Path], None]:
     def run(folder: Path) -> None:
         text = (folder / path).read_text()
@@ -265,6 +343,27 @@ CASES = [
          "privpipe: error: photos/square/odd.png: 24×20 pixels, but circle/circle-000.png is 12×12 (set "
          "prepare.image_size to resize every image to one side)",
          setup=own_images),
+    Case("own-image-past-the-pixel-limit", ("run",),
+         "privpipe: error: photos/square/huge.png: 5000×5000 pixels (25.0 MP) is more than privpipe decodes without "
+         "prepare.image_size (16.8 MP at most): shrink the image first",
+         setup=own_images_past_the_pixel_limit),
+    Case("cifar10-pickle-asks-for-a-tebibyte", ("run",),
+         "privpipe: error: data/raw/cifar/batches.meta: not a CIFAR-10 python batch (UnpicklingError: an array of "
+         "1,099,511,627,776 elements (a CIFAR-10 batch has at most 30,720,000))",
+         setup=cifar10_asking_for_a_tebibyte),
+    Case("svhn-labels-a-cell-array", ("run",),
+         "privpipe: error: svhn/train_32x32.mat: y must hold numbers (the digits 1..10), got object (O)",
+         setup=svhn_labels(as_cells)),
+    Case("svhn-label-nan", ("run",),
+         "privpipe: error: svhn/train_32x32.mat: y[3] is nan, not a whole number (the digits 1..10)",
+         setup=svhn_labels(with_nan)),
+    Case("own-csv-cell-past-float32", ("run",),
+         "privpipe: error: clinic/patients.csv: line 3: column 'mean_radius' is 1e+308, which its schema's center "
+         "and scale put past float32's range (prepare.schema.columns.mean_radius)",
+         setup=own_table_cell(3, "mean_radius", "1e308", mean_radius={"center": 14.0, "scale": 4.0})),
+    Case("own-csv-field-past-the-csv-limit", ("run",),
+         "privpipe: error: clinic/patients.csv: line 4: not a CSV record (field larger than field limit (131072))",
+         setup=own_table_cell(4, "site", "x" * 200_000)),
     # -- params: refused by load_params, before any work
     Case("epsilon-budget-zero", ("run",), "privpipe: error: privacy.epsilon_budget: must be > 0",
          setup=params(privacy={"epsilon_budget": 0})),
