@@ -105,3 +105,15 @@ def write_svhn(folder: Path, *, train: int = 80, test: int = 40, seed: int = 0) 
         images = _class_images(rng, digits, 32).transpose(2, 3, 1, 0)  # (n, 3, H, W) → (H, W, 3, n)
         labels = np.where(digits == 0, 10, digits).reshape(-1, 1)
         savemat(folder / name, {"X": images, "y": labels})
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG that claims ``width`` × ``height`` with an empty body (Pillow checks the size before the pixels)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")

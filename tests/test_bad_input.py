@@ -227,11 +227,10 @@ def own_images(folder: Path) -> None:
 def own_images_past_the_pixel_limit(folder: Path) -> None:
     """An image folder of 12×12 PNGs and one whose header claims 5000×5000 pixels (a tiny file: the body is
     empty; a decoder that trusts the header would allocate 25 MP before it found out)."""
-    from own_data import write_image_folder
-    from test_serving import _png
+    from own_data import png_claiming, write_image_folder
 
     write_image_folder(folder / "photos", per_class=20)
-    (folder / "photos/square/huge.png").write_bytes(_png(5000, 5000))
+    (folder / "photos/square/huge.png").write_bytes(png_claiming(5000, 5000))
     set_params(folder, prepare={"dataset": "imagefolder", "path": "photos", "target_domain": False},
                dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
 

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from conftest import cli, write_digits_pointer, write_params
-from own_data import CANCER_COLUMNS, CANCER_LABELS, cancer_schema, write_cancer_csv, write_image_folder
+from own_data import CANCER_COLUMNS, CANCER_LABELS, cancer_schema, png_claiming, write_cancer_csv, write_image_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -273,18 +273,6 @@ def test_numbers_and_their_text_encode_alike_and_a_bool_or_an_int_past_floats_ra
     assert gaps[:, 2].tolist() == [-0.5, 0.0, 1.0, 0.0]
 
 
-def _png(width: int, height: int) -> bytes:
-    """A PNG that claims ``width`` × ``height`` with an empty body (Pillow checks the size before the pixels)."""
-    import struct
-    import zlib
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
-
-
 def test_a_colour_kinds_image_is_encoded_from_its_own_side_as_prepare_did_and_a_bomb_is_refused_in_one_line():
     import torch
     from PIL import Image
@@ -303,4 +291,4 @@ def test_a_colour_kinds_image_is_encoded_from_its_own_side_as_prepare_did_and_a_
     large = np.asarray(Image.fromarray(picture).resize((256, 256), Image.Resampling.BICUBIC))
     assert np.abs(rule.encode_images([large]) - prepared).max() < 0.03  # brought to 32 first: no aliasing
     with pytest.raises(DataError, match=r"input: row 1: column 'image' is not a readable image \(Decompression"):
-        rule.encode_images([_png(40_000, 40_000)])
+        rule.encode_images([png_claiming(40_000, 40_000)])
