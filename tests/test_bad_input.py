@@ -235,6 +235,17 @@ def own_images_past_the_pixel_limit(folder: Path) -> None:
                dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
 
 
+def own_images_with_a_link_out(folder: Path) -> None:
+    """An image folder one of whose images is a symbolic link to a file outside it."""
+    from own_data import write_image_folder
+
+    write_image_folder(folder / "photos", per_class=20)
+    shutil.copy(folder / "photos/circle/circle-000.png", folder / "outside.png")
+    os.symlink("../../outside.png", folder / "photos/square/linked.png")
+    set_params(folder, prepare={"dataset": "imagefolder", "path": "photos", "target_domain": False},
+               dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+
+
 def cifar10_asking_for_a_tebibyte(folder: Path) -> None:
     """CIFAR-10's layout, each batch a ~100-byte pickle whose one array asks numpy for 2^40 bytes."""
     import pickle
@@ -346,6 +357,11 @@ CASES = [
          "privpipe: error: photos/square/huge.png: 5000×5000 pixels (25.0 MP) is more than privpipe decodes without "
          "prepare.image_size (16.8 MP at most): shrink the image first",
          setup=own_images_past_the_pixel_limit),
+    Case("own-image-symlink-out-of-the-folder", ("run",),
+         "privpipe: error: photos/square/linked.png: a symbolic link (to ../../outside.png) in an image folder; "
+         "privpipe reads only the folder's own files, so that erasing a record deletes its image: copy the image (or "
+         "folder) in instead",
+         setup=own_images_with_a_link_out),
     Case("cifar10-pickle-asks-for-a-tebibyte", ("run",),
          "privpipe: error: data/raw/cifar/batches.meta: not a CIFAR-10 python batch (UnpicklingError: an array of "
          "1,099,511,627,776 elements (a CIFAR-10 batch has at most 30,720,000))",
