@@ -229,6 +229,20 @@ def test_bk_accepts_parameter_free_layers_that_keep_examples_apart():
     assert [tap.module for tap in taps.taps] == [model[0], model[8]]
     taps.close()
 
+
+@pytest.mark.parametrize("mode", ["ghost", "hooks"])
+def test_opacus_modes_refuse_a_parameter_free_batch_norm_that_opacus_itself_takes(mode):
+    from privpipe.dpsgd import UnsupportedLayer
+    from privpipe.dpsgd.opacus_engine import make_private_training
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, affine=False), nn.Linear(4, 2))
+    features, labels = np.zeros((20, 3), dtype=np.float32), np.zeros(20, dtype=np.int64)
+    with pytest.raises(UnsupportedLayer, match=f"grad_sample_mode {mode} clips each example on its own; 1 is "
+                                               "BatchNorm1d, which mixes the examples"):
+        make_private_training(model, features, labels, noise_multiplier=1.0, max_grad_norm=1.0, lot_size=5,
+                              epochs=1, learning_rate=0.1, grad_sample_mode=mode)
+
+
 def test_cosine_schedule_runs_from_start_to_end_over_the_run():
     kwargs = dict(start=1.0, schedule="cosine", end=0.1, decay_epochs=10, epochs=40)
     assert learning_rate_at(0, **kwargs) == pytest.approx(1.0)

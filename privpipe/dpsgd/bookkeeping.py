@@ -34,11 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.grad import conv2d_input, conv2d_weight
 
+from privpipe.dpsgd.layers import UnsupportedLayer, refuse_batch_mixing
+
 __all__ = ["BookKeeping", "UnsupportedLayer", "clip_factors"]
-
-
-class UnsupportedLayer(ValueError):
-    """The model has a trainable layer book-keeping cannot clip (use an Opacus grad_sample_mode)."""
 
 
 @dataclass
@@ -309,24 +307,10 @@ class _TappedOp(torch.autograd.Function):
         return grad_x, None, None, None
 
 
-# Layers that mix the examples of a batch: one example's gradient then depends on the others, and clipping
-# each gradient no longer bounds one record's influence, parameters or not. The classes are refused, not the
-# mode: a model checked in eval mode may train later. _BatchNorm covers BatchNorm1d/2d/3d, SyncBatchNorm and
-# the lazy variants; torch.nn has no other layer that mixes the batch (InstanceNorm, GroupNorm, LayerNorm and
-# LocalResponseNorm normalise within an example). Other parameter-free modules are accepted, user-defined ones
-# included: most are harmless (a custom activation), and a deny list can be audited where guessing cannot.
-_MIXES_BATCH: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm,)
-
-
 def _check_supported(model: nn.Module) -> list[nn.Linear | nn.Conv2d]:
     layers: list[nn.Linear | nn.Conv2d] = []
+    refuse_batch_mixing(model, grad_sample_mode="bk")
     for name, module in model.named_modules():
-        if isinstance(module, _MIXES_BATCH):
-            # not "use an Opacus mode": Opacus validates only modules with trainable parameters, so it
-            # would take BatchNorm(affine=False) silently
-            raise UnsupportedLayer(f"grad_sample_mode bk clips each example on its own; {name or 'the model'} is "
-                                   f"{type(module).__name__}, which mixes the examples of a batch: replace it "
-                                   f"with GroupNorm or LayerNorm, or remove the layer")
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         if not own:
             continue

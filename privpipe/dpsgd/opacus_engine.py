@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from privpipe.dpsgd.arguments import OPACUS_MODES, check_privacy_arguments
+from privpipe.dpsgd.layers import refuse_batch_mixing
 from privpipe.dpsgd.schedule import DpSgdSchedule, dpsgd_schedule
 from privpipe.privacy import secure_normal, secure_uniform
 
@@ -96,6 +97,7 @@ def make_private_training(
         raise ValueError(f"grad_sample_mode must be one of {', '.join(OPACUS_MODES)} here, got {grad_sample_mode!r}")
     check_privacy_arguments(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, clipping=clipping,
                             grad_sample_mode=grad_sample_mode)
+    refuse_batch_mixing(model, grad_sample_mode=grad_sample_mode)
     schedule = dpsgd_schedule(n=len(features), lot_size=lot_size, epochs=epochs)
 
     torch.manual_seed(seed)  # model initialisation stays reproducible either way
