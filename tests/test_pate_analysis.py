@@ -12,7 +12,9 @@ import json
 import math
 import zlib
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,7 +43,7 @@ from privpipe.pate.analysis import (
     smooth_sensitivity,
     threshold_rdp,
 )
-from privpipe.pate.registry import make_aggregator
+from privpipe.pate.registry import AGGREGATORS, make_aggregator
 from privpipe.privacy import (
     RDP_ORDERS,
     GaussianEvent,
@@ -56,6 +58,8 @@ TEACHERS, CLASSES = 250, 10
 GNMAX = make_aggregator("gnmax", TEACHERS, CLASSES, sigma=40.0)
 LNMAX = make_aggregator("lnmax", TEACHERS, CLASSES, gamma=0.05)
 CONFIDENT = make_aggregator("confident_gnmax", TEACHERS, CLASSES, threshold=150.0, sigma1=30.0, sigma2=20.0)
+#: one aggregator per name in the registry, no other (test_the_tables_cover_exactly_the_registry): tests over
+#: the registry look a name up here, so a new aggregator fails them until it has its entry
 SPECS = {"gnmax": GNMAX, "lnmax": LNMAX, "confident_gnmax": CONFIDENT}
 SOME_ORDERS = [o for o in RDP_ORDERS if o in (1.1, 1.5, 2.0, 3.5, 5.0, 10.0, 20.0, 32.0, 63.0, 128.0, 1024.0)]
 
@@ -69,13 +73,18 @@ def laplace_rdp_one(b: float, alpha: float) -> float:
                     + (alpha - 1) / (2 * alpha - 1) * math.exp(-alpha / b)) / (alpha - 1)
 
 
+#: per name in the registry, no other: the data-independent RDP of one query asked at an order, written out
+#: (LNMax: two Laplace coordinates; Confident-GNMax: both steps)
+INDEPENDENT_PER_QUERY: dict[str, Callable[[Any, float], float]] = {
+    "gnmax": lambda spec, order: order / spec.sigma**2,
+    "lnmax": lambda spec, order: 2 * laplace_rdp_one(1 / spec.gamma, order),
+    "confident_gnmax": lambda spec, order: order / (2 * spec.sigma1**2) + order / spec.sigma2**2,
+}
+
+
 def independent_per_query(spec: Aggregator, order: float) -> float:
-    """The data-independent RDP of one query asked, written out (Confident-GNMax: both steps)."""
-    if spec.mechanism == "gnmax":
-        return order / spec.sigma**2
-    if spec.mechanism == "lnmax":
-        return 2 * laplace_rdp_one(1 / spec.gamma, order)
-    return order / (2 * spec.sigma1**2) + order / spec.sigma2**2
+    """The data-independent RDP of one query asked, written out (KeyError for a name without its formula)."""
+    return INDEPENDENT_PER_QUERY[spec.mechanism](spec, order)
 
 
 def random_histograms(rng: np.random.Generator, queries: int, teachers: int = TEACHERS,
@@ -143,6 +152,20 @@ def test_logq_lnmax_is_lemma_4_summed_over_every_other_class():
 
 
 REFERENCE = json.loads((Path(__file__).parent / "fixtures" / "pate_reference.json").read_text())
+#: per mechanism of the reference fixture (its names, not the registry's: "threshold" is Confident-GNMax's
+#: first step): (log q̃ of the histograms, RDP at an order given log q̃); a case of any other fails
+REFERENCE_BOUNDS: dict[str, Callable[[np.ndarray, dict], tuple[np.ndarray, Callable[[np.ndarray, float], Any]]]] = {
+    "gnmax": lambda h, case: (logq_gnmax(h, sigma=case["noise"]),
+                              lambda logq, o: gaussian_rdp(logq, sigma=case["noise"], order=o)),
+    "lnmax": lambda h, case: (logq_lnmax(h, gamma=1 / case["noise"]),
+                              lambda logq, o: laplace_rdp(logq, gamma=1 / case["noise"], order=o)),
+    "threshold": lambda h, case: (logpr_answered(h.max(axis=1), threshold=case["threshold"], sigma1=case["noise"]),
+                                  lambda logq, o: threshold_rdp(logq, sigma1=case["noise"], order=o)),
+}
+
+
+def test_the_reference_fixture_has_a_bound_for_each_of_its_mechanisms():
+    assert {case["mechanism"] for case in REFERENCE["cases"]} == set(REFERENCE_BOUNDS)
 
 
 @pytest.mark.parametrize("case", REFERENCE["cases"], ids=lambda c: c["name"])
@@ -151,15 +174,8 @@ def test_per_query_bounds_equal_the_reference_code(case):
     histograms = np.array(REFERENCE["histograms"])
     orders = REFERENCE["orders"]
     noise = case["noise"]
-    if case["mechanism"] == "gnmax":
-        logq = logq_gnmax(histograms, sigma=noise)
-        got = np.stack([gaussian_rdp(logq, sigma=noise, order=o) for o in orders], axis=1)
-    elif case["mechanism"] == "lnmax":
-        logq = logq_lnmax(histograms, gamma=1 / noise)
-        got = np.stack([laplace_rdp(logq, gamma=1 / noise, order=o) for o in orders], axis=1)
-    else:
-        logq = logpr_answered(histograms.max(axis=1), threshold=case["threshold"], sigma1=noise)
-        got = np.stack([threshold_rdp(logq, sigma1=noise, order=o) for o in orders], axis=1)
+    logq, rdp = REFERENCE_BOUNDS[case["mechanism"]](histograms, case)
+    got = np.stack([rdp(logq, o) for o in orders], axis=1)
     np.testing.assert_allclose(logq, case["logq"], rtol=1e-12, atol=1e-12)
     reference = np.array(case["rdp"])
     if case["mechanism"] == "lnmax":
@@ -260,7 +276,7 @@ def test_laplace_rdp_is_the_two_coordinate_cap_when_q_is_too_large(q, gamma, ord
 # -- per-query and total data-dependent RDP -------------------------------------------------
 
 
-@pytest.mark.parametrize("mechanism", sorted(SPECS))
+@pytest.mark.parametrize("mechanism", AGGREGATORS)
 def test_per_query_rdp_never_exceeds_the_data_independent_bound(mechanism):
     spec = SPECS[mechanism]
     rng = np.random.default_rng(zlib.crc32(mechanism.encode()))  # str hash() differs per process
@@ -289,7 +305,7 @@ def test_data_independent_rdp_written_out():
                                [14 * laplace_rdp_one(20.0, o) for o in orders], rtol=1e-9)
 
 
-@pytest.mark.parametrize("mechanism", sorted(SPECS))
+@pytest.mark.parametrize("mechanism", AGGREGATORS)
 def test_data_dependent_rdp_decreases_as_consensus_grows(mechanism):
     spec = SPECS[mechanism]
     # top count k from an even split (125/125) to unanimity (250)
@@ -493,6 +509,14 @@ SMALL_SPECS = [
     (make_aggregator("confident_gnmax", 6, 3, threshold=3.5, sigma1=0.4, sigma2=0.6), 1.5),
 ]
 SMALL_IDS = [f"{s.mechanism}-{s.teachers}x{s.classes}-o{o}" for s, o in SMALL_SPECS]
+
+
+def test_the_tables_cover_exactly_the_registry():
+    """Every table of per-aggregator cases here holds one entry per registered name and no other."""
+    assert sorted(SPECS) == sorted(AGGREGATORS)
+    assert all(spec.mechanism == name for name, spec in SPECS.items())
+    assert sorted(INDEPENDENT_PER_QUERY) == sorted(AGGREGATORS)
+    assert sorted({spec.mechanism for spec, _ in SMALL_SPECS}) == sorted(AGGREGATORS)
 
 
 def single_query_values(spec: Aggregator, order: float):
