@@ -40,6 +40,22 @@ import privpipe.privacy  # noqa: E402,F401
 PROJECT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def children_import_this_checkout():
+    """Every child Python (``python -m flows.cli`` in a temporary folder, the console script, a stage run by
+    dvc, the forked-commands zygote) imports privpipe, tasks and flows from this checkout: PYTHONPATH leads with
+    its root. Without it a child outside the checkout imports wherever the venv's editable install points,
+    which is another checkout's code when this one is a clone run with that venv (the editable finder comes
+    after sys.path). Tests that build a child's env copy os.environ, so they carry it too."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(PROJECT), *([before] if before else [])])
+    yield
+    if before is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = before
+
+
 def cli(*args: str) -> tuple[int, str, str]:
     """`privpipe ARGS` in this process: (exit code, stdout, stderr). Not through capsys/capfd: a flow run
     under them can leave pytest's own capture with a closed stream."""

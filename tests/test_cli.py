@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import write_params
+from conftest import PROJECT, write_params
 
 
 def privpipe(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600)
+
+
+def test_this_process_and_its_children_import_this_checkout(tmp_path):
+    """Not the checkout the venv's editable install points at (conftest's children_import_this_checkout): a
+    child in a folder outside the checkout, as most of the subprocess tests start one, or the console script."""
+    import flows
+    import privpipe
+    import tasks
+
+    # the session itself: a clone tested with another checkout's venv must be run as `python -m pytest` from
+    # its root (the working directory leads sys.path), not by .venv/bin/pytest
+    for module in (privpipe, tasks, flows):
+        assert Path(module.__file__).resolve().is_relative_to(PROJECT), module.__file__
+    show = "import privpipe, tasks, flows; print(privpipe.__file__, tasks.__file__, flows.__file__)"
+    done = subprocess.run([sys.executable, "-c", show], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=True)
+    for path in done.stdout.split():
+        assert Path(path).resolve().is_relative_to(PROJECT), path
+    # the console script is a plain Python entry point (``from flows.cli import main``): PYTHONPATH governs it too
+    script = Path(sys.executable).with_name("privpipe")
+    done = subprocess.run([sys.executable, "-v", str(script), "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = set(re.findall(r"(/\S*/flows/cli/__init__\.py)\b", done.stderr))
+    assert loaded and all(Path(path).resolve().is_relative_to(PROJECT) for path in loaded), loaded
 
 
 def last_line(text: str) -> str:
