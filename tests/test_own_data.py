@@ -271,3 +271,18 @@ def test_a_wide_header_with_a_repeat_is_refused_at_once_and_a_byte_order_mark_is
         read_table(tmp_path / "wide.csv")
     (tmp_path / "bom.csv").write_bytes("\ufeffpatient_id,x\n1,2\n".encode())
     assert read_table(tmp_path / "bom.csv").names == ("patient_id", "x")
+
+
+def test_a_file_of_nul_bytes_is_one_line_and_a_line_past_the_limit_is_refused_before_it_is_read_whole(
+        tmp_path, monkeypatch):
+    """A CSV is read a line at a time, each line capped (64 Mi characters): a file with no line break ends in a
+    one-line refusal, not in memory for all of it (issue 46: 2 GB of NUL bytes took 11 GB)."""
+    from privpipe.data import tabular
+
+    (tmp_path / "nul.csv").write_bytes(b"\0" * 300_000)
+    with pytest.raises(DataError, match=r"nul.csv: line 1: not a CSV record \(field larger than field limit"):
+        tabular.read_table(tmp_path / "nul.csv")
+    monkeypatch.setattr(tabular, "_MAX_LINE", 1000)
+    (tmp_path / "long.csv").write_text("a,b\n" + "1," * 2000 + "\n")
+    with pytest.raises(DataError, match=r"long.csv: line 2 is longer than 1,000 characters: not a table's line"):
+        tabular.read_table(tmp_path / "long.csv")

@@ -19,10 +19,10 @@ import csv
 import io
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -37,6 +37,7 @@ __all__ = ["Table", "read_table", "write_table", "encode_table", "encode_columns
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_MAX_LINE = 1 << 26  # characters one line of a CSV may hold (64 Mi: 100,000 wide columns take ~1 Mi)
 UNKNOWN_LABEL = -2  # a row whose label the discovered label set does not hold (left out); not UNLABELED
 
 
@@ -66,26 +67,46 @@ def repeated_name(names: Sequence[str]) -> str | None:
     return next((name for name in names if counts[name] > 1), None)
 
 
+def _lines(path: Path, handle: IO[str]) -> Iterator[str]:
+    """The file's lines as read, each at most _MAX_LINE characters: a file with no line breaks (2 GB of NUL
+    bytes) is refused after 64 Mi characters, not read whole."""
+    number = 0
+    while line := handle.readline(_MAX_LINE):
+        number += 1
+        if len(line) == _MAX_LINE and not line.endswith(("\n", "\r")):
+            raise DataError(f"{path}: line {number} is longer than {_MAX_LINE:,} characters: not a table's line")
+        yield line
+
+
 def _read_csv(path: Path) -> Table:
-    text = read_text(path).removeprefix("\ufeff")  # a byte-order mark is no part of the first column's name
-    with io.StringIO(text, newline="") as handle:
-        reader = csv.reader(handle)
-        try:
-            header = next(reader, None)
-            if not header:
-                raise DataError(f"{path}: empty file (expected a header of column names)")
-            repeated = repeated_name(header)
-            if repeated is not None:
-                raise DataError(f"{path}: column {repeated!r} appears twice in the header")
-            rows = []
-            for line_no, row in enumerate(reader, start=2):
-                if not row:
-                    continue
-                if len(row) != len(header):
-                    raise DataError(f"{path}: line {line_no} has {len(row)} fields, expected {len(header)}")
-                rows.append(row)
-        except csv.Error as exc:  # a NUL byte, a field past the csv module's size limit
-            raise DataError(f"{path}: line {reader.line_num}: not a CSV record ({exc})") from None
+    try:
+        # utf-8-sig: a byte-order mark is no part of the first column's name
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            return _parse_csv(path, csv.reader(_lines(path, handle)))
+    except UnicodeDecodeError:
+        read_text(path)  # names the line and column of the first byte that is not UTF-8
+        raise DataError(f"{path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _parse_csv(path: Path, reader: Any) -> Table:
+    try:
+        header = next(reader, None)
+        if not header:
+            raise DataError(f"{path}: empty file (expected a header of column names)")
+        repeated = repeated_name(header)
+        if repeated is not None:
+            raise DataError(f"{path}: column {repeated!r} appears twice in the header")
+        rows = []
+        for line_no, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise DataError(f"{path}: line {line_no} has {len(row)} fields, expected {len(header)}")
+            rows.append(row)
+    except csv.Error as exc:  # a field past the csv module's size limit
+        raise DataError(f"{path}: line {reader.line_num}: not a CSV record ({exc})") from None
     return Table(path, tuple(header), {name: [row[i] for row in rows] for i, name in enumerate(header)})
 
 
