@@ -230,6 +230,20 @@ def test_bk_accepts_parameter_free_layers_that_keep_examples_apart():
     taps.close()
 
 
+def test_an_instance_norm_that_keeps_running_statistics_is_refused_by_every_engine():
+    """Its buffers are averages of the training data, released with the model, and no noise covers them."""
+    from privpipe.dpsgd import BookKeeping, UnsupportedLayer
+    from privpipe.dpsgd.layers import refuse_batch_mixing
+
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.InstanceNorm2d(4, track_running_stats=True), nn.Flatten(),
+                          nn.Linear(16, 2))
+    message = "1 is InstanceNorm2d with track_running_stats, whose running mean and variance of the training data"
+    with pytest.raises(UnsupportedLayer, match=message):
+        BookKeeping(model)
+    with pytest.raises(UnsupportedLayer, match=message):
+        refuse_batch_mixing(model, grad_sample_mode="ghost")
+
+
 @pytest.mark.parametrize("mode", ["ghost", "hooks"])
 def test_opacus_modes_refuse_a_parameter_free_batch_norm_that_opacus_itself_takes(mode):
     from privpipe.dpsgd import UnsupportedLayer

@@ -22,10 +22,16 @@ MIXES_BATCH: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm,)
 
 
 def refuse_batch_mixing(model: nn.Module, *, grad_sample_mode: str) -> None:
-    """UnsupportedLayer (one line, naming the module) for a layer of ``model`` that mixes the batch. Opacus'
-    own validator looks only at modules with trainable parameters: it takes BatchNorm(affine=False) silently."""
+    """UnsupportedLayer (one line, naming the module) for a layer of ``model`` that mixes the batch, or that
+    keeps running statistics of the training data (an InstanceNorm with track_running_stats: its buffers are
+    released with the model, and no noise covers them). Opacus' own validator looks only at modules with
+    trainable parameters: it takes BatchNorm(affine=False) silently."""
     for name, module in model.named_modules():
+        where = f"{name or 'the model'} is {type(module).__name__}"
         if isinstance(module, MIXES_BATCH):
-            raise UnsupportedLayer(f"grad_sample_mode {grad_sample_mode} clips each example on its own; "
-                                   f"{name or 'the model'} is {type(module).__name__}, which mixes the examples of "
-                                   "a batch: replace it with GroupNorm or LayerNorm, or remove the layer")
+            raise UnsupportedLayer(f"grad_sample_mode {grad_sample_mode} clips each example on its own; {where}, "
+                                   "which mixes the examples of a batch: replace it with GroupNorm or LayerNorm, or "
+                                   "remove the layer")
+        if isinstance(module, nn.modules.instancenorm._InstanceNorm) and module.track_running_stats:
+            raise UnsupportedLayer(f"{where} with track_running_stats, whose running mean and variance of the "
+                                   "training data would be released without noise: set track_running_stats=False")
