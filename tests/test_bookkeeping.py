@@ -96,9 +96,11 @@ def test_close_restores_the_plain_model():
     assert model[0].weight.grad is not None and torch.equal(model(x).detach(), before)
 
 
-@pytest.mark.parametrize("layer", [nn.BatchNorm1d(7), nn.LayerNorm(7), nn.Embedding(3, 7)])
-def test_unsupported_trainable_layers_are_refused(layer):
-    with pytest.raises(UnsupportedLayer, match="bk clips Linear and Conv2d"):
+@pytest.mark.parametrize(("layer", "message"), [
+    (nn.BatchNorm1d(7), "bk clips each example on its own; 0 is BatchNorm1d, which mixes the examples"),
+    (nn.LayerNorm(7), "bk clips Linear and Conv2d"), (nn.Embedding(3, 7), "bk clips Linear and Conv2d")])
+def test_unsupported_trainable_layers_are_refused(layer, message):
+    with pytest.raises(UnsupportedLayer, match=message):
         BookKeeping(nn.Sequential(layer, nn.Linear(7, 2)))
 
 
