@@ -33,7 +33,7 @@ from privpipe.data.shape import DataShape
 from privpipe.files import private_file
 
 __all__ = ["Table", "read_table", "write_table", "encode_table", "encode_columns", "table_columns", "PARQUET_SUFFIXES",
-           "canonical_name", "is_missing", "id_text", "record_ids", "as_number", "repeated_name"]
+           "canonical_name", "is_missing", "id_text", "record_ids", "as_number", "repeated_name", "csv_rows"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -78,11 +78,29 @@ def _lines(path: Path, handle: IO[str]) -> Iterator[str]:
         yield line
 
 
-def _read_csv(path: Path) -> Table:
+def csv_rows(path: Path) -> Iterator[list[str]]:
+    """The CSV's header, then each record (blank lines skipped), read as they are asked for, by prepare's rule:
+    UTF-8 (a byte-order mark is no part of the first name), a header of distinct names, every record as many
+    fields, each line at most _MAX_LINE characters; DataError in one line naming the file (and line) otherwise."""
     try:
-        # utf-8-sig: a byte-order mark is no part of the first column's name
         with path.open(encoding="utf-8-sig", newline="") as handle:
-            return _parse_csv(path, csv.reader(_lines(path, handle)))
+            reader = csv.reader(_lines(path, handle))
+            try:
+                header = next(reader, None)
+                if not header:
+                    raise DataError(f"{path}: empty file (expected a header of column names)")
+                repeated = repeated_name(header)
+                if repeated is not None:
+                    raise DataError(f"{path}: column {repeated!r} appears twice in the header")
+                yield header
+                for line_no, row in enumerate(reader, start=2):
+                    if not row:
+                        continue
+                    if len(row) != len(header):
+                        raise DataError(f"{path}: line {line_no} has {len(row)} fields, expected {len(header)}")
+                    yield row
+            except csv.Error as exc:  # a field past the csv module's size limit
+                raise DataError(f"{path}: line {reader.line_num}: not a CSV record ({exc})") from None
     except UnicodeDecodeError:
         read_text(path)  # names the line and column of the first byte that is not UTF-8
         raise DataError(f"{path}: not UTF-8 text") from None
@@ -90,24 +108,11 @@ def _read_csv(path: Path) -> Table:
         raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
-def _parse_csv(path: Path, reader: Any) -> Table:
-    try:
-        header = next(reader, None)
-        if not header:
-            raise DataError(f"{path}: empty file (expected a header of column names)")
-        repeated = repeated_name(header)
-        if repeated is not None:
-            raise DataError(f"{path}: column {repeated!r} appears twice in the header")
-        rows = []
-        for line_no, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise DataError(f"{path}: line {line_no} has {len(row)} fields, expected {len(header)}")
-            rows.append(row)
-    except csv.Error as exc:  # a field past the csv module's size limit
-        raise DataError(f"{path}: line {reader.line_num}: not a CSV record ({exc})") from None
-    return Table(path, tuple(header), {name: [row[i] for row in rows] for i, name in enumerate(header)})
+def _read_csv(path: Path) -> Table:
+    rows = csv_rows(path)
+    header = next(rows)
+    body = list(rows)
+    return Table(path, tuple(header), {name: [row[i] for row in body] for i, name in enumerate(header)})
 
 
 def _read_parquet(path: Path) -> Table:
@@ -215,8 +220,8 @@ def encode_columns(table: Table, columns: Sequence[ColumnSchema]) -> np.ndarray:
 def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
     """One column's cells encoded by its schema: (n, width) float32."""
     cells = table.cells[column.name]
-    out = np.zeros((len(cells), column.width), dtype=np.float32)
     if column.categories is not None:
+        out = np.zeros((len(cells), column.width), dtype=np.float32)
         index = {canonical_name(name): i for i, name in enumerate(column.categories)}
         for row, value in enumerate(cells):
             if is_missing(value) and column.other:

@@ -11,7 +11,6 @@ the model cannot read (named by file, line and column) leaves nothing behind.
 
 from __future__ import annotations
 
-import csv
 import itertools
 import os
 from collections.abc import Iterator
@@ -20,19 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-import numpy as np
 import pandas as pd
 
 from privpipe.config import ConfigError, Params
 from privpipe.data.images import image_files
-from privpipe.data.raw_input import ImageInput, RecordInput, TableInput
+from privpipe.data.raw_input import ImageInput, RecordInput
 from privpipe.data.records import DataError
-from privpipe.data.tabular import PARQUET_SUFFIXES, as_number, is_missing, repeated_name
+from privpipe.data.tabular import PARQUET_SUFFIXES, csv_rows, repeated_name
 from privpipe.serving import BATCH_ROWS, ServedModel, output_columns
 from tasks.progress import progress
 from tasks.registered import RegisteredModel
-from tasks.run_view import resolve_tracking_uri
-from tasks.tracking import open_store
+from tasks.tracking import open_store, store_made
 
 __all__ = ["check_paths", "load_served", "score_file", "TABLE_SUFFIXES"]
 
@@ -58,8 +55,7 @@ def load_served(params: Params, name: str, version: str | None) -> tuple[Registe
     """The version of registered model ``name`` (None: the latest) and its served model; ConfigError naming --model when
     the registry has no such version, or the version does not serve raw records. A SQLite store not made yet
     holds none, and is not made."""
-    uri = resolve_tracking_uri(params.run.tracking_uri)
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+    if not store_made(params):
         raise ConfigError(f"--model: no registered model {name!r}: run.tracking_uri {params.run.tracking_uri} "
                           "holds no runs yet")
     client = open_store(params)
@@ -77,33 +73,6 @@ def load_served(params: Params, name: str, version: str | None) -> tuple[Registe
     return RegisteredModel(name=name, version=version), served
 
 
-def _where(source: Path, row: int) -> str:
-    return f"row {row + 1}" if source.suffix.lower() in PARQUET_SUFFIXES else f"line {row + 2}"
-
-
-def _typed(frame: pd.DataFrame, rule: RecordInput, *, source: Path, first_row: int) -> pd.DataFrame:
-    """A CSV's text cells (or Parquet's values) as the signature's types: numbers in numeric columns, text in
-    categorical ones. A numeric column's cell that is neither empty nor a number is refused here, by line."""
-    missing = [name for name in rule.names if name not in frame.columns]
-    if missing:
-        raise DataError(f"{source}: no column {missing[0]!r} (the model reads {', '.join(rule.names)})")
-    typed: dict[str, Any] = {}
-    columns = rule.columns if isinstance(rule, TableInput) else ()
-    categorical = {c.name for c in columns if c.categories is not None}
-    for name in rule.names:
-        cells = frame[name].tolist()
-        if name in categorical:
-            typed[name] = pd.Series([None if is_missing(v) else str(v) for v in cells], dtype=object)
-            continue
-        numbers = [as_number(v) for v in cells]
-        bad = next((row for row, (n, v) in enumerate(zip(numbers, cells)) if n is None and not is_missing(v)), None)
-        if bad is not None:
-            raise DataError(f"{source}: {_where(source, first_row + bad)}: column {name!r} is {str(cells[bad])!r}, "
-                            "not a finite number")
-        typed[name] = np.array([np.nan if n is None else n for n in numbers], dtype=np.float64)
-    return pd.DataFrame(typed)
-
-
 @dataclass(frozen=True)
 class _Input:
     """What a source holds before any row is scored: its rows, its column names (in order), the types a
@@ -116,44 +85,18 @@ class _Input:
 
 
 def _csv_input(source: Path) -> _Input:
-    """A CSV read by prepare's rule (a header of distinct names, every line as many fields, blank lines
-    skipped), checked whole before any row is scored, then a batch at a time as text."""
-
-    def records() -> Iterator[tuple[int, list[str]]]:  # each record and the line it ends on
-        with source.open(encoding="utf-8", newline="") as handle:
-            reader = csv.reader(handle)
-            try:
-                for row in reader:
-                    if row:
-                        yield reader.line_num, row
-            except UnicodeDecodeError as exc:
-                raise DataError(f"{source}: line {reader.line_num + 1}: not UTF-8 text ({exc.reason})") from None
-            except csv.Error as exc:
-                raise DataError(f"{source}: line {reader.line_num}: not a CSV record ({exc})") from None
-
-    header: list[str] | None = None
-    rows = 0
-    for line, row in records():
-        if header is None:
-            header = row
-            header[0] = header[0].removeprefix("\ufeff")  # a byte-order mark is no part of the name, as in prepare
-            repeated = repeated_name(header)
-            if repeated is not None:
-                raise DataError(f"{source}: column {repeated!r} appears twice in the header")
-        elif len(row) != len(header):
-            raise DataError(f"{source}: line {line} has {len(row)} fields, expected {len(header)}")
-        else:
-            rows += 1
-    if header is None:
-        raise DataError(f"{source}: empty file (expected a header of column names)")
-    names = tuple(header)
+    """A CSV read by prepare's rule (privpipe.data.tabular.csv_rows), checked whole before any row is scored,
+    then a batch at a time as text."""
+    rows = csv_rows(source)
+    names = tuple(next(rows))
+    count = sum(1 for _ in rows)
 
     def batches() -> Iterator[pd.DataFrame]:
-        body = (row for _, row in records())
+        body = csv_rows(source)
         next(body)  # the header
         while chunk := list(itertools.islice(body, BATCH_ROWS)):
             yield pd.DataFrame(chunk, columns=list(names), dtype=object)
-    return _Input(rows, names, {}, batches())
+    return _Input(count, names, {}, batches())
 
 
 def _parquet_input(source: Path) -> _Input:
@@ -256,8 +199,7 @@ def score_file(params: Params, *, name: str, version: str | None, source: Path,
         with progress(read.rows, "predict", unit="rows") as bar:
             for frame in read.batches:
                 frame = frame.reset_index(drop=True)
-                model_input = frame if images else _typed(frame, served.rule, source=source, first_row=writer.rows)
-                scored = served.predict(model_input, source=str(source), first_row=writer.rows)
+                scored = served.predict(frame, source=str(source), first_row=writer.rows)
                 writer.write(pd.concat([frame[list(kept)].rename(columns=kept), scored], axis=1))
                 bar.update(len(frame))
         writer.close()
