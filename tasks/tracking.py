@@ -44,7 +44,7 @@ from tasks.run_view import resolve_tracking_uri
 from tasks.versioning import git_commit
 
 __all__ = ["TrackedRun", "open_store", "tracked_run", "start_run", "experiment_id", "resolve_tracking_uri",
-           "ensure_models_of"]
+           "ensure_models_of", "store_made"]
 
 # MLflow's limits per log_batch call
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
@@ -61,15 +61,19 @@ def open_store(params: Params) -> MlflowClient:
     return MlflowClient(tracking_uri=uri)
 
 
+def store_made(params: Params) -> bool:
+    """False for a SQLite store not made yet (it holds nothing, and opening a client would make it); True
+    otherwise (a tracking server's store is never made by a read)."""
+    uri = resolve_tracking_uri(params.run.tracking_uri)
+    return not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).is_file()
+
+
 def ensure_models_of(params: Params, dataset: str, names: dict[str, str]) -> None:
     """Before any work: each registered model of ``names`` (name → the params key naming it) holds no other
     dataset's versions (ConfigError in one line). A SQLite store not made yet holds none, and is not made."""
-    if not params.evaluate.register_model:
+    if not params.evaluate.register_model or not store_made(params):
         return
-    uri = resolve_tracking_uri(params.run.tracking_uri)
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        return
-    client = MlflowClient(tracking_uri=uri)
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(params.run.tracking_uri))
     for name, key in names.items():
         ensure_model_of(client, name, dataset, key=key)
 

@@ -212,6 +212,12 @@ def own_table(**prepare: object) -> Callable[[Path], None]:
     return run
 
 
+def image_kind(folder: Path, dataset: str, path: str) -> None:
+    """params for an image kind at ``path``: a CNN, no DP-PCA, no target domain."""
+    set_params(folder, prepare={"dataset": dataset, "path": path, "target_domain": False},
+               dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+
+
 def own_images(folder: Path) -> None:
     """An image folder of 12×12 colour PNGs, one of them 24×20."""
     from PIL import Image
@@ -220,8 +226,7 @@ def own_images(folder: Path) -> None:
 
     write_image_folder(folder / "photos", per_class=20)
     Image.fromarray(np.zeros((20, 24, 3), np.uint8)).save(folder / "photos/square/odd.png")
-    set_params(folder, prepare={"dataset": "imagefolder", "path": "photos", "target_domain": False},
-               dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+    image_kind(folder, "imagefolder", "photos")
 
 
 def own_images_past_the_pixel_limit(folder: Path) -> None:
@@ -231,8 +236,7 @@ def own_images_past_the_pixel_limit(folder: Path) -> None:
 
     write_image_folder(folder / "photos", per_class=20)
     (folder / "photos/square/huge.png").write_bytes(png_claiming(5000, 5000))
-    set_params(folder, prepare={"dataset": "imagefolder", "path": "photos", "target_domain": False},
-               dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+    image_kind(folder, "imagefolder", "photos")
 
 
 def own_images_with_a_link_out(folder: Path) -> None:
@@ -242,8 +246,7 @@ def own_images_with_a_link_out(folder: Path) -> None:
     write_image_folder(folder / "photos", per_class=20)
     shutil.copy(folder / "photos/circle/circle-000.png", folder / "outside.png")
     os.symlink("../../outside.png", folder / "photos/square/linked.png")
-    set_params(folder, prepare={"dataset": "imagefolder", "path": "photos", "target_domain": False},
-               dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+    image_kind(folder, "imagefolder", "photos")
 
 
 def cifar10_asking_for_a_tebibyte(folder: Path) -> None:
@@ -260,8 +263,7 @@ def cifar10_asking_for_a_tebibyte(folder: Path) -> None:
     root.mkdir(parents=True)
     for name in ("batches.meta", *(f"data_batch_{k}" for k in range(1, 6)), "test_batch"):
         (root / name).write_bytes(pickle.dumps({b"label_names": Bomb()}, protocol=2))
-    set_params(folder, prepare={"dataset": "cifar10", "path": "data/raw/cifar", "target_domain": False},
-               dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+    image_kind(folder, "cifar10", "data/raw/cifar")
 
 
 def svhn_labels(y: Callable[[np.ndarray], np.ndarray]) -> Callable[[Path], None]:
@@ -274,8 +276,7 @@ def svhn_labels(y: Callable[[np.ndarray], np.ndarray]) -> Callable[[Path], None]
         write_svhn(folder / "svhn", train=20, test=10)
         train = loadmat(folder / "svhn/train_32x32.mat")
         savemat(folder / "svhn/train_32x32.mat", {"X": train["X"], "y": y(train["y"])})
-        set_params(folder, prepare={"dataset": "svhn", "path": "svhn", "target_domain": False},
-                   dp_pca={"enabled": False}, finetune={"model": "cnn"}, privacy={"delta": 1e-3})
+        image_kind(folder, "svhn", "svhn")
     return run
 
 
