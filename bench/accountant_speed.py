@@ -3,6 +3,18 @@
     .venv/bin/python bench/accountant_speed.py                          # ~2 min; bench/out/accounting/speed.{md,json}
     .venv/bin/python bench/accountant_speed.py --part epsilon           # part 1 alone: epsilon_speed.{md,json}
     PYTHONPATH=<checkout of an older commit> .venv/bin/python bench/accountant_speed.py --label before
+    # the published files:
+    .venv/bin/python bench/accountant_speed.py --part epsilon   # idle host
+        # → bench/out/accounting/epsilon_speed.md, epsilon_speed.json
+    .venv/bin/python bench/accountant_speed.py --part epsilon --label busy   # host busy, load ≈ 2.2
+        # → bench/out/accounting/epsilon_speed_busy.md, epsilon_speed_busy.json (run at e84376f without --label,
+        # renamed when the idle run replaced it)
+    PYTHONPATH=<checkout of ccef3c8> .venv/bin/python bench/accountant_speed.py --part epsilon --label before
+        # host busy → bench/out/accounting/epsilon_speed_before.md, epsilon_speed_before.json
+    git checkout 76c409b && .venv/bin/python bench/accountant_speed.py   # the script and library of 76c409b
+        # → bench/out/accounting/speed.md, speed.json
+    git checkout a63e5e5 && PYTHONPATH=<checkout of 0094349> .venv/bin/python bench/accountant_speed.py --label before
+        # the script at a63e5e5, the library at 0094349 → bench/out/accounting/speed_before.md, speed_before.json
 
 Part 1: ε of DP-SGD at q = 0.01, δ = 1e-5, 40,000 steps, σ ∈ {0.5, 1.1, 4}: ``compute_epsilon``
 (accountant best, its caches cleared each time) against one direct dp_accounting call

@@ -2,6 +2,16 @@
 
     .venv/bin/python bench/epoch_time.py [--repeats 5] [--threads 1 2] [--hosts idle busy] [--engines bk bk+secure]
                                          [--no-memory]    # → bench/out/dpsgd/epoch_time.json
+    # the published runs, stdout kept (the # lines atop each file written by hand); after the two older ones,
+    # `git checkout HEAD -- privpipe bench` restores this checkout:
+    .venv/bin/python bench/epoch_time.py --repeats 5 --threads 1 2 --hosts idle busy --engines bk bk+secure |
+        tee bench/out/dpsgd/epoch_time.txt                                      # the library at 17a79ba
+    git checkout 41a7db6 -- privpipe bench/epoch_time.py &&
+        .venv/bin/python bench/epoch_time.py --repeats 5 --threads 1 2 | tee bench/out/dpsgd/epoch_time_before.txt
+        # idle host, the library at 41a7db6; then the busy host, the same library, 0744223's script (--hosts):
+    git checkout 0744223 -- bench/epoch_time.py &&
+        .venv/bin/python bench/epoch_time.py --repeats 5 --threads 1 2 --hosts busy --engines bk bk+secure --no-memory |
+        tee -a bench/out/dpsgd/epoch_time_before.txt
 
 Models (MNIST): ``mlp`` (DP-PCA 60 → 1000 ReLU → 10, lot 600: the seed's), ``scatter-cnn``
 (ScatterNet features → GroupNorm → the small tanh CNN of Tramèr & Boneh 2021, lot 1024: the

@@ -1,7 +1,7 @@
 """finetune.mode: federated on the default digits run: server noise (client-level) against client noise
 (each client's DP-SGD, record-level), at the pipeline's ε = 3 in total.
 
-    make run && .venv/bin/python bench/federated_digits.py
+    make run && .venv/bin/python bench/federated_digits.py | tee bench/out/federated/digits.md   # published at 931e7a2
 
 Runs only the finetune stage (``privpipe stage finetune``) in a scratch copy of the project's
 data/, artifacts/ and params.yaml, so the project's own outputs and lifetime ledger are untouched,

@@ -4,6 +4,9 @@
     .venv/bin/python bench/mnist_pate.py --part privacy                # labels and ε for each aggregator
     .venv/bin/python bench/mnist_pate.py --part students --only "gnmax σ=40, 100 queries"   # student accuracy
     .venv/bin/python bench/mnist_pate.py --part domain                 # MNIST → UCI digits target accuracy
+    # the published outputs, stdout at ce4c64a (privacy.txt's smooth sensitivities predate f959778's tighter ones):
+    .venv/bin/python bench/mnist_pate.py --part teachers --workers 2 | tee bench/out/pate/teachers.txt
+    .venv/bin/python bench/mnist_pate.py --part privacy | tee bench/out/pate/privacy.txt
 
 The same library code the pipeline runs (partition, teachers, aggregate, analysis,
 student). As in PATE: teachers on MNIST's 60,000 training images (250 disjoint shards),

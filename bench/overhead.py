@@ -1,7 +1,11 @@
 """Orchestration overhead of the default run: its wall time over the stages' own seconds, in the same run.
 
     .venv/bin/python bench/overhead.py          # ~7 min; goal: wall / stage seconds <= 1.25
-    .venv/bin/python bench/overhead.py --busy   # the same with a CPU burner on one core: overhead_busy.{json,txt}
+        # → bench/out/operations/overhead.txt, overhead.json
+    .venv/bin/python bench/overhead.py --busy   # the same with a CPU burner on one core
+        # → bench/out/operations/overhead_busy.txt, overhead_busy.json
+    git checkout b3f096c && .venv/bin/python bench/overhead.py   # before issue 17: PATE on, a code-only baseline
+        # → bench/out/operations/overhead.json, kept as overhead_before_issue17.json by 12d3787
 
 Fresh project folders, the embedded digits, the default params.yaml. Each `privpipe run` is a
 subprocess timed from start to exit (interpreter, imports, Prefect, MLflow, DVC all included);

@@ -7,6 +7,24 @@
     .venv/bin/python bench/removal.py --part timing     # one removal vs one retrain; 1,000 removals
     .venv/bin/python bench/removal.py --part bound      # certified bound vs exact residual, k = 1..2,000
     .venv/bin/python bench/removal.py --part scatter    # why not the ScatterNet coefficients (d = 3,970)
+    # the published logs, each made at the commit named (stderr kept where a warning or Prefect's log shows):
+    .venv/bin/python bench/removal.py --part select | tee bench/out/removal/select.log                      # b4f3ac2
+    .venv/bin/python bench/removal.py --part features 2>&1 | tee bench/out/removal/features.log             # 9912cfb
+    for p in accuracy timing bound; do echo "### --part $p"; .venv/bin/python bench/removal.py --part $p; done |
+        tee bench/out/removal/accuracy_timing_bound.log       # 9912cfb; --part accuracy re-run at 07af20a, appended
+    # bench/out/removal/timing_flows_accuracy_bound.log (b4f3ac2) holds the stdout and stderr of, in turn:
+    .venv/bin/python bench/removal.py --part timing
+    .venv/bin/python bench/removal_flow.py --dataset mnist --project /tmp/r19/mnist_after   # reuses its run
+    PYTHONPATH=<checkout of 5e46c13> .venv/bin/python bench/removal_flow.py --project /tmp/r19/digits_old --label before
+    .venv/bin/python bench/removal_flow.py --project /tmp/r19/digits_new
+    .venv/bin/python bench/removal.py --part accuracy; .venv/bin/python bench/removal.py --part bound
+    # before the reference-point head: written to bench/out/removal/, moved to before_issue19/ by 89a13ad
+    git checkout b64d040 && { time .venv/bin/python bench/removal.py --part all; } 2>&1 | tee bench/out/removal/all.log
+        # → bench/out/removal/before_issue19/all.log (and that folder's results.json, bound_vs_residual.png)
+    git checkout 03327b6 && .venv/bin/python bench/removal.py --part refresh | tee bench/out/removal/refresh.log
+        # → bench/out/removal/before_issue19/refresh.log (the log stops before the table)
+    git checkout 03327b6 && { time .venv/bin/python bench/removal.py --part timing; } 2>&1 |
+        tee bench/out/removal/timing.log                              # → bench/out/removal/before_issue19/timing.log
 
 Reads the IDX files from ../shared/data/mnist (or --mnist DIR); prints a Markdown table per part
 and merges every figure into bench/out/removal/results.json (bound_vs_residual.png from

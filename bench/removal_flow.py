@@ -4,6 +4,18 @@
     .venv/bin/python bench/removal_flow.py --dataset mnist --requests 1000          # MNIST (~12 min: trains first)
     .venv/bin/python bench/removal_flow.py --dataset mnist --project DIR --rounds 3 # reuse DIR's trained run
     .venv/bin/python bench/removal_flow.py --dataset mnist --project DIR --rounds 0 # only set DIR up
+    # the published files, all at b4f3ac2 (the _before ones with the library at 5e46c13):
+    .venv/bin/python bench/removal_flow.py --dataset digits --project /tmp/r19/digits_new
+        # → bench/out/removal/flow_digits.json
+    .venv/bin/python bench/removal_flow.py --dataset mnist --project /tmp/r19/mnist_after   # reuses the run there
+        # → bench/out/removal/flow_mnist.json
+    export PYTHONPATH=<checkout of 5e46c13>
+    .venv/bin/python bench/removal_flow.py --dataset digits --project /tmp/r19/digits_old --label before
+        # → bench/out/removal/flow_digits_before.json
+    .venv/bin/python bench/removal_flow.py --dataset mnist --project /tmp/r19/mnist_old --label before |
+        tee bench/out/removal/flow_mnist_before.log   # reuses its run → bench/out/removal/flow_mnist_before.json
+    unset PYTHONPATH
+    # (the other three runs' stdout and stderr are in bench/out/removal/timing_flows_accuracy_bound.log)
 
 In a project folder (a temporary one, or --project DIR, kept for reuse): `privpipe run` once,
 then ``--rounds`` times: queue ``--requests`` random training records that are still in the

@@ -2,6 +2,14 @@
 
     .venv/bin/python bench/removal_pixels.py [--repeats 5] [--refresh-every 0] [--out NAME]
     .venv/bin/python bench/removal_pixels.py --busy     # a CPU burner on the other core: pixels_busy.{json,md}
+    # the published files:
+    .venv/bin/python bench/removal_pixels.py --repeats 5 --refresh-every 0
+        # → bench/out/removal/pixels.md, pixels.json
+    .venv/bin/python bench/removal_pixels.py --repeats 5 --refresh-every 0 --busy
+        # → bench/out/removal/pixels_busy.md, pixels_busy.json
+    git checkout 651415c -- privpipe && git checkout 27b28ab -- bench/removal_pixels.py &&
+        .venv/bin/python bench/removal_pixels.py --repeats 5 --refresh-every 100 --out before   # the library at 651415c
+        # → bench/out/removal/pixels_before.md, pixels_before.json ("Before (commit 651415c: …) —" added by hand)
 
 The head is privpipe.removal.RemovableHead as the pipeline trains it (rows x ← [x/‖x‖, 1]/√2 of the
 784 pixels, d = 785), on MNIST's 11,982 training threes and eights, λ 0.01, σ 10, ε 1, δ 1e-4 (the

@@ -1,14 +1,17 @@
 """Teacher stage on a local Dask cluster: 1 worker vs 2 (goal: speed-up >= 1.7x on 2 workers).
 
     .venv/bin/python bench/scale_out.py --base params-mnist.yaml --mnist ../shared/data/mnist --teachers 40 --epochs 10
+        # → bench/out/operations/scale_out_mnist.json (the published one: 3e6f1c8)
     .venv/bin/python bench/scale_out.py                 # the default digits teachers (tiny: overhead-bound)
+        # → bench/out/operations/scale_out_digits.json (the published one: the script at bb6c6ea, which wrote
+        # scale_out.json, committed under this name by 6dc873d)
 
 In a temporary project folder: prepare, partition and DP-PCA (of MNIST, or of the embedded
 digits) run once; then the teacher stage (one mapped Prefect task per teacher, ``flows.pipeline._teachers``)
 runs inside a flow on a local Dask cluster with 1 and then 2 worker processes (one thread
 each). The time is the mapping alone, from the first submit to the last vote file; the
 cluster's start-up is reported apart. Also: the default threads runner, for reference.
-Prints a Markdown table and writes bench/out/operations/scale_out.json.
+Prints a Markdown table and writes bench/out/operations/scale_out_<dataset>.json.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The PATE student's loss curve before and after issue 22's checks, at a sane and a diverging rate.
 
     .venv/bin/python bench/student_loss.py --label after                              # this checkout, ~3 min
+        # → bench/out/pate/student_loss_after.json (the published one ran at f34982f)
     PYTHONPATH=<checkout of 0094349> .venv/bin/python bench/student_loss.py --label before
+        # → bench/out/pate/student_loss_before.json
     .venv/bin/python bench/student_loss.py --compare                                  # student_loss.md
 
 In a temporary project with the default params and ``student.enabled: true`` (digits; PATE's stages

@@ -181,6 +181,34 @@ def test_the_benchmarks_page_reports_an_output_the_list_lacks_and_a_listed_one_t
                         "bench/out/operations/make_run.txt: a benchmark output docs/benchmarks.yml does not list"]
 
 
+def _unwritten_outputs(entries: list[dict]) -> list[str]:
+    """Each listed output or data file whose entry names no script in bench/, or whose script never names it."""
+    problems = []
+    for entry in entries:
+        listed = [*entry.get("outputs", []), *entry.get("data", [])]
+        script = entry.get("script")
+        if not script or not script.startswith("bench/") or not (PROJECT / script).is_file():
+            problems += [f"{path}: no script in bench/ writes it" for path in listed]
+            continue
+        source = (PROJECT / script).read_text(encoding="utf-8")
+        problems += [f"{path}: {script} never names it" for path in listed if Path(path).name not in source]
+    return problems
+
+
+def test_every_listed_benchmark_output_names_the_bench_script_that_writes_it():
+    """Issue 47: a figure on the benchmarks page is reproducible from the repository: its entry is a script in
+    bench/, and that script names the file (where it writes it, or the command that wrote it)."""
+    entries = yaml.safe_load((PROJECT / "docs/benchmarks.yml").read_text(encoding="utf-8"))
+    assert _unwritten_outputs(entries) == []
+
+
+def test_an_output_without_its_script_is_reported():
+    entries = [{"title": "scratch", "commands": ["# by hand"], "outputs": ["bench/out/x/by_hand.txt"]},
+               {"script": "bench/epoch_time.py", "outputs": ["bench/out/dpsgd/never_written.txt"]}]
+    assert _unwritten_outputs(entries) == ["bench/out/x/by_hand.txt: no script in bench/ writes it",
+                                           "bench/out/dpsgd/never_written.txt: bench/epoch_time.py never names it"]
+
+
 def test_the_readme_is_short_and_quotes_make_run_as_saved():
     readme = (PROJECT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 250
