@@ -1,6 +1,12 @@
 """DP test accuracy on a user's own tables, through the pipeline's own stages (issue 34's "done when").
 
-    .venv/bin/python bench/own_data_tabular.py [--seeds 3]
+    .venv/bin/python bench/own_data_tabular.py [--seeds 0 1 2 ... | --num-seeds N] [--name tabular]
+                                               [--out bench/out/own_data]
+    .venv/bin/python bench/own_data_tabular.py --num-seeds 10                     # → bench/out/own_data/tabular.md
+    .venv/bin/python bench/own_data_tabular.py --seeds 10 11 12 13 14 15 16 17 18 19 --name tabular_seeds10-19
+                                                   # → bench/out/own_data/tabular_seeds10-19.md, .json
+
+``--seeds`` names the seeds (default 0 1 2); ``--num-seeds N`` is seeds 0..N-1 (what ``--seeds N`` meant before).
 
 scikit-learn's **breast cancer** (569 rows, 30 numeric features, 2 classes) and **wine** (178 rows, 13
 features, 3 classes) data are written as CSV files with a natural header, as a user would export them
@@ -30,6 +36,7 @@ again, and the validation share would be empty). Every recipe of a small grid (`
 recipe with the best mean validation accuracy (ties: the smaller spread, then grid order) is chosen per data
 set and ε, and only that recipe is then run on the real projects and scored on their test rows: mean, std and
 [min, max] over the seeds (``run.seed`` changes the split, the DP noise, the lots and the initialisation).
+Every std (and the tie-breaker's spread) is the sample standard deviation (n − 1; 0 for one seed).
 
 **Non-private baseline.** scikit-learn's ``LogisticRegression`` (default C = 1, lbfgs) on the same training
 rows (``data/prepared/<dataset>/sensitive``: the same schema-encoded features) of the same real project, scored on the
@@ -40,9 +47,10 @@ same test rows, mean and spread over the same seeds.
 out of training for nothing. ``privacy.secure_rng`` stays false (seeded noise: reproducible, fine for a
 benchmark, not for a release). ``torch.set_num_threads(1)`` (and ``run.torch_threads: 1``) throughout.
 
-Writes bench/out/own_data/tabular.json (every run: dataset, ε target, seed, recipe, validation or test
-accuracy, the ledger's ε and accountant, σ, wall seconds) and bench/out/own_data/tabular.md (the table),
-and prints the table.
+Writes <out>/<name>.json (every run: dataset, ε target, seed, recipe, validation or test accuracy, the
+ledger's ε and accountant, σ, wall seconds) and <out>/<name>.md (the table, with the command that made it),
+and prints the table; by default bench/out/own_data/tabular.json and .md. ``--name`` keeps another seed set's
+files beside the first.
 """
 
 from __future__ import annotations
@@ -252,7 +260,8 @@ def recipe_text(recipe: dict[str, Any]) -> str:
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+    """mean, sample standard deviation (n − 1; 0 for one value), min and max."""
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "min": min(values), "max": max(values)}
 
 
@@ -296,7 +305,7 @@ def bench(seeds: list[int], root: Path) -> tuple[list[dict], list[dict]]:
                              "validation_accuracy": figures["accuracy"], "test_accuracy": None,
                              **{key: figures[key] for key in ("epsilon", "accountant", "noise_multiplier", "steps",
                                                               "sizes", "seconds")}})
-        best = max(range(len(grid)), key=lambda k: (statistics.fmean(scores[k]), -statistics.pstdev(scores[k]), -k))
+        best = max(range(len(grid)), key=lambda k: (statistics.fmean(scores[k]), -spread(scores[k])["std"], -k))
         chosen = grid[best]
         tests, baselines, epsilons, accountants, seconds = [], [], [], set(), []
         for seed in seeds:
@@ -321,6 +330,7 @@ def bench(seeds: list[int], root: Path) -> tuple[list[dict], list[dict]]:
             met = plain["mean"] - dp["mean"] <= 0.05
             seeds_met = sum(b - t <= 0.05 for t, b in zip(tests, baselines))
         summary.append({"dataset": name, "epsilon_target": epsilon, "delta": DELTA, "seeds": seeds,
+                        "epsilon_private_choice": private_choice(runs[-len(seeds):], chosen, len(grid)),
                         "epsilon_ledger_max": max(epsilons), "accountant": "/".join(sorted(accountants)),
                         "dp_test_accuracy": dp, "nonprivate_test_accuracy": plain, "target": target, "met": met,
                         "seeds_meeting_target": seeds_met,
@@ -337,15 +347,27 @@ def bench(seeds: list[int], root: Path) -> tuple[list[dict], list[dict]]:
     return runs, summary
 
 
-def table(summary: list[dict], seeds: list[int], total: float) -> str:
+def private_choice(test_runs: list[dict], chosen: dict[str, Any], candidates: int) -> float:
+    """ε had the recipe been chosen privately among ``candidates`` on validation rows of the sensitive data
+    (``finetune.recipe: auto``'s selection, bench/protocol.py) at the test runs' σ: the largest over seeds."""
+    from protocol import private_selection_epsilon
+
+    from privpipe.dpsgd import dpsgd_schedule
+
+    return max(private_selection_epsilon(
+        [dpsgd_schedule(n=r["sizes"]["sensitive"], lot_size=chosen["lot_size"], epochs=chosen["epochs"])
+         .event(noise_multiplier=r["noise_multiplier"])], candidates=candidates, delta=DELTA) for r in test_runs)
+
+
+def table(summary: list[dict], seeds: list[int], total: float, command: str) -> str:
     lines = [
         f"DP-SGD through the pipeline's stages (prepare csv → dp_pca off → finetune → evaluate), seeds "
         f"{', '.join(map(str, seeds))}; test share {TEST_FRACTION:g}, public share {PUBLIC_FRACTION:g}, the rest "
-        "trains. Accuracy on the test rows: mean ± std [min, max] over the seeds.",
+        "trains. Accuracy on the test rows: mean ± sample std (n − 1) [min, max] over the seeds.",
         "",
         "| data set | ε target | ε (ledger, max) | δ | accountant | DP test accuracy | non-private LR | target "
-        "| met (on the means) | chosen recipe (validation mean) | wall time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| met (on the means) | chosen recipe (validation mean) | ε, chosen privately | wall time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in summary:
         dp, plain = row["dp_test_accuracy"], row["nonprivate_test_accuracy"]
@@ -358,6 +380,7 @@ def table(summary: list[dict], seeds: list[int], total: float) -> str:
             f"| {row['accountant']} | {dp['mean']:.3f} ± {dp['std']:.3f} [{dp['min']:.3f}, {dp['max']:.3f}] "
             f"| {plain['mean']:.3f} ± {plain['std']:.3f} [{plain['min']:.3f}, {plain['max']:.3f}] "
             f"| {row['target'] or '—'} | {met} | {recipe_text(row['chosen_recipe'])} ({row['validation_mean']:.3f}) "
+            f"| {row['epsilon_private_choice']:.2f} "
             f"| {row['wall_seconds']:.0f} s ({row['runs']} runs; a test run {row['test_run_seconds_mean']:.1f} s) |")
     grid = ", ".join(f"{k} ∈ {{{', '.join(json.dumps(v) for v in values)}}}" for k, values in GRID.items())
     lines += [
@@ -365,8 +388,11 @@ def table(summary: list[dict], seeds: list[int], total: float) -> str:
         f"- **Selection**: {len(recipes())} recipes ({grid}), each run on every seed's *validation project* "
         "(a CSV of only that seed's non-test rows, which the pipeline splits again under run.seed = seed + "
         f"{VALIDATION_SEED_OFFSET} into its own test share, the validation set, and training rows); the best mean "
-        "validation accuracy over the seeds wins (ties: smaller spread, then grid order). Only the chosen recipe "
-        "ever ran on the test rows.",
+        "validation accuracy over the seeds wins (ties: smaller sample std, then grid order). Only the chosen recipe "
+        "ever ran on the test rows. The validation rows are the sensitive data's own, so the choice is a "
+        "release this table does not charge; 'ε, chosen privately' is what it would cost made privately as "
+        "`finetune.recipe: auto` makes it (Papernot & Steinke's logarithmic selector, E[K] = the number of "
+        "recipes, RDP, at the test runs' σ; bench/protocol.py).",
         "- **Bounds**: each column's {min, max} is the range published in the data set's own documentation "
         "(`load_breast_cancer().DESCR`, `load_wine().DESCR`, Summary Statistics), standing in for the domain "
         "knowledge a user would declare; nothing is computed from the training rows. (The publisher computed "
@@ -377,8 +403,10 @@ def table(summary: list[dict], seeds: list[int], total: float) -> str:
         "schema-encoded features), scored on the same test rows.",
         f"- prepare.public_fraction {PUBLIC_FRACTION:g}: with student.enabled false nothing reads the public pool, "
         "but the config requires a share above 0 (the default 0.1 would hold a tenth of the rows out of training).",
+        "- Every ± and std is the sample standard deviation over the seeds (n − 1, `statistics.stdev`; 0 for one "
+        "seed), not the population one (which understates a 3-seed spread by 18 %).",
         f"- torch.set_num_threads(1), run.torch_threads 1, CPU; privacy.secure_rng false (seeded noise). Command: "
-        f"`.venv/bin/python bench/own_data_tabular.py --seeds {len(seeds)}`; total wall time {total:.0f} s.",
+        f"`{command}`; total wall time {total:.0f} s.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -390,13 +418,40 @@ def to_json(result: dict[str, Any]) -> str:
     return f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n'
 
 
+def command_line(seeds: list[int], name: str, out: Path) -> str:
+    """The command that reproduces a run: its seeds and name, and its folder when not the default."""
+    words = [".venv/bin/python bench/own_data_tabular.py", "--seeds", *map(str, seeds), "--name", name]
+    if out.resolve() != OUT.resolve():
+        words += ["--out", str(out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out)]
+    return " ".join(words)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (each its own split, noise and init)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                       help="the seeds, e.g. --seeds 0 1 2 3 4 5 6 7 8 9 (each its own split, noise and init; "
+                            "default 0 1 2)")
+    which.add_argument("--num-seeds", type=int, metavar="N", help="seeds 0..N-1 (the old --seeds N)")
+    parser.add_argument("--name", default="tabular", metavar="STEM",
+                        help="write <out>/STEM.json and STEM.md (default tabular)")
+    parser.add_argument("--out", type=Path, default=OUT, metavar="DIR", help="the output folder (default %(default)s)")
     args = parser.parse_args()
-    if args.seeds < 1:
-        raise SystemExit("--seeds must be >= 1")
-    seeds = list(range(args.seeds))
+    if args.num_seeds is not None:
+        if args.num_seeds < 1:
+            raise SystemExit("--num-seeds must be >= 1")
+        seeds = list(range(args.num_seeds))
+    else:
+        seeds = args.seeds if args.seeds is not None else [0, 1, 2]
+        if len(seeds) == 1 and seeds[0] > 0:
+            print(f"note: --seeds {seeds[0]} runs the one seed {seeds[0]}; --num-seeds {seeds[0]} is seeds "
+                  f"0..{seeds[0] - 1}", file=sys.stderr, flush=True)
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise SystemExit(f"--seeds must be distinct and >= 0, not {seeds}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.name):
+        raise SystemExit(f"--name must be a plain file stem (letters, digits, . _ -), not {args.name!r}")
+    out: Path = args.out if args.out.is_absolute() else Path.cwd() / args.out
+    command = command_line(seeds, args.name, out)
     sys.path.insert(0, str(ROOT))
     import torch
 
@@ -413,15 +468,16 @@ def main() -> None:
         runs, summary = bench(seeds, root)
         total = time.perf_counter() - started
         os.chdir(start_dir)
-    OUT.mkdir(parents=True, exist_ok=True)
-    result = {"seeds": seeds, "delta": DELTA, "test_fraction": TEST_FRACTION, "public_fraction": PUBLIC_FRACTION,
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"name": args.name, "command": command, "std": "sample (n - 1)",
+              "seeds": seeds, "delta": DELTA, "test_fraction": TEST_FRACTION, "public_fraction": PUBLIC_FRACTION,
               "validation_seed_offset": VALIDATION_SEED_OFFSET, "grid": GRID, "torch_threads": 1,
               "bounds": "the publisher's documented ranges (DESCR Summary Statistics), standing in for the domain "
                         "knowledge a user would declare",
               "total_wall_seconds": total, "summary": summary, "runs": runs}
-    (OUT / "tabular.json").write_text(to_json(result))
-    text = table(summary, seeds, total)
-    (OUT / "tabular.md").write_text(text)
+    (out / f"{args.name}.json").write_text(to_json(result))
+    text = table(summary, seeds, total, command)
+    (out / f"{args.name}.md").write_text(text)
     print()
     print(text)
 
