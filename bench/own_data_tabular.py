@@ -4,7 +4,7 @@
                                                [--out bench/out/own_data]
     .venv/bin/python bench/own_data_tabular.py --num-seeds 10                     # → bench/out/own_data/tabular.md
     .venv/bin/python bench/own_data_tabular.py --seeds 10 11 12 13 14 15 16 17 18 19 --name tabular_seeds10-19
-                                                   # → bench/out/own_data/tabular_seeds10-19.md, .json
+                              # → bench/out/own_data/tabular_seeds10-19.md, tabular_seeds10-19.json
 
 ``--seeds`` names the seeds (default 0 1 2); ``--num-seeds N`` is seeds 0..N-1 (what ``--seeds N`` meant before).
 

@@ -173,7 +173,8 @@ def test_the_benchmarks_page_lists_every_output_with_its_command():
 def test_the_benchmarks_page_reports_an_output_the_list_lacks_and_a_listed_one_that_is_missing(tmp_path: Path):
     hooks = _hooks()
     entries = yaml.safe_load(hooks.REGISTRY.read_text(encoding="utf-8"))
-    entries[0]["outputs"] = ["bench/out/operations/no-such-output.txt"]  # make_run.txt no longer listed
+    assert entries[0]["outputs"][0] == "bench/out/operations/make_run.txt"
+    entries[0]["outputs"][0] = "bench/out/operations/no-such-output.txt"  # make_run.txt no longer listed
     hooks.REGISTRY = tmp_path / "benchmarks.yml"
     hooks.REGISTRY.write_text(yaml.safe_dump(entries), encoding="utf-8")
     _, problems = hooks.benchmarks_reference()
