@@ -4,9 +4,9 @@
     .venv/bin/python bench/mnist_pate.py --part privacy                # labels and ε for each aggregator
     .venv/bin/python bench/mnist_pate.py --part students --only "gnmax σ=40, 100 queries"   # student accuracy
     .venv/bin/python bench/mnist_pate.py --part domain                 # MNIST → UCI digits target accuracy
-    # the published outputs, stdout at ce4c64a (privacy.txt's smooth sensitivities predate f959778's tighter ones):
+    # the published outputs (teachers.txt: stdout at ce4c64a; the same ensemble re-measured 2026-12-06):
     .venv/bin/python bench/mnist_pate.py --part teachers --workers 2 | tee bench/out/pate/teachers.txt
-    .venv/bin/python bench/mnist_pate.py --part privacy | tee bench/out/pate/privacy.txt
+    .venv/bin/python bench/mnist_pate.py --part privacy --seeds 0 1 2 | tee bench/out/pate/privacy.txt
 
 The same library code the pipeline runs (partition, teachers, aggregate, analysis,
 student). As in PATE: teachers on MNIST's 60,000 training images (250 disjoint shards),
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +47,9 @@ from privpipe.pate.registry import make_aggregator
 from privpipe.pate.student import StudentConfig, train_student
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier, vote_histograms
 from privpipe.privacy import RDP_ORDERS, NoiseSource, compute_epsilon
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from protocol import spread
 
 DELTA = 1e-5
 TEACHERS = 250
@@ -194,12 +198,29 @@ def _describe(agg: Aggregator, labels: np.ndarray, truth: np.ndarray, eps: dict[
 
 
 def part_privacy(args: argparse.Namespace) -> None:
+    """Each aggregator's labels and ε; over ``--seeds`` (the vote noise and the sanitiser's), mean ± sample std
+    [min, max] of what the noise moves (answered, label accuracy, the sanitised ε)."""
     histograms = _votes(args)
     _, public, _ = _mnist(args.mnist)
-    print(f"{args.teacher_model} teachers; consensus over the {PUBLIC} queries: {consensus(histograms)}")
+    seeds = args.seeds or [args.seed]
+    print(f"{args.teacher_model} teachers; consensus over the {PUBLIC} queries: {consensus(histograms)}; "
+          f"seeds {' '.join(map(str, seeds))} (mean ± sample std [min, max] where the noise moves a figure)")
     for agg in aggregators():
-        labels = _label(agg, histograms, args.seed)
-        print(_describe(agg, labels, public.labels, _epsilons(agg, histograms, args.seed)), flush=True)
+        if len(seeds) == 1:
+            labels = _label(agg, histograms, seeds[0])
+            print(_describe(agg, labels, public.labels, _epsilons(agg, histograms, seeds[0])), flush=True)
+            continue
+        answered, right, sanitised, eps = [], [], [], {}
+        for seed in seeds:
+            labels = _label(agg, histograms, seed)
+            eps = _epsilons(agg, histograms, seed)
+            answered.append(float((labels >= 0).sum()))
+            right.append(float((labels[labels >= 0] == public.labels[:agg.queries][labels >= 0]).mean()))
+            sanitised.append(eps["sanitised"])
+        print(f"{agg.name}: {spread(answered).text(1)} answered, label accuracy {spread(right).text(4)}; "
+              f"ε sanitised {spread(sanitised).text(3)} (order {agg.order:g}), data-independent "
+              f"{eps['independent']:.3f}, raw data-dependent {eps['raw']:.3f} (smooth sensitivity "
+              f"{eps['smooth']:.4f})", flush=True)
 
 
 def _student(labeled_x: np.ndarray, labeled_y: np.ndarray, unlabeled_x: np.ndarray, seed: int,
@@ -284,6 +305,7 @@ def main() -> None:
                         help="scatter: linear on fixed ScatterNet features; cnn: the tanh CNN (votes cached per model)")
     parser.add_argument("--teachers", type=int, default=TEACHERS, help="train only the first N (timing runs)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", help="--part privacy: these seeds, mean ± sample std")
     parser.add_argument("--student", choices=sorted(STUDENTS), default="fixmatch",
                         help="students: the student's losses")
     parser.add_argument("--only", nargs="*", default=[],
