@@ -39,7 +39,8 @@ Validation protocol (no figure is chosen on the test split):
   their functions; not tuned here) at every seed and report test accuracy as mean ± sample std: they
   choose nothing. TEXT_BASE dates from --part try runs that printed test accuracy (before this protocol);
   re-choose it with --part try (validation) before treating those parts as free of that choice. MNIST has
-  no validation split.
+  no validation split. --part modes chooses only rounds and the server step (or local epochs) on validation;
+  its other settings (local lr, E, batch, S, q) are TEXT_BASE's too.
 Writes bench/out/federated/modes.md (the modes table), results.json (the raw runs, one key a part) and
 accuracy_by_round.png (--part seed); --out puts all of it, the work folder and the embedding cache elsewhere.
 """
@@ -337,21 +338,22 @@ def choose_then_test(base: dict, candidates: list[dict], splits: Splits, tag: st
           file=sys.stderr, flush=True)
     return {"candidates": tried, "chosen": best, "chosen_label": tried[best]["label"],
             "validation_accuracy": tried[best]["validation"]["accuracy"], "runs": runs,
-            "epsilon_private_choice": private_choice(raw, runs, len(candidates)) if server_noise else None}
+            "epsilon_private_choice": private_choice(raw, tried) if server_noise else None}
 
 
-def private_choice(raw: dict, runs: list[dict], candidates: int) -> float | None:
-    """Client-level ε had the setting been chosen privately among ``candidates`` (bench/protocol.py: the
-    logarithmic selector, E[K] = the number of candidates, RDP) at the test runs' z: the largest over seeds."""
+def private_choice(raw: dict, tried: list[dict]) -> float | None:
+    """Client-level ε had the setting been chosen privately among the candidates (bench/protocol.py: the
+    logarithmic selector, E[K] = the number of candidates, each run's candidate at random so the largest
+    candidate's RDP counts), each candidate's run as it ran on the validation split (its z and rounds)."""
     from protocol import private_selection_epsilon
 
     from privpipe.privacy import PoissonGaussianEvent
 
     rate = raw["federated"]["sample_rate"]
-    values = [private_selection_epsilon([PoissonGaussianEvent(stage="federated", noise_multiplier=r["noise_multiplier"],
-                                                              sample_rate=rate, steps=r["rounds"])],
-                                        candidates=candidates, delta=DELTA) for r in runs if r["noise_multiplier"]]
-    return max(values) if values else None
+    runs = [[PoissonGaussianEvent(stage="federated", noise_multiplier=entry["validation"]["noise_multiplier"],
+                                  sample_rate=rate, steps=entry["validation"]["rounds"])]
+            for entry in tried if entry["validation"].get("noise_multiplier")]
+    return private_selection_epsilon(runs, delta=DELTA) if runs else None
 
 
 def _score(candidate: dict) -> str:

@@ -1,7 +1,7 @@
 """What every benchmark that makes a choice shares: the spread it reports and the price of its choice.
 
     spread([0.98, 0.97, 0.99]).text(4)   # '0.9800 ± 0.0100 [0.9700, 0.9900]': mean ± sample std [min, max]
-    private_selection_epsilon(events, candidates=2, delta=1e-5)
+    private_selection_epsilon([events_a, events_b], delta=1e-5)   # each candidate's run
 
 - Spreads are the sample standard deviation (n − 1): over 3 seeds the population one understates it by 18 %.
 - A choice made on validation rows of the sensitive data is itself a release (Papernot & Steinke 2022).
@@ -49,14 +49,20 @@ def spread(values: Sequence[float]) -> Spread:
                   min(numbers), max(numbers), len(numbers))
 
 
-def private_selection_epsilon(events: Sequence[Event], *, candidates: int, delta: float,
+def private_selection_epsilon(candidates: Sequence[Sequence[Event]], *, delta: float,
                               fixed: Sequence[Event] = ()) -> float:
-    """ε (RDP) of choosing privately among ``candidates`` recipes whose runs each cost ``events``, with the
-    ``fixed`` events (a DP-PCA paid once) added; ``candidates`` 1: no choice, the run's own RDP ε."""
-    if candidates <= 1:
-        return compute_epsilon([*fixed, *events], delta=delta, accountant="rdp").epsilon
-    run = np.sum([np.asarray(e.rdp_at(RDP_ORDERS), dtype=float) for e in events], axis=0)
-    curve = make_selector("logarithmic", mean_runs=float(candidates)).rdp(RDP_ORDERS, run)
+    """ε (RDP) of choosing privately among the ``candidates`` recipes, each given by the events one run of it
+    costs, with the ``fixed`` events (a DP-PCA paid once) added. As in ``finetune.recipe: auto``, each run
+    draws its candidate at random, so one run's RDP is the largest candidate's at each order (joint convexity);
+    the score's noise is set never to exceed it, on validation rows disjoint from training. One candidate: no
+    choice, the run's own RDP ε."""
+    if not candidates:
+        raise ValueError("no candidates")
+    if len(candidates) == 1:
+        return compute_epsilon([*fixed, *candidates[0]], delta=delta, accountant="rdp").epsilon
+    run = np.max([np.sum([np.asarray(e.rdp_at(RDP_ORDERS), dtype=float) for e in events], axis=0)
+                  for events in candidates], axis=0)
+    curve = make_selector("logarithmic", mean_runs=float(len(candidates))).rdp(RDP_ORDERS, run)
     selection = RdpCurveEvent(stage="selection", orders=tuple(RDP_ORDERS), rdp=tuple(float(v) for v in curve))
     epsilon = compute_epsilon([*fixed, selection], delta=delta, accountant="rdp").epsilon
     return epsilon if math.isfinite(epsilon) else math.inf
