@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from protocol import spread_dict as spread
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -171,11 +172,6 @@ def _pixels(results: list[dict[str, Any]]) -> str:
     if "pixels_lr" not in results[0]:
         return ""
     return f" (LR on pixels {statistics.fmean(r['pixels_lr'] for r in results):.3f})"
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
 
 
 def cases(part: str) -> list[dict[str, Any]]:

@@ -67,7 +67,6 @@ import hashlib
 import json
 import logging
 import os
-import statistics
 import struct
 import sys
 import tempfile
@@ -76,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from protocol import spread_dict as spread
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench/out/own_data"
@@ -303,12 +303,6 @@ def peak_rss_mib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    """mean, sample standard deviation (n − 1; 0 for one value), min and max."""
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
 
 
 def fmt(s: dict[str, float], digits: int = 4) -> str:

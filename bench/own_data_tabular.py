@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from protocol import spread_dict as spread
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench/out/own_data"
@@ -259,12 +260,6 @@ def recipe_text(recipe: dict[str, Any]) -> str:
     hidden = "linear" if not recipe["hidden_units"] else f"MLP {recipe['hidden_units']}"
     return (f"{hidden}, {recipe['epochs']} epochs, L = {recipe['lot_size']}, lr {recipe['learning_rate']:g}, "
             f"C = {recipe['max_grad_norm']:g}")
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    """mean, sample standard deviation (n − 1; 0 for one value), min and max."""
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
 
 
 # --- the benchmark -----------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from privpipe.privacy import Event, RdpCurveEvent, compute_epsilon
 from privpipe.privacy.ledger import RDP_ORDERS
 from privpipe.selection import make_selector
 
-__all__ = ["Spread", "spread", "private_selection_epsilon"]
+__all__ = ["Spread", "spread", "spread_dict", "private_selection_epsilon"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,12 @@ class Spread:
         f = f"{{:.{digits}f}}"
         return (f"{f.format(self.mean * scale)} ± {f.format(self.std * scale)} "
                 f"[{f.format(self.low * scale)}, {f.format(self.high * scale)}]")
+
+
+def spread_dict(values: Sequence[float]) -> dict[str, float]:
+    """``spread`` as the JSON the own-data and head benches store: mean, std (sample), min, max."""
+    s = spread(values)
+    return {"mean": s.mean, "std": s.std, "min": s.low, "max": s.high}
 
 
 def spread(values: Sequence[float]) -> Spread:
