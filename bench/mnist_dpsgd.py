@@ -34,8 +34,8 @@ thread each (spawned processes), longest first.
 - ``*-nodp``: the same architecture without privacy (plain SGD; ``seed-nodp`` 100 epochs, the seed
   paper's reference row of 98.3 %; ``frontier-nodp`` 40 epochs at lot 256, lr 0.05), one candidate each.
 
-``CONFIGS`` also keeps recipes other benchmarks train by name (``beyond-mlp-eps3`` for
-bench/privacy_audit.py, ``frontier-wide-eps3``).
+Other benchmarks train the chosen recipes by name (bench/privacy_audit.py reads each row's choice from
+the JSON; bench/removal.py trains ``frontier-eps1``).
 """
 
 from __future__ import annotations
@@ -123,10 +123,6 @@ CONFIGS = {
     "frontier-eps1-60ep": Config(target_epsilon=1.0, **{**FRONTIER, "epochs": 60}),
     "frontier-eps3-60ep": Config(target_epsilon=3.0, **{**FRONTIER, "epochs": 60}),
     "frontier-nodp": Config(target_epsilon=None, **{**FRONTIER, "lot": 256, "lr": 0.05, "lr_end": 0.05}),
-    "frontier-wide-eps3": Config(target_epsilon=3.0, **{**FRONTIER, "channels": (64, 128)}),  # 4× the compute
-    # DP-PCA + the MLP tuned (lots of 1200, a fixed input scale, momentum): bench/privacy_audit.py audits it
-    "beyond-mlp-eps3": Config(sigma=3.0, pca_sigma=16, target_epsilon=3.0, max_epochs=300, lot=1200, clip=1.0,
-                              lr=1.0, lr_end=1.0, lr_schedule="constant", momentum=0.5, input_scale=8.0),
     # the end-to-end tanh CNN on raw pixels (finetune.model: cnn), for comparison
     "pixel-cnn-eps1": Config(model="cnn", pca_sigma=None, epochs=8, target_epsilon=1.0, **PIXEL),
     "pixel-cnn-eps1-15ep": Config(model="cnn", pca_sigma=None, epochs=15, target_epsilon=1.0, **PIXEL),
@@ -352,6 +348,13 @@ def private_choice(candidates: list[dict]) -> float | None:
     return private_selection_epsilon(runs, delta=DELTA, fixed=pca_events(configs[0]))
 
 
+def _seconds(values: list[float]) -> str:
+    """Wall seconds of a row's runs: median [min, max] (one run: its value)."""
+    if len(values) == 1:
+        return f"{values[0]:.0f}"
+    return f"{statistics.median(values):.0f} [{min(values):.0f}, {max(values):.0f}]"
+
+
 def _fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -366,7 +369,7 @@ def render() -> str:
              "included; 'ε, chosen privately' is what the choice would cost made as `finetune.recipe: auto` "
              "makes it (Papernot & Steinke's logarithmic selector, E[K] = the number of candidates, each run's "
              "candidate drawn at random so the largest candidate's RDP counts). "
-             f"Wall time: one run, median over seeds ({next(iter(rows.values()))['machine']}).", "",
+             f"Wall time: one run, median [min, max] over seeds ({next(iter(rows.values()))['machine']}).", "",
              "| row | candidates: validation accuracy | chosen | test accuracy (%) | ε PLD | ε RDP "
              "| ε, chosen privately | epochs | wall (s) |", "|---|---|---|---|---|---|---|---|---|"]
     for row, entry in sorted(rows.items(), key=lambda item: list(ROWS).index(item[0])):
@@ -379,7 +382,7 @@ def render() -> str:
         test = spread([r["test_accuracy"] for r in seeds])
         lines.append(f"| {row} | {tried} | {entry['chosen']} | {test.text(2, 100)} (n = {test.n}) "
                      f"| {_fmt(first['epsilon_pld'])} | {_fmt(first['epsilon_rdp'])} | {_fmt(private)} "
-                     f"| {first['epochs']} | {statistics.median(r['seconds'] for r in seeds):.0f} |")
+                     f"| {first['epochs']} | {_seconds([r['seconds'] for r in seeds])} |")
     return "\n".join(lines) + "\n"
 
 
