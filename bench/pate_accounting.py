@@ -1,10 +1,12 @@
 """PATE's accounting on MNIST votes: each mechanism × analysis, against the reference code's figure.
 
     .venv/bin/python bench/mnist_pate.py --part teachers                 # first: train and cache the votes
-    .venv/bin/python bench/pate_accounting.py [--votes FILE] [--reference privacy/research/pate_2018]
+    .venv/bin/python bench/pate_accounting.py --seeds 0 1 2 --reference /tmp/ref   # → bench/out/pate/accounting.txt
+    # /tmp/ref: tensorflow/privacy's research/pate_2018 folder (``git archive HEAD research/pate_2018``)
 
-For each aggregator (the first N of the 9,000 public queries; δ = 1e-5): queries answered, the
-answered labels' accuracy, the ε the pipeline would record under each analysis — the
+For each aggregator (the first N of the 9,000 public queries; δ = 1e-5): queries answered and the
+answered labels' accuracy (mean ± sample std [min, max] over ``--seeds`` draws of the vote noise; the
+ensemble is one, bench/mnist_pate.py's), the ε the pipeline would record under each analysis — the
 data-independent events (PLD), and the sanitised data-dependent release (smooth sensitivity,
 β 0.01, σ_s 20, failure probability 1e-7, order 20) — and which one ``aggregate.analysis: auto``
 picks before seeing the votes. With ``--reference`` (a checkout of tensorflow/privacy's
@@ -44,6 +46,9 @@ from privpipe.pate.registry import make_aggregator  # noqa: E402
 from privpipe.pate.teachers import vote_histograms  # noqa: E402
 from privpipe.privacy import NoiseSource, compute_epsilon  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from protocol import spread  # noqa: E402
+
 DELTA = 1e-5
 CONFIDENT = make_aggregator("confident_gnmax", 250, 10, threshold=200.0, sigma1=150.0, sigma2=40.0)
 RELEASE = {"order": 20.0, "beta": 0.01, "noise_scale": 20.0, "failure_probability": 1e-7}
@@ -79,12 +84,19 @@ def reference_epsilon(core, spec: Aggregator, counts: np.ndarray, answered: np.n
     return float(core.compute_eps_from_delta(orders, rdp, DELTA)[0])
 
 
+def _over(values: list[float], digits: int) -> str:
+    """One draw's value, or mean ± sample std [min, max] over the draws (a constant once)."""
+    s = spread(values)
+    return f"{s.mean:.{digits}f}" if s.low == s.high else s.text(digits)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--votes", type=Path,
                         default=Path(os.environ.get("TMPDIR", "/tmp")) / "privpipe-bench-pate/scatter/votes.npy")
     parser.add_argument("--mnist", type=Path, default=ROOT / "../shared/data/mnist")
     parser.add_argument("--reference", type=Path, help="tensorflow/privacy's research/pate_2018 folder")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="draws of the vote noise")
     args = parser.parse_args()
     core = reference_ss = None
     if args.reference:
@@ -100,21 +112,32 @@ def main() -> None:
                     "| SS β 0.02 (reference) |", "|---|---|---|---|---|---|"]
     for name, spec, queries in AGGREGATORS:
         counts = histograms[:queries]
-        labels = spec.answer(counts, noise=NoiseSource(seed=0, secure=False))
-        answered = labels >= 0
-        accuracy = float((labels[answered] == truth[:queries][answered]).mean())
         independent = _epsilon(data_independent_events(spec, queries=queries))
-        release = sanitise(spec, counts, noise=NoiseSource(seed=1, secure=False), **RELEASE)
         choice = choose_analysis(spec, queries=queries, epsilon_of=_epsilon, **RELEASE)
-        reference = f"{reference_epsilon(core, spec, counts, answered):.3f}" if core else "–"
-        filtered = "–"
-        if spec.gdp_costs() is not None and spec.mechanism == "confident_gnmax":
-            out = answer_within_budget(spec, histograms, budget_mu=gdp_mu_for_epsilon(independent, delta=DELTA),
-                                       noise=NoiseSource(seed=0, secure=False))
-            got = out.labels >= 0
-            filtered = f"{out.asked}, {out.answered}, {float((out.labels[got] == truth[got]).mean()):.4f}"
-        lines.append(f"| {name} | {queries} | {int(answered.sum())} | {accuracy:.4f} | {independent:.3f} "
-                     f"| {_epsilon([release.event()]):.3f} | {choice.analysis} | {reference} | {filtered} |")
+        draws: dict[str, list[float]] = {key: [] for key in ("answered", "accuracy", "sanitised", "reference",
+                                                             "asked_f", "answered_f", "accuracy_f")}
+        for seed in args.seeds:  # one draw of the vote noise (and of the release's) a seed; seed 0 as before
+            labels = spec.answer(counts, noise=NoiseSource(seed=2 * seed, secure=False))
+            answered = labels >= 0
+            draws["answered"].append(int(answered.sum()))
+            draws["accuracy"].append(float((labels[answered] == truth[:queries][answered]).mean()))
+            release = sanitise(spec, counts, noise=NoiseSource(seed=2 * seed + 1, secure=False), **RELEASE)
+            draws["sanitised"].append(_epsilon([release.event()]))
+            if core:
+                draws["reference"].append(reference_epsilon(core, spec, counts, answered))
+            if spec.gdp_costs() is not None and spec.mechanism == "confident_gnmax":
+                out = answer_within_budget(spec, histograms, budget_mu=gdp_mu_for_epsilon(independent, delta=DELTA),
+                                           noise=NoiseSource(seed=2 * seed, secure=False))
+                got = out.labels >= 0
+                draws["asked_f"].append(out.asked)
+                draws["answered_f"].append(out.answered)
+                draws["accuracy_f"].append(float((out.labels[got] == truth[got]).mean()))
+        reference = _over(draws["reference"], 3) if core else "–"
+        filtered = "–" if not draws["asked_f"] else "; ".join(
+            (_over(draws["asked_f"], 0), _over(draws["answered_f"], 0), _over(draws["accuracy_f"], 4)))
+        lines.append(f"| {name} | {queries} | {_over(draws['answered'], 0)} | {_over(draws['accuracy'], 4)} "
+                     f"| {independent:.3f} | {_over(draws['sanitised'], 3)} | {choice.analysis} | {reference} "
+                     f"| {filtered} |")
         print(lines[-1] if len(lines) > 3 else "\n".join(lines), flush=True)
         if spec.mechanism == "gnmax":
             ours = local_sensitivity_by_distance(spec, counts, order=RELEASE["order"])
@@ -132,8 +155,12 @@ def main() -> None:
     print("\n".join(smooth_lines))
     out_file = ROOT / "bench/out/pate/accounting.txt"
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.write_text(f"votes: {args.votes}\n`.venv/bin/python bench/pate_accounting.py"
-                        f"{' --reference ' + str(args.reference) if args.reference else ''}`; δ {DELTA:g}\n\n"
+    out_file.write_text(f"votes: {args.votes}\n`.venv/bin/python bench/pate_accounting.py --seeds "
+                        f"{' '.join(map(str, args.seeds))}"
+                        f"{' --reference ' + str(args.reference) if args.reference else ''}`; δ {DELTA:g}; "
+                        "answered counts, label accuracies and the sanitised and reference ε: mean ± sample std "
+                        f"[min, max] over {len(args.seeds)} draws of the vote noise (one value where every draw "
+                        "gave it); the GDP filter's column: asked; answered; label accuracy\n\n"
                         + "\n".join(lines) + "\n\nSmooth sensitivity of the sanitised release's bound (order "
                         f"{RELEASE['order']:g}), privpipe vs the reference code's Algorithms 3–5:\n\n"
                         + "\n".join(smooth_lines) + "\n")
