@@ -1,14 +1,25 @@
 """What a whole pipeline run prints, saved: the block `make run` ends with, or a run's stage lines and block.
 
-    .venv/bin/python bench/pipeline_run.py --make --out bench/out/operations/make_run.txt      # in a fresh clone
+    .venv/bin/python bench/pipeline_run.py --make --seeds 0 1 2 --out bench/out/operations/make_run.txt  # fresh clone
+    .venv/bin/python bench/pipeline_run.py --make --reuse --seeds 0 1 2 --out bench/out/operations/make_run.txt
     .venv/bin/python bench/pipeline_run.py --params params-mnist.yaml --out bench/out/pate/mnist_pipeline_run.txt
 
 ``--make`` runs ``make run`` (set-up included, as the README's first command) in the project folder and saves
 the block from its ``test accuracy`` line to the end: what the README quotes (its test holds the two equal).
+That block is one run at params.yaml's ``run.seed`` (0). ``--seeds S …`` then runs the default digits pipeline
+once per seed S (``.venv/bin/privpipe run``, params.yaml's ``run.seed: S``, which seeds the data split, the
+noise and the training) in a scratch copy of the project's tracked files (a temporary folder, removed after;
+the project's own state, ledgers and MLflow store are untouched), the project's seed included (a check that
+the block reproduces), and appends to the file, after the block and a line starting ``# over seeds``, a table
+of each seed's headline figures (test, train and target-domain accuracy, the membership AUCs and the
+empirical ε bound, the removal head's accuracy, the ε spent) and each figure's mean ± sample std
+[min, max] over the seeds (bench/protocol.py's ``spread``). ``--reuse`` runs no ``make run``: it keeps the
+block already saved in the ``--out`` file (the text before its ``# over seeds`` line) and redoes the seeds
+(the second command above; the ``--seeds`` runs take about 20 s each).
 ``--params FILE`` runs ``.venv/bin/privpipe run --params FILE`` and saves a header (command, commit, date,
 cores), each stage's result line (Prefect's ``Task run '…' - <stage>: …`` lines) and the same block, with
 the run's wall time and peak memory (the process tree's largest resident set, from ``/usr/bin/time -v``
-where it exists). The run's output is printed as it goes; nothing is saved when the run fails.
+where it exists). The run's output is printed as it goes; nothing is saved when a run fails.
 """
 
 from __future__ import annotations
@@ -19,18 +30,39 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from protocol import spread  # noqa: E402
+
 STAGE_LINE = re.compile(r"Task run '[^']+' - (?!Finished in state)")
 PEAK = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
+SEEDS_MARK = "# over seeds"  # the line that starts the seeds' table; the block the README quotes is before it
+SEED_LINE = re.compile(r"(?m)^(  seed:[ \t]*)\d+")  # params.yaml's run.seed (the only key at this indent)
+FIGURES = (  # (column, label in the summary, pattern on the block's lines)
+    ("test", "test accuracy", re.compile(r"^test accuracy\s+([\d.]+)")),
+    ("train", "train accuracy", re.compile(r"^test accuracy.*\(train ([\d.]+)\)")),
+    ("target", "target-domain accuracy", re.compile(r"^target domain\s+([\d.]+)")),
+    ("AUC loss", "membership AUC (loss)", re.compile(r"^privacy audit .*membership AUC.*?([\d.]+) \(loss\)")),
+    ("AUC cal.", "membership AUC (calibrated)", re.compile(r"^privacy audit .*?([\d.]+) \(calibrated\)")),
+    ("emp. ε ≥", "empirical ε lower bound", re.compile(r"^privacy audit .*empirical ε ≥ ([\d.]+)")),
+    ("head", "removal head accuracy", re.compile(r"^removal head\s+accuracy ([\d.]+)")),
+    ("ε spent", "ε spent (PLD, all stages)", re.compile(r"^privacy spent\s+ε = ([\d.]+)")),
+)
+ENV = {"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
+       "DO_NOT_TRACK": "true"}  # as the Makefile exports them
 
 
 def _run(command: list[str], cwd: Path) -> tuple[list[str], float]:
     started = time.perf_counter()
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **ENV})
     assert process.stdout is not None
     lines = []
     for line in process.stdout:
@@ -48,6 +80,78 @@ def _block(lines: list[str]) -> list[str]:
     return lines[starts[-1]:]
 
 
+def _figures(block: list[str]) -> dict[str, float]:
+    """The block's headline figures, by column name (a line the run did not print: left out)."""
+    found = {}
+    for column, _, pattern in FIGURES:
+        for line in block:
+            if m := pattern.search(line):
+                found[column] = float(m.group(1))
+                break
+    return found
+
+
+def _commit(project: Path) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=project, capture_output=True,
+                          text=True).stdout.strip() or "not a git checkout"
+
+
+def _scratch_copy(project: Path, into: Path, seed: int) -> None:
+    """The project's tracked files as they are in its working tree (bench/out/ left out), run.seed = ``seed``."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=project, capture_output=True, text=True)
+    if listed.returncode != 0:
+        raise SystemExit(f"--seeds copies the project's tracked files: {project} is not a git checkout")
+    for name in filter(None, listed.stdout.split("\0")):
+        source = project / name
+        if name.startswith("bench/out/") or not source.is_file():  # outputs, and files deleted in the tree
+            continue
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, into / name)
+    params = into / "params.yaml"
+    text, edits = SEED_LINE.subn(lambda m: f"{m.group(1)}{seed}", params.read_text(encoding="utf-8"), count=1)
+    if edits != 1 or yaml.safe_load(text)["run"]["seed"] != seed:
+        raise SystemExit("params.yaml: could not set run.seed in the scratch copy; nothing saved")
+    params.write_text(text, encoding="utf-8")
+    # a git repository, as a clone is: the run ends by versioning the dataset's lifetime ledger with `dvc add`
+    subprocess.run(["git", "init", "-q"], cwd=into, check=True)
+
+
+def _seed_runs(project: Path, seeds: list[int]) -> list[tuple[int, dict[str, float], float]]:
+    """Each seed's headline figures and wall seconds, from ``privpipe run`` in a scratch copy of the project."""
+    runs = []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(prefix=f"privpipe-seed{seed}-") as scratch:
+            _scratch_copy(project, Path(scratch), seed)
+            print(f"\n== seed {seed}: privpipe run in {scratch}", file=sys.stderr, flush=True)
+            lines, seconds = _run([str(project / ".venv/bin/privpipe"), "run"], Path(scratch))
+        runs.append((seed, _figures(_block(lines)), seconds))
+    return runs
+
+
+def _seeds_table(runs: list[tuple[int, dict[str, float], float]], saved: dict[str, float], seed0: int,
+                 commit: str) -> list[str]:
+    """The lines after the block: per seed, then each figure's mean ± sample std [min, max]."""
+    columns = [(c, label) for c, label, _ in FIGURES if any(c in figures for _, figures, _ in runs)]
+    seeds = ", ".join(str(seed) for seed, _, _ in runs)
+    lines = [f"{SEEDS_MARK} {seeds} (params.yaml run.seed: the data split, noise and training; each a `privpipe "
+             f"run` of the default digits pipeline in a scratch copy of the project's working tree at commit {commit}, "
+             f"{date.today().isoformat()}): mean ± sample std [min, max]",
+             "seed  " + "  ".join(f"{c:>8}" for c, _ in columns) + "    wall s"]
+    for seed, figures, seconds in runs:
+        lines.append(f"{seed:<4}  " + "  ".join(f"{figures[c]:>8.4f}" if c in figures else f"{'–':>8}"
+                                               for c, _ in columns) + f"  {seconds:8.1f}")
+    width = max(len(label) for _, label in columns)
+    for c, label in columns:
+        values = [figures[c] for _, figures, _ in runs if c in figures]
+        lines.append(f"{label:<{width}}  {spread(values).text(4)}  (n = {len(values)})")
+    mine = next((figures for seed, figures, _ in runs if seed == seed0), None)
+    if mine is not None:
+        differ = [c for c, _ in columns if mine.get(c) != saved.get(c)]
+        lines.append(f"seed {seed0}'s scratch run " + ("prints the block above's figures" if not differ else
+                     "DIFFERS from the block above in " + ", ".join(differ) + " (the block is an older run)"))
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group(required=True)
@@ -55,20 +159,41 @@ def main() -> None:
     what.add_argument("--params", type=Path, help="run `privpipe run --params FILE`; save stage lines and block")
     parser.add_argument("--out", type=Path, required=True, help="the file to write")
     parser.add_argument("--project", type=Path, default=ROOT, help="the project folder to run in")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="S",
+                        help="with --make: also run the default pipeline at these run.seed values, each in a "
+                             "scratch copy of the project, and append a per-seed table and mean ± sample std "
+                             "[min, max] of the headline figures")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --make --seeds: keep the block already saved in --out instead of running "
+                             "`make run`; only the seeds' table is redone")
     args = parser.parse_args()
+    if args.params is not None and (args.seeds or args.reuse):
+        parser.error("--seeds and --reuse go with --make")
+    if args.reuse and not args.seeds:
+        parser.error("--reuse needs --seeds (without them there is nothing to redo)")
+    if args.seeds is not None and len(args.seeds) < 3:
+        print("note: issue 47 asks for ≥ 3 seeds", file=sys.stderr)
     project = args.project.resolve()
     if args.make:
-        lines, _ = _run(["make", "run"], project)
-        saved = _block(lines)
+        if args.reuse:
+            if not args.out.is_file():
+                raise SystemExit(f"--reuse: {args.out} does not exist; nothing saved")
+            kept = args.out.read_text(encoding="utf-8").split(f"\n{SEEDS_MARK}", 1)[0]
+            saved = kept.rstrip("\n").split("\n")
+        else:
+            lines, _ = _run(["make", "run"], project)
+            saved = _block(lines)
+        if args.seeds:
+            seed0 = yaml.safe_load((project / "params.yaml").read_text(encoding="utf-8"))["run"]["seed"]
+            runs = _seed_runs(project, list(dict.fromkeys(args.seeds)))
+            saved = [*saved, "", *_seeds_table(runs, _figures(saved), seed0, _commit(project))]
     else:
         command = [str(project / ".venv/bin/privpipe"), "run", "--params", str(args.params)]
         timed = ["/usr/bin/time", "-v", *command] if shutil.which("/usr/bin/time") else command
         lines, seconds = _run(timed, project)
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=project, capture_output=True,
-                                text=True).stdout.strip() or "not a git checkout"
         peak = [int(m.group(1)) for line in lines if (m := PEAK.search(line))]
         memory = f", peak memory {peak[-1] / 1024**2:.1f} GiB" if peak else ""
-        saved = [f"# privpipe run --params {args.params} (commit {commit}), {os.cpu_count()} cores, "
+        saved = [f"# privpipe run --params {args.params} (commit {_commit(project)}), {os.cpu_count()} cores, "
                  f"{date.today().isoformat()}: {seconds / 60:.1f} min wall{memory}",
                  *[line for line in lines if STAGE_LINE.search(line)], *_block(lines)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
