@@ -1,12 +1,20 @@
 """DP test accuracy on a user's own tables, through the pipeline's own stages (issue 34's "done when").
 
-    .venv/bin/python bench/own_data_tabular.py [--seeds 0 1 2 ... | --num-seeds N] [--name tabular]
-                                               [--out bench/out/own_data]
+    .venv/bin/python bench/own_data_tabular.py [--seeds 0 1 2 ... | --num-seeds N | --combine STEM STEM ...]
+                                               [--name tabular] [--out bench/out/own_data]
     .venv/bin/python bench/own_data_tabular.py --num-seeds 10                     # → bench/out/own_data/tabular.md
     .venv/bin/python bench/own_data_tabular.py --seeds 10 11 12 13 14 15 16 17 18 19 --name tabular_seeds10-19
                               # → bench/out/own_data/tabular_seeds10-19.md, tabular_seeds10-19.json
+    .venv/bin/python bench/own_data_tabular.py --combine tabular tabular_seeds10-19 --name tabular_all20
+                              # → bench/out/own_data/tabular_all20.md, tabular_all20.json (all 20 seeds; runs nothing)
 
 ``--seeds`` names the seeds (default 0 1 2); ``--num-seeds N`` is seeds 0..N-1 (what ``--seeds N`` meant before).
+``--combine STEM ...`` runs nothing: it reads <out>/STEM.json of earlier runs (refusing, with the differing key,
+runs made with another grid, δ, test or public share, validation seed offset or bounds, or sharing a seed), pools
+their seeds' test runs — each seed keeps the recipe its own validation project chose, never chosen again — and
+writes <out>/<name>.json and .md as a run of all their seeds would: the same table, mean ± sample std [min, max]
+over all the seeds, the non-private baseline over all of them, ε chosen privately the largest over them, wall
+time and runs the inputs' sums. ``--name`` is required with it.
 
 scikit-learn's **breast cancer** (569 rows, 30 numeric features, 2 classes) and **wine** (178 rows, 13
 features, 3 classes) data are written as CSV files with a natural header, as a user would export them
@@ -88,6 +96,8 @@ CONFIGS = (("breast_cancer", 1.0, "≥ 0.92"), ("breast_cancer", 3.0, "≥ 0.94"
 #: the recipe grid: 2 × 2 × 2 × 2 × 2 = 32 recipes, ~1 s each
 GRID = {"hidden_units": ([], [16]), "epochs": (20, 50), "lot_size": (32, 64), "learning_rate": (0.25, 1.0),
         "max_grad_norm": (0.5, 2.0)}
+BOUNDS = ("the publisher's documented ranges (DESCR Summary Statistics), standing in for the domain knowledge a "
+          "user would declare")
 
 
 @dataclass(frozen=True)
@@ -305,51 +315,63 @@ def bench(seeds: list[int], root: Path) -> tuple[list[dict], list[dict]]:
         # each seed's recipe from its own validation project only (ties: grid order): a seed's test rows are
         # other seeds' non-test rows, so a choice pooled over seeds would read them
         picks = {seed: max(range(len(grid)), key=lambda k, i=i: (scores[k][i], -k)) for i, seed in enumerate(seeds)}
-        tests, baselines, epsilons, accountants, seconds = [], [], [], set(), []
         for seed in seeds:
             chosen = grid[picks[seed]]
             figures = run_pipeline(outer[seed], spec, schema, seed=seed, epsilon=epsilon, recipe=chosen)
             plain = baseline(outer[seed])
-            tests.append(figures["accuracy"])
-            baselines.append(plain)
-            epsilons.append(figures["epsilon"])
-            accountants.add(figures["accountant"])
-            seconds.append(figures["seconds"])
             runs.append({"dataset": name, "epsilon_target": epsilon, "delta": DELTA, "seed": seed, "split_seed": seed,
                          "phase": "test", "recipe": chosen, "validation_accuracy": None,
                          "test_accuracy": figures["accuracy"], "nonprivate_test_accuracy": plain,
                          **{key: figures[key] for key in ("epsilon", "accountant", "noise_multiplier", "steps",
                                                           "sizes", "seconds")}})
-        counts = collections.Counter(picks.values())
-        best = counts.most_common(1)[0][0]
-        chosen = grid[best]
-        dp, plain = spread(tests), spread(baselines)
-        met, seeds_met = None, None  # on the means over the seeds; and how many seeds meet it on their own
-        if target is not None and target.startswith("≥"):
-            met = dp["mean"] >= float(target.split()[-1])
-            seeds_met = sum(t >= float(target.split()[-1]) for t in tests)
-        elif target is not None:
-            met = plain["mean"] - dp["mean"] <= 0.05
-            seeds_met = sum(b - t <= 0.05 for t, b in zip(tests, baselines))
-        summary.append({"dataset": name, "epsilon_target": epsilon, "delta": DELTA, "seeds": seeds,
-                        "epsilon_private_choice": private_choice(runs, name, epsilon),
-                        "picks": {str(seed): grid[k] for seed, k in picks.items()},
-                        "pick_counts": [[grid[k], n] for k, n in counts.most_common()],
-                        "epsilon_ledger_max": max(epsilons), "accountant": "/".join(sorted(accountants)),
-                        "dp_test_accuracy": dp, "nonprivate_test_accuracy": plain, "target": target, "met": met,
-                        "seeds_meeting_target": seeds_met,
-                        "chosen_recipe": chosen,
-                        "validation_mean": statistics.fmean(scores[k][i] for i, k in enumerate(picks.values())),
-                        "recipes_tried": len(grid), "runs": len(grid) * len(seeds) + len(seeds),
-                        "wall_seconds": time.perf_counter() - started,
-                        "test_run_seconds_mean": statistics.fmean(seconds),
-                        "train_rows": statistics.fmean(r["sizes"]["sensitive"] for r in runs[-len(seeds):]),
-                        "test_rows": statistics.fmean(r["sizes"]["test"] for r in runs[-len(seeds):]),
-                        "schema_bounds": "publisher's documented ranges (DESCR)"})
+        summary.append(summarise(name, epsilon, target, seeds, picks, runs[-len(seeds):],
+                                 [scores[k][i] for i, k in enumerate(picks.values())],
+                                 private=private_choice(runs, name, epsilon), runs=len(grid) * len(seeds) + len(seeds),
+                                 wall_seconds=time.perf_counter() - started))
+        dp, plain = summary[-1]["dp_test_accuracy"], summary[-1]["nonprivate_test_accuracy"]
+        chosen = summary[-1]["chosen_recipe"]
         print(f"{name} ε={epsilon:g}: chosen {recipe_text(chosen)} (validation {summary[-1]['validation_mean']:.3f}); "
               f"test {dp['mean']:.3f} ± {dp['std']:.3f}; non-private {plain['mean']:.3f}; "
               f"{summary[-1]['wall_seconds']:.0f} s", flush=True)
     return runs, summary
+
+
+def summarise(name: str, epsilon: float, target: str | None, seeds: list[int], picks: dict[int, int],
+              tests: list[dict], validation: list[float], *, private: float, runs: int,
+              wall_seconds: float) -> dict[str, Any]:
+    """One (data set, ε) row of the table: ``picks`` each seed's recipe (its index in the grid), ``tests`` each
+    seed's test run (in the order of ``seeds``), ``validation`` each seed's validation accuracy of its pick,
+    ``private`` the ε had the choice been private (the largest over the seeds), ``runs`` how many ran."""
+    grid = recipes()
+    accuracies = [r["test_accuracy"] for r in tests]
+    baselines = [r["nonprivate_test_accuracy"] for r in tests]
+    counts = collections.Counter(picks[seed] for seed in seeds)
+    best = counts.most_common(1)[0][0]
+    chosen = grid[best]
+    dp, plain = spread(accuracies), spread(baselines)
+    met, seeds_met = None, None  # on the means over the seeds; and how many seeds meet it on their own
+    if target is not None and target.startswith("≥"):
+        met = dp["mean"] >= float(target.split()[-1])
+        seeds_met = sum(t >= float(target.split()[-1]) for t in accuracies)
+    elif target is not None:
+        met = plain["mean"] - dp["mean"] <= 0.05
+        seeds_met = sum(b - t <= 0.05 for t, b in zip(accuracies, baselines))
+    return {"dataset": name, "epsilon_target": epsilon, "delta": DELTA, "seeds": seeds,
+            "epsilon_private_choice": private,
+            "picks": {str(seed): grid[picks[seed]] for seed in seeds},
+            "pick_counts": [[grid[k], n] for k, n in counts.most_common()],
+            "epsilon_ledger_max": max(r["epsilon"] for r in tests),
+            "accountant": "/".join(sorted({r["accountant"] for r in tests})),
+            "dp_test_accuracy": dp, "nonprivate_test_accuracy": plain, "target": target, "met": met,
+            "seeds_meeting_target": seeds_met,
+            "chosen_recipe": chosen,
+            "validation_mean": statistics.fmean(validation),
+            "recipes_tried": len(grid), "runs": runs,
+            "wall_seconds": wall_seconds,
+            "test_run_seconds_mean": statistics.fmean(r["seconds"] for r in tests),
+            "train_rows": statistics.fmean(r["sizes"]["sensitive"] for r in tests),
+            "test_rows": statistics.fmean(r["sizes"]["test"] for r in tests),
+            "schema_bounds": "publisher's documented ranges (DESCR)"}
 
 
 def private_choice(runs: list[dict], name: str, epsilon: float) -> float:
@@ -370,7 +392,76 @@ def private_choice(runs: list[dict], name: str, epsilon: float) -> float:
     return max(prices)
 
 
-def table(summary: list[dict], seeds: list[int], total: float, command: str) -> str:
+def settings() -> dict[str, Any]:
+    """What runs must share to be pooled: each key of the saved JSON, with this script's value."""
+    return {"grid": json.loads(json.dumps(GRID)), "delta": DELTA, "test_fraction": TEST_FRACTION,
+            "public_fraction": PUBLIC_FRACTION, "validation_seed_offset": VALIDATION_SEED_OFFSET,
+            "bounds": BOUNDS, "torch_threads": 1, "std": "sample (n - 1)"}
+
+
+def combine(stems: list[str], out: Path) -> tuple[list[int], list[dict], list[dict], float, list[dict]]:
+    """Pool the saved runs ``<out>/<stem>.json``: (seeds, runs, summary, total wall seconds, the inputs). Each
+    seed's test run and recipe stay as its own run chose it (from its own validation project); nothing is run or
+    chosen again."""
+    inputs: list[tuple[str, dict]] = []
+    for stem in stems:
+        path = out / f"{stem}.json"
+        if not path.is_file():
+            raise SystemExit(f"--combine: no {path}")
+        inputs.append((stem, json.loads(path.read_text())))
+    (first, head), own = inputs[0], settings()
+    for key, value in own.items():
+        for stem, result in inputs[1:]:
+            if result.get(key) != head.get(key):
+                raise SystemExit(f"--combine: {stem}.json and {first}.json differ in {key!r}")
+        if head.get(key) != value:
+            raise SystemExit(f"--combine: {key!r} of {first}.json differs from this script's")
+    configs = [(name, epsilon, target) for name, epsilon, target in CONFIGS]
+    for stem, result in inputs:
+        if [(r["dataset"], r["epsilon_target"], r["target"]) for r in result["summary"]] != configs:
+            raise SystemExit(f"--combine: {stem}.json and this script differ in 'configs' (data sets, ε, targets)")
+    owner: dict[int, str] = {}
+    for stem, result in inputs:
+        for seed in result["seeds"]:
+            if seed in owner:
+                raise SystemExit(f"--combine: seed {seed} is in both {owner[seed]}.json and {stem}.json")
+            owner[seed] = stem
+    seeds = [seed for _, result in inputs for seed in result["seeds"]]
+    runs = [run for _, result in inputs for run in result["runs"]]
+    grid = recipes()
+    summary = []
+    for j, (name, epsilon, target) in enumerate(CONFIGS):
+        rows = [result["summary"][j] for _, result in inputs]
+        picks: dict[int, int] = {}
+        tests: list[dict] = []
+        validation: list[float] = []
+        for row, (stem, result) in zip(rows, inputs):
+            if row["seeds"] != result["seeds"]:
+                raise SystemExit(f"--combine: {stem}.json's {name} ε={epsilon:g} row has seeds {row['seeds']}, "
+                                 f"the file {result['seeds']}")
+            for seed in row["seeds"]:
+                mine = [r for r in result["runs"] if r["dataset"] == name and r["epsilon_target"] == epsilon
+                        and r["seed"] == seed]
+                test = [r for r in mine if r["phase"] == "test"]
+                pick = row["picks"][str(seed)]
+                tried = [r for r in mine if r["phase"] == "validation" and r["recipe"] == pick]
+                if len(test) != 1 or test[0]["recipe"] != pick or len(tried) != 1:
+                    raise SystemExit(f"--combine: {stem}.json lacks seed {seed}'s test run of its pick, or its "
+                                     f"validation run, for {name} ε={epsilon:g}")
+                picks[seed] = grid.index(pick)
+                tests.append(test[0])
+                validation.append(tried[0]["validation_accuracy"])
+        summary.append(summarise(name, epsilon, target, seeds, picks, tests, validation,
+                                 private=max(row["epsilon_private_choice"] for row in rows),
+                                 runs=sum(row["runs"] for row in rows),
+                                 wall_seconds=sum(row["wall_seconds"] for row in rows)))
+    sources = [{"name": stem, "command": result["command"], "seeds": result["seeds"],
+                "total_wall_seconds": result["total_wall_seconds"]} for stem, result in inputs]
+    return seeds, runs, summary, sum(result["total_wall_seconds"] for _, result in inputs), sources
+
+
+def table(summary: list[dict], seeds: list[int], total: float, command: str,
+          sources: list[dict] | None = None) -> str:
     lines = [
         f"DP-SGD through the pipeline's stages (prepare csv → dp_pca off → finetune → evaluate), seeds "
         f"{', '.join(map(str, seeds))}; test share {TEST_FRACTION:g}, public share {PUBLIC_FRACTION:g}, the rest "
@@ -424,6 +515,12 @@ def table(summary: list[dict], seeds: list[int], total: float, command: str) -> 
         f"- torch.set_num_threads(1), run.torch_threads 1, CPU; privacy.secure_rng false (seeded noise). Command: "
         f"`{command}`; total wall time {total:.0f} s.",
     ]
+    if sources:
+        pooled = "; ".join(f"`{s['name']}.json` (seeds {', '.join(map(str, s['seeds']))}: `{s['command']}`, "
+                           f"{s['total_wall_seconds']:.0f} s)" for s in sources)
+        lines.append(f"- **Pooled** (runs nothing) from {pooled}: each seed's test run with the recipe its own "
+                     "validation project chose there, never chosen again; wall times and runs are the inputs' sums, "
+                     "'ε, chosen privately' the largest of theirs.")
     return "\n".join(lines) + "\n"
 
 
@@ -442,6 +539,30 @@ def command_line(seeds: list[int], name: str, out: Path) -> str:
     return " ".join(words)
 
 
+def combine_command(stems: list[str], name: str, out: Path) -> str:
+    words = [".venv/bin/python bench/own_data_tabular.py", "--combine", *stems, "--name", name]
+    if out.resolve() != OUT.resolve():
+        words += ["--out", str(out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out)]
+    return " ".join(words)
+
+
+def write(out: Path, name: str, command: str, seeds: list[int], total: float, summary: list[dict],
+          runs: list[dict], sources: list[dict] | None = None) -> None:
+    """<out>/<name>.json and .md, and the table printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"name": name, "command": command, "std": "sample (n - 1)",
+              "seeds": seeds, "delta": DELTA, "test_fraction": TEST_FRACTION, "public_fraction": PUBLIC_FRACTION,
+              "validation_seed_offset": VALIDATION_SEED_OFFSET, "grid": GRID, "torch_threads": 1,
+              "bounds": BOUNDS,
+              **({"combined_from": sources} if sources else {}),
+              "total_wall_seconds": total, "summary": summary, "runs": runs}
+    (out / f"{name}.json").write_text(to_json(result))
+    text = table(summary, seeds, total, command, sources)
+    (out / f"{name}.md").write_text(text)
+    print()
+    print(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     which = parser.add_mutually_exclusive_group()
@@ -449,10 +570,25 @@ def main() -> None:
                        help="the seeds, e.g. --seeds 0 1 2 3 4 5 6 7 8 9 (each its own split, noise and init; "
                             "default 0 1 2)")
     which.add_argument("--num-seeds", type=int, metavar="N", help="seeds 0..N-1 (the old --seeds N)")
-    parser.add_argument("--name", default="tabular", metavar="STEM",
-                        help="write <out>/STEM.json and STEM.md (default tabular)")
+    which.add_argument("--combine", nargs="+", metavar="STEM",
+                       help="run nothing: pool the saved <out>/STEM.json runs (same settings, disjoint seeds) into "
+                            "<out>/NAME.json and .md, e.g. --combine tabular tabular_seeds10-19 --name tabular_all20")
+    parser.add_argument("--name", metavar="STEM",
+                        help="write <out>/STEM.json and STEM.md (default tabular; required with --combine)")
     parser.add_argument("--out", type=Path, default=OUT, metavar="DIR", help="the output folder (default %(default)s)")
     args = parser.parse_args()
+    out: Path = args.out if args.out.is_absolute() else Path.cwd() / args.out
+    if args.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.name):
+        raise SystemExit(f"--name must be a plain file stem (letters, digits, . _ -), not {args.name!r}")
+    if args.combine is not None:
+        if args.name is None:
+            raise SystemExit("--combine needs --name (the pooled files' stem)")
+        if args.name in args.combine:
+            raise SystemExit(f"--name {args.name} would overwrite an input of --combine")
+        seeds, runs, summary, total, sources = combine(args.combine, out)
+        write(out, args.name, combine_command(args.combine, args.name, out), seeds, total, summary, runs, sources)
+        return
+    args.name = args.name or "tabular"
     if args.num_seeds is not None:
         if args.num_seeds < 1:
             raise SystemExit("--num-seeds must be >= 1")
@@ -464,9 +600,6 @@ def main() -> None:
                   f"0..{seeds[0] - 1}", file=sys.stderr, flush=True)
     if len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise SystemExit(f"--seeds must be distinct and >= 0, not {seeds}")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.name):
-        raise SystemExit(f"--name must be a plain file stem (letters, digits, . _ -), not {args.name!r}")
-    out: Path = args.out if args.out.is_absolute() else Path.cwd() / args.out
     command = command_line(seeds, args.name, out)
     sys.path.insert(0, str(ROOT))
     import torch
@@ -484,18 +617,7 @@ def main() -> None:
         runs, summary = bench(seeds, root)
         total = time.perf_counter() - started
         os.chdir(start_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"name": args.name, "command": command, "std": "sample (n - 1)",
-              "seeds": seeds, "delta": DELTA, "test_fraction": TEST_FRACTION, "public_fraction": PUBLIC_FRACTION,
-              "validation_seed_offset": VALIDATION_SEED_OFFSET, "grid": GRID, "torch_threads": 1,
-              "bounds": "the publisher's documented ranges (DESCR Summary Statistics), standing in for the domain "
-                        "knowledge a user would declare",
-              "total_wall_seconds": total, "summary": summary, "runs": runs}
-    (out / f"{args.name}.json").write_text(to_json(result))
-    text = table(summary, seeds, total, command)
-    (out / f"{args.name}.md").write_text(text)
-    print()
-    print(text)
+    write(out, args.name, command, seeds, total, summary, runs)
 
 
 if __name__ == "__main__":
