@@ -11,8 +11,7 @@
         # renamed when the idle run replaced it)
     PYTHONPATH=<checkout of ccef3c8> .venv/bin/python bench/accountant_speed.py --part epsilon --label before
         # host busy → bench/out/accounting/epsilon_speed_before.md, epsilon_speed_before.json
-    git checkout 76c409b && .venv/bin/python bench/accountant_speed.py   # the script and library of 76c409b
-        # → bench/out/accounting/speed.md, speed.json
+    .venv/bin/python bench/accountant_speed.py          # → bench/out/accounting/speed.md, speed.json
     git checkout a63e5e5 && PYTHONPATH=<checkout of 0094349> .venv/bin/python bench/accountant_speed.py --label before
         # the script at a63e5e5, the library at 0094349 → bench/out/accounting/speed_before.md, speed_before.json
 
@@ -32,7 +31,7 @@ ensure_affordable / record / epsilon / stage_epsilon and the ε-by-step or by-ro
 timed once at the outermost call).
 
 Part 3: the same accounting calls alone for the MNIST frontier-eps3 setting, against the training
-seconds bench/mnist_dpsgd.py recorded for it.
+seconds bench/mnist_dpsgd.py recorded for it (the median over its seeds).
 """
 
 from __future__ import annotations
@@ -144,14 +143,16 @@ def clear_caches(ledger) -> None:
 def part_mnist() -> dict:
     """The finetune stage's accounting alone (σ search to ε = 3, the budget check, the 20-point curve, the
     stage's figure) for the MNIST frontier-eps3 setting of bench/mnist_dpsgd.py, against the training
-    seconds that run recorded in bench/out/dpsgd/mnist_dpsgd.json."""
+    seconds those runs recorded in bench/out/dpsgd/mnist_dpsgd.json (the median over its seeds)."""
     import numpy as np
 
     import privpipe.privacy.ledger as ledger
     from privpipe.privacy import Ledger, PoissonGaussianEvent, epsilon_curve
 
-    recorded = json.loads((ROOT / "bench/out/dpsgd/mnist_dpsgd.json").read_text())["frontier-eps3"]
-    lot, epochs, n = recorded["config"]["lot"], recorded["epochs"], 60_000
+    row = json.loads((ROOT / "bench/out/dpsgd/mnist_dpsgd.json").read_text())["rows"]["frontier-eps3"]
+    runs = row["seeds"]  # the validated recipe's runs, one a seed, on the 55,000 images outside validation
+    recorded = {"delta": 1e-5, "seconds": statistics.median(r["seconds"] for r in runs)}
+    lot, epochs, n = row["config"]["lot"], runs[0]["epochs"], 55_000
     steps = epochs * math.ceil(n / lot)
     rate = 1 / math.ceil(n / lot)
 
