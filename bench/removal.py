@@ -3,7 +3,7 @@
     .venv/bin/python bench/removal.py --part all        # features, select, accuracy, timing, bound
     .venv/bin/python bench/removal.py --part features   # the DP model's features (trains it: about 3 min a seed)
     .venv/bin/python bench/removal.py --part select     # λ/σ grid on a validation split of the training set
-    .venv/bin/python bench/removal.py --part accuracy   # the chosen pair on all 60,000, over --seeds: accuracy, removals
+    .venv/bin/python bench/removal.py --part accuracy   # the chosen pair on all 60,000 over --seeds: accuracy, removals
     .venv/bin/python bench/removal.py --part timing     # one removal vs one retrain; 1,000 removals
     .venv/bin/python bench/removal.py --part bound      # certified bound vs exact residual, k = 1..2,000
     .venv/bin/python bench/removal.py --part scatter    # why not the ScatterNet coefficients (d = 3,970)
@@ -44,8 +44,10 @@ x ← [x/‖x‖, 1]/√2 of one of two feature extractors, both fitted on the 6
 
 (λ, σ) are chosen on a validation split (train on the first 50,000 training images, validate on
 the last 10,000; ``--part select``): the highest validation accuracy after removals among the
-pairs that certify at least 2,000 one-at-a-time removals. The test set (10,000 images) is used
-once, by ``--part accuracy``. Removals are random training rows (seeded), one per call; counting
+pairs that certify at least 2,000 one-at-a-time removals (seed 0's DP model, which trained on all 60,000
+images, the validation rows included: a DP model's features, the same for every pair). The test set (10,000
+images) is read only by ``--part accuracy``, for the chosen pair. Removals are random training rows
+(seeded), one per call; counting
 stops at the first call that would retrain (the bench intercepts it) or at a cap.
 """
 
