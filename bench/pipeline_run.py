@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/pipeline_run.py --make --seeds 0 1 2 --out bench/out/operations/make_run.txt  # fresh clone
     .venv/bin/python bench/pipeline_run.py --make --reuse --seeds 0 1 2 --out bench/out/operations/make_run.txt
-    .venv/bin/python bench/pipeline_run.py --params params-mnist.yaml --out bench/out/pate/mnist_pipeline_run.txt
+    .venv/bin/python bench/pipeline_run.py --params params-mnist.yaml --seeds 0 1 2 \
+        --out bench/out/pate/mnist_pipeline_run.txt                      # about 40 min
 
 ``--make`` runs ``make run`` (set-up included, as the README's first command) in the project folder and saves
 the block from its ``test accuracy`` line to the end: what the README quotes (its test holds the two equal).
@@ -19,7 +20,11 @@ block already saved in the ``--out`` file (the text before its ``# over seeds`` 
 ``--params FILE`` runs ``.venv/bin/privpipe run --params FILE`` and saves a header (command, commit, date,
 cores), each stage's result line (Prefect's ``Task run '…' - <stage>: …`` lines) and the same block, with
 the run's wall time and peak memory (the process tree's largest resident set, from ``/usr/bin/time -v``
-where it exists). The run's output is printed as it goes; nothing is saved when a run fails.
+where it exists). With ``--seeds``, the file runs at each seed in a scratch copy of the project's tracked
+files (its ``run.seed`` set, its ``prepare.path`` made absolute); the first seed's lines are saved as above and,
+after a ``# over seeds`` line, each seed's figures (queries answered and their labels' accuracy, the student's
+test and target-domain accuracy, the deployed model's, ε, wall minutes, peak memory) and their mean ± sample
+std [min, max]. The run's output is printed as it goes; nothing is saved when a run fails.
 """
 
 from __future__ import annotations
@@ -55,6 +60,16 @@ FIGURES = (  # (column, label in the summary, pattern on the block's lines)
     ("head", "removal head accuracy", re.compile(r"^removal head\s+accuracy ([\d.]+)")),
     ("ε spent", "ε spent (PLD, all stages)", re.compile(r"^privacy spent\s+ε = ([\d.]+)")),
 )
+RUN_FIGURES = (  # --params --seeds: (column, label, pattern) on a run's stage lines and block
+    ("answered", "queries answered", re.compile(r"aggregate: (\d+) of \d+ answered")),
+    ("labels", "answered labels' accuracy", re.compile(r"aggregate: .*\(label accuracy ([\d.]+)\)")),
+    ("student", "student test accuracy", re.compile(r"student: .*test accuracy ([\d.]+)")),
+    ("target", "student target-domain accuracy", re.compile(r"student: .*target accuracy ([\d.]+)")),
+    ("test", "deployed model's test accuracy", re.compile(r"^test accuracy\s+([\d.]+)")),
+    ("ε spent", "ε spent (all stages)", re.compile(r"^privacy spent\s+ε = ([\d.]+)")),
+    ("min", "wall minutes", re.compile(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)")),
+    ("GiB", "peak memory GiB", re.compile(r"Maximum resident set size \(kbytes\): (\d+)")),
+)
 ENV = {"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
        "DO_NOT_TRACK": "true"}  # as the Makefile exports them
 
@@ -80,15 +95,23 @@ def _block(lines: list[str]) -> list[str]:
     return lines[starts[-1]:]
 
 
-def _figures(block: list[str]) -> dict[str, float]:
-    """The block's headline figures, by column name (a line the run did not print: left out)."""
+def _figures(block: list[str], figures: tuple = FIGURES) -> dict[str, float]:
+    """The lines' headline figures, by column name (a line the run did not print: left out)."""
     found = {}
-    for column, _, pattern in FIGURES:
+    for column, _, pattern in figures:
         for line in block:
             if m := pattern.search(line):
-                found[column] = float(m.group(1))
+                found[column] = _number(column, m.group(1))
                 break
     return found
+
+
+def _number(column: str, text: str) -> float:
+    if column == "min":  # h:mm:ss or m:ss
+        return sum(float(part) * 60 ** i for i, part in enumerate(reversed(text.split(":")))) / 60
+    if column == "GiB":
+        return float(text) / 1024**2
+    return float(text)
 
 
 def _commit(project: Path) -> str:
@@ -96,8 +119,9 @@ def _commit(project: Path) -> str:
                           text=True).stdout.strip() or "not a git checkout"
 
 
-def _scratch_copy(project: Path, into: Path, seed: int) -> None:
-    """The project's tracked files as they are in its working tree (bench/out/ left out), run.seed = ``seed``."""
+def _scratch_copy(project: Path, into: Path, seed: int, params_file: Path | None = None) -> None:
+    """The project's tracked files as they are in its working tree (bench/out/ left out), run.seed = ``seed``
+    in params.yaml, or in ``params_file`` (its prepare.path made absolute, as it names data outside the tree)."""
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=project, capture_output=True, text=True)
     if listed.returncode != 0:
         raise SystemExit(f"--seeds copies the project's tracked files: {project} is not a git checkout")
@@ -107,6 +131,13 @@ def _scratch_copy(project: Path, into: Path, seed: int) -> None:
             continue
         (into / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, into / name)
+    if params_file is not None:
+        raw = yaml.safe_load(params_file.read_text(encoding="utf-8"))
+        raw["run"]["seed"] = seed
+        raw["prepare"]["path"] = str((project / raw["prepare"]["path"]).resolve())
+        (into / params_file.name).write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        subprocess.run(["git", "init", "-q"], cwd=into, check=True)
+        return
     params = into / "params.yaml"
     text, edits = SEED_LINE.subn(lambda m: f"{m.group(1)}{seed}", params.read_text(encoding="utf-8"), count=1)
     if edits != 1 or yaml.safe_load(text)["run"]["seed"] != seed:
@@ -128,13 +159,28 @@ def _seed_runs(project: Path, seeds: list[int]) -> list[tuple[int, dict[str, flo
     return runs
 
 
+def _params_seed_runs(project: Path, params_file: Path, seeds: list[int]) -> list[tuple[int, list[str], float]]:
+    """Each seed's stage lines and block and wall seconds, from ``privpipe run --params`` in a scratch copy."""
+    runs = []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(prefix=f"privpipe-seed{seed}-") as scratch:
+            _scratch_copy(project, Path(scratch), seed, params_file)
+            print(f"\n== seed {seed}: privpipe run --params {params_file.name} in {scratch}", file=sys.stderr,
+                  flush=True)
+            command = [str(project / ".venv/bin/privpipe"), "run", "--params", params_file.name]
+            timed = ["/usr/bin/time", "-v", *command] if shutil.which("/usr/bin/time") else command
+            lines, seconds = _run(timed, Path(scratch))
+        runs.append((seed, lines, seconds))
+    return runs
+
+
 def _seeds_table(runs: list[tuple[int, dict[str, float], float]], saved: dict[str, float], seed0: int,
-                 commit: str) -> list[str]:
+                 commit: str, *, figures: tuple = FIGURES, what: str = "the default digits pipeline") -> list[str]:
     """The lines after the block: per seed, then each figure's mean ± sample std [min, max]."""
-    columns = [(c, label) for c, label, _ in FIGURES if any(c in figures for _, figures, _ in runs)]
+    columns = [(c, label) for c, label, _ in figures if any(c in found for _, found, _ in runs)]
     seeds = ", ".join(str(seed) for seed, _, _ in runs)
-    lines = [f"{SEEDS_MARK} {seeds} (params.yaml run.seed: the data split, noise and training; each a `privpipe "
-             f"run` of the default digits pipeline in a scratch copy of the project's working tree at commit {commit}, "
+    lines = [f"{SEEDS_MARK} {seeds} (run.seed: the data split, noise and training; each a `privpipe "
+             f"run` of {what} in a scratch copy of the project's working tree at commit {commit}, "
              f"{date.today().isoformat()}): mean ± sample std [min, max]",
              "seed  " + "  ".join(f"{c:>8}" for c, _ in columns) + "    wall s"]
     for seed, figures, seconds in runs:
@@ -160,15 +206,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="the file to write")
     parser.add_argument("--project", type=Path, default=ROOT, help="the project folder to run in")
     parser.add_argument("--seeds", type=int, nargs="+", metavar="S",
-                        help="with --make: also run the default pipeline at these run.seed values, each in a "
-                             "scratch copy of the project, and append a per-seed table and mean ± sample std "
-                             "[min, max] of the headline figures")
+                        help="also run the pipeline (--make: the default; --params: that file) at these run.seed "
+                             "values, each in a scratch copy of the project, and append a per-seed table and mean "
+                             "± sample std [min, max] of the headline figures")
     parser.add_argument("--reuse", action="store_true",
                         help="with --make --seeds: keep the block already saved in --out instead of running "
                              "`make run`; only the seeds' table is redone")
     args = parser.parse_args()
-    if args.params is not None and (args.seeds or args.reuse):
-        parser.error("--seeds and --reuse go with --make")
+    if args.params is not None and args.reuse:
+        parser.error("--reuse goes with --make")
     if args.reuse and not args.seeds:
         parser.error("--reuse needs --seeds (without them there is nothing to redo)")
     if args.seeds is not None and len(args.seeds) < 3:
@@ -187,6 +233,18 @@ def main() -> None:
             seed0 = yaml.safe_load((project / "params.yaml").read_text(encoding="utf-8"))["run"]["seed"]
             runs = _seed_runs(project, list(dict.fromkeys(args.seeds)))
             saved = [*saved, "", *_seeds_table(runs, _figures(saved), seed0, _commit(project))]
+    elif args.seeds:  # each seed in a scratch copy; the first seed's lines are saved as a run without --seeds saves
+        params_file = (project / args.params).resolve()
+        runs = _params_seed_runs(project, params_file, list(dict.fromkeys(args.seeds)))
+        first_seed, lines, seconds = runs[0]
+        peak = [int(m.group(1)) for line in lines if (m := PEAK.search(line))]
+        memory = f", peak memory {peak[-1] / 1024**2:.1f} GiB" if peak else ""
+        saved = [f"# privpipe run --params {args.params} at run.seed {first_seed} (commit {_commit(project)}, "
+                 f"a scratch copy), {os.cpu_count()} cores, {date.today().isoformat()}: {seconds / 60:.1f} min "
+                 f"wall{memory}",
+                 *[line for line in lines if STAGE_LINE.search(line)], *_block(lines), "",
+                 *_seeds_table([(seed, _figures(run_lines, RUN_FIGURES), wall) for seed, run_lines, wall in runs],
+                               {}, -1, _commit(project), figures=RUN_FIGURES, what=f"--params {args.params}")]
     else:
         command = [str(project / ".venv/bin/privpipe"), "run", "--params", str(args.params)]
         timed = ["/usr/bin/time", "-v", *command] if shutil.which("/usr/bin/time") else command
