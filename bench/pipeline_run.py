@@ -37,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
@@ -50,25 +52,41 @@ STAGE_LINE = re.compile(r"Task run '[^']+' - (?!Finished in state)")
 PEAK = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 SEEDS_MARK = "# over seeds"  # the line that starts the seeds' table; the block the README quotes is before it
 SEED_LINE = re.compile(r"(?m)^(  seed:[ \t]*)\d+")  # params.yaml's run.seed (the only key at this indent)
-FIGURES = (  # (column, label in the summary, pattern on the block's lines)
-    ("test", "test accuracy", re.compile(r"^test accuracy\s+([\d.]+)")),
-    ("train", "train accuracy", re.compile(r"^test accuracy.*\(train ([\d.]+)\)")),
-    ("target", "target-domain accuracy", re.compile(r"^target domain\s+([\d.]+)")),
-    ("AUC loss", "membership AUC (loss)", re.compile(r"^privacy audit .*membership AUC.*?([\d.]+) \(loss\)")),
-    ("AUC cal.", "membership AUC (calibrated)", re.compile(r"^privacy audit .*?([\d.]+) \(calibrated\)")),
-    ("emp. ε ≥", "empirical ε lower bound", re.compile(r"^privacy audit .*empirical ε ≥ ([\d.]+)")),
-    ("head", "removal head accuracy", re.compile(r"^removal head\s+accuracy ([\d.]+)")),
-    ("ε spent", "ε spent (PLD, all stages)", re.compile(r"^privacy spent\s+ε = ([\d.]+)")),
+@dataclass(frozen=True)
+class Figure:
+    """A headline figure of a run: its column, its label in the summary, the pattern that finds it on the run's
+    lines, and how the matched text becomes the figure."""
+
+    column: str
+    label: str
+    pattern: re.Pattern[str]
+    value: Callable[[str], float] = float
+
+
+def _minutes(text: str) -> float:  # /usr/bin/time's h:mm:ss or m:ss
+    return sum(float(part) * 60 ** i for i, part in enumerate(reversed(text.split(":")))) / 60
+
+
+FIGURES = (  # --make --seeds: on the block's lines
+    Figure("test", "test accuracy", re.compile(r"^test accuracy\s+([\d.]+)")),
+    Figure("train", "train accuracy", re.compile(r"^test accuracy.*\(train ([\d.]+)\)")),
+    Figure("target", "target-domain accuracy", re.compile(r"^target domain\s+([\d.]+)")),
+    Figure("AUC loss", "membership AUC (loss)", re.compile(r"^privacy audit .*membership AUC.*?([\d.]+) \(loss\)")),
+    Figure("AUC cal.", "membership AUC (calibrated)", re.compile(r"^privacy audit .*?([\d.]+) \(calibrated\)")),
+    Figure("emp. ε ≥", "empirical ε lower bound", re.compile(r"^privacy audit .*empirical ε ≥ ([\d.]+)")),
+    Figure("head", "removal head accuracy", re.compile(r"^removal head\s+accuracy ([\d.]+)")),
+    Figure("ε spent", "ε spent (PLD, all stages)", re.compile(r"^privacy spent\s+ε = ([\d.]+)")),
 )
-RUN_FIGURES = (  # --params --seeds: (column, label, pattern) on a run's stage lines and block
-    ("answered", "queries answered", re.compile(r"aggregate: (\d+) of \d+ answered")),
-    ("labels", "answered labels' accuracy", re.compile(r"aggregate: .*\(label accuracy ([\d.]+)\)")),
-    ("student", "student test accuracy", re.compile(r"student: .*test accuracy ([\d.]+)")),
-    ("target", "student target-domain accuracy", re.compile(r"student: .*target accuracy ([\d.]+)")),
-    ("test", "deployed model's test accuracy", re.compile(r"^test accuracy\s+([\d.]+)")),
-    ("ε spent", "ε spent (all stages)", re.compile(r"^privacy spent\s+ε = ([\d.]+)")),
-    ("min", "wall minutes", re.compile(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)")),
-    ("GiB", "peak memory GiB", re.compile(r"Maximum resident set size \(kbytes\): (\d+)")),
+RUN_FIGURES = (  # --params --seeds: on a run's stage lines, block and /usr/bin/time's report
+    Figure("answered", "queries answered", re.compile(r"aggregate: (\d+) of \d+ answered")),
+    Figure("labels", "answered labels' accuracy", re.compile(r"aggregate: .*\(label accuracy ([\d.]+)\)")),
+    Figure("student", "student test accuracy", re.compile(r"student: .*test accuracy ([\d.]+)")),
+    Figure("target", "student target-domain accuracy", re.compile(r"student: .*target accuracy ([\d.]+)")),
+    Figure("test", "deployed model's test accuracy", re.compile(r"^test accuracy\s+([\d.]+)")),
+    Figure("ε spent", "ε spent (all stages)", re.compile(r"^privacy spent\s+ε = ([\d.]+)")),
+    Figure("min", "wall minutes", re.compile(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)"),
+           _minutes),
+    Figure("GiB", "peak memory GiB", PEAK, lambda kbytes: float(kbytes) / 1024**2),
 )
 ENV = {"PYTHONUNBUFFERED": "1", "DVC_NO_ANALYTICS": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
        "DO_NOT_TRACK": "true"}  # as the Makefile exports them
@@ -95,23 +113,29 @@ def _block(lines: list[str]) -> list[str]:
     return lines[starts[-1]:]
 
 
-def _figures(block: list[str], figures: tuple = FIGURES) -> dict[str, float]:
+def _figures(lines: list[str], figures: tuple[Figure, ...] = FIGURES) -> dict[str, float]:
     """The lines' headline figures, by column name (a line the run did not print: left out)."""
     found = {}
-    for column, _, pattern in figures:
-        for line in block:
-            if m := pattern.search(line):
-                found[column] = _number(column, m.group(1))
+    for figure in figures:
+        for line in lines:
+            if m := figure.pattern.search(line):
+                found[figure.column] = figure.value(m.group(1))
                 break
     return found
 
 
-def _number(column: str, text: str) -> float:
-    if column == "min":  # h:mm:ss or m:ss
-        return sum(float(part) * 60 ** i for i, part in enumerate(reversed(text.split(":")))) / 60
-    if column == "GiB":
-        return float(text) / 1024**2
-    return float(text)
+def _timed(command: list[str]) -> list[str]:
+    """``command`` under ``/usr/bin/time -v`` where it exists (its report gives the peak memory)."""
+    return ["/usr/bin/time", "-v", *command] if shutil.which("/usr/bin/time") else command
+
+
+def _params_record(params: Path, lines: list[str], seconds: float, run: str) -> list[str]:
+    """What --params saves of one run: a header (``run``: which run it was), the stage lines and the block."""
+    peak = [int(m.group(1)) for line in lines if (m := PEAK.search(line))]
+    memory = f", peak memory {peak[-1] / 1024**2:.1f} GiB" if peak else ""
+    return [f"# privpipe run --params {params} {run}, {os.cpu_count()} cores, {date.today().isoformat()}: "
+            f"{seconds / 60:.1f} min wall{memory}",
+            *[line for line in lines if STAGE_LINE.search(line)], *_block(lines)]
 
 
 def _commit(project: Path) -> str:
@@ -136,50 +160,39 @@ def _scratch_copy(project: Path, into: Path, seed: int, params_file: Path | None
         raw["run"]["seed"] = seed
         raw["prepare"]["path"] = str((project / raw["prepare"]["path"]).resolve())
         (into / params_file.name).write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-        subprocess.run(["git", "init", "-q"], cwd=into, check=True)
-        return
-    params = into / "params.yaml"
-    text, edits = SEED_LINE.subn(lambda m: f"{m.group(1)}{seed}", params.read_text(encoding="utf-8"), count=1)
-    if edits != 1 or yaml.safe_load(text)["run"]["seed"] != seed:
-        raise SystemExit("params.yaml: could not set run.seed in the scratch copy; nothing saved")
-    params.write_text(text, encoding="utf-8")
+    else:  # params.yaml edited in place, its comments kept
+        params = into / "params.yaml"
+        text, edits = SEED_LINE.subn(lambda m: f"{m.group(1)}{seed}", params.read_text(encoding="utf-8"), count=1)
+        if edits != 1 or yaml.safe_load(text)["run"]["seed"] != seed:
+            raise SystemExit("params.yaml: could not set run.seed in the scratch copy; nothing saved")
+        params.write_text(text, encoding="utf-8")
     # a git repository, as a clone is: the run ends by versioning the dataset's lifetime ledger with `dvc add`
     subprocess.run(["git", "init", "-q"], cwd=into, check=True)
 
 
-def _seed_runs(project: Path, seeds: list[int]) -> list[tuple[int, dict[str, float], float]]:
-    """Each seed's headline figures and wall seconds, from ``privpipe run`` in a scratch copy of the project."""
-    runs = []
-    for seed in seeds:
-        with tempfile.TemporaryDirectory(prefix=f"privpipe-seed{seed}-") as scratch:
-            _scratch_copy(project, Path(scratch), seed)
-            print(f"\n== seed {seed}: privpipe run in {scratch}", file=sys.stderr, flush=True)
-            lines, seconds = _run([str(project / ".venv/bin/privpipe"), "run"], Path(scratch))
-        runs.append((seed, _figures(_block(lines)), seconds))
-    return runs
-
-
-def _params_seed_runs(project: Path, params_file: Path, seeds: list[int]) -> list[tuple[int, list[str], float]]:
-    """Each seed's stage lines and block and wall seconds, from ``privpipe run --params`` in a scratch copy."""
+def _seed_runs(project: Path, seeds: list[int], params_file: Path | None = None) -> list[tuple[int, list[str], float]]:
+    """Each seed's printed lines and wall seconds, from ``privpipe run`` (``--params`` that file, timed) in a
+    scratch copy of the project."""
+    command, what = [str(project / ".venv/bin/privpipe"), "run"], "privpipe run"
+    if params_file is not None:
+        command, what = _timed([*command, "--params", params_file.name]), f"privpipe run --params {params_file.name}"
     runs = []
     for seed in seeds:
         with tempfile.TemporaryDirectory(prefix=f"privpipe-seed{seed}-") as scratch:
             _scratch_copy(project, Path(scratch), seed, params_file)
-            print(f"\n== seed {seed}: privpipe run --params {params_file.name} in {scratch}", file=sys.stderr,
-                  flush=True)
-            command = [str(project / ".venv/bin/privpipe"), "run", "--params", params_file.name]
-            timed = ["/usr/bin/time", "-v", *command] if shutil.which("/usr/bin/time") else command
-            lines, seconds = _run(timed, Path(scratch))
+            print(f"\n== seed {seed}: {what} in {scratch}", file=sys.stderr, flush=True)
+            lines, seconds = _run(command, Path(scratch))
         runs.append((seed, lines, seconds))
     return runs
 
 
-def _seeds_table(runs: list[tuple[int, dict[str, float], float]], saved: dict[str, float], seed0: int,
-                 commit: str, *, figures: tuple = FIGURES, what: str = "the default digits pipeline") -> list[str]:
-    """The lines after the block: per seed, then each figure's mean ± sample std [min, max]."""
-    columns = [(c, label) for c, label, _ in figures if any(c in found for _, found, _ in runs)]
+def _seeds_table(runs: list[tuple[int, dict[str, float], float]], commit: str, *, figures: tuple[Figure, ...],
+                 seed_key: str, what: str, check: tuple[int, dict[str, float]] | None = None) -> list[str]:
+    """The lines after the block: per seed, then each figure's mean ± sample std [min, max]; with ``check``
+    (a seed and the saved block's figures), whether that seed's run printed them again."""
+    columns = [(f.column, f.label) for f in figures if any(f.column in found for _, found, _ in runs)]
     seeds = ", ".join(str(seed) for seed, _, _ in runs)
-    lines = [f"{SEEDS_MARK} {seeds} (run.seed: the data split, noise and training; each a `privpipe "
+    lines = [f"{SEEDS_MARK} {seeds} ({seed_key}: the data split, noise and training; each a `privpipe "
              f"run` of {what} in a scratch copy of the project's working tree at commit {commit}, "
              f"{date.today().isoformat()}): mean ± sample std [min, max]",
              "seed  " + "  ".join(f"{c:>8}" for c, _ in columns) + "    wall s"]
@@ -190,6 +203,7 @@ def _seeds_table(runs: list[tuple[int, dict[str, float], float]], saved: dict[st
     for c, label in columns:
         values = [figures[c] for _, figures, _ in runs if c in figures]
         lines.append(f"{label:<{width}}  {spread(values).text(4)}  (n = {len(values)})")
+    seed0, saved = check if check is not None else (None, {})
     mine = next((figures for seed, figures, _ in runs if seed == seed0), None)
     if mine is not None:
         differ = [c for c, _ in columns if mine.get(c) != saved.get(c)]
@@ -232,28 +246,22 @@ def main() -> None:
         if args.seeds:
             seed0 = yaml.safe_load((project / "params.yaml").read_text(encoding="utf-8"))["run"]["seed"]
             runs = _seed_runs(project, list(dict.fromkeys(args.seeds)))
-            saved = [*saved, "", *_seeds_table(runs, _figures(saved), seed0, _commit(project))]
+            saved = [*saved, "", *_seeds_table([(seed, _figures(_block(lines)), wall) for seed, lines, wall in runs],
+                                               _commit(project), figures=FIGURES, seed_key="params.yaml run.seed",
+                                               what="the default digits pipeline",
+                                               check=(seed0, _figures(saved)))]
     elif args.seeds:  # each seed in a scratch copy; the first seed's lines are saved as a run without --seeds saves
-        params_file = (project / args.params).resolve()
-        runs = _params_seed_runs(project, params_file, list(dict.fromkeys(args.seeds)))
+        runs = _seed_runs(project, list(dict.fromkeys(args.seeds)), (project / args.params).resolve())
         first_seed, lines, seconds = runs[0]
-        peak = [int(m.group(1)) for line in lines if (m := PEAK.search(line))]
-        memory = f", peak memory {peak[-1] / 1024**2:.1f} GiB" if peak else ""
-        saved = [f"# privpipe run --params {args.params} at run.seed {first_seed} (commit {_commit(project)}, "
-                 f"a scratch copy), {os.cpu_count()} cores, {date.today().isoformat()}: {seconds / 60:.1f} min "
-                 f"wall{memory}",
-                 *[line for line in lines if STAGE_LINE.search(line)], *_block(lines), "",
+        saved = [*_params_record(args.params, lines, seconds,
+                                 f"at run.seed {first_seed} (commit {_commit(project)}, a scratch copy)"), "",
                  *_seeds_table([(seed, _figures(run_lines, RUN_FIGURES), wall) for seed, run_lines, wall in runs],
-                               {}, -1, _commit(project), figures=RUN_FIGURES, what=f"--params {args.params}")]
+                               _commit(project), figures=RUN_FIGURES, seed_key="run.seed",
+                               what=f"--params {args.params}")]
     else:
         command = [str(project / ".venv/bin/privpipe"), "run", "--params", str(args.params)]
-        timed = ["/usr/bin/time", "-v", *command] if shutil.which("/usr/bin/time") else command
-        lines, seconds = _run(timed, project)
-        peak = [int(m.group(1)) for line in lines if (m := PEAK.search(line))]
-        memory = f", peak memory {peak[-1] / 1024**2:.1f} GiB" if peak else ""
-        saved = [f"# privpipe run --params {args.params} (commit {_commit(project)}), {os.cpu_count()} cores, "
-                 f"{date.today().isoformat()}: {seconds / 60:.1f} min wall{memory}",
-                 *[line for line in lines if STAGE_LINE.search(line)], *_block(lines)]
+        lines, seconds = _run(_timed(command), project)
+        saved = _params_record(args.params, lines, seconds, f"(commit {_commit(project)})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(saved) + "\n", encoding="utf-8")
     print(f"saved {args.out}", file=sys.stderr)
