@@ -531,16 +531,10 @@ def to_json(result: dict[str, Any]) -> str:
     return f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n'
 
 
-def command_line(seeds: list[int], name: str, out: Path) -> str:
-    """The command that reproduces a run: its seeds and name, and its folder when not the default."""
-    words = [".venv/bin/python bench/own_data_tabular.py", "--seeds", *map(str, seeds), "--name", name]
-    if out.resolve() != OUT.resolve():
-        words += ["--out", str(out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out)]
-    return " ".join(words)
-
-
-def combine_command(stems: list[str], name: str, out: Path) -> str:
-    words = [".venv/bin/python bench/own_data_tabular.py", "--combine", *stems, "--name", name]
+def command_line(options: list[str], name: str, out: Path) -> str:
+    """The command that reproduces a run (``--seeds …`` or ``--combine …``): its name, and its folder when not
+    the default."""
+    words = [".venv/bin/python bench/own_data_tabular.py", *options, "--name", name]
     if out.resolve() != OUT.resolve():
         words += ["--out", str(out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out)]
     return " ".join(words)
@@ -550,10 +544,7 @@ def write(out: Path, name: str, command: str, seeds: list[int], total: float, su
           runs: list[dict], sources: list[dict] | None = None) -> None:
     """<out>/<name>.json and .md, and the table printed."""
     out.mkdir(parents=True, exist_ok=True)
-    result = {"name": name, "command": command, "std": "sample (n - 1)",
-              "seeds": seeds, "delta": DELTA, "test_fraction": TEST_FRACTION, "public_fraction": PUBLIC_FRACTION,
-              "validation_seed_offset": VALIDATION_SEED_OFFSET, "grid": GRID, "torch_threads": 1,
-              "bounds": BOUNDS,
+    result = {"name": name, "command": command, "seeds": seeds, **settings(),
               **({"combined_from": sources} if sources else {}),
               "total_wall_seconds": total, "summary": summary, "runs": runs}
     (out / f"{name}.json").write_text(to_json(result))
@@ -586,7 +577,8 @@ def main() -> None:
         if args.name in args.combine:
             raise SystemExit(f"--name {args.name} would overwrite an input of --combine")
         seeds, runs, summary, total, sources = combine(args.combine, out)
-        write(out, args.name, combine_command(args.combine, args.name, out), seeds, total, summary, runs, sources)
+        command = command_line(["--combine", *args.combine], args.name, out)
+        write(out, args.name, command, seeds, total, summary, runs, sources)
         return
     args.name = args.name or "tabular"
     if args.num_seeds is not None:
@@ -600,7 +592,7 @@ def main() -> None:
                   f"0..{seeds[0] - 1}", file=sys.stderr, flush=True)
     if len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise SystemExit(f"--seeds must be distinct and >= 0, not {seeds}")
-    command = command_line(seeds, args.name, out)
+    command = command_line(["--seeds", *map(str, seeds)], args.name, out)
     sys.path.insert(0, str(ROOT))
     import torch
 
