@@ -206,22 +206,17 @@ def cases(part: str) -> list[dict[str, Any]]:
 
     out = []
     if part in ("all", "tables"):
-        for name, labels in (("breast_cancer", None), ("wine", ["class_0", "class_1", "class_2"])):
-            spec = DATA_SETS[name]
+        # iris is held out: no say in the table recipe nor the bounds estimator
+        for spec, labels, held_out in ((DATA_SETS["breast_cancer"], None, False),
+                                       (DATA_SETS["wine"], ["class_0", "class_1", "class_2"], False),
+                                       (iris(), ["setosa", "versicolor", "virginica"], True)):
             prepare = {"dataset": "csv", "path": spec.file, "id_column": spec.id_column,
                        "label_column": spec.label_column, "test_fraction": 0.2, "public_fraction": 0.01,
                        **({"schema": {"labels": labels}} if labels else {})}
             for recipe, finetune in (("fitted", {}), ("auto", {"recipe": "auto"})):
                 out.append({"data": spec.title, "schema": "labels declared, columns discovered" if labels else
                             "none (all discovered)", "recipe": recipe, "prepare": prepare, "finetune": finetune,
-                            "table": spec})
-        spec = iris()  # held out: no say in the table recipe nor the bounds estimator
-        prepare = {"dataset": "csv", "path": spec.file, "id_column": spec.id_column,
-                   "label_column": spec.label_column, "test_fraction": 0.2, "public_fraction": 0.01,
-                   "schema": {"labels": ["setosa", "versicolor", "virginica"]}}
-        for recipe, finetune in (("fitted", {}), ("auto", {"recipe": "auto"})):
-            out.append({"data": spec.title, "schema": "labels declared, columns discovered", "recipe": recipe,
-                        "prepare": prepare, "finetune": finetune, "table": spec, "held_out": True})
+                            "table": spec, "held_out": held_out})
     if part in ("all", "images"):
         pngs, jpegs = write_mnist_folders()
         out.append({"data": "6,000 MNIST digits, ImageFolder of PNGs", "schema": IMAGE_SCHEMA,
@@ -260,7 +255,7 @@ def bounds_validation(seeds: int) -> None:
 
     started = time.perf_counter()
     runs = []
-    for case in [c for c in cases("tables") if c["recipe"] == "fitted" and not c.get("held_out")]:
+    for case in [c for c in cases("tables") if c["recipe"] == "fitted" and not c["held_out"]]:
         spec = case["table"]
         data = spec.load()
         for seed in range(seeds):
