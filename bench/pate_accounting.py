@@ -84,12 +84,6 @@ def reference_epsilon(core, spec: Aggregator, counts: np.ndarray, answered: np.n
     return float(core.compute_eps_from_delta(orders, rdp, DELTA)[0])
 
 
-def _over(values: list[float], digits: int) -> str:
-    """One draw's value, or mean ± sample std [min, max] over the draws (a constant once)."""
-    s = spread(values)
-    return f"{s.mean:.{digits}f}" if s.low == s.high else s.text(digits)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--votes", type=Path,
@@ -132,11 +126,12 @@ def main() -> None:
                 draws["asked_f"].append(out.asked)
                 draws["answered_f"].append(out.answered)
                 draws["accuracy_f"].append(float((out.labels[got] == truth[got]).mean()))
-        reference = _over(draws["reference"], 3) if core else "–"
+        reference = spread(draws["reference"]).brief(3) if core else "–"
         filtered = "–" if not draws["asked_f"] else "; ".join(
-            (_over(draws["asked_f"], 0), _over(draws["answered_f"], 0), _over(draws["accuracy_f"], 4)))
-        lines.append(f"| {name} | {queries} | {_over(draws['answered'], 0)} | {_over(draws['accuracy'], 4)} "
-                     f"| {independent:.3f} | {_over(draws['sanitised'], 3)} | {choice.analysis} | {reference} "
+            spread(draws[key]).brief(digits) for key, digits in (("asked_f", 0), ("answered_f", 0), ("accuracy_f", 4)))
+        lines.append(f"| {name} | {queries} | {spread(draws['answered']).brief(0)} "
+                     f"| {spread(draws['accuracy']).brief(4)} "
+                     f"| {independent:.3f} | {spread(draws['sanitised']).brief(3)} | {choice.analysis} | {reference} "
                      f"| {filtered} |")
         print(lines[-1] if len(lines) > 3 else "\n".join(lines), flush=True)
         if spec.mechanism == "gnmax":

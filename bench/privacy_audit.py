@@ -52,7 +52,6 @@ import mnist_dpsgd
 from protocol import spread
 from removal import head_rows
 
-from privpipe.data import Records
 from privpipe.models import ModelSpec, TrainingConfig, make_network, released_model, train_classifier
 from privpipe.privacy import NoiseSource, compute_epsilon
 from privpipe.privacy.membership import AttackScores, attack_scores, audit_membership, reference_model
@@ -106,17 +105,13 @@ def audit(model: torch.nn.Module, data: dict, rows: dict[str, np.ndarray], *, tr
     return {name: {"auc": a.auc, "epsilon_lower_bound": a.epsilon_lower_bound} for name, a in result.attacks.items()}
 
 
-def accuracy(model: torch.nn.Module, records: Records) -> float:
-    return mnist_dpsgd.accuracy(model, records)
-
-
 def dp_model(data: dict, row: str, recipe: str, records: int, seed: int) -> dict[str, Any]:
     trained = mnist_dpsgd.train(mnist_dpsgd.CONFIGS[recipe], data, seed)
     if trained is None:
         raise SystemExit(f"{recipe}: DP-PCA alone exceeds the target ε")
     claimed = compute_epsilon(trained["events"], delta=DELTA)
     return {"model": row, "recipe": recipe, "claimed_epsilon": claimed.epsilon, "accountant": claimed.accountant,
-            "accuracy_test": accuracy(trained["model"], data["test"]), "train_seconds": trained["seconds"],
+            "accuracy_test": mnist_dpsgd.accuracy(trained["model"], data["test"]), "train_seconds": trained["seconds"],
             **audit(trained["model"], data, splits(data, records, seed), seed=seed)}
 
 
@@ -130,8 +125,8 @@ def baseline(data: dict, records: int, seed: int) -> dict[str, Any]:
     start = time.perf_counter()
     train_classifier(model, data["train"].features[subset], data["train"].labels[subset], config=OVERFIT, seed=seed)
     return {"model": BASELINE, "claimed_epsilon": math.inf, "train_seconds": time.perf_counter() - start,
-            "accuracy_train": accuracy(model, data["train"].subset(subset)),
-            "accuracy_test": accuracy(model, data["test"]),
+            "accuracy_train": mnist_dpsgd.accuracy(model, data["train"].subset(subset)),
+            "accuracy_test": mnist_dpsgd.accuracy(model, data["test"]),
             **audit(model, data, splits(data, records, seed), train_rows=subset, seed=seed)}
 
 
@@ -209,17 +204,12 @@ def run(seeds: list[int], records: int, folder: Path, workers: int) -> list[dict
         return list(pool.map(_job, jobs))
 
 
-def _fmt_spread(values: list[float], digits: int = 3) -> str:
-    s = spread(values)
-    return s.text(digits) if s.n > 1 else f"{s.mean:.{digits}f}"
-
-
 def _row(cells: list[str], runs: list[dict[str, Any]]) -> str:
     """``cells``, then both attacks' AUCs and the larger empirical ε bound over ``runs`` (one per seed)."""
     loss = [r["loss"]["auc"] for r in runs]
     calibrated = [r["calibrated"]["auc"] for r in runs]
     bound = [max(r["loss"]["epsilon_lower_bound"], r["calibrated"]["epsilon_lower_bound"]) for r in runs]
-    return "| " + " | ".join([*cells, _fmt_spread(loss), _fmt_spread(calibrated),
+    return "| " + " | ".join([*cells, spread(loss).brief(3), spread(calibrated).brief(3),
                               f"{statistics.fmean(bound):.2f} [{min(bound):.2f}, {max(bound):.2f}]"]) + " |"
 
 
@@ -240,19 +230,19 @@ def render() -> str:
         mine = [r for r in runs if r["model"] == row]
         if mine:
             claimed = f"{max(r['claimed_epsilon'] for r in mine):.2f} ({mine[0]['accountant'].upper()})"
-            accuracy_test = _fmt_spread([100 * r["accuracy_test"] for r in mine], 2)
+            accuracy_test = spread([100 * r["accuracy_test"] for r in mine]).brief(2)
             lines.append(_row([f"DP-SGD `{row}` (recipe `{mine[0]['recipe']}`)", claimed, accuracy_test], mine))
     mine = [r for r in runs if r["model"] == BASELINE]
     if mine:
         train = spread([100 * r["accuracy_train"] for r in mine]).mean
-        accuracy_test = _fmt_spread([100 * r["accuracy_test"] for r in mine], 2)
+        accuracy_test = spread([100 * r["accuracy_test"] for r in mine]).brief(2)
         lines.append(_row([f"{BASELINE} (train {train:.1f} %)", "∞ (not private)", accuracy_test], mine))
     mine = [r for r in runs if r["model"] == REMOVAL]
     if mine:
         mechanisms = "+".join(sorted({r["mechanism"] for r in mine}))
         lines += ["", f"Certified-removal head (MNIST 3 vs 8 on pixels, {HEAD_TRAIN:,} rows, λ = {HEAD_LAM:g}, "
                   f"σ = {HEAD_SIGMA:g}, ε = 1, δ = 1e-4; test accuracy after the removal "
-                  f"{_fmt_spread([r['accuracy_test'] for r in mine])}): {HEAD_REMOVED} of its rows removed in one "
+                  f"{spread([r['accuracy_test'] for r in mine]).brief(3)}): {HEAD_REMOVED} of its rows removed in one "
                   f"batch (by {mechanisms}), attacked against {HEAD_REMOVED} never-seen test records "
                   "(δ = 1e-4).", "",
                   "| records | loss AUC | calibrated AUC | empirical ε ≥ |", "|---|---|---|---|"]

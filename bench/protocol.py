@@ -1,6 +1,7 @@
 """What every benchmark that makes a choice shares: the spread it reports and the price of its choice.
 
     spread([0.98, 0.97, 0.99]).text(4)   # '0.9800 ± 0.0100 [0.9700, 0.9900]': mean ± sample std [min, max]
+    spread([0.98, 0.98]).brief(4)        # '0.9800': the value alone where none varies
     private_selection_epsilon([events_a, events_b], delta=1e-5)   # each candidate's run
 
 - Spreads are the sample standard deviation (n − 1): over 3 seeds the population one understates it by 18 %.
@@ -39,6 +40,10 @@ class Spread:
         f = f"{{:.{digits}f}}"
         return (f"{f.format(self.mean * scale)} ± {f.format(self.std * scale)} "
                 f"[{f.format(self.low * scale)}, {f.format(self.high * scale)}]")
+
+    def brief(self, digits: int = 4, scale: float = 1.0) -> str:
+        """``text``, or the value alone where every value is the same (one seed, or a figure no seed moves)."""
+        return f"{self.mean * scale:.{digits}f}" if self.low == self.high else self.text(digits, scale)
 
 
 def spread_dict(values: Sequence[float]) -> dict[str, float]:

@@ -99,10 +99,8 @@ def dp_model_features(args: argparse.Namespace, mnist: dict, seed: int) -> dict[
     files = [cache / f"dp_model_seed{seed}_{split}.npy" for split in ("train", "test")]
     info_file = cache / f"dp_model_seed{seed}.json"
     if not all(f.exists() for f in files) or not info_file.exists():
+        import mnist_dpsgd  # (bench/ is on the path: see the imports)
         import torch
-
-        sys.path.insert(0, str(ROOT / "bench"))
-        import mnist_dpsgd
 
         torch.set_num_threads(args.threads)
         print(f"training the ScatterNet CNN at ε = 1 (bench/mnist_dpsgd.py frontier-eps1), seed {seed} …", flush=True)
