@@ -7,7 +7,7 @@ import pytest
 
 from conftest import write_params
 from own_data import write_cancer_csv, write_image_folder
-from tasks.recipe import fitted_recipe, load_run_params, recipe_warnings
+from tasks.recipe import TABLE_RULE, TableRule, fitted_recipe, load_run_params, recipe_warnings
 
 
 def _user_file(project, **sections):
@@ -22,7 +22,7 @@ def test_a_table_without_recipe_keys_gets_the_linear_recipe_scaled_to_its_rows(p
                                  "label_column": "diagnosis"})
     params = load_run_params("params.yaml")
     assert params.finetune.hidden_units == () and params.finetune.model == "mlp" and not params.dp_pca.enabled
-    assert params.finetune.lot_size == 32 and params.finetune.epochs == 50
+    assert params.finetune.lot_size == 32 and params.finetune.epochs == TABLE_RULE.epochs
 
 
 def test_an_image_folder_without_recipe_keys_gets_scatternet_and_its_cnn(project):
@@ -55,3 +55,12 @@ def test_a_recipe_too_short_for_its_data_is_warned_about(project):
     lines = recipe_warnings(load_params("params.yaml"), records=100)
     assert any("2 epoch(s) in lots of 64 over 100 records is 2 DP-SGD steps" in line for line in lines)
     assert recipe_warnings(load_params("params.yaml"), records=100_000) == []
+
+
+@pytest.mark.parametrize("records, lot", [(100, 32), (451, 32), (4_000, 256), (100_000, 512)])
+def test_a_table_rule_takes_lots_of_a_sixteenth_of_its_rows_as_a_power_of_two_from_32_to_512(records, lot):
+    rule = TableRule(hidden_units=(16,), epochs=20, learning_rate=0.5, max_grad_norm=2.0)
+    finetune = rule.recipe(records).values["finetune"]
+    assert finetune["lot_size"] == lot and finetune["hidden_units"] == (16,) and finetune["epochs"] == 20
+    assert finetune["learning_rate"] == 0.5 and finetune["max_grad_norm"] == 2.0 and finetune["momentum"] == 0.0
+    assert fitted_recipe(kind="csv", records=records, side=None, train_epsilon=3.0) == TABLE_RULE.recipe(records)
