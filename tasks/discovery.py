@@ -22,10 +22,11 @@ import yaml
 
 from privpipe.config import ConfigError, Params
 from privpipe.config.data_schema import DataSchema
+from privpipe.data.columnar import feature_names, file_ids, table_batches, table_header
 from privpipe.data.images import class_folders, image_files, load_image_folder
 from privpipe.data.sources import data_source
-from privpipe.data.tabular import id_text, read_table, record_ids, table_columns
-from privpipe.discovery import DiscoveryMechanism, discover, make_bounds_estimator
+from privpipe.data.tabular import cell_list, id_text
+from privpipe.discovery import ColumnCounts, DiscoveryMechanism, count_column, discover, make_bounds_estimator
 from privpipe.privacy import Event
 from privpipe.privacy.secure_noise import NoiseSource
 from privpipe.requests import RequestQueue
@@ -67,12 +68,11 @@ def discovery_plan(params: Params) -> DiscoveryPlan | None:
     declared = cfg.schema
     labels = declared is None or declared.labels is None
     if cfg.dataset == "csv":
-        table = read_table(Path(cfg.path))
-        features = table_columns(table, id_column=cfg.id_column, label_column=cfg.label_column,
+        features = feature_names(Path(cfg.path), id_column=cfg.id_column, label_column=cfg.label_column,
                                  client_column=params.federated.client_column, feature_columns=cfg.feature_columns)
         extra = [c.name for c in (declared.columns if declared else ()) if c.name not in features]
         if extra:  # a misspelt entry: refused before any noise is drawn
-            raise ConfigError(f"prepare.schema.columns.{extra[0]}: not a feature column of {table.path}")
+            raise ConfigError(f"prepare.schema.columns.{extra[0]}: not a feature column of {cfg.path}")
         missing = tuple(name for name in features if declared is None or declared.column(name) is None)
         return DiscoveryPlan(missing, labels) if missing or labels else None
     if cfg.dataset == "imagefolder" and labels:
@@ -87,7 +87,9 @@ def check_sources(params: Params, plan: DiscoveryPlan) -> None:
     cfg = params.prepare
     mechanism_for(params, plan)  # its noise, calibrated (an ε out of reach refused), not drawn
     if cfg.dataset == "csv":
-        record_ids(read_table(Path(cfg.path)), cfg.id_column)
+        if cfg.id_column not in table_header(Path(cfg.path)):
+            raise ConfigError(f"prepare.id_column: {cfg.id_column!r} is not a column of {cfg.path}")
+        file_ids(Path(cfg.path), cfg.id_column)
     elif cfg.dataset == "imagefolder":  # every image read as prepare reads it (its class folders unpublished)
         load_image_folder(Path(cfg.path), channels=cfg.channels or 3, size=cfg.image_size)
 
@@ -114,15 +116,21 @@ def require_accountant(params: Params) -> None:
                           "in full")
 
 
-def _cells(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool],
-           ) -> tuple[dict[str, list[Any]], list[Any] | None]:
-    """The cells the release counts: every record of the main file (or folder) but those withheld."""
+def _counts(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool],
+            ) -> tuple[dict[str, ColumnCounts], ColumnCounts | None]:
+    """The exact counts the release is of: every record of the main file (or folder) but those withheld; a
+    table counted a batch at a time, so its length does not set the memory the count takes."""
     cfg = params.prepare
     if cfg.dataset == "csv":
-        table = read_table(Path(cfg.path))
-        keep = [row for row, i in enumerate(table.cells[cfg.id_column]) if not withheld(id_text(i))]
-        columns = {name: [table.cells[name][row] for row in keep] for name in plan.columns}
-        labels = [table.cells[cfg.label_column][row] for row in keep] if plan.labels else None
+        columns = {name: count_column([]) for name in plan.columns}
+        labels = count_column([], numbers_only=True) if plan.labels else None
+        read = [cfg.id_column, *plan.columns, *([cfg.label_column] if plan.labels else [])]
+        for batch in table_batches(Path(cfg.path), columns=list(dict.fromkeys(read))):
+            drop = [row for row, i in enumerate(cell_list(batch.cells[cfg.id_column])) if withheld(id_text(i))]
+            cells = {name: _without(batch.cells[name], drop) for name in dict.fromkeys(read[1:])}
+            columns = {name: columns[name] + count_column(cells[name]) for name in plan.columns}
+            if labels is not None:
+                labels += count_column(cells[cfg.label_column], numbers_only=True)
         return columns, labels
     root = Path(cfg.path)  # an image folder: each image's class is its folder's name
     folders = set(class_folders(root))
@@ -130,7 +138,15 @@ def _cells(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool],
     relative = [f.relative_to(root) for f in files]
     names = [r.parts[0] for r in relative
              if len(r.parts) > 1 and r.parts[0] in folders and not withheld(f"{root.name}/{r.as_posix()}")]
-    return {}, names
+    return {}, count_column(names, numbers_only=True, canonical=False)  # a folder's name as written: 01 is 01
+
+
+def _without(cells: Any, rows: list[int]) -> Any:
+    """A batch's column less the ``rows`` (withheld records); as it is when there are none."""
+    if not rows:
+        return cells
+    gone = set(rows)
+    return [cell for row, cell in enumerate(cell_list(cells)) if row not in gone]
 
 
 def withheld_records(params: Params) -> Callable[[str], bool]:
@@ -177,7 +193,8 @@ def discover_labels(params: Params, labels: list[Any], *, key: str) -> SchemaRel
     require_accountant(params)
     mechanism = mechanism_for(params, DiscoveryPlan((), True))
     noise = NoiseSource(seed=seed_for(params.run.seed, STAGE), secure=params.privacy.secure_rng)
-    found = discover({}, labels, mechanism=mechanism, bounds=make_bounds_estimator(params.schema.bounds), noise=noise)
+    found = discover({}, count_column(labels, numbers_only=True), mechanism=mechanism,
+                     bounds=make_bounds_estimator(params.schema.bounds), noise=noise)
     if len(found.labels or ()) < 2:
         raise ConfigError(f"{key}: the schema stage found {len(found.labels or ())} label(s) with enough records for "
                           f"its noise (a label needs about {mechanism.selection_threshold(mechanism.label_sigma):.0f}"
@@ -190,10 +207,10 @@ def discover_labels(params: Params, labels: list[Any], *, key: str) -> SchemaRel
 
 def _discovered_schema(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool]) -> SchemaRelease:
     mechanism = mechanism_for(params, plan)
-    columns, labels = _cells(params, plan, withheld)
+    columns, labels = _counts(params, plan, withheld)
     noise = NoiseSource(seed=seed_for(params.run.seed, STAGE), secure=params.privacy.secure_rng)
     found = discover(columns, labels, mechanism=mechanism, bounds=make_bounds_estimator(params.schema.bounds),
-                     noise=noise, label_names_as_written=params.prepare.dataset == "imagefolder")
+                     noise=noise)
     if plan.labels and len(found.labels or ()) < 2:
         raise ConfigError(f"prepare.schema.labels: the schema stage found {len(found.labels or ())} label(s) with "
                           f"enough records for its noise (a label needs about "

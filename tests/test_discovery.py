@@ -118,8 +118,8 @@ def test_a_value_one_record_holds_never_appears_and_a_common_one_is_found():
     labels = ["yes"] * 280 + ["no"] * 270 + ["unique-label"]
     mechanism = DiscoveryMechanism.calibrated(epsilon=1.0, delta=1e-5, columns=1, labels=True, selection_delta=1e-6)
     for seed in range(20):
-        found = discover({"site": cells}, labels, mechanism=mechanism, bounds=make_bounds_estimator("threshold"),
-                         noise=NoiseSource(seed=seed, secure=False))
+        found = discover({"site": count_column(cells)}, count_column(labels, numbers_only=True), mechanism=mechanism,
+                         bounds=make_bounds_estimator("threshold"), noise=NoiseSource(seed=seed, secure=False))
         assert found.columns[0].categories == ("north", "south") and found.columns[0].other
         assert found.labels == ("no", "yes")
         assert "only-me" not in json.dumps(found.notes) and "unique-label" not in json.dumps(found.notes)

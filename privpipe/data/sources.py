@@ -31,6 +31,7 @@ import numpy as np
 
 from privpipe.config.errors import ConfigError
 from privpipe.config.prepare import PrepareConfig
+from privpipe.data.columnar import encode_table_file, feature_names, file_ids, table_header
 from privpipe.data.digits import labeled_csv_features, load_labeled_csv
 from privpipe.data.domains import (
     MNIST_BOX,
@@ -46,7 +47,7 @@ from privpipe.data.raw_input import ImageInput, RecordInput, TableInput, VectorI
 from privpipe.data.records import DataError, Records, check_labels
 from privpipe.data.shape import DataShape
 from privpipe.data.split import split_by_shares
-from privpipe.data.tabular import encode_table, id_text, read_table, table_columns, write_table
+from privpipe.data.tabular import id_text, read_table, write_table
 
 __all__ = ["LoadedData", "DataSource", "data_source", "SOURCES"]
 
@@ -409,11 +410,11 @@ class Table(DataSource):
         if cfg.schema is None or cfg.schema.labels is None:  # the schema stage completes it before a load
             raise ConfigError("prepare.schema: a csv data set needs its schema, declared or discovered (the schema "
                               "stage)")
-        table = read_table(Path(cfg.path))
-        features = table_columns(table, id_column=cfg.id_column, label_column=cfg.label_column,
+        features = feature_names(Path(cfg.path), id_column=cfg.id_column, label_column=cfg.label_column,
                                  client_column=client_column, feature_columns=cfg.feature_columns)
-        records, shape = encode_table(table, cfg.schema, id_column=cfg.id_column, label_column=cfg.label_column,
-                                      feature_columns=features, client_column=client_column)
+        records, shape = encode_table_file(Path(cfg.path), cfg.schema, id_column=cfg.id_column,
+                                           label_column=cfg.label_column, feature_columns=features,
+                                           client_column=client_column)
         sets = split_by_shares(records, _shares(cfg, test=cfg.test_path is None, public=cfg.public_path is None,
                                                 target=False), rest="sensitive", seed=seed)
         files = [Path(cfg.path)]
@@ -423,8 +424,9 @@ class Table(DataSource):
                 continue
             # the main file's feature columns, which the other file must have too (its label column, in an
             # unlabeled pool, is neither read nor a feature)
-            sets[name], _ = encode_table(read_table(Path(path)), cfg.schema, id_column=cfg.id_column,
-                                         label_column=cfg.label_column if labeled else None, feature_columns=features)
+            sets[name], _ = encode_table_file(Path(path), cfg.schema, id_column=cfg.id_column,
+                                              label_column=cfg.label_column if labeled else None,
+                                              feature_columns=features)
             files.append(Path(path))
         _unique_across(sets, {"sensitive": cfg.path, "test": str(cfg.test_path), "public": str(cfg.public_path),
                               "target": str(cfg.target_path)})
@@ -434,10 +436,9 @@ class Table(DataSource):
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
         ids = []
         for path in self.files(cfg):
-            table = read_table(path)
-            if cfg.id_column not in table.names:
+            if cfg.id_column not in table_header(path):
                 raise ConfigError(f"prepare.id_column: {cfg.id_column!r} is not a column of {path}")
-            ids += [id_text(v) for v in table.cells[cfg.id_column]]
+            ids += file_ids(path, cfg.id_column).tolist()
         return ids
 
     def files(self, cfg: PrepareConfig) -> list[Path]:

@@ -33,7 +33,8 @@ from privpipe.data.shape import DataShape
 from privpipe.files import private_file
 
 __all__ = ["Table", "read_table", "write_table", "encode_table", "encode_columns", "table_columns", "PARQUET_SUFFIXES",
-           "canonical_name", "is_missing", "id_text", "record_ids", "as_number", "repeated_name", "csv_rows"]
+           "canonical_name", "is_missing", "id_text", "record_ids", "encode_rows", "as_number", "repeated_name",
+           "csv_rows", "cell_list", "finite_numbers"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -43,11 +44,12 @@ UNKNOWN_LABEL = -2  # a row whose label the discovered label set does not hold (
 
 @dataclass(frozen=True)
 class Table:
-    """A file's columns, in file order, each a list of cells (str from a CSV; Parquet's own values)."""
+    """A file's columns, in file order, each a list of cells (str from a CSV; Parquet's own values), or, read in
+    batches (privpipe.data.columnar), a pyarrow array of them, which the encoders read at array speed."""
 
     path: Path
     names: tuple[str, ...]
-    cells: dict[str, list[Any]]
+    cells: dict[str, Any]  # a list of cells, or a pyarrow array
     numbered: str = ""  # "line" (a CSV's), "row" (Parquet's, a DataFrame's); "": by the path's suffix
     first_row: int = 0  # the first cell's row in what the user gave (a batch of a longer file)
 
@@ -223,6 +225,21 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
     if column.categories is not None:
         out = np.zeros((len(cells), column.width), dtype=np.float32)
         index = {canonical_name(name): i for i, name in enumerate(column.categories)}
+        if _is_arrow(cells):
+            none = column.width  # (a position past the one-hot columns: no category, all zeros)
+
+            def rule(value: Any) -> int | None:
+                if is_missing(value):
+                    return none if column.other else None
+                position = index.get(canonical_name(value))
+                return none if position is None and column.other else position
+
+            positions = _by_distinct_value(cells, rule)
+            if positions is not None:
+                hit = positions < none
+                out[np.flatnonzero(hit), positions[hit]] = 1.0
+                return out
+            cells = cells.to_pylist()
         for row, value in enumerate(cells):
             if is_missing(value) and column.other:
                 continue  # no value: no category (all zeros)
@@ -240,7 +257,12 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
         return out
     out = np.zeros((len(cells), 1), dtype=np.float64)  # float64 until scaled: a cell near 1e308 stays finite
     centered = np.zeros(len(cells), dtype=bool)  # missing: center — the cells that encode as the middle
-    numbers = _plain_numbers(cells)
+    if _is_arrow(cells):
+        numbers = _arrow_numbers(cells)
+        if numbers is None:
+            cells = cells.to_pylist()
+    else:
+        numbers = _plain_numbers(cells)
     for row, value in enumerate(cells if numbers is None else ()):  # the loop alone names a bad cell
         number = as_number(value)
         if number is None and column.missing_center:
@@ -292,12 +314,71 @@ def as_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _is_arrow(cells: Any) -> bool:
+    return hasattr(cells, "to_pylist") and hasattr(cells, "type")
+
+
+def cell_list(cells: Any) -> Sequence[Any]:
+    """A column's cells as Python values (a pyarrow array's converted; a list as it is)."""
+    return cells.to_pylist() if _is_arrow(cells) else cells
+
+
+def finite_numbers(cells: Any) -> np.ndarray | None:
+    """The cells (a list or a pyarrow array) as float64 when every one is a finite number, at array speed;
+    None otherwise (and sometimes for numbers in a form only the cell-by-cell rule of as_number reads)."""
+    return _arrow_numbers(cells) if _is_arrow(cells) else _plain_numbers(cells)
+
+
+def _arrow_numbers(cells: Any) -> np.ndarray | None:
+    """A pyarrow column as float64 when every cell is a finite number pyarrow parses as Python's float() does
+    (text or numbers), else None: the cell-by-cell rule decides (and names what it refuses)."""
+    import pyarrow as pa  # deferred: only batches read by pyarrow get here
+    import pyarrow.compute as pc
+
+    kind = cells.type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
+            or pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
+        return None  # a bool, a date: not a number (as_number says so, naming the row)
+    try:
+        numbers = pc.cast(cells, pa.float64(), safe=False)  # text pyarrow cannot parse (" 2", "1_000") raises
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if numbers.null_count:
+        return None
+    out = numbers.to_numpy(zero_copy_only=False)
+    return out if bool(np.isfinite(out).all()) else None
+
+
+def _by_distinct_value(cells: Any, rule: Any) -> np.ndarray | None:
+    """``rule(value)`` (an int, or None to refuse) for each cell, computed once per distinct value of a pyarrow
+    column; None where a cell is null or a value is refused (the cell-by-cell rule then names the row)."""
+    import pyarrow.compute as pc  # deferred, as above
+
+    encoded = pc.dictionary_encode(cells)
+    if encoded.null_count:
+        return None
+    mapped = [rule(value) for value in encoded.dictionary.to_pylist()]
+    if any(m is None for m in mapped):
+        return None
+    return np.asarray(mapped, dtype=np.int64)[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
 def _labels(table: Table, label_column: str, classes: tuple[str, ...], *, others: bool) -> np.ndarray:
     """Each row's label index; ``others``: a label outside ``classes`` is UNKNOWN_LABEL (a discovered
     label set: the row is left out), else refused."""
     index = {canonical_name(name): i for i, name in enumerate(classes)}
+    cells = table.cells[label_column]
+    if _is_arrow(cells):
+        def rule(value: Any) -> int | None:
+            position = index.get(canonical_name(value)) if not is_missing(value) else None
+            return UNKNOWN_LABEL if position is None and others else position
+
+        fast = _by_distinct_value(cells, rule)
+        if fast is not None:
+            return fast
+        cells = cells.to_pylist()
     labels = np.empty(len(table), dtype=np.int64)
-    for row, value in enumerate(table.cells[label_column]):
+    for row, value in enumerate(cells):
         position = index.get(canonical_name(value)) if not is_missing(value) else None
         if position is None and others:
             labels[row] = UNKNOWN_LABEL
@@ -314,7 +395,7 @@ def record_ids(table: Table, id_column: str) -> np.ndarray:
     """Each row's id, as deletion requests name it; an empty or repeated id refused, naming its line."""
     seen: dict[str, int] = {}
     ids = []
-    for row, value in enumerate(table.cells[id_column]):
+    for row, value in enumerate(cell_list(table.cells[id_column])):
         if is_missing(value):
             raise DataError(f"{table.path}: {table.where(row)}: the id (column {id_column!r}) is empty")
         text = id_text(value)
@@ -327,7 +408,7 @@ def record_ids(table: Table, id_column: str) -> np.ndarray:
 
 
 def _clients(table: Table, client_column: str) -> np.ndarray:
-    values = table.cells[client_column]
+    values = cell_list(table.cells[client_column])
     empty = next((row for row, value in enumerate(values) if is_missing(value)), None)
     if empty is not None:
         raise DataError(f"{table.path}: {table.where(empty)}: the client (column {client_column!r}) is empty")
@@ -341,6 +422,15 @@ def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_colu
     (every label UNLABELED; a label column, if the file has one, is neither read nor a feature).
     ``schema.labels_other`` (a discovered label set): a row whose label is not in it is left out (its label
     is not published), not refused."""
+    records, shape, _ = encode_rows(table, schema, id_column=id_column, label_column=label_column,
+                                    feature_columns=feature_columns, client_column=client_column)
+    return records, shape
+
+
+def encode_rows(table: Table, schema: DataSchema, *, id_column: str, label_column: str | None,
+                feature_columns: Sequence[str] | None = None, client_column: str | None = None,
+                ) -> tuple[Records, DataShape, np.ndarray]:
+    """encode_table, and the table row each record came from."""
     if schema.labels is None:
         raise ConfigError("prepare.schema.labels: not declared and not discovered (run the schema stage)")
     features = table_columns(table, id_column=id_column, label_column=label_column, client_column=client_column,
@@ -363,4 +453,4 @@ def encode_table(table: Table, schema: DataSchema, *, id_column: str, label_colu
     kept = np.flatnonzero(labels != UNKNOWN_LABEL)
     records = Records(encoded[kept], labels[kept], record_ids(table, id_column)[kept],
                       None if clients is None else clients[kept])
-    return records, DataShape.table(features=names, classes=schema.labels)
+    return records, DataShape.table(features=names, classes=schema.labels), kept

@@ -1,7 +1,9 @@
 """What a schema leaves out, found with differential privacy: numeric bounds, categories and labels.
 
     mechanism = DiscoveryMechanism.calibrated(epsilon=0.6, delta=1e-5, columns=30, labels=True)
-    found = discover(cells_by_column, label_cells, mechanism=mechanism, bounds="threshold", noise=noise)
+    found = discover({name: count_column(cells) for name, cells in cells_by_column.items()},
+                     count_column(label_cells, numbers_only=True), mechanism=mechanism,
+                     bounds=make_bounds_estimator("threshold"), noise=noise)
     found.columns["mean_radius"]      # ColumnSchema(min=8.0, max=16.0)
     mechanism.event(stage="schema")   # what the ledger is charged
 
@@ -15,8 +17,9 @@ never appears in the schema.
 from privpipe.discovery.bins import LOG_BINS, LogBins
 from privpipe.discovery.bounds import BOUNDS_ESTIMATORS, BoundsEstimator, make_bounds_estimator
 from privpipe.discovery.mechanism import DiscoveryMechanism
-from privpipe.discovery.release import NoisyColumn, count_column, release_column
+from privpipe.discovery.release import ColumnCounts, NoisyColumn, count_column, release_column
 from privpipe.discovery.schema import Discovered, discover
 
 __all__ = ["LOG_BINS", "LogBins", "BOUNDS_ESTIMATORS", "BoundsEstimator", "make_bounds_estimator",
-           "DiscoveryMechanism", "NoisyColumn", "count_column", "release_column", "Discovered", "discover"]
+           "DiscoveryMechanism", "ColumnCounts", "NoisyColumn", "count_column", "release_column", "Discovered",
+           "discover"]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from privpipe.data.tabular import as_number, canonical_name, is_missing
+from privpipe.data.tabular import as_number, canonical_name, cell_list, finite_numbers, is_missing
 from privpipe.discovery.bins import LOG_BINS, LogBins
 from privpipe.privacy.secure_noise import NoiseSource
 
@@ -34,6 +34,11 @@ class ColumnCounts:
     numeric: np.ndarray  # (len(bins),) int64
     missing: int
     values: dict[str, int]
+
+    def __add__(self, other: ColumnCounts) -> ColumnCounts:
+        """The counts of both parts' cells (a file counted a batch at a time)."""
+        return ColumnCounts(numeric=self.numeric + other.numeric, missing=self.missing + other.missing,
+                            values=dict(Counter(self.values) + Counter(other.values)))
 
 
 @dataclass(frozen=True)
@@ -57,16 +62,21 @@ class NoisyColumn:
         return float(sum(max(v, 0.0) for v in self.values.values()))
 
 
-def count_column(cells: Sequence[Any], *, bins: LogBins = LOG_BINS, numbers_only: bool = False,
+def count_column(cells: Sequence[Any] | Any, *, bins: LogBins = LOG_BINS, numbers_only: bool = False,
                  canonical: bool = True) -> ColumnCounts:
-    """The exact counts of one column's cells. ``numbers_only``: every cell is a value (a label column):
-    numbers are counted by name too, never binned. ``canonical``: values counted by canonical_name (a table's
-    ``2`` and ``2.0`` are one), else by their own text (an image folder's class folders: ``01`` stays ``01``)."""
+    """The exact counts of one column's cells (a list, or a pyarrow array). ``numbers_only``: every cell is a
+    value (a label column): numbers are counted by name too, never binned. ``canonical``: values counted by
+    canonical_name (a table's ``2`` and ``2.0`` are one), else by their own text (an image folder's class
+    folders: ``01`` stays ``01``)."""
     numeric = np.zeros(len(bins), dtype=np.int64)
+    numbers = None if numbers_only else finite_numbers(cells)
+    if numbers is not None:  # a batch of numbers only (pyarrow's): binned at array speed
+        return ColumnCounts(numeric=np.bincount(bins.index(numbers), minlength=len(bins)).astype(np.int64),
+                            missing=0, values={})
     values: Counter[str] = Counter()
     missing = 0
     found: list[float] = []
-    for cell in cells:
+    for cell in cell_list(cells):
         if is_missing(cell):
             missing += 1
             continue

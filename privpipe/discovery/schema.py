@@ -1,8 +1,8 @@
 """A schema's missing entries, discovered: each column's description and the label set from one noisy
 release (:mod:`privpipe.discovery.release`).
 
-    found = discover({"age": cells, ...}, label_cells, mechanism=mechanism, bounds=make_bounds_estimator(
-                     "threshold"), noise=noise)
+    found = discover({"age": count_column(cells), ...}, count_column(label_cells, numbers_only=True),
+                     mechanism=mechanism, bounds=make_bounds_estimator("threshold"), noise=noise)
 
 A column is categorical when the text values that passed selection carry more noisy mass than its
 numeric bins, and its categories are those values (a value that did not pass encodes as no category:
@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from privpipe.config.data_schema import ColumnSchema
 from privpipe.discovery.bounds import BoundsEstimator
 from privpipe.discovery.mechanism import DiscoveryMechanism
-from privpipe.discovery.release import as_number, count_column, release_column
+from privpipe.discovery.release import ColumnCounts, as_number, release_column
 from privpipe.privacy.secure_noise import NoiseSource
 
 __all__ = ["Discovered", "discover", "label_order"]
@@ -41,21 +40,20 @@ def label_order(names: Sequence[str]) -> tuple[str, ...]:
     return (*numbers, *sorted(n for n in names if as_number(n) is None))
 
 
-def discover(columns: Mapping[str, Sequence[Any]], labels: Sequence[Any] | None, *,
-             mechanism: DiscoveryMechanism, bounds: BoundsEstimator, noise: NoiseSource,
-             label_names_as_written: bool = False) -> Discovered:
-    """``columns``: the cells of each column to estimate, in a fixed (public) order; ``labels``: the label
-    column's cells when the label set is to be found, else None. The mechanism's noise must be for these
-    counts (``mechanism.columns == len(columns)``, ``mechanism.labels == (labels is not None)``).
-    ``label_names_as_written``: labels compared by their text, not as numbers (an image folder's names)."""
+def discover(columns: Mapping[str, ColumnCounts], labels: ColumnCounts | None, *,
+             mechanism: DiscoveryMechanism, bounds: BoundsEstimator, noise: NoiseSource) -> Discovered:
+    """``columns``: the exact counts of each column to estimate (:func:`count_column`), in a fixed (public)
+    order; ``labels``: the label column's counts (``count_column(cells, numbers_only=True)``; an image folder's
+    names with ``canonical=False``) when the label set is to be found, else None. The mechanism's noise must be
+    for these counts (``mechanism.columns == len(columns)``, ``mechanism.labels == (labels is not None)``)."""
     if mechanism.columns != len(columns) or mechanism.labels != (labels is not None):
         raise ValueError(f"the mechanism is for {mechanism.columns} columns (labels: {mechanism.labels}), asked "
                          f"for {len(columns)} (labels: {labels is not None})")
     found: list[ColumnSchema] = []
     notes: dict[str, str] = {}
-    for name, cells in columns.items():
+    for name, counts in columns.items():
         sigma = mechanism.column_sigma
-        noisy = release_column(count_column(cells), sigma=sigma, selection_threshold=mechanism.selection_threshold(
+        noisy = release_column(counts, sigma=sigma, selection_threshold=mechanism.selection_threshold(
             sigma), noise=noise)
         if noisy.values and noisy.text_mass > noisy.numeric_mass:
             found.append(ColumnSchema(name=name, categories=label_order(list(noisy.values)), other=True))
@@ -69,9 +67,8 @@ def discover(columns: Mapping[str, Sequence[Any]], labels: Sequence[Any] | None,
     label_set = None
     if labels is not None:
         sigma = mechanism.label_sigma
-        noisy = release_column(count_column(labels, numbers_only=True, canonical=not label_names_as_written),
-                               sigma=sigma,
-                               selection_threshold=mechanism.selection_threshold(sigma), noise=noise)
+        noisy = release_column(labels, sigma=sigma, selection_threshold=mechanism.selection_threshold(sigma),
+                               noise=noise)
         label_set = label_order(list(noisy.values))
         notes["labels"] = f"the labels whose noisy count passed {mechanism.selection_threshold(sigma):.0f}"
     return Discovered(columns=tuple(found), labels=label_set, notes=notes)

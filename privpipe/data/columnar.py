@@ -1,0 +1,193 @@
+"""A table read in batches of typed columns (pyarrow), so that a file of any length is read in bounded memory.
+
+    header = table_header(Path("data/raw/patients.csv"))
+    for batch in table_batches(Path("data/raw/patients.csv"), columns=["patient_id", "age"]):
+        ...   # a privpipe.data.tabular.Table of ≤ BATCH_ROWS rows, its cells pyarrow arrays
+
+A CSV's header is read by prepare's own rule (privpipe.data.tabular.csv_rows: UTF-8, distinct names, a byte-order
+mark no part of the first name); its records by pyarrow's CSV reader as text (no type guessed: the schema says
+what a column is), quoted line breaks allowed, blank lines skipped, as Python's csv module reads them. Where
+pyarrow refuses the file (a record of the wrong width, bytes that are not UTF-8, a line past its block), the
+rest of the file is read by the Python reader, which names the file, line and column of what is wrong, or
+reads what pyarrow could not. A Parquet file's row groups are read in batches of its own types; the columns a
+pandas index was written as are not the table's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privpipe.config.data_schema import DataSchema
+from privpipe.data.records import DataError, Records
+from privpipe.data.shape import DataShape
+from privpipe.data.tabular import PARQUET_SUFFIXES, Table, csv_rows, encode_rows, record_ids, table_columns
+
+__all__ = ["BATCH_ROWS", "table_header", "table_batches", "encode_table_file", "file_ids", "feature_names"]
+
+#: rows a batch holds: a few MB of cells a column, whatever the file's length
+BATCH_ROWS = 1 << 16
+_BLOCK_BYTES = 1 << 24  # pyarrow's CSV block: a record longer than it falls back to the Python reader
+
+
+def _is_parquet(path: Path, suffix: str | None) -> bool:
+    return (path.suffix if suffix is None else suffix).lower() in PARQUET_SUFFIXES
+
+
+def _checked(path: Path) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: {'is a folder, not a file' if path.is_dir() else 'file not found'}")
+    return path
+
+
+def _parquet_file(path: Path) -> Any:  # a pyarrow.parquet.ParquetFile
+    import pyarrow.parquet as pq  # deferred: pyarrow (which MLflow brings) only where a table is read
+
+    try:
+        return pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises its own errors on a damaged or non-Parquet file
+        raise DataError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+
+
+def _parquet_names(parquet: Any) -> tuple[str, ...]:
+    metadata = parquet.schema_arrow.pandas_metadata or {}
+    index = {name for name in metadata.get("index_columns", []) if isinstance(name, str)}
+    return tuple(name for name in parquet.schema_arrow.names if name not in index)
+
+
+def table_header(path: Path, *, suffix: str | None = None) -> tuple[str, ...]:
+    """The file's column names, in file order, read without its records."""
+    path = _checked(path)
+    if _is_parquet(path, suffix):
+        return _parquet_names(_parquet_file(path))
+    return tuple(next(csv_rows(path)))
+
+
+def table_batches(path: Path, *, columns: Sequence[str] | None = None, suffix: str | None = None,
+                  rows: int = BATCH_ROWS) -> Iterator[Table]:
+    """The file's records in batches of at most ``rows``, each a Table of the ``columns`` named (every column
+    by default), its cells pyarrow arrays (a CSV's as text) and its ``first_row`` where the batch starts, so
+    that a refused cell is named by its line (CSV) or row (Parquet) in the file."""
+    path = _checked(path)
+    header = table_header(path, suffix=suffix) if columns is not None else ()
+    missing = [name for name in columns or () if name not in header]
+    if missing:  # (callers name the key that named it first; this is the last line of defence)
+        raise DataError(f"{path}: no column {missing[0]!r}")
+    if _is_parquet(path, suffix):
+        yield from _parquet_batches(path, columns, rows)
+    else:
+        yield from _csv_batches(path, columns, rows)
+
+
+def _parquet_batches(path: Path, columns: Sequence[str] | None, rows: int) -> Iterator[Table]:
+    parquet = _parquet_file(path)
+    names = tuple(columns) if columns is not None else _parquet_names(parquet)
+    done = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=rows, columns=list(names)):
+            yield Table(path, names, {name: batch.column(name) for name in names}, numbered="row", first_row=done)
+            done += batch.num_rows
+    except DataError:
+        raise
+    except Exception as exc:
+        raise DataError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+
+
+def _csv_batches(path: Path, columns: Sequence[str] | None, rows: int) -> Iterator[Table]:
+    import pyarrow as pa  # deferred, as above
+    import pyarrow.csv as pcsv
+
+    header = tuple(next(csv_rows(path)))  # prepare's rule for the header: its errors, its names
+    names = tuple(columns) if columns is not None else header
+    done = 0
+    try:
+        reader = pcsv.open_csv(
+            path, read_options=pcsv.ReadOptions(column_names=list(header), skip_rows=1, block_size=_BLOCK_BYTES),
+            parse_options=pcsv.ParseOptions(newlines_in_values=True),
+            convert_options=pcsv.ConvertOptions(column_types={name: pa.string() for name in header},
+                                                include_columns=list(names), strings_can_be_null=False,
+                                                quoted_strings_can_be_null=False))
+        for batch in reader:
+            for start in range(0, batch.num_rows, rows):
+                part = batch.slice(start, rows)
+                yield Table(path, names, {name: part.column(name) for name in names}, numbered="line",
+                            first_row=done)
+                done += part.num_rows
+    except (pa.ArrowInvalid, UnicodeDecodeError):
+        # what pyarrow refuses, the Python reader names (or reads): the rest of the file, from where it stopped
+        yield from _python_batches(path, names, rows, skip=done)
+
+
+def _python_batches(path: Path, names: tuple[str, ...], rows: int, *, skip: int) -> Iterator[Table]:
+    records = csv_rows(path)
+    header = next(records)
+    where = [header.index(name) for name in names]
+    records = itertools.islice(records, skip, None)
+    done = skip
+    while chunk := list(itertools.islice(records, rows)):
+        yield Table(path, names, {name: [row[i] for row in chunk] for name, i in zip(names, where)},
+                    numbered="line", first_row=done)
+        done += len(chunk)
+
+
+def feature_names(path: Path, *, id_column: str, label_column: str | None, client_column: str | None = None,
+                  feature_columns: Sequence[str] | None = None, suffix: str | None = None) -> list[str]:
+    """The file's feature columns (privpipe.data.tabular.table_columns' rule), from its header alone."""
+    return table_columns(Table(Path(path), table_header(path, suffix=suffix), {}), id_column=id_column,
+                         label_column=label_column, client_column=client_column, feature_columns=feature_columns)
+
+
+def encode_table_file(path: Path, schema: DataSchema, *, id_column: str, label_column: str | None,
+                      feature_columns: Sequence[str] | None = None, client_column: str | None = None,
+                      rows: int = BATCH_ROWS) -> tuple[Records, DataShape]:
+    """privpipe.data.tabular.encode_table over the whole file, ``rows`` at a time: the memory it takes is the
+    encoded records' and one batch's cells, not the file's text as Python strings."""
+    features = feature_names(path, id_column=id_column, label_column=label_column, client_column=client_column,
+                             feature_columns=feature_columns)
+    read = [id_column, *features, *(name for name in (label_column, client_column) if name is not None)]
+    parts: list[Records] = []
+    where: list[np.ndarray] = []  # each kept record's row in the file, to name a repeated id's lines
+    shape: DataShape | None = None
+    for batch in table_batches(path, columns=list(dict.fromkeys(read)), rows=rows):
+        records, shape, kept = encode_rows(batch, schema, id_column=id_column, label_column=label_column,
+                                           feature_columns=features, client_column=client_column)
+        parts.append(records)
+        where.append(batch.first_row + kept)
+    if shape is None:
+        raise DataError(f"{path}: no records")
+    ids = np.concatenate([r.ids for r in parts])
+    _refuse_repeats(Table(Path(path), (), {}, numbered=_numbered(path)), ids, np.concatenate(where), id_column)
+    clients = None if parts[0].clients is None else np.concatenate([r.clients for r in parts])
+    return Records(np.concatenate([r.features for r in parts]), np.concatenate([r.labels for r in parts]), ids,
+                   clients), shape
+
+
+def _numbered(path: Path, suffix: str | None = None) -> str:
+    return "row" if _is_parquet(Path(path), suffix) else "line"
+
+
+def _refuse_repeats(where: Table, ids: np.ndarray, rows: np.ndarray, id_column: str) -> None:
+    """An id repeated across batches refused as one within a batch is: at its second row, naming its first."""
+    order = np.argsort(ids, kind="stable")  # equal ids stay in file order
+    repeats = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if not repeats.size:
+        return
+    i = min(repeats, key=lambda i: rows[order[i + 1]])  # the first row, in file order, whose id came before
+    raise DataError(f"{where.path}: {where.where(int(rows[order[i + 1]]))}: id {str(ids[order[i]])!r} (column "
+                    f"{id_column!r}) repeats {where.where(int(rows[order[i]]))}")
+
+
+def file_ids(path: Path, id_column: str, *, suffix: str | None = None) -> np.ndarray:
+    """Every record's id, as deletion requests name it, reading the id column alone; an empty or repeated id
+    refused, naming its line (privpipe.data.tabular.record_ids' rule, over the whole file)."""
+    parts = [record_ids(batch, id_column) for batch in table_batches(path, columns=[id_column], suffix=suffix)]
+    if not parts:
+        return np.array([], dtype=str)
+    ids = np.concatenate(parts)
+    _refuse_repeats(Table(Path(path), (), {}, numbered=_numbered(path, suffix)), ids, np.arange(len(ids)), id_column)
+    return ids
