@@ -10,13 +10,17 @@
 - ``bookkeeping``: per-example clipping in one backward pass (the default engine, ``bk``).
 - ``opacus_engine``: Opacus' engines (ghost, hooks, functorch, ew), for layers bk does not clip;
   imported only when they are used (Opacus takes 1–1.5 s to import, and the default engine is bk).
-- ``train``: the loop both share; Poisson lots, noise (seeded or from the OS), physical batches.
+- ``train``: the loop both share; Poisson lots, noise (seeded or from the OS), physical batches,
+  memory-mapped arrays read a batch at a time.
+- ``distributed``: bk's loop data-parallel over a torch.distributed group, the mechanism (and ε) unchanged;
+  ``train_dpsgd_local`` starts the group on this machine (finetune.processes).
 """
 
 from typing import Any
 
 from privpipe.dpsgd.arguments import CLIPPINGS, GRAD_SAMPLE_MODES, OPACUS_MODES, check_privacy_arguments
 from privpipe.dpsgd.bookkeeping import BookKeeping, UnsupportedLayer, clip_factors
+from privpipe.dpsgd.distributed import train_dpsgd_distributed, train_dpsgd_local
 from privpipe.dpsgd.schedule import LR_SCHEDULES, DpSgdSchedule, dpsgd_schedule, learning_rate_at
 from privpipe.dpsgd.train import DpSgdResult, train_dpsgd
 
@@ -34,4 +38,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["BookKeeping", "UnsupportedLayer", "clip_factors", "OPACUS_MODES", "PrivateTraining",
            "make_private_training", "LR_SCHEDULES", "DpSgdSchedule", "dpsgd_schedule", "learning_rate_at",
-           "CLIPPINGS", "GRAD_SAMPLE_MODES", "check_privacy_arguments", "DpSgdResult", "train_dpsgd"]
+           "CLIPPINGS", "GRAD_SAMPLE_MODES", "check_privacy_arguments", "DpSgdResult", "train_dpsgd",
+           "train_dpsgd_distributed", "train_dpsgd_local"]

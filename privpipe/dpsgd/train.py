@@ -12,17 +12,22 @@ one backward pass; Linear and Conv2d layers) or one of Opacus' (ghost, hooks,
 functorch, ew: any layer Opacus knows). With ``bk`` a lot is processed in physical
 batches of at most ``max_physical_batch`` records, their clipped sums added before
 the one noise draw, so memory no longer grows with the lot and the privacy event
-is the same.
+is the same; a memory-mapped array (``np.load(..., mmap_mode="r")``) is read a
+physical batch at a time (``LotRows``), so a set larger than memory trains too.
+The step is shared: ``clipped_sum`` of a lot's records, and a ``Reducer`` that draws
+the lot and adds the noise: ``LotReducer`` in this process alone, ``GroupReducer``
+(privpipe.dpsgd.distributed) over a process group, summing the ranks' clipped sums.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -31,10 +36,11 @@ from torch import nn
 
 from privpipe.dpsgd.arguments import check_privacy_arguments
 from privpipe.dpsgd.bookkeeping import BookKeeping, clip_factors
-from privpipe.dpsgd.schedule import dpsgd_schedule, learning_rate_at
+from privpipe.dpsgd.schedule import DpSgdSchedule, dpsgd_schedule, learning_rate_at
 from privpipe.privacy import PoissonGaussianEvent, secure_normal, secure_uniform
 
-__all__ = ["DpSgdResult", "PoissonLots", "GaussianNoise", "train_dpsgd"]
+__all__ = ["DpSgdResult", "PoissonLots", "GaussianNoise", "LotRows", "clipped_sum", "Reducer", "LotReducer",
+           "train_dpsgd", "plan_dpsgd", "train_bookkeeping"]
 
 
 @dataclass
@@ -118,6 +124,96 @@ class GaussianNoise:
         return [part.view(shape) for part, shape in zip(flat.split(self.sizes), self.shapes)]
 
 
+class LotRows:
+    """The records a lot names, as tensors on the training device. An array in memory becomes tensors once (no
+    copy where it is float32 on the CPU); a memory-mapped one (``np.load(..., mmap_mode="r")``, np.memmap) is
+    read a physical batch at a time, only the rows the batch names, and converted then, so memory follows the
+    batch, not the set. Both give the same tensors, bit for bit: the same conversion, on fewer rows."""
+
+    def __init__(self, features: np.ndarray, labels: np.ndarray, device: torch.device) -> None:
+        self.features, self.labels, self.device = features, labels, device
+        self.mapped = _memory_mapped(features) or _memory_mapped(labels)
+        if not self.mapped:  # the fast path: one conversion, then torch's own gather per batch
+            self.x = torch.as_tensor(features, dtype=torch.float32).to(device)
+            self.y = torch.as_tensor(labels, dtype=torch.long).to(device)
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features, labels) of the records at ``index`` (positions, sorted as a lot's are)."""
+        if not self.mapped:
+            index = index.to(self.x.device)
+            return self.x[index], self.y[index]
+        rows = index.cpu().numpy()
+        return (torch.as_tensor(self.features[rows], dtype=torch.float32).to(self.device),
+                torch.as_tensor(self.labels[rows], dtype=torch.long).to(self.device))
+
+
+def _memory_mapped(array: np.ndarray) -> bool:
+    """Whether ``array``, or an array it is a view of, lies in a mapped file."""
+    base: object = array
+    while base is not None:
+        if isinstance(base, np.memmap | mmap.mmap):
+            return True
+        base = getattr(base, "base", None)
+    return False
+
+
+def clipped_sum(model: nn.Module, taps: BookKeeping, rows: LotRows, lot: torch.Tensor, *, max_grad_norm: float,
+                clipping: str, max_physical_batch: int | None = None) -> tuple[list[torch.Tensor | None], list[float]]:
+    """Σ of the clipped gradients of the records at ``lot``, per parameter tensor of ``taps`` (None where the lot
+    is empty), in physical batches of at most ``max_physical_batch`` records; and each batch's summed loss."""
+    physical = max_physical_batch or max(len(lot), 1)
+    losses = []
+    for start in range(0, len(lot), physical):
+        x, y = rows.take(lot[start:start + physical])
+        loss = F.cross_entropy(model(x), y, reduction="sum")
+        loss.backward()
+        taps.add_clipped(clip_factors(taps.squared_norms(), max_grad_norm=max_grad_norm, clipping=clipping))
+        losses.append(float(loss.detach()))
+    sums = []
+    for p in taps.parameters:
+        sums.append(getattr(p, "summed_grad", None))
+        p.summed_grad = None  # type: ignore[attr-defined]  # (Opacus' run-time attribute, see bookkeeping)
+    return sums, losses
+
+
+class Reducer(Protocol):
+    """A step's exchanges: which records the lot holds, which of them this process clips, and the noised sum
+    of the lot's clipped gradients (the same on every process that trains the model)."""
+
+    def draw_lot(self) -> torch.Tensor: ...
+
+    def share(self, lot: torch.Tensor) -> torch.Tensor: ...
+
+    def noised_sum(self, sums: list[torch.Tensor | None], dtype: torch.dtype) -> list[torch.Tensor]: ...
+
+    def totals(self, loss: float, examples: int) -> tuple[float, int]: ...
+
+
+class LotReducer:
+    """This process alone: it draws every lot and the noise, and clips the whole lot. Which records form each lot
+    must be as secret as the noise: both follow ``seed`` (the noise ``seed`` + 1), or both the OS."""
+
+    def __init__(self, n: int, sample_rate: float, *, noise_std: float, shapes: list[torch.Size], secure: bool,
+                 seed: int, device: torch.device, executor: ThreadPoolExecutor | None = None) -> None:
+        self.lots = PoissonLots(n, sample_rate, secure=secure, seed=seed, executor=executor)
+        self.noise = GaussianNoise(noise_std, shapes, secure=secure, seed=seed + 1, device=device, executor=executor)
+
+    def draw_lot(self) -> torch.Tensor:
+        return self.lots.draw()
+
+    def share(self, lot: torch.Tensor) -> torch.Tensor:
+        return lot
+
+    def noised_sum(self, sums: list[torch.Tensor | None], dtype: torch.dtype) -> list[torch.Tensor]:
+        return [z if summed is None else z.add_(summed) for z, summed in zip(self.noise.draw(dtype), sums)]
+
+    def totals(self, loss: float, examples: int) -> tuple[float, int]:
+        return loss, examples
+
+
 def train_dpsgd(
     model: nn.Module,
     features: np.ndarray,
@@ -146,26 +242,22 @@ def train_dpsgd(
     ε is not computed here: record ``result.event`` in a :class:`privpipe.privacy.Ledger`.
     With ``ema_decay`` > 0 the returned weights are an exponential moving average of the
     iterates, updated after every step (post-processing of the private iterates: free).
+    ``features`` and ``labels`` may be memory-mapped (bk reads them a physical batch at a time).
     """
     check_privacy_arguments(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, clipping=clipping,
                             grad_sample_mode=grad_sample_mode, max_physical_batch=max_physical_batch,
                             ema_decay=ema_decay)
-    schedule = dpsgd_schedule(n=len(features), lot_size=lot_size, epochs=epochs)
-    if not secure_rng:
-        warnings.warn("DP-SGD noise and lot sampling come from PRNGs seeded with the run's seed "
-                      "(privacy.secure_rng: false): reproducible for research, but whoever knows the seed can "
-                      "undo the noise; use secure_rng for anything released", stacklevel=2)
+    schedule, lr_at = plan_dpsgd(n=len(features), lot_size=lot_size, epochs=epochs, learning_rate=learning_rate,
+                                 lr_schedule=lr_schedule, lr_end=lr_end, lr_decay_epochs=lr_decay_epochs,
+                                 secure_rng=secure_rng)
     device = torch.device(device)
-    lr_at = lambda step: learning_rate_at(step / schedule.steps_per_epoch, start=learning_rate,  # noqa: E731
-                                          schedule=lr_schedule, end=lr_end, decay_epochs=lr_decay_epochs,
-                                          epochs=epochs)
     model.to(device).train()  # a model handed over from an earlier stage (the student) arrives in eval mode
     if grad_sample_mode == "bk":
-        history = _train_bookkeeping(model, features, labels, schedule=schedule, lr_at=lr_at,
-                                     noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
-                                     learning_rate=learning_rate, momentum=momentum, clipping=clipping,
-                                     max_physical_batch=max_physical_batch, ema_decay=ema_decay,
-                                     secure_rng=secure_rng, seed=seed, device=device, on_epoch=on_epoch)
+        history = train_bookkeeping(model, LotRows(features, labels, device), schedule=schedule, lr_at=lr_at,
+                                    noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+                                    learning_rate=learning_rate, momentum=momentum, clipping=clipping,
+                                    max_physical_batch=max_physical_batch, ema_decay=ema_decay,
+                                    secure_rng=secure_rng, seed=seed, device=device, on_epoch=on_epoch)
         trained = model
     else:
         trained, history = _train_opacus(model, features, labels, lr_at=lr_at, noise_multiplier=noise_multiplier,
@@ -177,12 +269,29 @@ def train_dpsgd(
                        history=history)
 
 
-def _train_bookkeeping(model: nn.Module, features: np.ndarray, labels: np.ndarray, *, schedule, lr_at,
-                       noise_multiplier: float, max_grad_norm: float, learning_rate: float, momentum: float,
-                       clipping: str, max_physical_batch: int | None, ema_decay: float, secure_rng: bool,
-                       seed: int, device: torch.device, on_epoch) -> list[dict[str, float]]:
-    x = torch.as_tensor(features, dtype=torch.float32).to(device)
-    y = torch.as_tensor(labels, dtype=torch.long).to(device)
+def plan_dpsgd(*, n: int, lot_size: int, epochs: int, learning_rate: float, lr_schedule: str, lr_end: float,
+               lr_decay_epochs: int, secure_rng: bool) -> tuple[DpSgdSchedule, Callable[[int], float]]:
+    """The run's schedule and its learning rate at each step; warns where the randomness is seeded."""
+    schedule = dpsgd_schedule(n=n, lot_size=lot_size, epochs=epochs)
+    if not secure_rng:
+        warnings.warn("DP-SGD noise and lot sampling come from PRNGs seeded with the run's seed "
+                      "(privacy.secure_rng: false): reproducible for research, but whoever knows the seed can "
+                      "undo the noise; use secure_rng for anything released", stacklevel=3)
+
+    def lr_at(step: int) -> float:
+        return learning_rate_at(step / schedule.steps_per_epoch, start=learning_rate, schedule=lr_schedule,
+                                end=lr_end, decay_epochs=lr_decay_epochs, epochs=epochs)
+
+    return schedule, lr_at
+
+
+def train_bookkeeping(model: nn.Module, rows: LotRows, *, schedule: DpSgdSchedule, lr_at: Callable[[int], float],
+                      noise_multiplier: float, max_grad_norm: float, learning_rate: float, momentum: float,
+                      clipping: str, max_physical_batch: int | None, ema_decay: float, secure_rng: bool,
+                      seed: int, device: torch.device, on_epoch: Callable[[dict[str, float]], None] | None,
+                      reducer: Callable[..., Reducer] = LotReducer) -> list[dict[str, float]]:
+    """The bk engine's loop over ``schedule``'s steps (arguments checked by the caller); ``reducer`` makes the
+    step's exchanges (``LotReducer``'s arguments): this process alone, or a process group's share."""
     taps = BookKeeping(model)  # refuses a model with layers it cannot clip, before any step
     params = taps.parameters
     optimizer = torch.optim.SGD(params, lr=learning_rate, momentum=momentum)
@@ -190,11 +299,10 @@ def _train_bookkeeping(model: nn.Module, features: np.ndarray, labels: np.ndarra
     # seeded ones inline (they are cheap)
     prefetch = secure_rng and _spare_core()
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsgd-noise") if prefetch else None
-    # which records form each lot must be as secret as the noise: both follow run.seed, or both the OS
-    lots = PoissonLots(len(x), schedule.sample_rate, secure=secure_rng, seed=seed, executor=executor)
-    noise = GaussianNoise(noise_multiplier * max_grad_norm, [p.shape for p in params], secure=secure_rng,
-                          seed=seed + 1, device=device, executor=executor)
-    expected_lot = len(x) * schedule.sample_rate  # the average, not the drawn size: that would leak it
+    exchange = reducer(len(rows), schedule.sample_rate, noise_std=noise_multiplier * max_grad_norm,
+                       shapes=[p.shape for p in params], secure=secure_rng, seed=seed, device=device,
+                       executor=executor)
+    expected_lot = len(rows) * schedule.sample_rate  # the average, not the drawn size: that would leak it
     average = [p.detach().clone() for p in params] if ema_decay > 0 else None
     history: list[dict[str, float]] = []
     step = 0
@@ -205,26 +313,21 @@ def _train_bookkeeping(model: nn.Module, features: np.ndarray, labels: np.ndarra
                 lr = lr_at(step)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                lot = lots.draw().to(device)
-                physical = max_physical_batch or max(len(lot), 1)
-                for start in range(0, len(lot), physical):
-                    part = lot[start:start + physical]
-                    loss = F.cross_entropy(model(x[part]), y[part], reduction="sum")
-                    loss.backward()
-                    taps.add_clipped(clip_factors(taps.squared_norms(), max_grad_norm=max_grad_norm,
-                                                  clipping=clipping))
-                    total_loss += float(loss.detach())
-                    examples += len(part)
-                for p, z in zip(params, noise.draw(params[0].dtype)):
-                    summed = getattr(p, "summed_grad", None)
-                    p.grad = (z if summed is None else z.add_(summed)).div_(expected_lot)
-                    p.summed_grad = None  # type: ignore[attr-defined]  # (Opacus' run-time attribute, see bookkeeping)
+                mine = exchange.share(exchange.draw_lot())
+                sums, losses = clipped_sum(model, taps, rows, mine, max_grad_norm=max_grad_norm, clipping=clipping,
+                                           max_physical_batch=max_physical_batch)
+                for loss in losses:  # one at a time, in order: the history is the same to the last bit
+                    total_loss += loss
+                examples += len(mine)
+                for p, noised in zip(params, exchange.noised_sum(sums, params[0].dtype)):
+                    p.grad = noised.div_(expected_lot)
                 optimizer.step()
                 step += 1
                 if average is not None:
                     with torch.no_grad():
                         for a, p in zip(average, params):
                             a.lerp_(p, 1.0 - ema_decay)
+            total_loss, examples = exchange.totals(total_loss, examples)
             record = {"epoch": epoch + 1, "step": step, "loss": total_loss / max(examples, 1), "lr": lr}
             history.append(record)
             if on_epoch is not None:
