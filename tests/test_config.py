@@ -290,6 +290,12 @@ def test_the_aggregators_config_accepts_are_the_registrys():
      "student.consistency_weight: FixMatch augments pixels"),
     ({"finetune": {"max_physical_batch": 64, "grad_sample_mode": "ghost"}},
      "finetune.max_physical_batch: splitting a lot into physical batches needs grad_sample_mode: bk"),
+    ({"finetune": {"processes": 2, "grad_sample_mode": "ghost"}},
+     "finetune.processes: data-parallel DP-SGD needs grad_sample_mode: bk"),
+    ({"finetune": {"processes": 2, "recipe": "auto"}}, "finetune.processes: data-parallel ranks train one DP-SGD run"),
+    ({"finetune": {"processes": 2}, "run": {"device": "cuda"}},
+     "finetune.processes: local ranks run on CPUs (gloo), not run.device: cuda"),
+    ({"finetune": {"processes": 0}}, "finetune.processes:"),
 ])
 def test_cross_section_feature_and_engine_checks(changes, message):
     raw = yaml.safe_load((PROJECT / "params.yaml").read_text())

@@ -302,3 +302,20 @@ def test_a_cuda_device_without_a_gpu_is_refused_with_its_key(project):
     else:
         with pytest.raises(ConfigError, match="^run.device: device cuda: torch.cuda.is_available"):
             training_device(params)
+
+
+def test_finetune_on_two_processes_runs_one_process_mechanism(project):
+    """finetune.processes: 2 (data-parallel ranks, gloo): the same σ, steps and ε as one process, and a model
+    within the sum order's rounding of one process's."""
+    write_params(project, finetune={"epochs": 2, "hidden_units": [16]})
+    params = load_params("params.yaml")
+    run_prepare(params)
+    run_dp_pca(params)
+    alone = run_finetune(params)
+    first = torch.load(project / "artifacts/digits/finetune/model.pt")
+    write_params(project, finetune={"epochs": 2, "hidden_units": [16], "processes": 2})
+    together = run_finetune(load_params("params.yaml"))
+    assert (together.noise_multiplier, together.steps, together.epsilon) == (alone.noise_multiplier, alone.steps,
+                                                                              alone.epsilon)
+    second = torch.load(project / "artifacts/digits/finetune/model.pt")
+    assert all(torch.allclose(first[k], second[k], atol=1e-4) for k in first)

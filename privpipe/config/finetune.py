@@ -79,6 +79,10 @@ class FinetuneConfig:
     grad_sample_mode: str = "bk"
     #: bk: records per forward/backward pass within a lot (memory stays flat in lot_size); null: whole lots
     max_physical_batch: int | None = None  # records per forward/backward pass within a lot (bk); None: the whole lot
+    #: bk, on CPUs (run.device auto trains on the CPU then): DP-SGD data-parallel over this many processes of this
+    #: machine (torch.distributed, gloo): each clips its share of every lot, the sums are all-reduced and the noise
+    #: added once, so the mechanism and its ε are one process's; 1: this process alone
+    processes: int = 1  # data-parallel ranks (privpipe.dpsgd.distributed); 1: none
     #: bk: release the exponential moving average of the iterates (e.g. 0.998 per step; post-processing, free); 0: the
     #: last iterate
     ema_decay: float = 0.0  # bk: release an exponential moving average of the iterates (per step); 0: the last one
@@ -101,9 +105,22 @@ class FinetuneConfig:
         "lr_decay_epochs": at_least(1, MAX_EPOCHS), "momentum": fraction(zero=True),
         "max_grad_norm": above(0, MAX_SCALE), "noise_multiplier": above(0, MAX_SCALE),
         "target_epsilon": above(0, MAX_EPSILON), "max_physical_batch": at_least(1, MAX_BATCH),
+        "processes": at_least(1, 256),
         "ema_decay": fraction(zero=True), "epsilon_curve_points": at_least(2, 10**4),
         "selection_runs": above(1, 100), "validation_fraction": fraction(),
     }
+
+
+def check_processes(finetune: FinetuneConfig, *, device: str) -> None:
+    """Data-parallel DP-SGD's conditions: bk's loop, one as-written run, ranks on CPUs (gloo)."""
+    if finetune.processes == 1:
+        return
+    require(finetune.mode == "dpsgd" and finetune.recipe == "as_written", "finetune.processes",
+            "data-parallel ranks train one DP-SGD run (finetune.mode: dpsgd, recipe: as_written)")
+    require(finetune.grad_sample_mode == "bk", "finetune.processes", "data-parallel DP-SGD needs grad_sample_mode: bk")
+    require(device != "cuda", "finetune.processes",
+            "local ranks run on CPUs (gloo), not run.device: cuda; on GPUs start one rank per GPU with torchrun "
+            "and privpipe.dpsgd.train_dpsgd_distributed (NCCL)")
 
 
 def check_something_to_deploy(finetune: FinetuneConfig, *, student_enabled: bool) -> None:

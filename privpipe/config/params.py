@@ -92,6 +92,7 @@ def check_all(p: Params) -> None:
     schedule.check(p.schedule)
     privacy_audit.check(p.privacy_audit)
     finetune.check_clipping_engine(p.finetune)
+    finetune.check_processes(p.finetune, device=p.run.device)
     for section in dataclasses.fields(p):  # every numeric knob within its range (ranges.py)
         check_ranges(section.name, getattr(p, section.name))
     check_recordable(p)

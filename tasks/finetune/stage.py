@@ -14,15 +14,16 @@ import logging
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
 from privpipe.dp_pca import dp_pca_event
-from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
+from privpipe.dpsgd import dpsgd_schedule, train_dpsgd, train_dpsgd_local
 from privpipe.federated import ClientUpdates
 from privpipe.models import DIVERGED, diverged, released_model, save_released
 from privpipe.privacy import Event, epsilon_curve
@@ -134,24 +135,31 @@ def run_finetune(params: Params, *, where: DatasetPaths | None = None,
              schedule.sample_rate, sigma, after)
 
     network = begin.network(params, start=start, dp_pca_dir=dp_pca_dir, log=log)
-    device = training_device(params)
-    log.info("finetune: training on %s (run.device: %s)", device, params.run.device)
+    device = training_device(params) if cfg.processes == 1 else torch.device("cpu")  # local ranks: gloo, CPUs
+    log.info("finetune: training on %s (run.device: %s)%s", device, params.run.device,
+             f", data-parallel over {cfg.processes} processes" if cfg.processes > 1 else "")
     def report(h: dict[str, float]) -> None:
         loss = f", loss {h['loss']:.4f}" if uncovered.recorded(params) else ""
         log.info("finetune: epoch %d/%d%s", h["epoch"], cfg.epochs, loss)
         bar.update()
 
+    settings: dict[str, Any] = dict(
+        noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm, lot_size=cfg.lot_size, epochs=cfg.epochs,
+        learning_rate=cfg.learning_rate, lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end,
+        lr_decay_epochs=cfg.lr_decay_epochs, momentum=cfg.momentum, clipping=cfg.clipping,
+        max_physical_batch=cfg.max_physical_batch, ema_decay=cfg.ema_decay, secure_rng=params.privacy.secure_rng,
+        seed=params.run.seed)
     with warnings.catch_warnings(), progress(cfg.epochs, "finetune (DP-SGD epochs)") as bar:
         if not params.privacy.secure_rng:
             warnings.simplefilter("ignore")  # the flow (or, alone, the stage) has warned through its logger
-        result = train_dpsgd(
-            network, features, records.labels, noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm,
-            lot_size=cfg.lot_size, epochs=cfg.epochs, learning_rate=cfg.learning_rate,
-            lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end, lr_decay_epochs=cfg.lr_decay_epochs,
-            momentum=cfg.momentum, clipping=cfg.clipping, grad_sample_mode=cfg.grad_sample_mode,
-            max_physical_batch=cfg.max_physical_batch, ema_decay=cfg.ema_decay,
-            secure_rng=params.privacy.secure_rng, seed=params.run.seed, device=device, on_epoch=report,
-        )
+        if cfg.processes > 1:  # the ranks report nothing on the way: each epoch is logged when they are done
+            result = train_dpsgd_local(cfg.processes, network, features, records.labels,
+                                       torch_threads=max(params.run.torch_threads, 1), **settings)
+            for h in result.history:
+                report(h)
+        else:
+            result = train_dpsgd(network, features, records.labels, **settings, grad_sample_mode=cfg.grad_sample_mode,
+                                 device=device, on_epoch=report)
     if result.event != planned:
         raise RuntimeError(f"DP-SGD ran {result.event}, not the planned {planned}; refusing to mis-account")
     ledger.record(result.event)
