@@ -11,24 +11,37 @@ Threads: each mapped task sets torch's intra-op threads itself, in the worker th
 that runs it (``tasks.common.task_threads``: ``run.torch_threads``, capped at cores // workers on
 this machine). On the threads runner all tasks share one process, whose torch setting is one
 process-wide number: workers × threads ≤ cores holds because every task asks for the same count.
+
+Reports: a task on a local Dask or Ray cluster runs in a worker process, which reports the task run's states
+to the flow's Prefect API itself, asynchronously (events), while the flow learns the outcome from the
+cluster. The workers end with the flow's mapping block, so :func:`mapping_runner` waits there until the
+API has recorded every mapped task run's final state (:func:`wait_for_task_runs`).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
+from typing import Any
+from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.events.worker import EventsWorker
+from prefect.logging import get_logger
 from prefect.settings import PREFECT_API_URL
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 from privpipe.config import ConfigError, Params, redact_url
 from tasks.common import apply_torch_threads, task_threads
 
-__all__ = ["task_runner", "mapping_runner", "describe_runner", "wait_until_recorded"]
+__all__ = ["task_runner", "mapping_runner", "describe_runner", "wait_for_task_runs", "wait_until_recorded"]
+
+log = get_logger("privpipe.runner")  # prefect.privpipe.runner: printed with the flow's own lines
+
+#: seconds a flow waits, before its local cluster stops, for the API to record its mapped task runs
+REPORT_TIMEOUT_S = 60.0
 
 
 def _cores() -> int:
@@ -72,10 +85,58 @@ def mapping_runner(params: Params) -> Iterator[TaskRunner]:
     The flows map through it (``runner.map(task, {...})``) instead of through their own
     runner, so the choice in params.yaml holds however the flow was started: the command
     line, a deployment, a test. A local Dask cluster starts once per flow run, not per map.
+
+    A local Dask or Ray cluster's workers report to the API the flow run itself records to, and the
+    block ends (its workers stopped) only once that API has a final state for every task run mapped
+    through it, or after :data:`REPORT_TIMEOUT_S` (then a warning: the flow's own results do not depend on it).
     """
-    api_url = str(get_client().api_url) if params.runner.kind in ("dask", "ray") else None
+    local_cluster = params.runner.kind in ("dask", "ray") and not params.runner.address
+    api_url = _flow_api_url() if params.runner.kind in ("dask", "ray") else None
     with task_runner(params, api_url=api_url) as runner:
-        yield runner
+        if not local_cluster:
+            yield runner
+            return
+        mapped = _record_submitted(runner)
+        try:
+            yield runner
+        except Exception:
+            _await_reports(mapped, failing=True)  # a failed task's state too, before its worker goes
+            raise
+        _await_reports(mapped)
+
+
+def _flow_api_url() -> str:
+    """The Prefect API the current flow run records to: its engine's own client's (inside a flow ``get_client``
+    returns that one), not a new async client resolved from the settings and never closed."""
+    with get_client(sync_client=True) as client:
+        return str(client.api_url)
+
+
+def _record_submitted(runner: TaskRunner) -> list[UUID]:
+    """The task run ids ``runner`` is given from now on: ``map`` submits each of its tasks through ``submit``."""
+    ids: list[UUID] = []
+    submit = runner.submit
+
+    def submit_and_record(*args: Any, **kwargs: Any) -> Any:
+        future = submit(*args, **kwargs)
+        ids.append(future.task_run_id)
+        return future
+
+    runner.submit = submit_and_record  # type: ignore[method-assign]  # this runner only, for this flow run
+    return ids
+
+
+def _await_reports(task_run_ids: list[UUID], *, failing: bool = False) -> None:
+    try:
+        recorded = wait_for_task_runs(task_run_ids, timeout=REPORT_TIMEOUT_S)
+    except Exception:
+        if not failing:
+            raise
+        log.warning("could not check the mapped task runs' states on the Prefect API", exc_info=True)
+        return  # the block's own exception is the one to see
+    if not recorded:
+        log.warning("the Prefect API had not recorded a final state for every one of the %d mapped task runs "
+                    "%.0f s after the mapping ended; their workers stop now", len(task_run_ids), REPORT_TIMEOUT_S)
 
 
 def describe_runner(params: Params) -> str:
@@ -85,6 +146,26 @@ def describe_runner(params: Params) -> str:
 
 
 _FINAL_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+def wait_for_task_runs(task_run_ids: Collection[UUID], *, timeout: float = REPORT_TIMEOUT_S) -> bool:
+    """Whether the Prefect API (the current flow run's, or the settings') has recorded a final state for every
+    one of ``task_run_ids`` (False: ``timeout`` seconds passed first).
+
+    Checked by id: a task run the API has not heard of at all counts as missing, where comparing the
+    recorded runs' states alone would take it for done. A worker sends its reports by itself, so this is
+    the one place to wait for them while the worker is still there to send them."""
+    if not task_run_ids:
+        return True
+    final = {"task_runs": {"id": {"any_": [str(i) for i in task_run_ids]},
+                           "state": {"type": {"any_": list(_FINAL_STATES)}}}}
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while client.request("POST", "/task_runs/count", json=final).json() < len(task_run_ids):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+    return True
 
 
 def wait_until_recorded(flow_run_id: str, *, timeout: float = 120.0) -> bool:
