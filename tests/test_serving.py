@@ -215,6 +215,8 @@ def _post(port: int, body: dict, *, wait: float = 120.0) -> dict:
                                              headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=30) as response:
                 return json.loads(response.read())
+        except urllib.error.HTTPError:  # the server's answer (a URLError too): not a server still starting
+            raise
         except (ConnectionError, urllib.error.URLError):
             if time.monotonic() > deadline:
                 raise
