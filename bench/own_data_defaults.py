@@ -1,8 +1,8 @@
 """A team's data with nothing declared (issue 44's "done when"): no schema, no recipe keys, total ε 3.
 
     .venv/bin/python bench/own_data_defaults.py [--seeds 3] [--part all|tables|images|bounds|choose]
-    .venv/bin/python bench/own_data_defaults.py --seeds 8 --part bounds   # → bounds.md: the schema.bounds default
-    .venv/bin/python bench/own_data_defaults.py --seeds 8 --part choose   # → recipe_choice.md: the table recipe
+    .venv/bin/python bench/own_data_defaults.py --seeds 20 --part bounds  # → bounds.md: the schema.bounds default
+    .venv/bin/python bench/own_data_defaults.py --seeds 10 --part choose  # → recipe_choice.md: the table recipe
     .venv/bin/python bench/own_data_defaults.py --seeds 3 --part tables   # → defaults.md (tables' rows)
 
 Each run is a params file a new user would write, naming only the data (and, for ``auto``, finetune.recipe),
@@ -349,10 +349,7 @@ def bounds_validation(seeds: int) -> None:
     lines += ["", f"Best mean over the tables: **{best}** ({statistics.fmean(overall[best]):.3f}).", "",
               f"Command: `.venv/bin/python bench/own_data_defaults.py --seeds {seeds} --part bounds`; total wall time "
               f"{time.perf_counter() - started:.0f} s; torch.set_num_threads(1), CPU."]
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "bounds.json").write_text(json.dumps(runs, indent=1, default=str))
-    (OUT / "bounds.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_choice("bounds", runs, lines)
 
 
 def recipe_choice(seeds: int) -> None:
@@ -397,9 +394,14 @@ def recipe_choice(seeds: int) -> None:
     lines += ["", f"Choice: **{best}** ({score[best]:.3f}); tasks.recipe.TABLE_RULE {verdict}.", "",
               f"Command: `.venv/bin/python bench/own_data_defaults.py --seeds {seeds} --part choose`; total wall time "
               f"{time.perf_counter() - started:.0f} s ({len(runs)} runs); torch.set_num_threads(1), CPU."]
+    write_choice("recipe_choice", runs, lines)
+
+
+def write_choice(stem: str, runs: list[dict[str, Any]], lines: list[str]) -> None:
+    """A choice's runs (<stem>.json) and table (<stem>.md: bounds.md, recipe_choice.md), and the table printed."""
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "recipe_choice.json").write_text(json.dumps(runs, indent=1, default=str))
-    (OUT / "recipe_choice.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{stem}.json").write_text(json.dumps(runs, indent=1, default=str))
+    (OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
