@@ -1,24 +1,32 @@
-"""`privpipe stage prepare` on large tables: pyarrow batches (privpipe.data.columnar) against the cell-by-cell reader.
+"""`privpipe stage prepare` on large tables and image folders: peak memory and time against the readers before.
 
-    git worktree add /tmp/privpipe-before 366afeb        # the last commit before the batch reader
-    .venv/bin/python bench/ingest.py --before /tmp/privpipe-before --rows 50000 1000000 --repeats 3
+    git worktree add /tmp/privpipe-before 366afeb        # the cell-by-cell reader (before issue 48)
+    git worktree add /tmp/privpipe-inmemory 1ce9427      # pyarrow batches, the sets still held in memory
+    .venv/bin/python bench/ingest.py --before /tmp/privpipe-before --rows 50000 1000000 --repeats 3 --parquet
                                                           # → bench/out/scale/ingest.md, ingest.json
-    .venv/bin/python bench/ingest.py --rows 10000000 --repeats 1 --name ingest_10m   # this checkout alone
+    .venv/bin/python bench/ingest.py --before /tmp/privpipe-inmemory --rows 50000 1000000 --repeats 3 \
+        --name ingest_streamed                            # → bench/out/scale/ingest_streamed.md, .json
+    .venv/bin/python bench/ingest.py --before /tmp/privpipe-inmemory --rows 10000000 --repeats 1 --name ingest_10m
                                                           # → bench/out/scale/ingest_10m.md, ingest_10m.json
+    .venv/bin/python bench/ingest.py --before /tmp/privpipe-inmemory --images 10000 30000 100000 --repeats 3 \
+        --name ingest_images                              # → bench/out/scale/ingest_images.md, .json
 
 A table of ``rows`` records × 30 numeric columns (N(0, 1) to 4 decimals), an id (``r0000001``) and a label
 (``a``/``b``), written once as CSV (~240 bytes a row: 1M rows ≈ 240 MB, as issue 48 measured) and, with
-``--parquet``, as Parquet, under /tmp/privpipe-bench/ingest. Each run is a fresh project folder whose params
-declare the schema (bounds [-4, 4] for every column, labels a and b: no schema stage) and δ = 1e-8 (below 1/n), on
-which ``privpipe stage prepare`` runs in a child process under ``/usr/bin/time -v``: its wall time and peak
-resident memory (the child's maximum RSS) are what is reported. ``--before`` runs the same command with that
-checkout first on PYTHONPATH (the cell-by-cell reader), interleaved with this checkout's run, ``--repeats`` times
-per size: min / median / max of each, and the ratio of the medians. Per-row cost: the median seconds above those
-of a 1,000-row table (the process's fixed cost: imports, params, the project's folders; measured the same way,
-interleaved) per million rows, for each reader at each size. Single-threaded torch is irrelevant here (no
-training); pyarrow's CSV reader uses its own threads (2 cores). The machine: 2 shared cores, 24 GiB.
+``--parquet``, as Parquet, under /tmp/privpipe-bench/ingest. ``--images``: an image folder of that many 32×32
+colour PNGs (uniform noise, 10 class folders, ~3 KB a file), written once. Each run is a fresh project folder whose
+params declare the schema (tables: bounds [-4, 4] for every column, labels a and b; images: the 10 class names: no
+schema stage) and δ = 1e-8 (below 1/n), on which ``privpipe stage prepare`` runs in a child process under
+``/usr/bin/time -v``: its wall time and peak resident memory (the child's maximum RSS) are what is reported.
+``--before`` runs the same command with that checkout first on PYTHONPATH, interleaved with this checkout's run,
+``--repeats`` times per size: min / median / max of each, and the ratio of the medians. Per-row cost: the median
+seconds above those of a 1,000-row table (or 1,000-image folder: the process's fixed cost, imports, params, the
+project's folders; measured the same way, interleaved) per million rows, for each reader at each size.
+Single-threaded torch is irrelevant here (no training); pyarrow's CSV reader uses its own threads (2 cores). The
+machine: 2 shared cores, 24 GiB.
 
-Writes bench/out/scale/<name>.md and <name>.json (default name: ingest).
+Writes bench/out/scale/<name>.md and <name>.json (default name: ingest; the others: ingest_streamed, ingest_10m,
+ingest_images).
 """
 
 from __future__ import annotations
@@ -78,17 +86,44 @@ def write_tables(rows: int, *, parquet: bool) -> dict[str, Path]:
     return paths
 
 
+IMAGE_CLASSES = [f"c{k}" for k in range(10)]
+IMAGE_SIDE = 32
+
+
+def write_images(count: int) -> Path:
+    """An image folder of ``count`` 32×32 colour PNGs (noise) in 10 class folders, written once."""
+    from PIL import Image
+
+    folder = CACHE / f"images-{count}"
+    if folder.exists():
+        return folder
+    rng = np.random.default_rng(0)
+    staging = CACHE / f"images-{count}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    for name in IMAGE_CLASSES:
+        (staging / name).mkdir(parents=True)
+    for i in range(count):
+        pixels = rng.integers(0, 256, (IMAGE_SIDE, IMAGE_SIDE, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(staging / IMAGE_CLASSES[i % 10] / f"{i:07d}.png")
+    os.replace(staging, folder)
+    return folder
+
+
 def project(table: Path, label: str, checkout: Path) -> Path:
-    """A fresh project folder whose params (``checkout``'s params.yaml) declare the table's schema."""
+    """A fresh project folder whose params (``checkout``'s params.yaml) declare the table's (or images') schema."""
     import yaml
 
     folder = CACHE / f"project-{label}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     params = yaml.safe_load((checkout / "params.yaml").read_text())
-    params["prepare"].update({"dataset": "csv", "path": str(table), "id_column": "record_id", "label_column": "label",
-                              "schema": {"labels": ["a", "b"],
-                                         "columns": {f"x{c:02d}": {"min": -4, "max": 4} for c in range(COLUMNS)}}})
+    if table.is_dir():
+        params["prepare"].update({"dataset": "imagefolder", "path": str(table), "schema": {"labels": IMAGE_CLASSES}})
+    else:
+        params["prepare"].update({"dataset": "csv", "path": str(table), "id_column": "record_id",
+                                  "label_column": "label", "schema": {
+                                      "labels": ["a", "b"],
+                                      "columns": {f"x{c:02d}": {"min": -4, "max": 4} for c in range(COLUMNS)}}})
     params["privacy"]["delta"] = 1e-8  # below 1/n for up to 10M training records (prepare checks δ < 1/n)
     params["aggregate"]["ss_failure_probability"] = 1e-9  # (spent out of δ: below it)
     (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -119,6 +154,7 @@ def summary(values: list[float]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[50_000, 1_000_000])
+    parser.add_argument("--images", type=int, nargs="+", default=None, help="image folders of these counts instead")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--before", type=Path, default=None, help="a checkout of the cell-by-cell reader")
     parser.add_argument("--parquet", action="store_true", help="also the same table as Parquet (this checkout)")
@@ -126,8 +162,9 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     results = []
-    for rows in [FIXED_ROWS, *args.rows]:
-        tables = write_tables(rows, parquet=args.parquet)
+    sizes = args.images if args.images else args.rows
+    for rows in [FIXED_ROWS, *sizes]:
+        tables = {"png": write_images(rows)} if args.images else write_tables(rows, parquet=args.parquet)
         for form, table in tables.items():
             runs: dict[str, list[dict[str, float]]] = {"after": []}
             if args.before is not None and form == "csv":
@@ -138,18 +175,21 @@ def main() -> None:
                     runs[which].append(result)
                     print(json.dumps({"rows": rows, "form": form, "which": which, "repeat": repeat, **result}),
                           flush=True)
-            results.append({"rows": rows, "form": form, "bytes": table.stat().st_size, "runs": runs})
-    lines = [f"# `privpipe stage prepare` on a {COLUMNS}-column table: pyarrow batches vs the cell-by-cell reader",
+            size = sum(f.stat().st_size for f in table.rglob("*.png")) if table.is_dir() else table.stat().st_size
+            results.append({"rows": rows, "form": form, "bytes": size, "runs": runs})
+    what = f"an image folder of {IMAGE_SIDE}×{IMAGE_SIDE} colour PNGs" if args.images else \
+        f"a {COLUMNS}-column table"
+    lines = [f"# `privpipe stage prepare` on {what}: this checkout against {args.before or 'none'}",
              "", f"Each cell min / median / max over {args.repeats} interleaved run(s) in child processes (wall "
              "seconds, peak RSS by /usr/bin/time -v). Schema declared (no schema stage). 2 shared cores, 24 GiB.",
-             "", "| rows | file | reader | wall s | peak RSS GB | s per 1M rows past the fixed cost (medians) |",
+             "", "| records | file | reader | wall s | peak RSS GB | s per 1M rows past the fixed cost (medians) |",
              "|---|---|---|---|---|---|"]
     fixed = {(r["form"], which): statistics.median(x["seconds"] for x in runs)
              for r in results if r["rows"] == FIXED_ROWS for which, runs in r["runs"].items()}
     for result in results:
         for which, runs in result["runs"].items():
             wall, peak = summary([r["seconds"] for r in runs]), summary([r["peak_gb"] for r in runs])
-            reader = "before (cell by cell)" if which == "before" else "after (pyarrow batches)"
+            reader = f"before ({args.before})" if which == "before" else "after (this checkout)"
             past = (wall["median"] - fixed[(result["form"], which)]) / (result["rows"] - FIXED_ROWS) * 1e6 \
                 if result["rows"] > FIXED_ROWS else 0.0
             marginal = "(the fixed cost)" if result["rows"] == FIXED_ROWS else f"{past:.1f}"
@@ -164,7 +204,8 @@ def main() -> None:
             lines.append(f"| {result['rows']:,} | | ratio (medians) | {before / after:.2f}× faster | "
                          f"{peak_before / peak_after:.2f}× less | |")
     before_at = "" if args.before is None else f" --before {args.before}"
-    lines += ["", f"Command: `.venv/bin/python bench/ingest.py{before_at} --rows {' '.join(map(str, args.rows))} "
+    sized = f"--images {' '.join(map(str, args.images))}" if args.images else f"--rows {' '.join(map(str, args.rows))}"
+    lines += ["", f"Command: `.venv/bin/python bench/ingest.py{before_at} {sized} "
               f"--repeats {args.repeats}{' --parquet' if args.parquet else ''}"
               f"{'' if args.name == 'ingest' else ' --name ' + args.name}`; total wall time "
               f"{time.perf_counter() - started:.0f} s."]

@@ -36,8 +36,8 @@ from flows.client_map import mapped_client_updates
 from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, check_federated_use, check_pipeline_use
 from privpipe.privacy import Ledger, LifetimeLedger
-from tasks import run_view, tracking
-from tasks.common import Skipped, one_pipeline_at_a_time, read_json, use_torch_threads
+from tasks import paths, run_view, tracking
+from tasks.common import Skipped, one_pipeline_at_a_time, read_json, scratch_beside, use_torch_threads
 from tasks.device import training_device
 from tasks.discovery import check_sources, discovery_plan
 from tasks.dp_pca import check_components, dp_pca_task
@@ -50,7 +50,7 @@ from tasks.pate.aggregate import aggregate_task, check_filter_budget, run_aggreg
 from tasks.pate.partition import Shards, partition_task, run_partition, shard_assignment
 from tasks.pate.student import run_student, student_task
 from tasks.pate.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
-from tasks.prepare import prepare_task, prepared_sets
+from tasks.prepare import Prepared, prepare_task, prepared_sets
 from tasks.prepared import PreparedSets
 from tasks.privacy import budget, uncovered
 from tasks.privacy import tracking as audit_tracking
@@ -177,7 +177,11 @@ def preflight(params: Params) -> None:
 
 def data_checks(params: Params) -> None:
     """The checks of the data and of what each stage makes of it (preflight, or once the schema is drawn)."""
-    prepared = prepared_sets(params)
+    with scratch_beside(paths.for_params(params).prepared) as scratch:  # the sets on disk: bounded memory
+        _check_prepared(params, prepared_sets(params, into=scratch))
+
+
+def _check_prepared(params: Params, prepared: Prepared) -> None:
     if params.student.enabled:
         shard_assignment(params, prepared.sensitive, classes=prepared.shape.n_classes, source=params.prepare.path)
         check_filter_budget(params, classes=prepared.shape.n_classes)

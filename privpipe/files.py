@@ -21,7 +21,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["read_user_bytes", "read_user_text", "private_file", "private_folder", "PRIVATE_FILE", "PRIVATE_FOLDER"]
+__all__ = ["read_user_bytes", "read_user_text", "private_file", "open_private", "private_folder", "PRIVATE_FILE",
+           "PRIVATE_FOLDER"]
 
 PRIVATE_FILE, PRIVATE_FOLDER = 0o600, 0o700  # read and written by their owner alone
 
@@ -44,6 +45,12 @@ def private_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
     """``path`` open for writing (``mode``: ``wb`` or ``w``), truncated, of mode 0600 from its creation:
     ``with private_file(folder / "ids.npy") as out: np.save(out, ids)``. A file that was there keeps its
     inode but loses any other mode."""
+    with open_private(path, mode) as handle:
+        yield handle
+
+
+def open_private(path: str | Path, mode: str = "wb") -> IO[Any]:
+    """private_file's handle, for a file written across calls (the caller closes it)."""
     if mode not in ("wb", "w"):
         raise ValueError(f"private_file: mode must be 'wb' or 'w', got {mode!r}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
@@ -53,8 +60,7 @@ def private_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
         os.close(fd)
         raise
     handle: IO[Any] = os.fdopen(fd, mode, encoding="utf-8" if mode == "w" else None)
-    with handle:
-        yield handle
+    return handle
 
 
 def read_user_bytes(path: str | Path, *, error: type[Exception]) -> bytes:

@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +70,22 @@ def staged_dir(target: Path, *, made_from: MadeFrom | None = None) -> Iterator[P
         os.replace(target, previous)
     os.replace(staging, target)
     shutil.rmtree(previous, ignore_errors=True)
+
+
+@contextmanager
+def scratch_beside(target: Path) -> Iterator[Path]:
+    """A temporary folder beside ``target`` (one file system: what is made in it can be moved into place), removed
+    on leaving, with the folders above it it had to make: a refused input leaves no trace."""
+    made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.scratch-"))
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        for folder in made:  # innermost first; a folder something else wrote into stays
+            with suppress(OSError):
+                folder.rmdir()
 
 
 def seed_for(seed: int, stream: str, *index: int) -> np.random.SeedSequence:

@@ -23,7 +23,7 @@ import yaml
 from privpipe.config import ConfigError, Params
 from privpipe.config.data_schema import DataSchema
 from privpipe.data.columnar import feature_names, file_ids, table_batches, table_header
-from privpipe.data.images import class_folders, image_files, load_image_folder
+from privpipe.data.images import class_folders, image_batches, image_files, image_folder_files
 from privpipe.data.sources import data_source
 from privpipe.data.tabular import cell_list, id_text
 from privpipe.discovery import ColumnCounts, DiscoveryMechanism, count_column, discover, make_bounds_estimator
@@ -91,7 +91,8 @@ def check_sources(params: Params, plan: DiscoveryPlan) -> None:
             raise ConfigError(f"prepare.id_column: {cfg.id_column!r} is not a column of {cfg.path}")
         file_ids(Path(cfg.path), cfg.id_column)
     elif cfg.dataset == "imagefolder":  # every image read as prepare reads it (its class folders unpublished)
-        load_image_folder(Path(cfg.path), channels=cfg.channels or 3, size=cfg.image_size)
+        for _ in image_batches(image_folder_files(Path(cfg.path)), channels=cfg.channels or 3, size=cfg.image_size):
+            pass  # a batch at a time: the memory of one batch's pixels
 
 
 def mechanism_for(params: Params, plan: DiscoveryPlan) -> DiscoveryMechanism:

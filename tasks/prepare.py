@@ -20,6 +20,8 @@ owner's wish from the moment it is accepted, so no new model trains on the recor
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,13 +31,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
-from privpipe.data import DataError, Records, check_labels, subsample
+from privpipe.data import UNLABELED, DataError, Records, check_label_counts, subsample
 from privpipe.data.raw_input import RecordInput
 from privpipe.data.shape import DataShape
+from privpipe.data.sink import SetSink, gather_set, mapped_set, read_set_chunks
 from privpipe.data.sources import data_source
+from privpipe.data.split import subsample_positions
 from privpipe.requests import RequestQueue, base_id, version_suffix
 from tasks import paths
-from tasks.common import stage_logger, staged_dir, write_text
+from tasks.common import scratch_beside, stage_logger, staged_dir, write_text
 from tasks.discovery import SCHEMA_FILE, SchemaRelease, discover_schema, schema_yaml, withheld_records
 from tasks.identity import MadeFrom, params_dataset
 from tasks.prepared import PreparedSets, write_input, write_shape
@@ -60,22 +64,26 @@ class Withheld:
     dropped_pending: set[str]  # of ``pending``, the records the file held
 
 
-def _withhold(sets: dict[str, Records], queue: RequestQueue) -> tuple[dict[str, Records], Withheld]:
-    """``sets`` less every record (or copy of one) with an accepted request: one journal read, and
-    each record's id hashed once."""
-    requests = queue.read()
-    erased = {r.record_hash for r in requests if r.status == "done"}
-    pending = {r.record_hash for r in requests} - erased
-    if not requests:
-        return sets, Withheld(set(), set(), set(), set())
-    kept: dict[str, Records] = {}
-    held: set[str] = set()
-    for name, records in sets.items():
-        hashes = [queue.hash_record_id(base_id(str(i))) for i in records.ids]
-        drop = np.array([h in erased or h in pending for h in hashes], dtype=bool)
-        held.update(h for h, d in zip(hashes, drop) if d)
-        kept[name] = records if not drop.any() else records.subset(np.flatnonzero(~drop))
-    return kept, Withheld(erased, pending, held & erased, held & pending)
+class _Withholding:
+    """Every accepted deletion request, applied to records as they are read (a journal read once, each record's
+    id hashed once): what it drops, and which of the requests the data held."""
+
+    def __init__(self, queue: RequestQueue) -> None:
+        requests = queue.read()
+        self.queue = queue
+        self.any = bool(requests)
+        self.erased = {r.record_hash for r in requests if r.status == "done"}
+        self.pending = {r.record_hash for r in requests} - self.erased
+        self.held: set[str] = set()
+
+    def drop(self, ids: np.ndarray) -> np.ndarray:
+        hashes = [self.queue.hash_record_id(base_id(str(i))) for i in ids]
+        gone = np.array([h in self.erased or h in self.pending for h in hashes], dtype=bool)
+        self.held.update(h for h, d in zip(hashes, gone) if d)
+        return gone
+
+    def result(self) -> Withheld:
+        return Withheld(self.erased, self.pending, self.held & self.erased, self.held & self.pending)
 
 
 @dataclass(frozen=True)
@@ -95,22 +103,26 @@ class Prepared:
         return self.sets["sensitive"]
 
 
-def prepared_sets(params: Params) -> Prepared:
-    """Every set the stage writes, loaded and checked, and nothing written (but the embedded
-    default data on first use). ``privpipe run`` calls it before Prefect starts, so bad data is refused
-    before any run state exists."""
+def prepared_sets(params: Params, *, into: Path | None = None) -> Prepared:
+    """Every set the stage writes, loaded and checked, and nothing written (but the embedded default data on first
+    use, and the sets in ``into``, a scratch folder: each set is written there as it is read, so a data set of any
+    length takes bounded memory; None: held in memory). ``privpipe run`` calls it before Prefect starts, so bad data
+    is refused before any run state exists."""
     ensure_default_data(params)
-    queue = RequestQueue(paths.for_params(params).requests)
+    withholding = _Withholding(RequestQueue(paths.for_params(params).requests))
     # the schema stage: what the schema leaves out, discovered without the records whose deletion was asked
     discovered = discover_schema(params, withheld=withheld_records(params))
     cfg = params.prepare if discovered is None else replace(params.prepare, schema=discovered.schema)
-    loaded = data_source(cfg.dataset).load(cfg, seed=params.run.seed, client_column=params.federated.client_column)
-    # every accepted request, whatever its state: gone from every set, whatever the file says
-    sets, withheld = _withhold(loaded.sets, queue)
+    # every accepted request, whatever its state: gone from every set as it is read, whatever the file says
+    sink = SetSink(into, drop=withholding.drop if withholding.any else None)
+    loaded = data_source(cfg.dataset).load(cfg, seed=params.run.seed, client_column=params.federated.client_column,
+                                           sink=sink)
+    sets = dict(loaded.sets)
+    counts = {name: sink.label_counts(name) for name in sets}
     # after the drop, so erasing a record never moves another in or out (see subsample)
-    sets["sensitive"] = subsample(sets["sensitive"], size=params.prepare.max_train_records, seed=params.run.seed)
-    sensitive = sets["sensitive"]
-    n = len(sensitive)
+    sets["sensitive"], counts["sensitive"] = _subsampled(sets["sensitive"], counts["sensitive"], into=into,
+                                                         size=params.prepare.max_train_records, seed=params.run.seed)
+    n = len(sets["sensitive"])
     if params.privacy.delta >= 1.0 / n:
         raise ConfigError(
             f"privacy.delta: {params.privacy.delta:g} is not below 1/n = {1.0 / n:.3g} (n = {n} sensitive records); "
@@ -118,22 +130,50 @@ def prepared_sets(params: Params) -> Prepared:
         )
     shape = loaded.shape
     for name, records in sets.items():
-        check_labels(records, classes=shape.n_classes, source=f"{loaded.files[0]} ({name} set)",
-                     unlabeled=not records.labeled and name in ("public", "target"))
+        labeled = any(label != UNLABELED for label in counts[name])
+        check_label_counts(counts[name], classes=shape.n_classes, source=f"{loaded.files[0]} ({name} set)",
+                           unlabeled=not labeled and name in ("public", "target"))
         if records.features.shape[1] != shape.width:
             raise DataError(f"{loaded.files[0]} ({name} set): records of {records.features.shape[1]} values, "
                             f"the data set's {shape.describe()} are {shape.width}")
-    if len(set(sensitive.labels.tolist())) < 2:
+    if len(counts["sensitive"]) < 2:
         raise DataError(f"{loaded.files[0]}: the sensitive set needs at least two classes")
-    return Prepared(sets=sets, shape=shape, sources=loaded.files, withheld=withheld, rule=loaded.rule,
+    return Prepared(sets=sets, shape=shape, sources=loaded.files, withheld=withholding.result(), rule=loaded.rule,
                     discovered=discovered)
+
+
+def _subsampled(records: Records, counts: dict[int, int], *, into: Path | None, size: int,
+                seed: int) -> tuple[Records, dict[int, int]]:
+    """prepare.max_train_records' keyed subsample of the sensitive set (its records and label counts): in memory,
+    or, for a set written to ``into``, read back a chunk at a time and written again."""
+    if into is None:
+        kept = subsample(records, size=size, seed=seed)
+        if kept is records:
+            return records, counts
+        values, per_label = np.unique(kept.labels, return_counts=True)
+        return kept, dict(zip(values.tolist(), per_label.tolist()))
+    folder = into / "sensitive"
+    chosen = subsample_positions((chunk.ids for chunk in read_set_chunks(folder)), size=size, seed=seed,
+                                 ids_at=lambda rows: np.asarray(records.ids[rows]))
+    if chosen is None:
+        return records, counts
+    picked = into / ".sensitive-subsample"
+    _, counts = gather_set(folder, picked, chosen)
+    shutil.rmtree(folder)
+    os.replace(picked, folder)
+    return mapped_set(folder), counts
 
 
 def run_prepare(params: Params) -> PreparedSets:
     """Write data/prepared/<dataset>/* and metrics/<dataset>/prepare.json."""
+    where = paths.for_params(params)
+    with scratch_beside(where.prepared) as scratch:  # the sets written as they are read, moved into place at the end
+        return _write_prepared(params, prepared_sets(params, into=scratch), scratch)
+
+
+def _write_prepared(params: Params, prepared: Prepared, scratch: Path) -> PreparedSets:
     log = stage_logger("prepare")
     where = paths.for_params(params)
-    prepared = prepared_sets(params)
     sets, withheld = prepared.sets, prepared.withheld
     # the version names the data trained on: the files', less what the queue took out of them
     version = data_version(prepared.sources)
@@ -143,8 +183,8 @@ def run_prepare(params: Params) -> PreparedSets:
         version += version_suffix("pending", withheld.dropped_pending)
     name, source = params_dataset(params)
     with staged_dir(where.prepared, made_from=MadeFrom(dataset=name, source=source, data_version=version)) as out:
-        for set_name, records in sets.items():
-            records.save(out / set_name)
+        for set_name in sets:
+            os.replace(scratch / set_name, out / set_name)
         write_shape(out, prepared.shape)
         write_input(out, prepared.rule)
         if prepared.discovered is not None:  # the schema stage's release and its charge, where the ledger starts

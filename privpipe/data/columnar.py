@@ -27,7 +27,8 @@ from privpipe.data.records import DataError, Records
 from privpipe.data.shape import DataShape
 from privpipe.data.tabular import PARQUET_SUFFIXES, Table, csv_rows, encode_rows, record_ids, table_columns
 
-__all__ = ["BATCH_ROWS", "table_header", "table_batches", "encode_table_file", "file_ids", "feature_names"]
+__all__ = ["BATCH_ROWS", "table_header", "table_batches", "encode_table_batches", "encode_table_file", "file_ids",
+           "feature_names", "refuse_repeats"]
 
 #: rows a batch holds: a few MB of cells a column, whatever the file's length
 BATCH_ROWS = 1 << 16
@@ -142,37 +143,53 @@ def feature_names(path: Path, *, id_column: str, label_column: str | None, clien
                          label_column=label_column, client_column=client_column, feature_columns=feature_columns)
 
 
+def encode_table_batches(path: Path, schema: DataSchema, *, id_column: str, label_column: str | None,
+                         feature_columns: Sequence[str], client_column: str | None = None,
+                         rows: int | None = None) -> Iterator[tuple[Records, DataShape, np.ndarray]]:
+    """privpipe.data.tabular.encode_rows over the file's batches: each batch's records, their shape and the row
+    of the file each came from. An id repeated within a batch is refused here; across batches, the caller's
+    (:func:`encode_table_file`, or privpipe.data.sink.IdIndex)."""
+    read = [id_column, *feature_columns, *(name for name in (label_column, client_column) if name is not None)]
+    any_batch = False
+    for batch in table_batches(path, columns=list(dict.fromkeys(read)), rows=rows or BATCH_ROWS):
+        records, shape, kept = encode_rows(batch, schema, id_column=id_column, label_column=label_column,
+                                           feature_columns=feature_columns, client_column=client_column)
+        any_batch = True
+        yield records, shape, batch.first_row + kept
+    if not any_batch:
+        raise DataError(f"{path}: no records")
+
+
 def encode_table_file(path: Path, schema: DataSchema, *, id_column: str, label_column: str | None,
                       feature_columns: Sequence[str] | None = None, client_column: str | None = None,
-                      rows: int = BATCH_ROWS) -> tuple[Records, DataShape]:
+                      rows: int | None = None) -> tuple[Records, DataShape]:
     """privpipe.data.tabular.encode_table over the whole file, ``rows`` at a time: the memory it takes is the
     encoded records' and one batch's cells, not the file's text as Python strings."""
     features = feature_names(path, id_column=id_column, label_column=label_column, client_column=client_column,
                              feature_columns=feature_columns)
-    read = [id_column, *features, *(name for name in (label_column, client_column) if name is not None)]
     parts: list[Records] = []
     where: list[np.ndarray] = []  # each kept record's row in the file, to name a repeated id's lines
-    shape: DataShape | None = None
-    for batch in table_batches(path, columns=list(dict.fromkeys(read)), rows=rows):
-        records, shape, kept = encode_rows(batch, schema, id_column=id_column, label_column=label_column,
-                                           feature_columns=features, client_column=client_column)
+    shapes: list[DataShape] = []
+    for records, shape, kept in encode_table_batches(path, schema, id_column=id_column, label_column=label_column,
+                                                     feature_columns=features, client_column=client_column,
+                                                     rows=rows):
         parts.append(records)
-        where.append(batch.first_row + kept)
-    if shape is None:
-        raise DataError(f"{path}: no records")
+        where.append(kept)
+        shapes.append(shape)
     ids = np.concatenate([r.ids for r in parts])
-    _refuse_repeats(Table(Path(path), (), {}, numbered=_numbered(path)), ids, np.concatenate(where), id_column)
+    refuse_repeats(path, ids, np.concatenate(where), id_column)
     clients = None if parts[0].clients is None else np.concatenate([r.clients for r in parts])
     return Records(np.concatenate([r.features for r in parts]), np.concatenate([r.labels for r in parts]), ids,
-                   clients), shape
+                   clients), shapes[0]  # (encode_table_batches refuses a file without records)
 
 
 def _numbered(path: Path, suffix: str | None = None) -> str:
     return "row" if _is_parquet(Path(path), suffix) else "line"
 
 
-def _refuse_repeats(where: Table, ids: np.ndarray, rows: np.ndarray, id_column: str) -> None:
+def refuse_repeats(path: Path, ids: np.ndarray, rows: np.ndarray, id_column: str, *, suffix: str | None = None) -> None:
     """An id repeated across batches refused as one within a batch is: at its second row, naming its first."""
+    where = Table(Path(path), (), {}, numbered=_numbered(path, suffix))
     order = np.argsort(ids, kind="stable")  # equal ids stay in file order
     repeats = np.flatnonzero(ids[order][1:] == ids[order][:-1])
     if not repeats.size:
@@ -189,5 +206,5 @@ def file_ids(path: Path, id_column: str, *, suffix: str | None = None) -> np.nda
     if not parts:
         return np.array([], dtype=str)
     ids = np.concatenate(parts)
-    _refuse_repeats(Table(Path(path), (), {}, numbered=_numbered(path, suffix)), ids, np.arange(len(ids)), id_column)
+    refuse_repeats(path, ids, np.arange(len(ids)), id_column, suffix=suffix)
     return ids

@@ -18,7 +18,8 @@ from __future__ import annotations
 import io
 import os
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,13 +31,16 @@ from privpipe.data.records import UNLABELED, DataError, Records
 _numpy_core: Any = getattr(np, "_core", None) or np.core
 _numpy_reconstruct: Callable[..., np.ndarray] = _numpy_core.multiarray._reconstruct
 
-__all__ = ["class_folders", "IMAGE_SUFFIXES", "image_files", "load_image_folder", "load_cifar10", "CIFAR10_FILES",
+__all__ = ["class_folders", "IMAGE_SUFFIXES", "image_files", "load_image_folder", "image_folder_files", "image_batches",
+           "ImageFolderFiles", "IMAGE_BATCH", "load_cifar10", "CIFAR10_FILES",
            "CIFAR10_SIDE", "pixel_limit", "check_pixels"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 CIFAR10_FILES = {"train": tuple(f"data_batch_{k}" for k in range(1, 6)), "test": ("test_batch",)}
 CIFAR10_SIDE = 32
 _MODES = {1: "L", 3: "RGB"}
+#: images decoded a batch: 1,024 of 64×64 colour are 50 MB of float32
+IMAGE_BATCH = 1024
 _MIN_PIXEL_LIMIT = 4096 * 4096
 #: the most elements one array of a CIFAR-10 batch may ask for: twice a batch's pixels (10,000 × 3,072)
 _MAX_ARRAY_ELEMENTS = 2 * 10_000 * 3 * CIFAR10_SIDE * CIFAR10_SIDE
@@ -91,23 +95,23 @@ def _read_image(path: Path, *, channels: int, size: int | None) -> np.ndarray:
     return pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
 
 
-def _stack(root: Path, files: list[Path], *, channels: int,
-           size: int | None) -> tuple[np.ndarray, tuple[int, int]]:
-    """The images as rows, and their (height, width): every image the first one's size unless ``size``
-    resizes them."""
+def _stack(root: Path, files: list[Path], *, channels: int, size: int | None,
+           first: tuple[Path, tuple[int, int]] | None = None) -> tuple[np.ndarray, tuple[Path, tuple[int, int]]]:
+    """The images as rows, and the first image's file and (height, width): every image that size unless
+    ``size`` resizes them (``first``: the size an earlier batch set)."""
     rows = np.empty((len(files), 0), dtype=np.float32)
-    first: tuple[int, int] | None = None
     for i, path in enumerate(files):
         image = _read_image(path, channels=channels, size=size)
         if first is None:
-            first = image.shape[1:]
+            first = (path, (int(image.shape[1]), int(image.shape[2])))
+        elif image.shape[1:] != first[1]:
+            raise DataError(f"{path}: {image.shape[2]}×{image.shape[1]} pixels, but {first[0].relative_to(root)} is "
+                            f"{first[1][1]}×{first[1][0]} (set prepare.image_size to resize every image to one side)")
+        if i == 0:
             rows = np.empty((len(files), image.size), dtype=np.float32)
-        elif image.shape[1:] != first:
-            raise DataError(f"{path}: {image.shape[2]}×{image.shape[1]} pixels, but {files[0].relative_to(root)} is "
-                            f"{first[1]}×{first[0]} (set prepare.image_size to resize every image to one side)")
         rows[i] = image.reshape(-1)
     assert first is not None  # callers pass at least one file
-    return rows, (int(first[0]), int(first[1]))
+    return rows, first
 
 
 def class_folders(root: Path) -> list[str]:
@@ -115,14 +119,24 @@ def class_folders(root: Path) -> list[str]:
     return sorted(p.name for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def load_image_folder(root: Path, *, channels: int, size: int | None, classes: Sequence[str] | None = None,
-                      labeled: bool = True, others: bool = False,
-                      ) -> tuple[Records, tuple[str, ...], tuple[int, int, int]]:
-    """The images under ``root`` as records, the class names (label order) and the image shape (C, H, W).
+@dataclass(frozen=True)
+class ImageFolderFiles:
+    """An image folder's files, each one's label, and the class names (label order): what a pass decodes."""
 
-    Labeled: one sub-folder per class; ``classes`` (the declared label set, if any) fixes the order and
-    refuses a sub-folder it does not list, or with ``others`` (a discovered label set) leaves its images
-    out. Unlabeled: every image under ``root``, labels UNLABELED."""
+    root: Path
+    files: list[Path]
+    labels: np.ndarray
+    names: tuple[str, ...]
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Each image's id: its path under the folder."""
+        return np.array([f.relative_to(self.root).as_posix() for f in self.files])
+
+
+def image_folder_files(root: Path, *, classes: Sequence[str] | None = None, labeled: bool = True,
+                       others: bool = False) -> ImageFolderFiles:
+    """The images under ``root`` to decode, nothing decoded yet (see :func:`load_image_folder`)."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: {'a file, not a folder of images' if root.exists() else 'folder not found'}")
@@ -148,9 +162,32 @@ def load_image_folder(root: Path, *, channels: int, size: int | None, classes: S
         labels = np.full(len(files), UNLABELED, dtype=np.int64)
     if not files:
         raise DataError(f"{root}: no PNG or JPEG images")
-    rows, (height, width) = _stack(root, files, channels=channels, size=size)
-    ids = np.array([f.relative_to(root).as_posix() for f in files])
-    return Records(rows, labels, ids), names, (channels, height, width)
+    return ImageFolderFiles(root, files, labels, names)
+
+
+def image_batches(folder: ImageFolderFiles, *, channels: int, size: int | None,
+                  rows: int | None = None) -> Iterator[tuple[Records, tuple[int, int, int]]]:
+    """The folder's images decoded ``rows`` at a time, as records, with the image shape (C, H, W): the memory a
+    pass takes is one batch's pixels, whatever the count."""
+    ids, rows = folder.ids, rows or IMAGE_BATCH
+    first: tuple[Path, tuple[int, int]] | None = None
+    for start in range(0, len(folder.files), rows):
+        end = min(start + rows, len(folder.files))
+        pixels, first = _stack(folder.root, folder.files[start:end], channels=channels, size=size, first=first)
+        yield Records(pixels, folder.labels[start:end], ids[start:end]), (channels, *first[1])
+
+
+def load_image_folder(root: Path, *, channels: int, size: int | None, classes: Sequence[str] | None = None,
+                      labeled: bool = True, others: bool = False,
+                      ) -> tuple[Records, tuple[str, ...], tuple[int, int, int]]:
+    """The images under ``root`` as records, the class names (label order) and the image shape (C, H, W).
+
+    Labeled: one sub-folder per class; ``classes`` (the declared label set, if any) fixes the order and
+    refuses a sub-folder it does not list, or with ``others`` (a discovered label set) leaves its images
+    out. Unlabeled: every image under ``root``, labels UNLABELED."""
+    folder = image_folder_files(root, classes=classes, labeled=labeled, others=others)
+    (records, image), = image_batches(folder, channels=channels, size=size, rows=len(folder.files))
+    return records, folder.names, image
 
 
 class _ArraysOnly(pickle.Unpickler):

@@ -7,14 +7,15 @@ identical content, so DVC hashes stay stable across re-runs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from privpipe.files import private_file, private_folder, read_user_text
 
-__all__ = ["Records", "DataError", "UNLABELED", "RECORD_FILES", "check_labels"]
+__all__ = ["Records", "DataError", "UNLABELED", "RECORD_FILES", "check_labels", "check_label_counts"]
 
 #: the label of a record in an unlabeled pool (a public or target file the user names)
 UNLABELED = -1
@@ -37,19 +38,23 @@ class Records:
     labels: np.ndarray  # int64, shape (n,); UNLABELED (−1) in an unlabeled pool
     ids: np.ndarray  # str, shape (n,)
     clients: np.ndarray | None = None  # str, shape (n,): each record's client (federated.client_column), if any
+    #: the arrays were checked batch by batch as they were written (privpipe.data.sink): no whole-set pass here
+    checked: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, checked: bool) -> None:
         n = len(self.features)
         if self.features.ndim != 2:
             raise DataError(f"features must be 2-D (n, d), got shape {self.features.shape}")
         if self.labels.shape != (n,) or self.ids.shape != (n,):
             raise DataError(f"features, labels and ids disagree in length ({n}, {len(self.labels)}, {len(self.ids)})")
+        if self.clients is not None and self.clients.shape != (n,):
+            raise DataError(f"clients disagree in length with the records ({len(self.clients)}, {n})")
+        if checked:
+            return
         if not np.isfinite(self.features).all():
             raise DataError("features contain NaN or infinite values")
         if len(np.unique(self.ids)) != n:
             raise DataError("record ids are not unique")
-        if self.clients is not None and self.clients.shape != (n,):
-            raise DataError(f"clients disagree in length with the records ({len(self.clients)}, {n})")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -106,4 +111,16 @@ def check_labels(records: Records, *, classes: int, source: str, unlabeled: bool
         return
     bad = records.labels[(records.labels < 0) | (records.labels >= classes)]
     if len(bad):
+        raise DataError(f"{source}: label {int(bad[0])} is outside 0..{classes - 1}")
+
+
+def check_label_counts(counts: Mapping[int, int], *, classes: int, source: str, unlabeled: bool = False) -> None:
+    """check_labels on a set's count per label (what a set written a batch at a time keeps)."""
+    if unlabeled:
+        bad = [label for label in counts if label != UNLABELED]
+        if bad:
+            raise DataError(f"{source}: an unlabeled pool holds label {int(bad[0])}")
+        return
+    bad = [label for label in counts if label < 0 or label >= classes]
+    if bad:
         raise DataError(f"{source}: label {int(bad[0])} is outside 0..{classes - 1}")

@@ -31,7 +31,7 @@ import numpy as np
 
 from privpipe.config.errors import ConfigError
 from privpipe.config.prepare import PrepareConfig
-from privpipe.data.columnar import encode_table_file, feature_names, file_ids, table_header
+from privpipe.data.columnar import encode_table_batches, feature_names, file_ids, table_header
 from privpipe.data.digits import labeled_csv_features, load_labeled_csv
 from privpipe.data.domains import (
     MNIST_BOX,
@@ -41,12 +41,20 @@ from privpipe.data.domains import (
     uci_digits_as_mnist,
 )
 from privpipe.data.image_sets import load_mnist_m, load_svhn, load_usps
-from privpipe.data.images import IMAGE_SUFFIXES, image_files, load_cifar10, load_image_folder
+from privpipe.data.images import (
+    IMAGE_SUFFIXES,
+    ImageFolderFiles,
+    image_batches,
+    image_files,
+    image_folder_files,
+    load_cifar10,
+)
 from privpipe.data.mnist import load_mnist, mnist_files, read_idx
 from privpipe.data.raw_input import ImageInput, RecordInput, TableInput, VectorInput
 from privpipe.data.records import DataError, Records, check_labels
 from privpipe.data.shape import DataShape
-from privpipe.data.split import split_by_shares
+from privpipe.data.sink import IdIndex, SetSink
+from privpipe.data.split import assign_sets, split_by_shares
 from privpipe.data.tabular import id_text, read_table, write_table
 
 __all__ = ["LoadedData", "DataSource", "data_source", "SOURCES"]
@@ -75,15 +83,31 @@ def _with_features(records: Records, features: np.ndarray, suffix: str) -> Recor
     return Records(features.astype(np.float32), records.labels, np.char.add(records.ids.astype(str), suffix))
 
 
-def _unique_across(sets: dict[str, Records], sources: dict[str, str]) -> None:
-    """Refuse an id in two of the user's files: a deletion request names one record."""
+def _unique_across(files: list[tuple[str, np.ndarray]]) -> None:
+    """Refuse an id in two of the user's files (each named, with its ids): a deletion request names one record."""
     owner: dict[str, str] = {}
-    for name, records in sets.items():
-        for record_id in records.ids.astype(str):
-            if record_id in owner and owner[record_id] != sources.get(name, name):
-                raise DataError(f"{sources.get(name, name)}: record id {record_id!r} is also in "
-                                f"{owner[record_id]} (ids must name one record across the data set's files)")
-            owner.setdefault(record_id, sources.get(name, name))
+    for source, ids in files:
+        for record_id in ids.astype(str).tolist():
+            if record_id in owner and owner[record_id] != source:
+                raise DataError(f"{source}: record id {record_id!r} is also in {owner[record_id]} (ids must name one "
+                                "record across the data set's files)")
+            owner.setdefault(record_id, source)
+
+
+def _into(sink: SetSink | None, sets: dict[str, Records]) -> dict[str, Records]:
+    """A kind that holds its sets in memory: them, or (given a sink) them written to it."""
+    if sink is None:
+        return sets
+    sink.add_all(sets)
+    return sink.close()
+
+
+def _split_into(sink: SetSink, records: Records, shares: dict[str, float], *, seed: int) -> None:
+    """One batch of the main file's records, each to its keyed set (every set gets its share of every batch,
+    empty or not, so that each set's arrays come out as one split of the whole file's would)."""
+    names = assign_sets(records.ids, shares, rest="sensitive", seed=seed)
+    for name in (*shares, "sensitive"):
+        sink.add(name, records.subset(np.flatnonzero(names == name)))
 
 
 class DataSource(ABC):
@@ -94,8 +118,10 @@ class DataSource(ABC):
     rewritable: ClassVar[bool] = False
 
     @abstractmethod
-    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
-        """Every set, checked (labels in the label set, one shape), before anything is written."""
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
+             sink: SetSink | None = None) -> LoadedData:
+        """Every set, checked (labels in the label set, one shape); given a ``sink``, each set is written to it
+        as it is read (a kind that reads in batches holds one batch in memory), else held in memory."""
 
     @abstractmethod
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
@@ -136,7 +162,8 @@ class Digits(DataSource):
     name = "digits"
     rewritable = True
 
-    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
+             sink: SetSink | None = None) -> LoadedData:
         source = Path(cfg.path)
         records = load_labeled_csv(source)
         check_labels(records, classes=10, source=str(source))
@@ -144,7 +171,8 @@ class Digits(DataSource):
                                rest="sensitive", seed=seed)
         for name in ("target", "target_test") if cfg.target_domain else ():
             sets[name] = _with_features(sets[name], digits_target_transform(sets[name].features), ":target")
-        return LoadedData(sets, DataShape.image(channels=1, height=8, width=8, classes=_classes(cfg, DIGIT_CLASSES)),
+        return LoadedData(_into(sink, sets), DataShape.image(channels=1, height=8, width=8,
+                                                             classes=_classes(cfg, DIGIT_CLASSES)),
                           [source], VectorInput(columns=labeled_csv_features(source)))
 
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
@@ -193,7 +221,8 @@ class Mnist(DataSource):
 
     name = "mnist"
 
-    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
+             sink: SetSink | None = None) -> LoadedData:
         source = Path(cfg.path)
         if cfg.download:
             source.mkdir(parents=True, exist_ok=True)  # torchvision fetches into it
@@ -204,7 +233,7 @@ class Mnist(DataSource):
         if cfg.target_domain:
             sets["target"], sets["target_test"] = self._target(cfg, seed)
         shape = DataShape.image(channels=1, height=28, width=28, classes=_classes(cfg, DIGIT_CLASSES))
-        return LoadedData(sets, shape, mnist_files(source), _image_rule(shape, "pillow"))
+        return LoadedData(_into(sink, sets), shape, mnist_files(source), _image_rule(shape, "pillow"))
 
     @staticmethod
     def _target(cfg: PrepareConfig, seed: int) -> tuple[Records, Records]:
@@ -237,18 +266,23 @@ class Mnist(DataSource):
         return mnist_files(Path(cfg.path))
 
 
-def _image_pools(cfg: PrepareConfig, shape: DataShape, sets: dict[str, Records]) -> None:
+def _pool_folders(cfg: PrepareConfig) -> list[tuple[str, ImageFolderFiles]]:
+    """The unlabeled image folders the user names for the public pool and the target domain (any depth)."""
+    return [(name, image_folder_files(Path(path), labeled=False))
+            for name, path in (("public", cfg.public_path), ("target", cfg.target_path))
+            if path is not None and (name == "public" or cfg.target_domain)]
+
+
+def _image_pools(cfg: PrepareConfig, shape: DataShape, sink: SetSink,
+                 pools: list[tuple[str, ImageFolderFiles]] | None = None) -> None:
     """Image kinds other than MNIST and digits: the public pool and the target domain from folders the user names
-    (unlabeled images, any depth), of the data set's size (``image_size`` resizes them too)."""
-    for name, path in (("public", cfg.public_path), ("target", cfg.target_path)):
-        if path is None or (name == "target" and not cfg.target_domain):
-            continue
-        records, _, image = load_image_folder(Path(path), channels=shape.channels, size=cfg.image_size,
-                                              labeled=False)
-        if image != shape.image_shape:
-            raise DataError(f"prepare.{name}_path: {path} holds {image[1]}×{image[2]} images with {image[0]} "
-                            f"channel(s), the data set {shape.describe()} (set prepare.image_size)")
-        sets[name] = _prefixed(records, Path(path))
+    (unlabeled images), of the data set's size (``image_size`` resizes them too), a batch at a time."""
+    for name, folder in _pool_folders(cfg) if pools is None else pools:
+        for records, image in image_batches(folder, channels=shape.channels, size=cfg.image_size):
+            if image != shape.image_shape:
+                raise DataError(f"prepare.{name}_path: {folder.root} holds {image[1]}×{image[2]} images with "
+                                f"{image[0]} channel(s), the data set {shape.describe()} (set prepare.image_size)")
+            sink.add(name, _prefixed(records, folder.root))
 
 
 def _prefixed(records: Records, root: Path) -> Records:
@@ -264,7 +298,8 @@ class Cifar10(DataSource):
 
     name = "cifar10"
 
-    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
+             sink: SetSink | None = None) -> LoadedData:
         folder = Path(cfg.path)
         if cfg.download and not (folder / "batches.meta").exists():
             self._download(folder)
@@ -272,9 +307,10 @@ class Cifar10(DataSource):
         shape = DataShape.image(channels=cfg.channels or 3, height=32, width=32, classes=_classes(cfg, names))
         splits = {k: _resized(v, shape, cfg.image_size) for k, v in splits.items()}
         shape = _resized_shape(shape, cfg.image_size)
-        sets = _fixed_test_sets(cfg, splits["train"], splits["test"])
-        _image_pools(cfg, shape, sets)
-        return LoadedData(sets, shape, self.files(cfg), _image_rule(shape, "tensor", native=32))
+        sink = sink or SetSink()
+        sink.add_all(_fixed_test_sets(cfg, splits["train"], splits["test"]))
+        _image_pools(cfg, shape, sink)
+        return LoadedData(sink.close(), shape, self.files(cfg), _image_rule(shape, "tensor", native=32))
 
     @staticmethod
     def _download(folder: Path) -> None:
@@ -325,15 +361,17 @@ class Svhn(DataSource):
 
     name = "svhn"
 
-    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
+             sink: SetSink | None = None) -> LoadedData:
         channels = cfg.channels or 3
         splits = load_svhn(Path(cfg.path), grayscale=channels == 1)
         shape = DataShape.image(channels=channels, height=32, width=32, classes=_classes(cfg, DIGIT_CLASSES))
         splits = {k: _resized(v, shape, cfg.image_size) for k, v in splits.items()}
         shape = _resized_shape(shape, cfg.image_size)
-        sets = _fixed_test_sets(cfg, splits["train"], splits["test"])
-        _image_pools(cfg, shape, sets)
-        return LoadedData(sets, shape, self.files(cfg), _image_rule(shape, "tensor", native=32))
+        sink = sink or SetSink()
+        sink.add_all(_fixed_test_sets(cfg, splits["train"], splits["test"]))
+        _image_pools(cfg, shape, sink)
+        return LoadedData(sink.close(), shape, self.files(cfg), _image_rule(shape, "tensor", native=32))
 
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
         splits = load_svhn(Path(cfg.path), grayscale=True)
@@ -354,27 +392,31 @@ class ImageFolder(DataSource):
     name = "imagefolder"
     rewritable = True
 
-    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
+             sink: SetSink | None = None) -> LoadedData:
+        sink = sink or SetSink()
         channels = cfg.channels or 3
         declared = cfg.schema.labels if cfg.schema is not None else None
         root = Path(cfg.path)
-        records, classes, image = load_image_folder(root, channels=channels, size=cfg.image_size, classes=declared,
-                                                    others=cfg.schema is not None and cfg.schema.labels_other)
-        shape = DataShape.image(channels=image[0], height=image[1], width=image[2], classes=classes)
-        sets = split_by_shares(_prefixed(records, root), _shares(cfg, test=cfg.test_path is None,
-                                                                  public=cfg.public_path is None, target=False),
-                               rest="sensitive", seed=seed)
-        if cfg.test_path is not None:
-            test, _, test_image = load_image_folder(Path(cfg.test_path), channels=channels, size=cfg.image_size,
-                                                    classes=classes)
+        main = image_folder_files(root, classes=declared, others=cfg.schema is not None and cfg.schema.labels_other)
+        test = image_folder_files(Path(cfg.test_path), classes=main.names) if cfg.test_path is not None else None
+        pools = _pool_folders(cfg)
+        # ids are paths: checked across the folders before a pixel is decoded
+        _unique_across([(str(f.root), np.char.add(f"{f.root.name}/", f.ids)) for f in
+                        (main, *([test] if test is not None else []), *(folder for _, folder in pools))])
+        shares = _shares(cfg, test=test is None, public=cfg.public_path is None, target=False)
+        image: tuple[int, int, int] | None = None
+        for records, image in image_batches(main, channels=channels, size=cfg.image_size):  # noqa: B007 (the last)
+            _split_into(sink, _prefixed(records, root), shares, seed=seed)
+        assert image is not None  # image_folder_files refuses a folder without images
+        shape = DataShape.image(channels=image[0], height=image[1], width=image[2], classes=main.names)
+        for records, test_image in image_batches(test, channels=channels, size=cfg.image_size) if test else ():
             if test_image != shape.image_shape:
                 raise DataError(f"prepare.test_path: {cfg.test_path} holds {test_image[1]}×{test_image[2]} images, "
                                 f"{cfg.path} {shape.height}×{shape.side} (set prepare.image_size)")
-            sets["test"] = _prefixed(test, Path(cfg.test_path))
-        _image_pools(cfg, shape, sets)
-        _unique_across(sets, {"test": str(cfg.test_path), "public": str(cfg.public_path),
-                              "target": str(cfg.target_path)})
-        return LoadedData(sets, shape, self.files(cfg), _image_rule(shape, "pillow"))
+            sink.add("test", _prefixed(records, Path(str(cfg.test_path))))
+        _image_pools(cfg, shape, sink, pools)
+        return LoadedData(sink.close(), shape, self.files(cfg), _image_rule(shape, "pillow"))
 
     @staticmethod
     def _roots(cfg: PrepareConfig) -> list[Path]:
@@ -406,32 +448,45 @@ class Table(DataSource):
     name = "csv"
     rewritable = True
 
-    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None) -> LoadedData:
+    def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
+             sink: SetSink | None = None) -> LoadedData:
         if cfg.schema is None or cfg.schema.labels is None:  # the schema stage completes it before a load
             raise ConfigError("prepare.schema: a csv data set needs its schema, declared or discovered (the schema "
                               "stage)")
+        sink = sink or SetSink()
         features = feature_names(Path(cfg.path), id_column=cfg.id_column, label_column=cfg.label_column,
                                  client_column=client_column, feature_columns=cfg.feature_columns)
-        records, shape = encode_table_file(Path(cfg.path), cfg.schema, id_column=cfg.id_column,
-                                           label_column=cfg.label_column, feature_columns=features,
-                                           client_column=client_column)
-        sets = split_by_shares(records, _shares(cfg, test=cfg.test_path is None, public=cfg.public_path is None,
-                                                target=False), rest="sensitive", seed=seed)
-        files = [Path(cfg.path)]
-        for name, path, labeled in (("test", cfg.test_path, True), ("public", cfg.public_path, False),
-                                    ("target", cfg.target_path if cfg.target_domain else None, False)):
-            if path is None:
-                continue
-            # the main file's feature columns, which the other file must have too (its label column, in an
-            # unlabeled pool, is neither read nor a feature)
-            sets[name], _ = encode_table_file(Path(path), cfg.schema, id_column=cfg.id_column,
-                                              label_column=cfg.label_column if labeled else None,
-                                              feature_columns=features)
-            files.append(Path(path))
-        _unique_across(sets, {"sensitive": cfg.path, "test": str(cfg.test_path), "public": str(cfg.public_path),
-                              "target": str(cfg.target_path)})
+        shares = _shares(cfg, test=cfg.test_path is None, public=cfg.public_path is None, target=False)
+        # the main file (split by keyed draws), then the other files whole; the main file's feature columns, which
+        # the others must have too (their label column, in an unlabeled pool, is neither read nor a feature)
+        reads = [(None, Path(cfg.path), cfg.label_column, client_column)] + [
+            (name, Path(path), cfg.label_column if labeled else None, None)
+            for name, path, labeled in (("test", cfg.test_path, True), ("public", cfg.public_path, False),
+                                        ("target", cfg.target_path if cfg.target_domain else None, False))
+            if path is not None]
+        index = IdIndex(None if sink.folder is None else sink.folder / ".ids")
+        shape: DataShape | None = None
+        for source, (name, path, label_column, clients) in enumerate(reads):
+            for records, batch_shape, rows in encode_table_batches(path, cfg.schema, id_column=cfg.id_column,
+                                                                   label_column=label_column,
+                                                                   feature_columns=features, client_column=clients):
+                index.add(records.ids, source=source, rows=rows)
+                if name is None:
+                    shape = shape or batch_shape
+                    _split_into(sink, records, shares, seed=seed)
+                else:
+                    sink.add(name, records)
+        assert shape is not None  # encode_table_batches refuses a file without records
+        if index.first_repeat() is not None:  # a repeat of 128-bit hashes: named (or found a collision) on the ids
+            self._refuse_repeated_ids(cfg, [path for _, path, _, _ in reads])
         rule = TableInput(columns=tuple(c for name in features if (c := cfg.schema.column(name)) is not None))
-        return LoadedData(sets, shape, files, rule)
+        return LoadedData(sink.close(), shape, [path for _, path, _, _ in reads], rule)
+
+    @staticmethod
+    def _refuse_repeated_ids(cfg: PrepareConfig, files: list[Path]) -> None:
+        """An id repeated within a file (refused naming both lines) or across files (naming both files), checked on
+        the ids themselves: the whole id columns in memory, on this path alone."""
+        _unique_across([(str(path), file_ids(path, cfg.id_column)) for path in files])
 
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
         ids = []

@@ -22,13 +22,14 @@ record would have ``u`` above the test share and the low shards would be empty.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
 from privpipe.data.records import Records
 
-__all__ = ["keyed_uniforms", "assign_sets", "split_by_shares", "subsample", "SPLIT_DOMAIN", "SUBSAMPLE_DOMAIN"]
+__all__ = ["keyed_uniforms", "assign_sets", "split_by_shares", "subsample", "subsample_positions", "SPLIT_DOMAIN",
+           "SUBSAMPLE_DOMAIN"]
 
 SPLIT_DOMAIN = "split"
 SUBSAMPLE_DOMAIN = "subsample"
@@ -71,8 +72,22 @@ def subsample(records: Records, *, size: int, seed: int) -> Records:
     nothing, and erasing a used one brings in exactly one unused record (the next draw up) to
     keep the size; a used record never becomes unused because another was erased.
     """
-    if size <= 0 or size >= len(records):
-        return records
-    u = keyed_uniforms(records.ids, seed=seed, domain=SUBSAMPLE_DOMAIN)
-    order = np.lexsort((records.ids.astype(str), u))  # the id breaks a (2⁻⁵³-likely) tie the same way every time
-    return records.subset(np.sort(order[:size]))
+    chosen = subsample_positions([records.ids], size=size, seed=seed, ids_at=lambda rows: records.ids[rows])
+    return records if chosen is None else records.subset(chosen)
+
+
+def subsample_positions(ids: Iterable[np.ndarray], *, size: int, seed: int,
+                        ids_at: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
+    """:func:`subsample`'s records as ascending positions, the ids read a chunk at a time (memory: a draw a
+    record); None where it keeps them all. ``ids_at`` gives the ids at some positions: a tie of draws at the
+    cut (2⁻⁵³-likely) is broken by the id, the same way every time."""
+    u = np.concatenate([keyed_uniforms(chunk, seed=seed, domain=SUBSAMPLE_DOMAIN) for chunk in ids] or
+                       [np.empty(0)])
+    if size <= 0 or size >= len(u):
+        return None
+    cut = np.partition(u, size - 1)[size - 1]
+    below, ties = np.flatnonzero(u < cut), np.flatnonzero(u == cut)
+    need = size - len(below)
+    if need < len(ties):
+        ties = ties[np.argsort(np.asarray(ids_at(ties)).astype(str), kind="stable")[:need]]
+    return np.sort(np.concatenate([below, ties]))
