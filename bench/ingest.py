@@ -133,9 +133,8 @@ def project(table: Path, label: str, checkout: Path) -> Path:
 def run_prepare(table: Path, checkout: Path | None, label: str) -> dict[str, float]:
     """One `privpipe stage prepare` in a child process: wall seconds and peak RSS (GB)."""
     folder = project(table, label, checkout or ROOT)
-    env = dict(os.environ)
-    if checkout is not None:  # that checkout's modules ahead of this one's (the editable install's finder)
-        env["PYTHONPATH"] = str(checkout)
+    # that checkout's modules (or this one's) ahead of the editable install's finder, which names the main clone
+    env = {**os.environ, "PYTHONPATH": str(checkout or ROOT)}
     command = ["/usr/bin/time", "-v", sys.executable, "-c", "from flows.cli import main; main()", "stage", "prepare"]
     started = time.perf_counter()
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
