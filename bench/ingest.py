@@ -166,7 +166,7 @@ def main() -> None:
         tables = {"png": write_images(rows)} if args.images else write_tables(rows, parquet=args.parquet)
         for form, table in tables.items():
             runs: dict[str, list[dict[str, float]]] = {"after": []}
-            if args.before is not None and form == "csv":
+            if args.before is not None and form in ("csv", "png"):
                 runs["before"] = []
             for repeat in range(args.repeats):  # interleaved: before, after, before, after, ...
                 for which in runs:

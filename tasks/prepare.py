@@ -34,7 +34,7 @@ from privpipe.config import ConfigError, Params
 from privpipe.data import UNLABELED, DataError, Records, check_label_counts, subsample
 from privpipe.data.raw_input import RecordInput
 from privpipe.data.shape import DataShape
-from privpipe.data.sink import SetSink, gather_set, mapped_set, read_set_chunks
+from privpipe.data.sink import SetSink, gather_set, mapped_set, read_set_ids
 from privpipe.data.sources import data_source
 from privpipe.data.split import subsample_positions
 from privpipe.requests import RequestQueue, base_id, version_suffix
@@ -153,7 +153,9 @@ def _subsampled(records: Records, counts: dict[int, int], *, into: Path | None, 
         values, per_label = np.unique(kept.labels, return_counts=True)
         return kept, dict(zip(values.tolist(), per_label.tolist()))
     folder = into / "sensitive"
-    chosen = subsample_positions((chunk.ids for chunk in read_set_chunks(folder)), size=size, seed=seed,
+    if size <= 0 or size >= len(records):
+        return records, counts
+    chosen = subsample_positions(read_set_ids(folder), size=size, seed=seed,
                                  ids_at=lambda rows: np.asarray(records.ids[rows]))
     if chosen is None:
         return records, counts

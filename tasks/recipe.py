@@ -142,7 +142,7 @@ def _image_side(params: Params) -> int:
 def training_records(params: Params) -> int:
     """How many records DP-SGD trains on: the file's, less the test share and public pool where they are shares."""
     cfg = params.prepare
-    records = len(data_source(cfg.dataset).training_ids(cfg))  # (test_path's and the public pool's not counted)
+    records = data_source(cfg.dataset).training_count(cfg)  # (test_path's and the public pool's not counted)
     if cfg.own_test_set:
         return records
     return int(records * (1 - cfg.test_fraction - (cfg.public_fraction if cfg.public_path is None else 0.0)))

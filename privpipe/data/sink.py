@@ -26,10 +26,11 @@ import numpy as np
 from privpipe.data.records import RECORD_FILES, DataError, Records
 from privpipe.files import open_private, private_file, private_folder
 
-__all__ = ["SetSink", "SetWriter", "IdIndex", "read_set_chunks", "mapped_set", "set_rows", "gather_set", "CHUNK_ROWS"]
+__all__ = ["SetSink", "SetWriter", "IdIndex", "read_set_chunks", "read_set_ids", "mapped_set", "set_rows", "gather_set",
+           "CHUNK_BYTES"]
 
-#: rows read or copied at a time when a written set is read back
-CHUNK_ROWS = 1 << 16
+#: bytes of a written set read back at a time (32 MB: 2,730 images of 3×32×32, 279k rows of 30 features)
+CHUNK_BYTES = 1 << 25
 _COPY_BYTES = 1 << 22
 _BUCKETS = 64  # IdIndex's bucket files: an n-row data set holds n/64 hashes in memory at a time
 
@@ -56,23 +57,35 @@ def set_rows(folder: Path) -> int:
     return _header(folder / "labels.npy")[1][0]
 
 
-def read_set_chunks(folder: Path, *, rows: int = CHUNK_ROWS) -> Iterator[Records]:
-    """A written set's records, ``rows`` at a time, read from its files (not mapped: memory stays one chunk's)."""
-    names = [name.removesuffix(".npy") for name in RECORD_FILES if (folder / name).is_file()]
+def _array_chunks(folder: Path, names: list[str], rows: int | None) -> Iterator[dict[str, np.ndarray]]:
+    """The named arrays of a written set, ``rows`` at a time (None: ~32 MB of them a chunk), read from the files."""
     headers = {name: _header(folder / f"{name}.npy") for name in names}
-    total = headers["labels"][1][0]
+    total = headers[names[0]][1][0]
+    per_row = {name: int(np.prod(shape[1:], dtype=np.int64)) for name, (_, shape, _) in headers.items()}
+    row_bytes = sum(per_row[name] * dtype.itemsize for name, (dtype, _, _) in headers.items())
+    rows = rows or max(1, CHUNK_BYTES // max(row_bytes, 1))
     with ExitStack() as files:
         handles = {name: files.enter_context(open(folder / f"{name}.npy", "rb")) for name in names}
         for name, (_, _, offset) in headers.items():
             handles[name].seek(offset)
         for start in range(0, total, rows):
             count = min(rows, total - start)
-            arrays = {}
-            for name, (dtype, shape, _) in headers.items():
-                per_row = int(np.prod(shape[1:], dtype=np.int64))
-                flat = np.fromfile(handles[name], dtype=dtype, count=count * per_row)
-                arrays[name] = flat.reshape((count, *shape[1:]))
-            yield Records(arrays["features"], arrays["labels"], arrays["ids"], arrays.get("clients"))
+            yield {name: np.fromfile(handles[name], dtype=dtype, count=count * per_row[name]).reshape(
+                (count, *shape[1:])) for name, (dtype, shape, _) in headers.items()}
+
+
+def read_set_chunks(folder: Path, *, rows: int | None = None) -> Iterator[Records]:
+    """A written set's records, ``rows`` at a time (None: ~32 MB a chunk), read from its files (not mapped:
+    memory stays one chunk's)."""
+    names = [name.removesuffix(".npy") for name in RECORD_FILES if (folder / name).is_file()]
+    for arrays in _array_chunks(folder, names, rows):
+        yield Records(arrays["features"], arrays["labels"], arrays["ids"], arrays.get("clients"))
+
+
+def read_set_ids(folder: Path) -> Iterator[np.ndarray]:
+    """A written set's ids, a chunk at a time (its features are not read)."""
+    for arrays in _array_chunks(folder, ["ids"], None):
+        yield arrays["ids"]
 
 
 def mapped_set(folder: Path) -> Records:
@@ -271,7 +284,7 @@ class SetSink:
 
 
 def gather_set(source: Path, target: Path, index: np.ndarray, *,
-               rows: int = CHUNK_ROWS) -> tuple[Records, dict[int, int]]:
+               rows: int | None = None) -> tuple[Records, dict[int, int]]:
     """The records of the set in ``source`` at the ascending positions ``index``, written to ``target``, and their
     count per label."""
     writer = SetWriter(target.name, target)

@@ -31,7 +31,7 @@ import numpy as np
 
 from privpipe.config.errors import ConfigError
 from privpipe.config.prepare import PrepareConfig
-from privpipe.data.columnar import encode_table_batches, feature_names, file_ids, table_header
+from privpipe.data.columnar import encode_table_batches, feature_names, file_ids, table_batches, table_header
 from privpipe.data.digits import labeled_csv_features, load_labeled_csv
 from privpipe.data.domains import (
     MNIST_BOX,
@@ -135,6 +135,10 @@ class DataSource(ABC):
         """The ids of the records training is drawn from: ``prepare.path``'s (a kind with a test set of its
         own: its training split), not test_path's, public_path's or target_path's."""
         return self.record_ids(replace(cfg, test_path=None, public_path=None, target_path=None))
+
+    def training_count(self, cfg: PrepareConfig) -> int:
+        """How many records :meth:`training_ids` names (a kind that can count them without listing them does)."""
+        return len(self.training_ids(cfg))
 
     def erase(self, cfg: PrepareConfig, drop: Callable[[str], bool]) -> int:
         """Remove the records whose id ``drop`` picks from the raw data; how many went. Only kinds whose ids do
@@ -495,6 +499,11 @@ class Table(DataSource):
                 raise ConfigError(f"prepare.id_column: {cfg.id_column!r} is not a column of {path}")
             ids += file_ids(path, cfg.id_column).tolist()
         return ids
+
+    def training_count(self, cfg: PrepareConfig) -> int:
+        if cfg.id_column not in table_header(Path(cfg.path)):
+            raise ConfigError(f"prepare.id_column: {cfg.id_column!r} is not a column of {cfg.path}")
+        return sum(len(batch) for batch in table_batches(Path(cfg.path), columns=[cfg.id_column]))
 
     def files(self, cfg: PrepareConfig) -> list[Path]:
         return [Path(p) for p in (cfg.path, cfg.test_path, cfg.public_path, cfg.target_path) if p is not None]
