@@ -35,6 +35,7 @@ from prefect.task_runners import TaskRunner
 from flows.client_map import mapped_client_updates
 from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, check_federated_use, check_pipeline_use
+from privpipe.data.partitioned import PartJob, PartMapper, PartResult
 from privpipe.privacy import Ledger, LifetimeLedger
 from tasks import paths, run_view, tracking
 from tasks.common import Skipped, one_pipeline_at_a_time, read_json, scratch_beside, use_torch_threads
@@ -50,7 +51,7 @@ from tasks.pate.aggregate import aggregate_task, check_filter_budget, run_aggreg
 from tasks.pate.partition import Shards, partition_task, run_partition, shard_assignment
 from tasks.pate.student import run_student, student_task
 from tasks.pate.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
-from tasks.prepare import Prepared, prepare_task, prepared_sets
+from tasks.prepare import Prepared, partitioned_table, prepare_part_task, prepare_task, prepared_sets, run_prepare
 from tasks.prepared import PreparedSets
 from tasks.privacy import budget, uncovered
 from tasks.privacy import tracking as audit_tracking
@@ -145,6 +146,15 @@ class StageClock:
             elapsed = time.perf_counter() - start
             before = self.seconds.get(stage, 0.0)
             self.seconds[stage] = None if withheld or before is None else before + elapsed
+
+
+def _mapped_parts(runner: TaskRunner) -> PartMapper:
+    """A partitioned table's parts, one mapped task each on the chosen runner."""
+    def map_parts(jobs: list[PartJob]) -> list[PartResult]:
+        futures = runner.map(prepare_part_task, {"job": jobs})  # type: ignore[arg-type]  # (as _teachers says)
+        return cast(list[PartResult], futures.result())
+
+    return map_parts
 
 
 def _teachers(params: Params, runner: TaskRunner, prepared: PreparedSets, shards: Shards,
@@ -250,7 +260,11 @@ def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, datase
         admission.mark_published()  # prepare's schema stage releases a schema computed from the records
         data_checks(params)  # the preflight's checks, which need that schema: a refusal now is charged
     with clock.timed("prepare"):
-        prepared = prepare_task(params, run)
+        if partitioned_table(params):  # here, in the flow, so that each part is a mapped task
+            prepared = run_prepare(params, map_parts=_mapped_parts(runner))
+            prepared.log(run)
+        else:
+            prepared = prepare_task(params, run)
     if params.student.enabled:
         with clock.timed("partition"):
             shards = partition_task(params, run, prepared)

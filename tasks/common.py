@@ -78,7 +78,11 @@ def scratch_beside(target: Path) -> Iterator[Path]:
     on leaving, with the folders above it it had to make: a refused input leaves no trace."""
     made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.scratch-"))
+    for stale in target.parent.glob(f".{target.name}.scratch-*-*"):  # a killed process's (its pid is gone)
+        pid = stale.name.rsplit(".scratch-", 1)[1].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.scratch-{os.getpid()}-"))
     try:
         yield scratch
     finally:
@@ -86,6 +90,16 @@ def scratch_beside(target: Path) -> Iterator[Path]:
         for folder in made:  # innermost first; a folder something else wrote into stays
             with suppress(OSError):
                 folder.rmdir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def seed_for(seed: int, stream: str, *index: int) -> np.random.SeedSequence:

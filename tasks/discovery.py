@@ -22,7 +22,7 @@ import yaml
 
 from privpipe.config import ConfigError, Params
 from privpipe.config.data_schema import DataSchema
-from privpipe.data.columnar import feature_names, file_ids, table_batches, table_header
+from privpipe.data.columnar import check_ids, feature_names, table_batches, table_header
 from privpipe.data.images import class_folders, image_batches, image_files, image_folder_files
 from privpipe.data.sources import data_source
 from privpipe.data.tabular import cell_list, id_text
@@ -89,7 +89,7 @@ def check_sources(params: Params, plan: DiscoveryPlan) -> None:
     if cfg.dataset == "csv":
         if cfg.id_column not in table_header(Path(cfg.path)):
             raise ConfigError(f"prepare.id_column: {cfg.id_column!r} is not a column of {cfg.path}")
-        file_ids(Path(cfg.path), cfg.id_column)
+        check_ids(Path(cfg.path), cfg.id_column)  # in bounded memory: a table of any length
     elif cfg.dataset == "imagefolder":  # every image read as prepare reads it (its class folders unpublished)
         for _ in image_batches(image_folder_files(Path(cfg.path)), channels=cfg.channels or 3, size=cfg.image_size):
             pass  # a batch at a time: the memory of one batch's pixels

@@ -32,6 +32,7 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
 from privpipe.data import UNLABELED, DataError, Records, check_label_counts, subsample
+from privpipe.data.partitioned import PartJob, PartMapper, PartResult, encode_part
 from privpipe.data.raw_input import RecordInput
 from privpipe.data.shape import DataShape
 from privpipe.data.sink import SetSink, gather_set, mapped_set, read_set_ids
@@ -50,7 +51,8 @@ from tasks.versioning import data_version
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.tracking import TrackedRun
 
-__all__ = ["run_prepare", "prepare_task", "ensure_default_data", "prepared_sets", "Prepared", "Withheld"]
+__all__ = ["run_prepare", "prepare_task", "prepare_part_task", "partitioned_table", "ensure_default_data",
+           "prepared_sets", "Prepared", "Withheld"]
 
 
 @dataclass(frozen=True)
@@ -103,11 +105,17 @@ class Prepared:
         return self.sets["sensitive"]
 
 
-def prepared_sets(params: Params, *, into: Path | None = None) -> Prepared:
+def partitioned_table(params: Params) -> bool:
+    """Whether the data is a partitioned table (a folder of Parquet parts), whose parts a flow maps."""
+    return params.prepare.dataset == "csv" and Path(params.prepare.path).is_dir()
+
+
+def prepared_sets(params: Params, *, into: Path | None = None, map_parts: PartMapper | None = None) -> Prepared:
     """Every set the stage writes, loaded and checked, and nothing written (but the embedded default data on first
     use, and the sets in ``into``, a scratch folder: each set is written there as it is read, so a data set of any
-    length takes bounded memory; None: held in memory). ``privpipe run`` calls it before Prefect starts, so bad data
-    is refused before any run state exists."""
+    length takes bounded memory; None: held in memory). ``map_parts``: where a partitioned table's parts are encoded
+    (in turn without it). ``privpipe run`` calls it before Prefect starts, so bad data is refused before any run
+    state exists."""
     ensure_default_data(params)
     withholding = _Withholding(RequestQueue(paths.for_params(params).requests))
     # the schema stage: what the schema leaves out, discovered without the records whose deletion was asked
@@ -116,7 +124,7 @@ def prepared_sets(params: Params, *, into: Path | None = None) -> Prepared:
     # every accepted request, whatever its state: gone from every set as it is read, whatever the file says
     sink = SetSink(into, drop=withholding.drop if withholding.any else None)
     loaded = data_source(cfg.dataset).load(cfg, seed=params.run.seed, client_column=params.federated.client_column,
-                                           sink=sink)
+                                           sink=sink, map_parts=map_parts)
     sets = dict(loaded.sets)
     counts = {name: sink.label_counts(name) for name in sets}
     # after the drop, so erasing a record never moves another in or out (see subsample)
@@ -166,11 +174,11 @@ def _subsampled(records: Records, counts: dict[int, int], *, into: Path | None, 
     return mapped_set(folder), counts
 
 
-def run_prepare(params: Params) -> PreparedSets:
-    """Write data/prepared/<dataset>/* and metrics/<dataset>/prepare.json."""
+def run_prepare(params: Params, *, map_parts: PartMapper | None = None) -> PreparedSets:
+    """Write data/prepared/<dataset>/* and metrics/<dataset>/prepare.json (``map_parts``: see prepared_sets)."""
     where = paths.for_params(params)
     with scratch_beside(where.prepared) as scratch:  # the sets written as they are read, moved into place at the end
-        return _write_prepared(params, prepared_sets(params, into=scratch), scratch)
+        return _write_prepared(params, prepared_sets(params, into=scratch, map_parts=map_parts), scratch)
 
 
 def _write_prepared(params: Params, prepared: Prepared, scratch: Path) -> PreparedSets:
@@ -212,3 +220,9 @@ def prepare_task(params: Params, run: TrackedRun) -> PreparedSets:
     prepared = run_prepare(params)
     prepared.log(run)
     return prepared
+
+
+@task(name="prepare-part", cache_policy=NO_CACHE)
+def prepare_part_task(job: PartJob) -> PartResult:
+    """One part of a partitioned table, encoded and split (privpipe.data.partitioned), where the flow maps it."""
+    return encode_part(job)

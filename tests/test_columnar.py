@@ -94,3 +94,34 @@ def test_the_schema_stages_counts_a_batch_at_a_time_add_up_to_the_whole_columns(
         expected = count_column(whole.cells[name])
         assert np.array_equal(total.numeric, expected.numeric) and total.missing == expected.missing
         assert total.values == expected.values
+
+
+def test_an_erasure_rewrites_a_csv_row_by_row_as_the_whole_file_rewrite_did(tmp_path):
+    from privpipe.data.columnar import erase_rows
+    from privpipe.data.tabular import write_table
+
+    path, whole = _write(tmp_path / "t.csv"), _write(tmp_path / "w.csv")
+    drop = {"p2", "p6"}.__contains__
+    table = read_table(whole)
+    write_table(table, np.array([not drop(i) for i in table.cells["patient_id"]]))
+    assert erase_rows(path, "patient_id", drop) == 2
+    assert path.read_bytes() == whole.read_bytes() and (path.stat().st_mode & 0o777) == 0o600
+    before = path.read_bytes()
+    assert erase_rows(path, "patient_id", {"nobody"}.__contains__) == 0 and path.read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_an_erasure_rewrites_a_parquet_file_a_batch_at_a_time_keeping_its_types(tmp_path, monkeypatch):
+    import privpipe.data.columnar as columnar
+    from privpipe.data.columnar import erase_rows
+
+    frame = pd.DataFrame({"patient_id": np.arange(10, 30), "age": np.linspace(1, 90, 20),
+                          "site": ["left", "right"] * 10}, index=pd.Index(np.arange(20) * 3, name="kept"))
+    path = tmp_path / "t.parquet"
+    frame.to_parquet(path)
+    monkeypatch.setattr(columnar, "BATCH_ROWS", 6)
+    assert erase_rows(path, "patient_id", {"11", "25", "29"}.__contains__) == 3
+    back = pd.read_parquet(path)
+    expected = frame[~frame["patient_id"].isin([11, 25, 29])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(back, expected)
+    assert (path.stat().st_mode & 0o777) == 0o600 and "kept" not in table_header(path)

@@ -95,6 +95,35 @@ def test_parquet_reads_as_the_same_table(project):
         np.testing.assert_allclose(from_csv.sets[name].features, from_parquet.sets[name].features, atol=1e-6)
 
 
+def test_a_partitioned_parquet_folder_prepares_as_the_one_file_with_its_parts_mapped(project):
+    """Issue 48: a folder of Parquet parts (as Spark or Dask write a table), its parts encoded on two threads,
+    gives the sets the one file gives, byte for byte."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from privpipe.data.partitioned import encode_part
+
+    pd = pytest.importorskip("pandas")
+    write_cancer_csv(project / "clinic/patients.csv", rows=90, hospital=False)
+    frame = pd.read_csv(project / "clinic/patients.csv")
+    frame.to_parquet(project / "clinic/patients.parquet", index=False)
+    (project / "clinic/patients").mkdir()
+    for k, start in enumerate(range(0, 90, 30)):
+        frame.iloc[start:start + 30].to_parquet(project / f"clinic/patients/part-{k}.parquet", index=False)
+    write_params(project, prepare={**TABLE, "path": "clinic/patients.parquet", "schema": cancer_schema()},
+                 privacy={"delta": 1e-3})
+    one = prepared_sets(load_params("params.yaml"), into=project / "one")
+    write_params(project, prepare={**TABLE, "path": "clinic/patients", "schema": cancer_schema()},
+                 privacy={"delta": 1e-3})
+    with ThreadPoolExecutor(2) as pool:
+        parts = prepared_sets(load_params("params.yaml"), into=project / "parts",
+                              map_parts=lambda jobs: list(pool.map(encode_part, jobs)))
+    assert [p.name for p in parts.sources] == ["part-0.parquet", "part-1.parquet", "part-2.parquet"]
+    assert list(parts.sets) == list(one.sets) and sum(len(r) for r in parts.sets.values()) == 90
+    for name in one.sets:
+        for file in ("features.npy", "labels.npy", "ids.npy"):
+            assert (project / "parts" / name / file).read_bytes() == (project / "one" / name / file).read_bytes()
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda rows: rows.replace(",malignant\n", ",maybe\n", 1),
      r"clinic/patients.csv: line \d+: label 'maybe' \(column 'diagnosis'\) is not in prepare.schema.labels "

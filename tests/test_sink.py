@@ -4,6 +4,7 @@ across batches or files is still refused, naming its lines or files."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -83,17 +84,17 @@ def test_gather_and_subsample_read_back_pick_what_the_in_memory_subsample_picks(
     assert subsample_positions([ids], size=9, seed=0, ids_at=lambda rows: ids[rows]) is None
 
 
-def test_the_id_index_finds_the_first_repeat_in_source_and_row_order(tmp_path: Path) -> None:
+def test_the_id_index_finds_a_repeat_in_bounded_buckets_whatever_the_width(tmp_path: Path) -> None:
     for folder in (None, tmp_path / "index"):
         index = IdIndex(folder)
-        index.add(np.array(["a", "b", "c"]), source=0, rows=np.array([0, 1, 2]))
-        index.add(np.array(["d", "c", "e", "a"]), source=0, rows=np.array([3, 4, 5, 6]))
-        index.add(np.array(["b"]), source=1, rows=np.array([0]))
-        assert index.first_repeat() == ((0, 4), (0, 2))
+        index.add(np.array(["a", "b", "c"]))
+        index.add(np.array(["d", "c", "e"], dtype="<U30"))  # the same id in a wider array hashes the same
+        assert index.any_repeat()
         unique = IdIndex(folder)
-        unique.add(np.array([f"id-{i}" for i in range(5000)]), source=0, rows=np.arange(5000))
-        unique.add(np.array([f"id-{i}" for i in range(5000, 6000)], dtype="<U40"), source=1, rows=np.arange(1000))
-        assert unique.first_repeat() is None
+        unique.add(np.array([f"id-{i}" for i in range(5000)]))
+        unique.add(np.array([f"id-{i}" for i in range(5000, 6000)], dtype="<U40"))
+        assert not unique.any_repeat()
+        assert folder is None or not folder.exists()  # its bucket files are gone once read
 
 
 # --- a table and an image folder, streamed through a sink and held in memory -------------------------------------
@@ -140,7 +141,8 @@ def test_an_id_repeated_across_batches_or_files_is_refused_when_streamed(tmp_pat
     other = tmp_path / "other.csv"
     other.write_text("id,x,y,label\nq1,0.5,0,a\nr5,0.5,0,b\n")
     cfg = _csv_cfg(_table(tmp_path / "t.csv", 100), test_path=str(other))
-    with pytest.raises(DataError, match=r"other.csv: record id 'r5' is also in .*t.csv"):
+    with pytest.raises(DataError, match=r"other.csv \(prepare.test_path\): record id 'r5' is also in .*t.csv "
+                                        r"\(prepare.path\)"):
         data_source("csv").load(cfg, seed=0, sink=SetSink(tmp_path / "streamed2"))
 
 
@@ -159,3 +161,112 @@ def test_an_image_folder_streamed_in_batches_gives_the_in_memory_sets(tmp_path: 
     streamed = data_source("imagefolder").load(cfg, seed=1, sink=SetSink(tmp_path / "streamed")).sets
     _same_sets(streamed, held, tmp_path)
     assert sum(len(r) for r in streamed.values()) == 47
+
+
+# --- a partitioned table: its parts encoded apart (in any order, anywhere) give the sets read in turn -----------
+
+
+def _partitioned(folder: Path, n: int = 300, parts: int = 3, *, repeat: bool = False) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(4)
+    ids = [f"r{i}" for i in range(n)]
+    if repeat:
+        ids[-1] = "r5"  # the last part holds the first part's id again
+    table = pa.table({"id": ids, "x": rng.random(n).round(4), "y": rng.uniform(-1, 1, n).round(4),
+                      "label": ["abc"[i % 3] for i in range(n)]})
+    (folder / "year=2026").mkdir(parents=True)
+    cut = np.linspace(0, n, parts + 1).astype(int)
+    for k in range(parts):
+        pq.write_table(table.slice(cut[k], cut[k + 1] - cut[k]), folder / "year=2026" / f"part-{k}.parquet")
+    (folder / "_SUCCESS").write_text("")  # what Spark leaves: not a part
+    pq.write_table(table, folder.parent / f"{folder.name}-whole.parquet")
+    return folder
+
+
+def test_a_partitioned_tables_parts_mapped_apart_give_the_sets_one_file_gives(tmp_path: Path, monkeypatch) -> None:
+    from privpipe.data.partitioned import encode_part
+
+    folder = _partitioned(tmp_path / "table")
+    monkeypatch.setattr(columnar, "BATCH_ROWS", 32)
+    whole = data_source("csv").load(_csv_cfg(tmp_path / "table-whole.parquet"), seed=5,
+                                    sink=SetSink(tmp_path / "held")).sets
+    data_source("csv").load(_csv_cfg(folder), seed=5, sink=SetSink(tmp_path / "in-turn"))
+    mapped = data_source("csv").load(_csv_cfg(folder), seed=5, sink=SetSink(tmp_path / "streamed"),
+                                     map_parts=lambda jobs: [encode_part(job) for job in reversed(jobs)])
+    assert [p.name for p in mapped.files] == ["part-0.parquet", "part-1.parquet", "part-2.parquet"]
+    for name in whole:
+        for file in ("features", "labels", "ids"):
+            expected = (tmp_path / "held" / name / f"{file}.npy").read_bytes()
+            assert (tmp_path / "in-turn" / name / f"{file}.npy").read_bytes() == expected
+            assert (tmp_path / "streamed" / name / f"{file}.npy").read_bytes() == expected, (name, file)
+    assert not (tmp_path / "streamed" / ".parts").exists()
+    assert data_source("csv").training_count(_csv_cfg(folder)) == 300
+    gone = data_source("csv").erase(_csv_cfg(folder), {"r1", "r299"}.__contains__)
+    assert gone == 2 and len(data_source("csv").record_ids(_csv_cfg(folder))) == 298
+
+
+def test_an_id_in_two_parts_is_refused_naming_both(tmp_path: Path) -> None:
+    from privpipe.data.partitioned import encode_part
+
+    folder = _partitioned(tmp_path / "table", repeat=True)
+    for map_parts in (None, lambda jobs: [encode_part(job) for job in jobs]):
+        with pytest.raises(DataError, match=r"part-2.parquet: id 'r5' \(column 'id'\) is also in .*part-0.parquet"):
+            data_source("csv").load(_csv_cfg(folder), seed=0, sink=SetSink(tmp_path / "s" / str(map_parts is None)),
+                                    map_parts=map_parts)
+
+
+def test_one_file_named_as_two_sets_is_refused_and_an_empty_part_or_set_is_kept(tmp_path: Path) -> None:
+    """A test_path that is prepare.path puts every record in two sets: refused as two files holding one id. A part
+    without rows, or a set a part gives nothing, comes out of the mapped merge as it does read in turn."""
+    import pyarrow.parquet as pq
+
+    from privpipe.data.partitioned import encode_part
+
+    table = _table(tmp_path / "t.csv", 40)
+    with pytest.raises(DataError, match=r"t.csv \(prepare.test_path\): record id 'r0' is also in .*t.csv "
+                                        r"\(prepare.path\)"):
+        data_source("csv").load(_csv_cfg(table, test_path=str(table)), seed=0, sink=SetSink(tmp_path / "s"))
+    folder = _partitioned(tmp_path / "table")
+    first = folder / "year=2026" / "part-0.parquet"
+    pq.write_table(pq.read_table(first).slice(0, 0), folder / "year=2026" / "part-00-empty.parquet")
+    cfg = _csv_cfg(folder, public_fraction=0.0)
+    data_source("csv").load(cfg, seed=1, sink=SetSink(tmp_path / "in-turn"))
+    mapped = data_source("csv").load(cfg, seed=1, sink=SetSink(tmp_path / "mapped"),
+                                     map_parts=lambda jobs: [encode_part(job) for job in jobs])
+    assert list(mapped.sets) == ["test", "public", "sensitive"] and len(mapped.sets["public"]) == 0
+    for name in mapped.sets:
+        for file in ("features.npy", "labels.npy", "ids.npy"):
+            assert (tmp_path / "mapped" / name / file).read_bytes() == (tmp_path / "in-turn" / name / file).read_bytes()
+
+
+def test_check_ids_counts_and_names_a_repeat_across_batches_in_bounded_memory(tmp_path: Path, monkeypatch) -> None:
+    from privpipe.data.columnar import check_ids
+
+    monkeypatch.setattr(columnar, "BATCH_ROWS", 16)
+    assert check_ids(_table(tmp_path / "t.csv", 100), "id") == 100
+    with pytest.raises(DataError, match=r"u.csv: line 72: id 'r0' \(column 'id'\) repeats line 2"):
+        check_ids(_table(tmp_path / "u.csv", 100, repeat_at=70), "id")
+
+
+def test_a_scratch_folder_is_removed_and_a_killed_processs_is_swept(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tasks.common import scratch_beside
+
+    target = tmp_path / "data/prepared/digits"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = target.parent / f".digits.scratch-{dead.stdout.strip()}-abc"
+    stale.mkdir(parents=True)
+    live = target.parent / f".digits.scratch-{os.getpid()}-def"  # this process's: another scratch still in use
+    live.mkdir()
+    with scratch_beside(target) as scratch:
+        (scratch / "x").write_text("1")
+        assert scratch.parent == target.parent and not stale.exists() and live.exists()
+    assert not scratch.exists()
+    refused = tmp_path / "elsewhere/data/prepared/digits"
+    with pytest.raises(RuntimeError), scratch_beside(refused):
+        raise RuntimeError("bad input")
+    assert not (tmp_path / "elsewhere").exists()  # the folders it made for the scratch are gone too

@@ -37,7 +37,8 @@ class PrepareConfig:
     #: the kind of data: digits (ships with scikit-learn) | mnist (IDX files) | csv (a CSV or Parquet table) |
     #: imagefolder (class sub-folders of PNG/JPEG) | cifar10 (python batches) | svhn (.mat files)
     dataset: str = "digits"  # ships with scikit-learn: the default run needs no download
-    #: the data: digits: the CSV exported on first run; mnist: the folder of the 4 IDX .gz files; csv: the table;
+    #: the data: digits: the CSV exported on first run; mnist: the folder of the 4 IDX .gz files; csv: the table (a CSV
+    #: or Parquet file, or a folder of Parquet parts, whose parts a flow run maps on the runner);
     #: imagefolder: the folder of class sub-folders; cifar10: cifar-10-batches-py; svhn: the folder of the .mat files
     path: str = "data/raw/digits.csv"
     #: mnist, cifar10: let torchvision download the files into prepare.path if they are not there (never by default)

@@ -15,8 +15,10 @@ pandas index was written as are not the table's.
 
 from __future__ import annotations
 
+import csv
 import itertools
-from collections.abc import Iterator, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,20 @@ import numpy as np
 from privpipe.config.data_schema import DataSchema
 from privpipe.data.records import DataError, Records
 from privpipe.data.shape import DataShape
-from privpipe.data.tabular import PARQUET_SUFFIXES, Table, csv_rows, encode_rows, record_ids, table_columns
+from privpipe.data.tabular import (
+    PARQUET_SUFFIXES,
+    Table,
+    cell_list,
+    csv_rows,
+    encode_rows,
+    id_text,
+    record_ids,
+    table_columns,
+)
+from privpipe.files import private_file
 
-__all__ = ["BATCH_ROWS", "table_header", "table_batches", "encode_table_batches", "encode_table_file", "file_ids",
-           "feature_names", "refuse_repeats"]
+__all__ = ["BATCH_ROWS", "table_parts", "table_header", "table_batches", "encode_table_batches", "encode_table_file",
+           "file_ids", "check_ids", "feature_names", "refuse_repeats", "erase_rows"]
 
 #: rows a batch holds: a few MB of cells a column, whatever the file's length
 BATCH_ROWS = 1 << 16
@@ -61,9 +73,34 @@ def _parquet_names(parquet: Any) -> tuple[str, ...]:
     return tuple(name for name in parquet.schema_arrow.names if name not in index)
 
 
+def table_parts(path: Path) -> list[Path]:
+    """A table's files: the file itself, or, for a folder (a partitioned Parquet data set, as Spark, Dask or pyarrow
+    write one), its ``.parquet`` files at any depth in path order (names starting with ``_`` or ``.``, such as
+    ``_SUCCESS`` or ``_metadata``, are not parts). Each part holds every column: a folder's ``key=value`` name is
+    not read as a column. A symbolic link under the folder is refused, as in an image folder: an erasure rewrites
+    the part's own file."""
+    path = Path(path)
+    if not path.is_dir():
+        return [_checked(path)]
+    parts = []
+    for file in sorted(path.rglob("*")):
+        relative = file.relative_to(path).parts
+        if any(name.startswith(("_", ".")) for name in relative):
+            continue
+        if file.is_symlink():
+            raise DataError(f"{file}: a symbolic link in a partitioned table; privpipe reads and rewrites only the "
+                            "folder's own files: copy the part in instead")
+        if file.is_file() and file.suffix.lower() in PARQUET_SUFFIXES:
+            parts.append(file)
+    if not parts:
+        raise DataError(f"{path}: a folder with no .parquet files (a table is a CSV or Parquet file, or a folder of "
+                        "Parquet parts)")
+    return parts
+
+
 def table_header(path: Path, *, suffix: str | None = None) -> tuple[str, ...]:
-    """The file's column names, in file order, read without its records."""
-    path = _checked(path)
+    """The file's column names, in file order, read without its records (a partitioned table: its first part's)."""
+    path = table_parts(path)[0]
     if _is_parquet(path, suffix):
         return _parquet_names(_parquet_file(path))
     return tuple(next(csv_rows(path)))
@@ -73,8 +110,14 @@ def table_batches(path: Path, *, columns: Sequence[str] | None = None, suffix: s
                   rows: int = BATCH_ROWS) -> Iterator[Table]:
     """The file's records in batches of at most ``rows``, each a Table of the ``columns`` named (every column
     by default), its cells pyarrow arrays (a CSV's as text) and its ``first_row`` where the batch starts, so
-    that a refused cell is named by its line (CSV) or row (Parquet) in the file."""
-    path = _checked(path)
+    that a refused cell is named by its line (CSV) or row (Parquet) in the file. A partitioned table's parts are
+    read in order, each batch of one part (named by it)."""
+    parts = table_parts(path)
+    if len(parts) > 1:
+        for part in parts:
+            yield from table_batches(part, columns=columns, suffix=suffix, rows=rows)
+        return
+    path = parts[0]
     header = table_header(path, suffix=suffix) if columns is not None else ()
     missing = [name for name in columns or () if name not in header]
     if missing:  # (callers name the key that named it first; this is the last line of defence)
@@ -145,10 +188,12 @@ def feature_names(path: Path, *, id_column: str, label_column: str | None, clien
 
 def encode_table_batches(path: Path, schema: DataSchema, *, id_column: str, label_column: str | None,
                          feature_columns: Sequence[str], client_column: str | None = None,
-                         rows: int | None = None) -> Iterator[tuple[Records, DataShape, np.ndarray]]:
+                         rows: int | None = None, empty: bool = False,
+                         ) -> Iterator[tuple[Records, DataShape, np.ndarray]]:
     """privpipe.data.tabular.encode_rows over the file's batches: each batch's records, their shape and the row
     of the file each came from. An id repeated within a batch is refused here; across batches, the caller's
-    (:func:`encode_table_file`, or privpipe.data.sink.IdIndex)."""
+    (:func:`encode_table_file`, or privpipe.data.sink.IdIndex). A file without records is refused, unless
+    ``empty`` (a part of a partitioned table may have none)."""
     read = [id_column, *feature_columns, *(name for name in (label_column, client_column) if name is not None)]
     any_batch = False
     for batch in table_batches(path, columns=list(dict.fromkeys(read)), rows=rows or BATCH_ROWS):
@@ -156,7 +201,7 @@ def encode_table_batches(path: Path, schema: DataSchema, *, id_column: str, labe
                                            feature_columns=feature_columns, client_column=client_column)
         any_batch = True
         yield records, shape, batch.first_row + kept
-    if not any_batch:
+    if not any_batch and not empty:
         raise DataError(f"{path}: no records")
 
 
@@ -202,9 +247,98 @@ def refuse_repeats(path: Path, ids: np.ndarray, rows: np.ndarray, id_column: str
 def file_ids(path: Path, id_column: str, *, suffix: str | None = None) -> np.ndarray:
     """Every record's id, as deletion requests name it, reading the id column alone; an empty or repeated id
     refused, naming its line (privpipe.data.tabular.record_ids' rule, over the whole file)."""
+    files = table_parts(path)
+    if len(files) > 1:  # each part's own ids checked as a file's, then across the parts
+        each = [file_ids(part, id_column, suffix=suffix) for part in files]
+        seen: dict[str, Path] = {}
+        for part, ids in zip(files, each):
+            for record_id in ids.tolist():
+                if seen.setdefault(record_id, part) != part:
+                    raise DataError(f"{part}: id {record_id!r} (column {id_column!r}) is also in {seen[record_id]}")
+        return np.concatenate(each)
     parts = [record_ids(batch, id_column) for batch in table_batches(path, columns=[id_column], suffix=suffix)]
     if not parts:
         return np.array([], dtype=str)
     ids = np.concatenate(parts)
     refuse_repeats(path, ids, np.arange(len(ids)), id_column, suffix=suffix)
     return ids
+
+
+def erase_rows(path: Path, id_column: str, drop: Callable[[str], bool]) -> int:
+    """Rewrite the table without the rows whose id ``drop`` picks, a row (CSV) or a batch (Parquet) at a time, for
+    its owner only (mode 0600); how many went. Untouched when none goes. A CSV's kept rows are written as
+    privpipe.data.tabular.write_table writes them; a Parquet file keeps its columns' types (a pandas index it was
+    written with is left out, as prepare leaves it out); a partitioned table, each part that holds a row to go."""
+    parts = table_parts(path)
+    if len(parts) > 1:
+        return sum(erase_rows(part, id_column, drop) for part in parts)
+    path = parts[0]
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        removed = _erase_parquet(path, tmp, id_column, drop) if _is_parquet(path, None) else \
+            _erase_csv(path, tmp, id_column, drop)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if removed:
+        tmp.replace(path)
+    else:
+        tmp.unlink(missing_ok=True)
+    return removed
+
+
+def _erase_csv(path: Path, tmp: Path, id_column: str, drop: Callable[[str], bool]) -> int:
+    records = csv_rows(path)
+    header = next(records)
+    if id_column not in header:
+        raise DataError(f"{path}: no column {id_column!r}")
+    where = header.index(id_column)
+    removed = 0
+    with private_file(tmp, "w") as out:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(header)
+        for row in records:
+            if drop(id_text(row[where])):
+                removed += 1
+            else:
+                writer.writerow(row)
+    return removed
+
+
+def _erase_parquet(path: Path, tmp: Path, id_column: str, drop: Callable[[str], bool]) -> int:
+    import pyarrow as pa  # deferred, as above
+    import pyarrow.parquet as pq
+
+    parquet = _parquet_file(path)
+    names = list(_parquet_names(parquet))
+    if id_column not in names:
+        raise DataError(f"{path}: no column {id_column!r}")
+    schema = pa.schema([parquet.schema_arrow.field(name) for name in names])  # no pandas metadata: no index
+    removed = 0
+    with private_file(tmp) as out, pq.ParquetWriter(out, schema) as writer:
+        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=names):
+            keep = [not drop(id_text(value)) for value in cell_list(batch.column(id_column))]
+            removed += keep.count(False)
+            writer.write_table(pa.Table.from_batches([batch]).filter(pa.array(keep)).cast(schema))
+    return removed
+
+
+def check_ids(path: Path, id_column: str) -> int:
+    """:func:`file_ids`' checks (an empty id, an id repeated) in bounded memory, and the count of records: each
+    batch's ids hashed into privpipe.data.sink.IdIndex's bucket files (in a temporary folder); a repeat it finds
+    is named, file and lines, by file_ids."""
+    from privpipe.data.sink import IdIndex  # deferred: the sink builds on this module's readers' records
+
+    count = 0
+    with tempfile.TemporaryDirectory(prefix="privpipe-ids-") as scratch:
+        index = IdIndex(Path(scratch) / "ids")
+        try:
+            for batch in table_batches(path, columns=[id_column]):
+                ids = record_ids(batch, id_column)  # an empty id, or one repeated in the batch: named here
+                index.add(ids)
+                count += len(ids)
+        finally:
+            index.abort()
+        if index.any_repeat():
+            file_ids(path, id_column)  # names the file and the lines (or, a collision of hashes, passes)
+    return count

@@ -24,6 +24,7 @@ from typing import IO, Any
 import numpy as np
 
 from privpipe.data.records import RECORD_FILES, DataError, Records
+from privpipe.data.split import assign_sets
 from privpipe.files import open_private, private_file, private_folder
 
 __all__ = ["SetSink", "SetWriter", "IdIndex", "read_set_chunks", "read_set_ids", "mapped_set", "set_rows", "gather_set",
@@ -68,7 +69,7 @@ def _array_chunks(folder: Path, names: list[str], rows: int | None) -> Iterator[
         handles = {name: files.enter_context(open(folder / f"{name}.npy", "rb")) for name in names}
         for name, (_, _, offset) in headers.items():
             handles[name].seek(offset)
-        for start in range(0, total, rows):
+        for start in range(0, max(total, 1), rows):  # an empty set: one empty chunk (a merge still makes the set)
             count = min(rows, total - start)
             yield {name: np.fromfile(handles[name], dtype=dtype, count=count * per_row[name]).reshape(
                 (count, *shape[1:])) for name, (dtype, shape, _) in headers.items()}
@@ -121,9 +122,9 @@ class SetWriter:
             raise DataError(f"{self.name} set: records of {width} values after records of {self._width}")
         elif (records.clients is not None) != self._clients:
             raise DataError(f"{self.name} set: records with and without clients")
-        values, counts = np.unique(records.labels, return_counts=True)
-        for value, count in zip(values.tolist(), counts.tolist()):
-            self.labels[value] = self.labels.get(value, 0) + count
+        values, first, counts = np.unique(records.labels, return_index=True, return_counts=True)
+        for i in np.argsort(first):  # in the order the labels first occur: a refusal names the first bad one
+            self.labels[int(values[i])] = self.labels.get(int(values[i]), 0) + int(counts[i])
         self.rows += len(records)
         if self.folder is None:
             self._memory.append(records)
@@ -140,6 +141,11 @@ class SetWriter:
             else:
                 array = array.astype(self._dtypes[name], copy=False)
             np.ascontiguousarray(array).tofile(self._parts[name])
+
+    def abort(self) -> None:
+        """Close the raw files (the folder they are in is the caller's to remove)."""
+        for part in self._parts.values():
+            part.close()
 
     def close(self) -> Records:
         if self._width is None:
@@ -176,20 +182,20 @@ class SetWriter:
 
 @dataclass
 class IdIndex:
-    """Every id added, with where it came from (a source number and a row), checked for repeats in bounded
-    memory: each id's 128-bit hash goes to one of 64 bucket files by its top bits, and each bucket is sorted
-    alone. A repeat it reports is a repeat of hashes: the caller confirms it on the ids themselves."""
+    """Every id added, checked for repeats in bounded memory: each id's 128-bit hash goes to one of 64 bucket files by
+    its top bits, and each bucket is sorted alone. A repeat it reports is a repeat of hashes: the caller confirms it
+    on the ids themselves, and names it."""
 
     folder: Path | None
     _buckets: list[list[np.ndarray]] = field(default_factory=lambda: [[] for _ in range(_BUCKETS)])
     _files: dict[int, IO[bytes]] = field(default_factory=dict)
 
-    _RECORD = np.dtype([("h1", "<u8"), ("h2", "<u8"), ("source", "<i8"), ("row", "<i8")])
+    _RECORD = np.dtype([("h1", "<u8"), ("h2", "<u8")])
 
-    def add(self, ids: np.ndarray, *, source: int, rows: np.ndarray) -> None:
+    def add(self, ids: np.ndarray) -> None:
         h1, h2 = _id_hashes(ids)
         entries = np.empty(len(ids), dtype=self._RECORD)
-        entries["h1"], entries["h2"], entries["source"], entries["row"] = h1, h2, source, rows
+        entries["h1"], entries["h2"] = h1, h2
         bucket = (h1 >> np.uint64(58)).astype(np.int64)
         for b in np.unique(bucket).tolist():
             chunk = entries[bucket == b]
@@ -201,32 +207,29 @@ class IdIndex:
                     self._files[b] = open_private(self.folder / f"ids-{b:02d}.bin")
                 chunk.tofile(self._files[b])
 
-    def first_repeat(self) -> tuple[tuple[int, int], tuple[int, int]] | None:
-        """The first (source, row), in that order, whose id's hash came before, and where it came first."""
+    def any_repeat(self) -> bool:
+        """Whether two ids added had the same hash (the caller confirms it on the ids, and names them)."""
+        self.abort()
+        try:
+            for b in range(_BUCKETS):
+                if self.folder is None:
+                    entries = np.concatenate(self._buckets[b]) if self._buckets[b] else np.empty(0, self._RECORD)
+                elif (self.folder / f"ids-{b:02d}.bin").is_file():
+                    entries = np.fromfile(self.folder / f"ids-{b:02d}.bin", dtype=self._RECORD)
+                else:
+                    continue
+                entries = entries[np.lexsort((entries["h2"], entries["h1"]))]
+                if ((entries["h1"][1:] == entries["h1"][:-1]) & (entries["h2"][1:] == entries["h2"][:-1])).any():
+                    return True
+            return False
+        finally:
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Close the bucket files (what :meth:`any_repeat` reads; on an error, nothing will)."""
         for handle in self._files.values():
             handle.close()
-        found: list[tuple[tuple[int, int], tuple[int, int]]] = []
-        for b in range(_BUCKETS):
-            if self.folder is None:
-                entries = np.concatenate(self._buckets[b]) if self._buckets[b] else np.empty(0, self._RECORD)
-            elif (self.folder / f"ids-{b:02d}.bin").is_file():
-                entries = np.fromfile(self.folder / f"ids-{b:02d}.bin", dtype=self._RECORD)
-            else:
-                continue
-            order = np.lexsort((entries["row"], entries["source"], entries["h2"], entries["h1"]))
-            entries = entries[order]
-            same = np.flatnonzero((entries["h1"][1:] == entries["h1"][:-1]) & (entries["h2"][1:] == entries["h2"][:-1]))
-            for i in same.tolist():
-                later, first = entries[i + 1], entries[i]
-                # the earliest occurrence of that hash: walk back while the hash is the same
-                j = i
-                while j > 0 and entries["h1"][j - 1] == first["h1"] and entries["h2"][j - 1] == first["h2"]:
-                    j -= 1
-                found.append(((int(later["source"]), int(later["row"])),
-                              (int(entries[j]["source"]), int(entries[j]["row"]))))
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-        return min(found) if found else None
 
 
 _MULTIPLIERS = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
@@ -271,12 +274,25 @@ class SetSink:
             self.writers[name] = SetWriter(name, None if self.folder is None else self.folder / name)
         self.writers[name].append(records)
 
+    def add_split(self, records: Records, shares: dict[str, float], *, rest: str, seed: int) -> None:
+        """One batch of a file's records, each to its keyed set (privpipe.data.split.assign_sets). Every set gets
+        its share of every batch, empty or not, so that each set's arrays come out as one split of the whole
+        file's would (the ids' width included)."""
+        names = assign_sets(records.ids, shares, rest=rest, seed=seed)
+        for name in (*shares, rest):
+            self.add(name, records.subset(np.flatnonzero(names == name)))
+
     def add_all(self, sets: dict[str, Records]) -> None:
         for name, records in sets.items():
             self.add(name, records)
 
     def close(self) -> dict[str, Records]:
         return {name: writer.close() for name, writer in self.writers.items()}
+
+    def abort(self) -> None:
+        """Close every set's raw files: a read stopped by an error (its folder is removed by whoever made it)."""
+        for writer in self.writers.values():
+            writer.abort()
 
     def label_counts(self, name: str) -> dict[int, int]:
         """Records per label value in set ``name`` (as added, after ``drop``)."""

@@ -21,6 +21,7 @@ prepare's filter alone, on every run.
 
 from __future__ import annotations
 
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -31,7 +32,15 @@ import numpy as np
 
 from privpipe.config.errors import ConfigError
 from privpipe.config.prepare import PrepareConfig
-from privpipe.data.columnar import encode_table_batches, feature_names, file_ids, table_batches, table_header
+from privpipe.data.columnar import (
+    encode_table_batches,
+    erase_rows,
+    feature_names,
+    file_ids,
+    table_batches,
+    table_header,
+    table_parts,
+)
 from privpipe.data.digits import labeled_csv_features, load_labeled_csv
 from privpipe.data.domains import (
     MNIST_BOX,
@@ -50,12 +59,13 @@ from privpipe.data.images import (
     load_cifar10,
 )
 from privpipe.data.mnist import load_mnist, mnist_files, read_idx
+from privpipe.data.partitioned import PartMapper, PartSpec, merge_parts, part_jobs
 from privpipe.data.raw_input import ImageInput, RecordInput, TableInput, VectorInput
 from privpipe.data.records import DataError, Records, check_labels
 from privpipe.data.shape import DataShape
 from privpipe.data.sink import IdIndex, SetSink
-from privpipe.data.split import assign_sets, split_by_shares
-from privpipe.data.tabular import id_text, read_table, write_table
+from privpipe.data.split import split_by_shares
+from privpipe.data.tabular import read_table, write_table
 
 __all__ = ["LoadedData", "DataSource", "data_source", "SOURCES"]
 
@@ -102,14 +112,6 @@ def _into(sink: SetSink | None, sets: dict[str, Records]) -> dict[str, Records]:
     return sink.close()
 
 
-def _split_into(sink: SetSink, records: Records, shares: dict[str, float], *, seed: int) -> None:
-    """One batch of the main file's records, each to its keyed set (every set gets its share of every batch,
-    empty or not, so that each set's arrays come out as one split of the whole file's would)."""
-    names = assign_sets(records.ids, shares, rest="sensitive", seed=seed)
-    for name in (*shares, "sensitive"):
-        sink.add(name, records.subset(np.flatnonzero(names == name)))
-
-
 class DataSource(ABC):
     """One data kind: how its records are read, split, named and erased."""
 
@@ -119,9 +121,10 @@ class DataSource(ABC):
 
     @abstractmethod
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
-             sink: SetSink | None = None) -> LoadedData:
+             sink: SetSink | None = None, map_parts: PartMapper | None = None) -> LoadedData:
         """Every set, checked (labels in the label set, one shape); given a ``sink``, each set is written to it
-        as it is read (a kind that reads in batches holds one batch in memory), else held in memory."""
+        as it is read (a kind that reads in batches holds one batch in memory), else held in memory. ``map_parts``:
+        where a partitioned table's parts are encoded (privpipe.data.partitioned; other kinds read in turn)."""
 
     @abstractmethod
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
@@ -167,7 +170,7 @@ class Digits(DataSource):
     rewritable = True
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
-             sink: SetSink | None = None) -> LoadedData:
+             sink: SetSink | None = None, map_parts: PartMapper | None = None) -> LoadedData:
         source = Path(cfg.path)
         records = load_labeled_csv(source)
         check_labels(records, classes=10, source=str(source))
@@ -226,7 +229,7 @@ class Mnist(DataSource):
     name = "mnist"
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
-             sink: SetSink | None = None) -> LoadedData:
+             sink: SetSink | None = None, map_parts: PartMapper | None = None) -> LoadedData:
         source = Path(cfg.path)
         if cfg.download:
             source.mkdir(parents=True, exist_ok=True)  # torchvision fetches into it
@@ -303,7 +306,7 @@ class Cifar10(DataSource):
     name = "cifar10"
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
-             sink: SetSink | None = None) -> LoadedData:
+             sink: SetSink | None = None, map_parts: PartMapper | None = None) -> LoadedData:
         folder = Path(cfg.path)
         if cfg.download and not (folder / "batches.meta").exists():
             self._download(folder)
@@ -366,7 +369,7 @@ class Svhn(DataSource):
     name = "svhn"
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
-             sink: SetSink | None = None) -> LoadedData:
+             sink: SetSink | None = None, map_parts: PartMapper | None = None) -> LoadedData:
         channels = cfg.channels or 3
         splits = load_svhn(Path(cfg.path), grayscale=channels == 1)
         shape = DataShape.image(channels=channels, height=32, width=32, classes=_classes(cfg, DIGIT_CLASSES))
@@ -397,8 +400,15 @@ class ImageFolder(DataSource):
     rewritable = True
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
-             sink: SetSink | None = None) -> LoadedData:
+             sink: SetSink | None = None, map_parts: PartMapper | None = None) -> LoadedData:
         sink = sink or SetSink()
+        try:
+            return self._read(cfg, seed=seed, sink=sink)
+        except BaseException:
+            sink.abort()
+            raise
+
+    def _read(self, cfg: PrepareConfig, *, seed: int, sink: SetSink) -> LoadedData:
         channels = cfg.channels or 3
         declared = cfg.schema.labels if cfg.schema is not None else None
         root = Path(cfg.path)
@@ -406,12 +416,13 @@ class ImageFolder(DataSource):
         test = image_folder_files(Path(cfg.test_path), classes=main.names) if cfg.test_path is not None else None
         pools = _pool_folders(cfg)
         # ids are paths: checked across the folders before a pixel is decoded
-        _unique_across([(str(f.root), np.char.add(f"{f.root.name}/", f.ids)) for f in
-                        (main, *([test] if test is not None else []), *(folder for _, folder in pools))])
+        _unique_across([(f"{f.root} (prepare.{key})", np.char.add(f"{f.root.name}/", f.ids)) for key, f in
+                        (("path", main), *([("test_path", test)] if test is not None else []),
+                         *((f"{name}_path", folder) for name, folder in pools))])
         shares = _shares(cfg, test=test is None, public=cfg.public_path is None, target=False)
         image: tuple[int, int, int] | None = None
         for records, image in image_batches(main, channels=channels, size=cfg.image_size):  # noqa: B007 (the last)
-            _split_into(sink, _prefixed(records, root), shares, seed=seed)
+            sink.add_split(_prefixed(records, root), shares, rest="sensitive", seed=seed)
         assert image is not None  # image_folder_files refuses a folder without images
         shape = DataShape.image(channels=image[0], height=image[1], width=image[2], classes=main.names)
         for records, test_image in image_batches(test, channels=channels, size=cfg.image_size) if test else ():
@@ -444,53 +455,77 @@ class ImageFolder(DataSource):
 
 
 class Table(DataSource):
-    """A table (CSV, or Parquet by suffix) with an id column, a label column and feature columns, encoded by the
-    declared schema (privpipe.data.tabular). ``test_path`` (labeled), ``public_path`` and ``target_path``
-    (unlabeled: a label column is ignored) are tables with the same columns. An erasure rewrites the file
-    without the rows."""
+    """A table (CSV, or Parquet by suffix, or a folder of Parquet parts) with an id column, a label column and
+    feature columns, encoded by the declared schema (privpipe.data.tabular). ``test_path`` (labeled),
+    ``public_path`` and ``target_path`` (unlabeled: a label column is ignored) are tables with the same columns.
+    A partitioned table's parts are encoded apart where ``map_parts`` maps them (privpipe.data.partitioned), the
+    sets the same as read in turn. An erasure rewrites each file (part) that holds a row to go, without it."""
 
     name = "csv"
     rewritable = True
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
-             sink: SetSink | None = None) -> LoadedData:
+             sink: SetSink | None = None, map_parts: PartMapper | None = None) -> LoadedData:
         if cfg.schema is None or cfg.schema.labels is None:  # the schema stage completes it before a load
             raise ConfigError("prepare.schema: a csv data set needs its schema, declared or discovered (the schema "
                               "stage)")
         sink = sink or SetSink()
+        index = IdIndex(None if sink.folder is None else sink.folder / ".ids")
+        try:
+            return self._read(cfg, seed=seed, client_column=client_column, sink=sink, index=index,
+                              map_parts=map_parts)
+        except BaseException:
+            sink.abort()
+            index.abort()
+            raise
+
+    def _read(self, cfg: PrepareConfig, *, seed: int, client_column: str | None, sink: SetSink, index: IdIndex,
+              map_parts: PartMapper | None) -> LoadedData:
+        assert cfg.schema is not None and cfg.schema.labels is not None  # (load checked it)
         features = feature_names(Path(cfg.path), id_column=cfg.id_column, label_column=cfg.label_column,
                                  client_column=client_column, feature_columns=cfg.feature_columns)
         shares = _shares(cfg, test=cfg.test_path is None, public=cfg.public_path is None, target=False)
         # the main file (split by keyed draws), then the other files whole; the main file's feature columns, which
         # the others must have too (their label column, in an unlabeled pool, is neither read nor a feature)
-        reads = [(None, Path(cfg.path), cfg.label_column, client_column)] + [
-            (name, Path(path), cfg.label_column if labeled else None, None)
+        reads = [("path", None, Path(cfg.path), cfg.label_column, client_column)] + [
+            (f"{name}_path", name, Path(path), cfg.label_column if labeled else None, None)
             for name, path, labeled in (("test", cfg.test_path, True), ("public", cfg.public_path, False),
                                         ("target", cfg.target_path if cfg.target_domain else None, False))
             if path is not None]
-        index = IdIndex(None if sink.folder is None else sink.folder / ".ids")
         shape: DataShape | None = None
-        for source, (name, path, label_column, clients) in enumerate(reads):
-            for records, batch_shape, rows in encode_table_batches(path, cfg.schema, id_column=cfg.id_column,
-                                                                   label_column=label_column,
-                                                                   feature_columns=features, client_column=clients):
-                index.add(records.ids, source=source, rows=rows)
+        parts = table_parts(Path(cfg.path))
+        if map_parts is not None and len(parts) > 1 and sink.folder is not None:  # the parts encoded apart
+            spec = PartSpec(schema=cfg.schema, id_column=cfg.id_column, label_column=cfg.label_column,
+                            feature_columns=tuple(features), client_column=client_column,
+                            shares=tuple(shares.items()), rest="sensitive", seed=seed)
+            shape = merge_parts(map_parts(part_jobs(parts, spec, sink.folder / ".parts")), sink, index)
+            shutil.rmtree(sink.folder / ".parts", ignore_errors=True)
+            if shape is None:
+                raise DataError(f"{cfg.path}: no records")
+        to_read = reads if shape is None else reads[1:]  # (the main table merged from its parts)
+        for _, name, path, label_column, clients in to_read:
+            for records, batch_shape, _ in encode_table_batches(path, cfg.schema, id_column=cfg.id_column,
+                                                                label_column=label_column, feature_columns=features,
+                                                                client_column=clients):
+                index.add(records.ids)
                 if name is None:
                     shape = shape or batch_shape
-                    _split_into(sink, records, shares, seed=seed)
+                    sink.add_split(records, shares, rest="sensitive", seed=seed)
                 else:
                     sink.add(name, records)
         assert shape is not None  # encode_table_batches refuses a file without records
-        if index.first_repeat() is not None:  # a repeat of 128-bit hashes: named (or found a collision) on the ids
-            self._refuse_repeated_ids(cfg, [path for _, path, _, _ in reads])
+        if index.any_repeat():  # a repeat of 128-bit hashes: named (or found a collision) on the ids themselves
+            self._refuse_repeated_ids(cfg, [(key, path) for key, _, path, _, _ in reads])
         rule = TableInput(columns=tuple(c for name in features if (c := cfg.schema.column(name)) is not None))
-        return LoadedData(sink.close(), shape, [path for _, path, _, _ in reads], rule)
+        files = [part for _, _, path, _, _ in reads for part in table_parts(path)]
+        return LoadedData(sink.close(), shape, files, rule)
 
     @staticmethod
-    def _refuse_repeated_ids(cfg: PrepareConfig, files: list[Path]) -> None:
-        """An id repeated within a file (refused naming both lines) or across files (naming both files), checked on
-        the ids themselves: the whole id columns in memory, on this path alone."""
-        _unique_across([(str(path), file_ids(path, cfg.id_column)) for path in files])
+    def _refuse_repeated_ids(cfg: PrepareConfig, files: list[tuple[str, Path]]) -> None:
+        """An id repeated within a file (refused naming both lines) or across files (naming both, by the key that
+        names each: one file named twice is two), checked on the ids themselves: the whole id columns in memory,
+        on this path alone."""
+        _unique_across([(f"{path} (prepare.{key})", file_ids(path, cfg.id_column)) for key, path in files])
 
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
         ids = []
@@ -506,17 +541,11 @@ class Table(DataSource):
         return sum(len(batch) for batch in table_batches(Path(cfg.path), columns=[cfg.id_column]))
 
     def files(self, cfg: PrepareConfig) -> list[Path]:
-        return [Path(p) for p in (cfg.path, cfg.test_path, cfg.public_path, cfg.target_path) if p is not None]
+        return [part for p in (cfg.path, cfg.test_path, cfg.public_path, cfg.target_path) if p is not None
+                for part in table_parts(Path(p))]
 
     def erase(self, cfg: PrepareConfig, drop: Callable[[str], bool]) -> int:
-        removed = 0
-        for path in self.files(cfg):
-            table = read_table(path)
-            keep = np.array([not drop(id_text(v)) for v in table.cells[cfg.id_column]], dtype=bool)
-            if not keep.all():
-                write_table(table, keep)
-                removed += int((~keep).sum())
-        return removed
+        return sum(erase_rows(path, cfg.id_column, drop) for path in self.files(cfg))  # a batch at a time
 
 
 SOURCES: dict[str, DataSource] = {source.name: source for source in

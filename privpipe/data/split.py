@@ -72,6 +72,8 @@ def subsample(records: Records, *, size: int, seed: int) -> Records:
     nothing, and erasing a used one brings in exactly one unused record (the next draw up) to
     keep the size; a used record never becomes unused because another was erased.
     """
+    if size <= 0 or size >= len(records):
+        return records
     chosen = subsample_positions([records.ids], size=size, seed=seed, ids_at=lambda rows: records.ids[rows])
     return records if chosen is None else records.subset(chosen)
 
