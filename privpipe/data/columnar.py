@@ -44,7 +44,8 @@ __all__ = ["BATCH_ROWS", "table_parts", "table_header", "table_batches", "encode
 
 #: rows a batch holds: a few MB of cells a column, whatever the file's length
 BATCH_ROWS = 1 << 16
-_BLOCK_BYTES = 1 << 24  # pyarrow's CSV block: a record longer than it falls back to the Python reader
+_BLOCK_BYTES = 1 << 20  # pyarrow's CSV block: what its reader holds a few of (16 MB blocks held 0.6 GB); a record
+# longer than it falls back to the Python reader
 
 
 def _is_parquet(path: Path, suffix: str | None) -> bool:
