@@ -43,12 +43,30 @@ def test_a_memory_mapped_set_trains_to_the_same_weights_as_in_memory(tmp_path, d
 
 def test_a_memory_mapped_image_set_reads_only_the_lots_rows(tmp_path):
     rng = np.random.default_rng(1)
-    images = rng.integers(0, 256, size=(120, 1, 6, 6), dtype=np.uint8)  # uint8, converted to float per batch
+    images = rng.integers(0, 256, size=(120, 1, 6, 6), dtype=np.uint8)  # pixels as bytes: k/255 per batch
     labels = rng.integers(0, 2, size=120)
     rows = LotRows(mapped(tmp_path, "features", images), mapped(tmp_path, "labels", labels), torch.device("cpu"))
     x, y = rows.take(torch.tensor([3, 50, 119]))
     assert x.dtype == torch.float32 and y.dtype == torch.long
-    assert torch.equal(x, torch.as_tensor(images[[3, 50, 119]], dtype=torch.float32))
+    assert torch.equal(x, torch.as_tensor(images[[3, 50, 119]].astype(np.float32) / 255.0))  # as Records.load reads
     assert torch.equal(y, torch.as_tensor(labels[[3, 50, 119]]))
     # a view of a mapped array (np.asarray keeps the mapping) is still read per batch
     assert LotRows(np.asarray(mapped(tmp_path, "again", images)), labels, torch.device("cpu")).mapped
+
+
+def test_pixels_stored_as_bytes_train_as_their_floats_in_memory(tmp_path):
+    """An image folder's prepared set holds its pixels as bytes: mapped, DP-SGD converts them per batch to the
+    floats the decoded images were, and trains to the weights those floats give in memory."""
+    from privpipe.data.records import pixel_bytes
+
+    rng = np.random.default_rng(2)
+    floats = rng.integers(0, 256, size=(200, 12)).astype(np.float32) / 255.0  # what decoding 8-bit images gives
+    labels = rng.integers(0, 2, size=200)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 2))
+    args = dict(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=30, epochs=2, learning_rate=0.5, seed=1,
+                max_physical_batch=9)
+    in_memory = train_dpsgd(copy.deepcopy(model), floats, labels, **args)
+    from_bytes = train_dpsgd(copy.deepcopy(model), mapped(tmp_path, "features", pixel_bytes(floats)), labels, **args)
+    for a, b in zip(in_memory.model.state_dict().values(), from_bytes.model.state_dict().values()):
+        assert torch.equal(a, b)

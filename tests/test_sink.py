@@ -17,6 +17,7 @@ import privpipe.data.split as split
 from privpipe.config.data_schema import DataSchema
 from privpipe.config.prepare import PrepareConfig
 from privpipe.data import DataError, Records
+from privpipe.data.records import pixel_bytes
 from privpipe.data.sink import IdIndex, SetSink, gather_set, read_set_chunks
 from privpipe.data.sources import data_source
 from privpipe.data.split import subsample, subsample_positions
@@ -159,8 +160,14 @@ def test_an_image_folder_streamed_in_batches_gives_the_in_memory_sets(tmp_path: 
     held = data_source("imagefolder").load(cfg, seed=1).sets
     monkeypatch.setattr(images, "IMAGE_BATCH", 4)
     streamed = data_source("imagefolder").load(cfg, seed=1, sink=SetSink(tmp_path / "streamed")).sets
-    _same_sets(streamed, held, tmp_path)
-    assert sum(len(r) for r in streamed.values()) == 47
+    assert list(streamed) == list(held) and sum(len(r) for r in streamed.values()) == 47
+    for name in held:  # the pixels on disk as bytes (a quarter of the size), read back as the very same floats
+        assert streamed[name].features.dtype == np.uint8
+        back = Records.load(tmp_path / "streamed" / name)
+        assert back.features.dtype == np.float32 and np.array_equal(back.features, held[name].features)
+        assert back.ids.tolist() == held[name].ids.tolist() and np.array_equal(back.labels, held[name].labels)
+    with pytest.raises(ValueError, match="not 8-bit pixels"):
+        pixel_bytes(np.array([[0.5]], dtype=np.float32))
 
 
 # --- a partitioned table: its parts encoded apart (in any order, anywhere) give the sets read in turn -----------

@@ -15,7 +15,8 @@ import numpy as np
 
 from privpipe.files import private_file, private_folder, read_user_text
 
-__all__ = ["Records", "DataError", "UNLABELED", "RECORD_FILES", "check_labels", "check_label_counts"]
+__all__ = ["Records", "DataError", "UNLABELED", "RECORD_FILES", "check_labels", "check_label_counts", "float_features",
+           "pixel_bytes"]
 
 #: the label of a record in an unlabeled pool (a public or target file the user names)
 UNLABELED = -1
@@ -30,6 +31,21 @@ def read_text(path: Path) -> str:
     as :func:`open` would be called); DataError naming the file and the first bad byte's line and column,
     or why it cannot be read, otherwise."""
     return read_user_text(path, error=DataError)
+
+
+def float_features(features: np.ndarray) -> np.ndarray:
+    """Features as the models read them: float32; pixels stored as bytes (an image folder's: each value k/255,
+    written as k) become k/255 again, the very float32 values decoding the image gave."""
+    return features.astype(np.float32) / 255.0 if features.dtype == np.uint8 else features
+
+
+def pixel_bytes(features: np.ndarray) -> np.ndarray:
+    """Pixels in [0, 1] that are each k/255 (a decoded 8-bit image's) as the bytes k: a quarter of the disk, and
+    :func:`float_features` gives them back bit for bit. ValueError where a value is not k/255."""
+    stored = np.rint(np.asarray(features, dtype=np.float32) * 255.0).clip(0, 255).astype(np.uint8)
+    if not np.array_equal(float_features(stored), features):
+        raise ValueError("pixel_bytes: features that are not 8-bit pixels (k/255) cannot be stored as bytes")
+    return stored
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,7 @@ class Records:
             raise DataError(f"{exc.filename}: missing (run the prepare stage first)") from None
         except ValueError as exc:
             raise DataError(f"{folder}: unreadable array ({exc})") from None
+        arrays[0] = float_features(arrays[0])  # pixels stored as bytes: read as the floats they were
         try:
             return cls(*arrays)
         except DataError as exc:

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from privpipe.data.records import RECORD_FILES, DataError, Records
+from privpipe.data.records import RECORD_FILES, DataError, Records, pixel_bytes
 from privpipe.data.split import assign_sets
 from privpipe.files import open_private, private_file, private_folder
 
@@ -90,7 +90,8 @@ def read_set_ids(folder: Path) -> Iterator[np.ndarray]:
 
 
 def mapped_set(folder: Path) -> Records:
-    """A written set as Records over memory maps (checked as it was written: no whole-set pass here)."""
+    """A written set as Records over memory maps (checked as it was written: no whole-set pass here), its features
+    as stored (pixels as bytes: Records.load reads them as floats)."""
     names = [name.removesuffix(".npy") for name in RECORD_FILES if (folder / name).is_file()]
     arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in names}
     return Records(arrays["features"], arrays["labels"], arrays["ids"], arrays.get("clients"), checked=True)
@@ -100,9 +101,10 @@ class SetWriter:
     """One set's records, appended a batch at a time: to raw files under ``folder`` (the ``.npy`` files at
     :meth:`close`), or, with no folder, kept in memory."""
 
-    def __init__(self, name: str, folder: Path | None) -> None:
+    def __init__(self, name: str, folder: Path | None, *, pixels_as_bytes: bool = False) -> None:
         self.name = name
         self.folder = folder
+        self.pixels_as_bytes = pixels_as_bytes  # features are 8-bit pixels: written as bytes (read back as floats)
         self.rows = 0
         self.labels: dict[int, int] = {}  # records per label value (UNLABELED included)
         self._width: int | None = None
@@ -129,7 +131,9 @@ class SetWriter:
         if self.folder is None:
             self._memory.append(records)
             return
-        arrays = {"features": records.features, "labels": records.labels, "ids": records.ids.astype(str)}
+        features = pixel_bytes(records.features) if self.pixels_as_bytes and records.features.dtype != np.uint8 \
+            else records.features
+        arrays = {"features": features, "labels": records.labels, "ids": records.ids.astype(str)}
         if records.clients is not None:
             arrays["clients"] = records.clients.astype(str)
         for name, array in arrays.items():
@@ -264,6 +268,12 @@ class SetSink:
         self.folder = folder
         self.drop = drop
         self.writers: dict[str, SetWriter] = {}
+        self.pixels = False
+
+    def pixels_as_bytes(self) -> None:
+        """The features to come are 8-bit pixels (k/255): written to disk as the bytes k, a quarter of float32's
+        size (Records.load reads them back as the same floats). A sink in memory keeps the floats."""
+        self.pixels = True
 
     def add(self, name: str, records: Records) -> None:
         if self.drop is not None and len(records):
@@ -271,7 +281,8 @@ class SetSink:
             if gone.any():
                 records = records.subset(np.flatnonzero(~gone))
         if name not in self.writers:
-            self.writers[name] = SetWriter(name, None if self.folder is None else self.folder / name)
+            self.writers[name] = SetWriter(name, None if self.folder is None else self.folder / name,
+                                           pixels_as_bytes=self.pixels)
         self.writers[name].append(records)
 
     def add_split(self, records: Records, shares: dict[str, float], *, rest: str, seed: int) -> None:

@@ -409,6 +409,7 @@ class ImageFolder(DataSource):
             raise
 
     def _read(self, cfg: PrepareConfig, *, seed: int, sink: SetSink) -> LoadedData:
+        sink.pixels_as_bytes()  # every image here is decoded from 8 bits a channel (resized by Pillow: still 8)
         channels = cfg.channels or 3
         declared = cfg.schema.labels if cfg.schema is not None else None
         root = Path(cfg.path)

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from privpipe.data.records import float_features
 from privpipe.dpsgd.arguments import check_privacy_arguments
 from privpipe.dpsgd.bookkeeping import BookKeeping, clip_factors
 from privpipe.dpsgd.schedule import DpSgdSchedule, dpsgd_schedule, learning_rate_at
@@ -128,13 +129,14 @@ class LotRows:
     """The records a lot names, as tensors on the training device. An array in memory becomes tensors once (no
     copy where it is float32 on the CPU); a memory-mapped one (``np.load(..., mmap_mode="r")``, np.memmap) is
     read a physical batch at a time, only the rows the batch names, and converted then, so memory follows the
-    batch, not the set. Both give the same tensors, bit for bit: the same conversion, on fewer rows."""
+    batch, not the set. Both give the same tensors, bit for bit: the same conversion, on fewer rows. Pixels stored
+    as bytes (an image folder's prepared set) are converted to their floats the same way, per batch if mapped."""
 
     def __init__(self, features: np.ndarray, labels: np.ndarray, device: torch.device) -> None:
         self.features, self.labels, self.device = features, labels, device
         self.mapped = _memory_mapped(features) or _memory_mapped(labels)
         if not self.mapped:  # the fast path: one conversion, then torch's own gather per batch
-            self.x = torch.as_tensor(features, dtype=torch.float32).to(device)
+            self.x = torch.as_tensor(float_features(features), dtype=torch.float32).to(device)
             self.y = torch.as_tensor(labels, dtype=torch.long).to(device)
 
     def __len__(self) -> int:
@@ -146,7 +148,7 @@ class LotRows:
             index = index.to(self.x.device)
             return self.x[index], self.y[index]
         rows = index.cpu().numpy()
-        return (torch.as_tensor(self.features[rows], dtype=torch.float32).to(self.device),
+        return (torch.as_tensor(float_features(self.features[rows]), dtype=torch.float32).to(self.device),
                 torch.as_tensor(self.labels[rows], dtype=torch.long).to(self.device))
 
 
