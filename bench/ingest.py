@@ -5,11 +5,11 @@
     .venv/bin/python bench/ingest.py --before /tmp/privpipe-before --rows 50000 1000000 --repeats 3 --parquet
                                                           # → bench/out/scale/ingest.md, ingest.json
     .venv/bin/python bench/ingest.py --before /tmp/privpipe-inmemory --rows 50000 1000000 --repeats 3 \
-        --name ingest_streamed                            # → bench/out/scale/ingest_streamed.md, .json
+        --name ingest_streamed                 # → bench/out/scale/ingest_streamed.md, ingest_streamed.json
     .venv/bin/python bench/ingest.py --before /tmp/privpipe-inmemory --rows 10000000 --repeats 1 --name ingest_10m
                                                           # → bench/out/scale/ingest_10m.md, ingest_10m.json
     .venv/bin/python bench/ingest.py --before /tmp/privpipe-inmemory --images 10000 30000 100000 --repeats 3 \
-        --name ingest_images                              # → bench/out/scale/ingest_images.md, .json
+        --name ingest_images                   # → bench/out/scale/ingest_images.md, ingest_images.json
 
 A table of ``rows`` records × 30 numeric columns (N(0, 1) to 4 decimals), an id (``r0000001``) and a label
 (``a``/``b``), written once as CSV (~240 bytes a row: 1M rows ≈ 240 MB, as issue 48 measured) and, with
