@@ -1,7 +1,7 @@
 """Teacher stage on a local Dask cluster: 1 worker vs 2 (goal: speed-up >= 1.7x on 2 workers).
 
     .venv/bin/python bench/scale_out.py --base params-mnist.yaml --mnist ../shared/data/mnist --teachers 40 --epochs 10
-        # → bench/out/operations/scale_out_mnist.json (the published one: 3e6f1c8)
+        # → bench/out/operations/scale_out_mnist.json (the published one: 2026-12-06, 3 rounds, this script)
     .venv/bin/python bench/scale_out.py                 # the default digits teachers (tiny: overhead-bound)
         # → bench/out/operations/scale_out_digits.json (the published one: the script at bb6c6ea, which wrote
         # scale_out.json, committed under this name by 6dc873d)
