@@ -23,7 +23,7 @@ import yaml
 from privpipe.config import ConfigError, Params
 from privpipe.config.data_schema import DataSchema
 from privpipe.data.columnar import check_ids, feature_names, table_batches, table_header
-from privpipe.data.images import class_folders, image_batches, image_files, image_folder_files
+from privpipe.data.images import check_image_folder, class_folders, image_files
 from privpipe.data.sources import data_source
 from privpipe.data.tabular import cell_list, id_text
 from privpipe.discovery import ColumnCounts, DiscoveryMechanism, count_column, discover, make_bounds_estimator
@@ -91,8 +91,7 @@ def check_sources(params: Params, plan: DiscoveryPlan) -> None:
             raise ConfigError(f"prepare.id_column: {cfg.id_column!r} is not a column of {cfg.path}")
         check_ids(Path(cfg.path), cfg.id_column)  # in bounded memory: a table of any length
     elif cfg.dataset == "imagefolder":  # every image read as prepare reads it (its class folders unpublished)
-        for _ in image_batches(image_folder_files(Path(cfg.path)), channels=cfg.channels or 3, size=cfg.image_size):
-            pass  # a batch at a time: the memory of one batch's pixels
+        check_image_folder(Path(cfg.path), channels=cfg.channels or 3, size=cfg.image_size)  # a batch at a time
 
 
 def mechanism_for(params: Params, plan: DiscoveryPlan) -> DiscoveryMechanism:

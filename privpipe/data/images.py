@@ -32,6 +32,7 @@ _numpy_core: Any = getattr(np, "_core", None) or np.core
 _numpy_reconstruct: Callable[..., np.ndarray] = _numpy_core.multiarray._reconstruct
 
 __all__ = ["class_folders", "IMAGE_SUFFIXES", "image_files", "load_image_folder", "image_folder_files", "image_batches",
+           "check_image_folder",
            "ImageFolderFiles", "IMAGE_BATCH", "load_cifar10", "CIFAR10_FILES",
            "CIFAR10_SIDE", "pixel_limit", "check_pixels"]
 
@@ -175,6 +176,12 @@ def image_batches(folder: ImageFolderFiles, *, channels: int, size: int | None,
         end = min(start + rows, len(folder.files))
         pixels, first = _stack(folder.root, folder.files[start:end], channels=channels, size=size, first=first)
         yield Records(pixels, folder.labels[start:end], ids[start:end]), (channels, *first[1])
+
+
+def check_image_folder(root: Path, *, channels: int, size: int | None) -> int:
+    """Every image under ``root`` decoded as prepare decodes it (readable, one size or resized), a batch at a time:
+    how many there are."""
+    return sum(len(records) for records, _ in image_batches(image_folder_files(root), channels=channels, size=size))
 
 
 def load_image_folder(root: Path, *, channels: int, size: int | None, classes: Sequence[str] | None = None,

@@ -24,7 +24,8 @@ from privpipe.data.columnar import encode_table_batches
 from privpipe.data.shape import DataShape
 from privpipe.data.sink import IdIndex, SetSink, read_set_chunks
 
-__all__ = ["PartSpec", "PartJob", "PartResult", "PartMapper", "part_jobs", "encode_part", "merge_parts"]
+__all__ = ["PartSpec", "PartJob", "PartResult", "PartMapper", "part_jobs", "encode_split", "encode_part",
+           "merge_parts"]
 
 
 @dataclass(frozen=True)
@@ -66,18 +67,27 @@ def part_jobs(parts: list[Path], spec: PartSpec, scratch: Path) -> list[PartJob]
     return [PartJob(part, i, spec, scratch / f"part-{i:05d}") for i, part in enumerate(parts)]
 
 
+def encode_split(path: Path, spec: PartSpec, sink: SetSink, *, index: IdIndex | None = None,
+                 empty: bool = False) -> DataShape | None:
+    """A table's (or one part's) records, a batch at a time, encoded and split into ``sink``'s sets (their ids
+    into ``index``); the records' shape, None for a file without records (refused unless ``empty``)."""
+    shape: DataShape | None = None
+    for records, batch_shape, _ in encode_table_batches(path, spec.schema, id_column=spec.id_column,
+                                                        label_column=spec.label_column,
+                                                        feature_columns=spec.feature_columns,
+                                                        client_column=spec.client_column, empty=empty):
+        if index is not None:
+            index.add(records.ids)
+        shape = shape or batch_shape
+        sink.add_split(records, dict(spec.shares), rest=spec.rest, seed=spec.seed)
+    return shape
+
+
 def encode_part(job: PartJob) -> PartResult:
     """One part's records, encoded and split into sets under ``job.folder``."""
-    spec = job.spec
     sink = SetSink(job.folder)
-    shape: DataShape | None = None
     try:
-        for records, batch_shape, _ in encode_table_batches(job.part, spec.schema, id_column=spec.id_column,
-                                                            label_column=spec.label_column,
-                                                            feature_columns=spec.feature_columns,
-                                                            client_column=spec.client_column, empty=True):
-            shape = shape or batch_shape
-            sink.add_split(records, dict(spec.shares), rest=spec.rest, seed=spec.seed)
+        shape = encode_split(job.part, job.spec, sink, empty=True)
     except BaseException:
         sink.abort()
         raise

@@ -75,11 +75,15 @@ def _array_chunks(folder: Path, names: list[str], rows: int | None) -> Iterator[
                 (count, *shape[1:])) for name, (dtype, shape, _) in headers.items()}
 
 
+def _array_names(folder: Path) -> list[str]:
+    """The arrays a written set holds: features, labels, ids, and clients where records have them."""
+    return [name.removesuffix(".npy") for name in RECORD_FILES if (folder / name).is_file()]
+
+
 def read_set_chunks(folder: Path, *, rows: int | None = None) -> Iterator[Records]:
     """A written set's records, ``rows`` at a time (None: ~32 MB a chunk), read from its files (not mapped:
     memory stays one chunk's)."""
-    names = [name.removesuffix(".npy") for name in RECORD_FILES if (folder / name).is_file()]
-    for arrays in _array_chunks(folder, names, rows):
+    for arrays in _array_chunks(folder, _array_names(folder), rows):
         yield Records(arrays["features"], arrays["labels"], arrays["ids"], arrays.get("clients"))
 
 
@@ -92,8 +96,7 @@ def read_set_ids(folder: Path) -> Iterator[np.ndarray]:
 def mapped_set(folder: Path) -> Records:
     """A written set as Records over memory maps (checked as it was written: no whole-set pass here), its features
     as stored (pixels as bytes: Records.load reads them as floats)."""
-    names = [name.removesuffix(".npy") for name in RECORD_FILES if (folder / name).is_file()]
-    arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in names}
+    arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _array_names(folder)}
     return Records(arrays["features"], arrays["labels"], arrays["ids"], arrays.get("clients"), checked=True)
 
 

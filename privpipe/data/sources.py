@@ -59,7 +59,7 @@ from privpipe.data.images import (
     load_cifar10,
 )
 from privpipe.data.mnist import load_mnist, mnist_files, read_idx
-from privpipe.data.partitioned import PartMapper, PartSpec, merge_parts, part_jobs
+from privpipe.data.partitioned import PartMapper, PartSpec, encode_split, merge_parts, part_jobs
 from privpipe.data.raw_input import ImageInput, RecordInput, TableInput, VectorInput
 from privpipe.data.records import DataError, Records, check_labels
 from privpipe.data.shape import DataShape
@@ -488,38 +488,32 @@ class Table(DataSource):
         shares = _shares(cfg, test=cfg.test_path is None, public=cfg.public_path is None, target=False)
         # the main file (split by keyed draws), then the other files whole; the main file's feature columns, which
         # the others must have too (their label column, in an unlabeled pool, is neither read nor a feature)
-        reads = [("path", None, Path(cfg.path), cfg.label_column, client_column)] + [
-            (f"{name}_path", name, Path(path), cfg.label_column if labeled else None, None)
-            for name, path, labeled in (("test", cfg.test_path, True), ("public", cfg.public_path, False),
-                                        ("target", cfg.target_path if cfg.target_domain else None, False))
-            if path is not None]
-        shape: DataShape | None = None
+        others = [(name, Path(path), cfg.label_column if labeled else None)
+                  for name, path, labeled in (("test", cfg.test_path, True), ("public", cfg.public_path, False),
+                                              ("target", cfg.target_path if cfg.target_domain else None, False))
+                  if path is not None]
+        spec = PartSpec(schema=cfg.schema, id_column=cfg.id_column, label_column=cfg.label_column,
+                        feature_columns=tuple(features), client_column=client_column,
+                        shares=tuple(shares.items()), rest="sensitive", seed=seed)
         parts = table_parts(Path(cfg.path))
         if map_parts is not None and len(parts) > 1 and sink.folder is not None:  # the parts encoded apart
-            spec = PartSpec(schema=cfg.schema, id_column=cfg.id_column, label_column=cfg.label_column,
-                            feature_columns=tuple(features), client_column=client_column,
-                            shares=tuple(shares.items()), rest="sensitive", seed=seed)
             shape = merge_parts(map_parts(part_jobs(parts, spec, sink.folder / ".parts")), sink, index)
             shutil.rmtree(sink.folder / ".parts", ignore_errors=True)
             if shape is None:
                 raise DataError(f"{cfg.path}: no records")
-        to_read = reads if shape is None else reads[1:]  # (the main table merged from its parts)
-        for _, name, path, label_column, clients in to_read:
-            for records, batch_shape, _ in encode_table_batches(path, cfg.schema, id_column=cfg.id_column,
-                                                                label_column=label_column, feature_columns=features,
-                                                                client_column=clients):
+        else:  # the main table (its parts in turn), split as it is read
+            shape = encode_split(Path(cfg.path), spec, sink, index=index)
+        for name, path, label_column in others:  # whole sets
+            for records, _, _ in encode_table_batches(path, cfg.schema, id_column=cfg.id_column,
+                                                      label_column=label_column, feature_columns=features):
                 index.add(records.ids)
-                if name is None:
-                    shape = shape or batch_shape
-                    sink.add_split(records, shares, rest="sensitive", seed=seed)
-                else:
-                    sink.add(name, records)
+                sink.add(name, records)
         assert shape is not None  # encode_table_batches refuses a file without records
+        files = [("path", Path(cfg.path)), *((f"{name}_path", path) for name, path, _ in others)]
         if index.any_repeat():  # a repeat of 128-bit hashes: named (or found a collision) on the ids themselves
-            self._refuse_repeated_ids(cfg, [(key, path) for key, _, path, _, _ in reads])
+            self._refuse_repeated_ids(cfg, files)
         rule = TableInput(columns=tuple(c for name in features if (c := cfg.schema.column(name)) is not None))
-        files = [part for _, _, path, _, _ in reads for part in table_parts(path)]
-        return LoadedData(sink.close(), shape, files, rule)
+        return LoadedData(sink.close(), shape, [part for _, path in files for part in table_parts(path)], rule)
 
     @staticmethod
     def _refuse_repeated_ids(cfg: PrepareConfig, files: list[tuple[str, Path]]) -> None:
