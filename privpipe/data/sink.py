@@ -27,7 +27,7 @@ from privpipe.data.records import RECORD_FILES, DataError, Records, pixel_bytes
 from privpipe.data.split import assign_sets
 from privpipe.files import open_private, private_file, private_folder
 
-__all__ = ["SetSink", "SetWriter", "IdIndex", "read_set_chunks", "read_set_ids", "mapped_set", "set_rows", "gather_set",
+__all__ = ["SetSink", "SetWriter", "IdIndex", "read_set_chunks", "read_set_ids", "mapped_set", "gather_set",
            "CHUNK_BYTES"]
 
 #: bytes of a written set read back at a time (32 MB: 2,730 images of 3×32×32, 279k rows of 30 features)
@@ -51,11 +51,6 @@ def _write_header(out: IO[bytes], dtype: np.dtype[Any], shape: tuple[int, ...]) 
     """The header ``np.save`` writes for an array of this dtype and shape (version 1.0, as it chooses for these)."""
     np.lib.format.write_array_header_1_0(out, {"descr": np.lib.format.dtype_to_descr(dtype),
                                                "fortran_order": False, "shape": shape})
-
-
-def set_rows(folder: Path) -> int:
-    """How many records a written set holds (its labels file's header)."""
-    return _header(folder / "labels.npy")[1][0]
 
 
 def _array_chunks(folder: Path, names: list[str], rows: int | None) -> Iterator[dict[str, np.ndarray]]:
