@@ -174,7 +174,7 @@ def erasure(work: Path) -> dict:
                            for line in log.read_text().splitlines() if "Task run '" in line and "Finished" in line],
             "run_rc": run_rc, "run_done_s": run_done_at,
             "head_versions": [(v.version, v.tags.get("removal.batch_id", "pipeline run")) for v in heads],
-            "record_active_in_deployed_head": in_head, "left_out_at_training": meta.get("left_out_at_training"),
+            "record_active_in_deployed_head": in_head, "left_out_at_training": meta.left_out_at_training,
             "record_sets_in_last_head_version": head_sets,
             "last_head_tags": {k: v for k, v in last_head.tags.items() if k.startswith("privacy.erasure")},
             "last_model_version": models[-1].version,

@@ -187,7 +187,7 @@ def reference(template: Template, killed, prefect_harness, tmp_path_factory) -> 
         (result,) = _run_removals(folder, monkeypatch)
     head, _, meta = load_head(folder / "artifacts/digits/head")
     assert result.requests == 4 and head.used_total > 0
-    return Reference(head.used_total, meta["applied_batches"][result.batch_id], result.data_version)
+    return Reference(head.used_total, meta.applied_batches[result.batch_id].to_dict(), result.data_version)
 
 
 def _assert_left_by_the_kill(step: str, folder: Path, template: Template, batch_id: str) -> None:
@@ -196,7 +196,7 @@ def _assert_left_by_the_kill(step: str, folder: Path, template: Template, batch_
 
     reached = list(STEPS).index(step)
     _, _, meta = load_head(folder / "artifacts/digits/head")
-    assert (batch_id in meta["applied_batches"]) == (reached >= list(STEPS).index("apply"))
+    assert (batch_id in meta.applied_batches) == (reached >= list(STEPS).index("apply"))
     tagged = [v for v in _head_versions(folder) if v.tags.get("removal.batch_id") == batch_id]
     assert len(tagged) == (1 if reached >= list(STEPS).index("register") else 0)
     erased = reached >= list(STEPS).index("erase")
@@ -234,9 +234,9 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
 
     # the head: the batch applied once, its rows removed once, the budget counted once
     head, ids, meta = load_head(folder / "artifacts/digits/head")
-    assert list(meta["applied_batches"]) == [batch_id]
-    assert sum(h["rows"] for h in meta["history"] if h["batch_id"] == batch_id) == 3
-    assert meta["applied_batches"][batch_id]["rows_removed"] == 3
+    assert list(meta.applied_batches) == [batch_id]
+    assert sum(h.rows for h in meta.history if h.batch_id == batch_id) == 3
+    assert meta.applied_batches[batch_id].rows_removed == 3
     queue = RequestQueue(folder / "data/requests/digits")
     hashes = row_hashes(queue, ids)
     rows = [hashes.index(queue.hash_record_id(t)) for t in template.targets[:3]]
@@ -247,7 +247,7 @@ def test_removal_run_killed_at_a_step_is_finished_once_by_the_next_run(
     # tolerance only allows for a BLAS that sums in another order)
     used = pytest.approx(reference.used_total, rel=1e-9, abs=0)
     assert head.used_total == used and result.budget_used == used
-    applied = meta["applied_batches"][batch_id]
+    applied = meta.applied_batches[batch_id].to_dict()
     assert applied["budget_used"] == used
     assert {k: v for k, v in applied.items() if k not in ("applied_at", "budget_used")} == \
         {k: v for k, v in reference.applied.items() if k not in ("applied_at", "budget_used")}

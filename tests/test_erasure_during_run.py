@@ -84,7 +84,7 @@ def test_a_record_erased_while_a_run_goes_on_is_in_nothing_it_registers(prefect_
     with tracking.tracked_run(params, params_file="params.yaml", flow="pipeline", dataset="digits") as run:
         head = run_head(params)  # the run goes on: its head stage, on the data it read
         _, ids, meta = load_head(Path("artifacts/digits/head"))
-        assert erased not in ids.tolist() and meta["left_out_at_training"] == 1  # trained without it: exact
+        assert erased not in ids.tolist() and meta.left_out_at_training == 1  # trained without it: exact
         _forget(late)  # requested after the head trained, before it is registered
         registered = register_pipeline_head(params, run, head)
         released = track_evaluation(params, run, run_evaluate(params))

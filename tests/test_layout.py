@@ -323,7 +323,6 @@ DICT_RETURNS = {
     "tasks.text.train.text_audit": "the audit's figures under their MLflow metric names",
     "tasks.privacy.uncovered.without": "filters any figures mapping (metrics files, MLflow) by key",
     "tasks.removal.steps.audit_records": "the journal's audit record of each request (JSON, kept as written)",
-    "tasks.removal.store.load_head": "the head's meta.json, which the removal steps update in place",
     "tasks.text.model.load_text_model": "the text model's spec.json",
 }
 #: methods that serialise a typed value to its file or MLflow form

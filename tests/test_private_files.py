@@ -75,7 +75,7 @@ def test_prepared_sets_are_private(tmp_path: Path) -> None:
 def test_head_state_and_ids_are_private(tmp_path: Path) -> None:
     """artifacts/digits/head/state.npz (the rows' features) and ids.npy were mode 0644."""
     from privpipe.privacy import NoiseSource
-    from privpipe.removal import RemovableHead, RemovalGuarantee
+    from privpipe.removal import HeadMeta, RemovableHead, RemovalGuarantee
     from tasks.removal.store import load_head, save_head
 
     rng = np.random.default_rng(0)
@@ -86,7 +86,8 @@ def test_head_state_and_ids_are_private(tmp_path: Path) -> None:
     folder = tmp_path / "head"
     folder.mkdir()
     ids = np.array([f"r-{i}" for i in range(20)])
-    save_head(folder, head, ids=ids, meta={"applied_batches": {}})
+    save_head(folder, head, ids=ids, meta=HeadMeta(features="raw", model_dir="", input_dim=3, classes=2,
+                                                   head=head.settings()))
     assert mode(folder / "state.npz") == 0o600 and mode(folder / "ids.npy") == 0o600
     again, read_ids, _ = load_head(folder)
     assert np.array_equal(read_ids, ids) and np.array_equal(again.W, head.W)

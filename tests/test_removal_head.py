@@ -4,17 +4,25 @@ against the exact residual and against retraining from scratch)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.optimize import minimize
 from scipy.special import expit
 
+from privpipe.data import DataError
 from privpipe.privacy import NoiseSource
 from privpipe.removal import (
     GAMMA,
+    DamagedHeadFile,
+    HeadMeta,
+    HeadSettings,
+    Mechanism,
+    NoRemoval,
     RemovableHead,
     RemovalGuarantee,
     combined_guarantee,
@@ -22,11 +30,13 @@ from privpipe.removal import (
     gradient,
     hessian,
     objective,
+    request_mechanism,
 )
 from privpipe.removal import head as head_module
 from privpipe.removal.logistic import curvature
 
 LAM = 1e-2
+META_FILE = Path("artifacts/digits/head/meta.json")  # where the settings are said to come from, in errors
 
 
 # -- helpers -------------------------------------------------------------------
@@ -202,20 +212,20 @@ def test_residual_never_exceeds_the_certified_bound(k: int, refresh_every: int) 
     assert head._ref is None  # the reference is built by the first removal (or by prepare)
 
     step = head.remove([0], noise=noise(1))
-    assert step.mechanism == "newton" and step.certificate in ("spectral", "gram", "rows")
+    assert step.mechanism is Mechanism.NEWTON and step.certificate in ("spectral", "gram", "rows")
     assert step.used == pytest.approx(head.used_total, rel=1e-12)
     assert head.gradient_residual() > 1e-8  # a genuine (non-trivial) residual is being bounded
     assert_certified(head)
 
     for r in range(1, 11):
         step = head.remove([7 * r], noise=noise(1))
-        assert step.mechanism == "newton"
+        assert step.mechanism is Mechanism.NEWTON
         assert_certified(head)
         if refresh_every:
             assert head.removed_since_reference <= refresh_every
 
     step = head.remove(list(range(100, 112)), noise=noise(1))
-    assert step.rows == list(range(100, 112)) and step.mechanism == "newton"
+    assert step.rows == list(range(100, 112)) and step.mechanism is Mechanism.NEWTON
     assert step.updates == (1 if not refresh_every else 5)  # 1 + 3 + 3 + 3 + 2: two gone since the last move
     assert_certified(head)
     assert head.active.sum() == len(head.y) - 23
@@ -255,7 +265,7 @@ def test_a_reference_that_stops_fitting_is_moved_before_the_head_retrains() -> N
         before = head.removed_since_reference
         step = head.remove([row], noise=noise(row))
         assert_certified(head)
-        if step.mechanism == "retrain":
+        if step.mechanism is Mechanism.RETRAIN:
             break
         if head.removed_since_reference <= before:  # the reference moved during this removal
             moves += 1
@@ -287,12 +297,12 @@ def test_random_removal_orders_and_batches_stay_certified(seed: int) -> None:
             continue
         mechanisms.append(step.mechanism)
         assert_certified(head)
-        if step.mechanism == "retrain":
+        if step.mechanism is Mechanism.RETRAIN:
             for c in range(len(head.W)):
                 w, _ = fit_perturbed(head.X[head.active], head.signs(c)[head.active], reg=head.reg, b=head.B[c])
                 np.testing.assert_allclose(head.W[c], w, rtol=0, atol=1e-7)
     assert not head.active[order].any()
-    assert "newton" in mechanisms and head.retrains == mechanisms.count("retrain")
+    assert Mechanism.NEWTON in mechanisms and head.retrains == mechanisms.count(Mechanism.RETRAIN)
 
 
 @pytest.mark.parametrize("k", [2, 3])
@@ -306,7 +316,7 @@ def test_the_bound_depends_on_the_rows_removed_not_the_path(k: int) -> None:
     for r in np.random.default_rng(5).permutation(rows):
         shuffled.remove([int(r)], noise=noise(1))
     step = batch.remove(rows, noise=noise(1))
-    assert step.mechanism == "newton"
+    assert step.mechanism is Mechanism.NEWTON
     for other in (shuffled, batch):
         np.testing.assert_allclose(other.W, one_by_one.W, rtol=0, atol=1e-10)
         np.testing.assert_allclose(other.used, one_by_one.used, rtol=1e-6)
@@ -354,7 +364,7 @@ def test_the_certificates_are_ordered_and_the_cheapest_that_fits_is_used(k: int)
     for budget, certificate, due in cases:
         head = batch_with_budget(budget)
         step = head.remove(list(range(12)), noise=noise(1))
-        assert (step.mechanism, step.certificate, head._move_due) == ("newton", certificate, due), budget
+        assert (step.mechanism, step.certificate, head._move_due) == (Mechanism.NEWTON, certificate, due), budget
         assert_certified(head)
 
 
@@ -403,7 +413,7 @@ def test_newton_update_is_close_to_retraining_with_the_same_b(k: int) -> None:
     head = make_head(k)
     old = head.W.copy()
     step = head.remove([5], noise=noise(1))
-    assert step.mechanism == "newton"
+    assert step.mechanism is Mechanism.NEWTON
     rest = head.active
     assert rest.sum() == len(head.y) - 1 and not rest[5]
     for c in range(len(head.W)):
@@ -432,7 +442,7 @@ def test_bound_is_nearly_tight_in_one_dimension(refresh_every: int) -> None:
                                noise=noise(0), refresh_every=refresh_every)
     for r in range(20):
         step = head.remove([r], noise=noise(1))
-        assert step.mechanism == "newton"
+        assert step.mechanism is Mechanism.NEWTON
         assert_certified(head)
     assert head.gradient_residual() >= head.used_total / 2.5
 
@@ -467,7 +477,7 @@ def test_retrain_when_the_budget_would_be_exceeded(k: int) -> None:
     assert head.budget < 1e-6
     B_before, retrains_before, reg = head.B.copy(), head.retrains, head.reg
     step = head.remove([3], noise=noise(7))
-    assert step.mechanism == "retrain"
+    assert step.mechanism is Mechanism.RETRAIN
     assert step.rows == [3]
     assert step.reason and "budget" in step.reason
     assert head.retrains == retrains_before + 1 and head.reg == reg
@@ -482,11 +492,11 @@ def test_retrain_when_the_budget_would_be_exceeded(k: int) -> None:
     np.testing.assert_array_equal(head.ref_W, head.W)  # the retrained optimum is the new reference
     assert head.removed_since_reference == 0
     again = head.remove([4], noise=noise(8))  # the head keeps working after the retrain
-    assert again.mechanism == "retrain" and head.retrains == retrains_before + 2
+    assert again.mechanism is Mechanism.RETRAIN and head.retrains == retrains_before + 2
 
     big = make_head(k, sigma=10.0)
     newton = big.remove([3], noise=noise(7))
-    assert newton.mechanism == "newton" and newton.reason == ""
+    assert newton.mechanism is Mechanism.NEWTON and newton.reason == ""
     assert big.retrains == 0
 
 
@@ -503,8 +513,8 @@ def test_retrain_mid_sequence_then_newton_resumes() -> None:
         mechanisms.append(step.mechanism)
         assert step.used <= step.budget
         assert_certified(head)
-    assert "retrain" in mechanisms and "newton" in mechanisms
-    assert head.retrains == mechanisms.count("retrain")
+    assert Mechanism.RETRAIN in mechanisms and Mechanism.NEWTON in mechanisms
+    assert head.retrains == mechanisms.count(Mechanism.RETRAIN)
     assert not head.active[:20].any()
 
 
@@ -538,7 +548,7 @@ def test_state_round_trip_then_removal() -> None:
     assert head.removed_since_reference == 3 and head.ref_active[1:6].sum() == 1
     arrays, meta = head.state()
     arrays = {name: np.array(value) for name, value in arrays.items()}
-    meta = json.loads(json.dumps(meta))
+    meta = HeadSettings.from_dict(json.loads(json.dumps(meta.to_dict())), source=META_FILE)
     loaded = RemovableHead.from_state(arrays, meta)
 
     X_test, _ = blobs(60, 8, 3, seed=9)
@@ -552,7 +562,7 @@ def test_state_round_trip_then_removal() -> None:
 
     for r in (10, 11, 12, 13, 14, 15):
         a, b = head.remove([r], noise=noise(2)), loaded.remove([r], noise=noise(2))
-        assert a.mechanism == b.mechanism == "newton"
+        assert a.mechanism is b.mechanism is Mechanism.NEWTON
         assert b.used == pytest.approx(a.used, rel=1e-8)
         np.testing.assert_allclose(loaded.W, head.W, rtol=0, atol=1e-10)
         assert_certified(loaded)
@@ -576,11 +586,12 @@ def test_forget_removed_keeps_nothing_of_removed_rows_and_stays_certified(refres
     arrays, meta = head.state()
     assert gone.sum() == 9 and not arrays["X"][gone].any() and not arrays["y"][gone].any()
     assert arrays["X"][head.active].any(axis=1).all()
-    loaded = RemovableHead.from_state({k: np.array(v) for k, v in arrays.items()}, json.loads(json.dumps(meta)))
+    loaded = RemovableHead.from_state({k: np.array(v) for k, v in arrays.items()},
+                                      HeadSettings.from_dict(json.loads(json.dumps(meta.to_dict())), source=META_FILE))
     for r in (30, 31, 32):
         step = loaded.remove([r], noise=noise(2))
         kept.remove([r], noise=noise(2))
-        assert step.mechanism == "newton"
+        assert step.mechanism is Mechanism.NEWTON
         assert_certified(loaded)
     # both near the one optimum on the remaining rows: ‖w − w*‖ ≤ residual / Λ (Λ-strongly convex)
     gap = np.linalg.norm(loaded.W - kept.W, axis=1)
@@ -597,8 +608,8 @@ def test_a_state_saved_before_the_reference_point_loads_as_its_own_reference() -
     old_reg = LAM * active.sum()
     W = np.stack([fit_perturbed(head.X[active], head.signs(c)[active], reg=old_reg, b=head.B[c])[0] for c in range(3)])
     old = {"X": arrays["X"], "y": arrays["y"], "W": W, "B": arrays["B"], "active": active, "used": np.full(3, 1e-3)}
-    old_meta = {key: value for key, value in meta.items() if key != "reg"} | {"records_per_update": 1}
-    loaded = RemovableHead.from_state(old, old_meta)
+    old_meta = {key: value for key, value in meta.to_dict().items() if key != "reg"} | {"records_per_update": 1}
+    loaded = RemovableHead.from_state(old, HeadSettings.from_dict(old_meta, source=META_FILE))
     assert loaded.reg == pytest.approx(old_reg)
     np.testing.assert_array_equal(loaded.ref_W, W)
     np.testing.assert_array_equal(loaded.ref_used, old["used"])
@@ -767,4 +778,145 @@ def test_the_bound_covers_the_long_double_residual_where_rounding_matters(seed: 
     for r in range(0, 60, 3):
         mechanisms.add(head.remove([r, r + 1], noise=noise(r)).mechanism)
         assert _long_double_residual(head) <= head.used_total
-    assert mechanisms == {"newton", "retrain"}
+    assert mechanisms == set(Mechanism)
+
+
+# -- meta.json as a typed value (privpipe.removal.meta) ----------------------------
+#: a meta.json as the untyped code wrote it (write_json: sorted keys, indent 2) after one removal batch: a
+#: Newton update of rows 3 and 17, one request for a record the head never had
+WRITTEN_AFTER_A_BATCH = """{
+  "applied_batches": {
+    "batch-20260101T000000Z-1a2b": {
+      "applied_at": "2026-01-01T00:00:01.000000Z",
+      "budget": 2.2817,
+      "budget_used": 0.0123,
+      "certificate": "spectral",
+      "data_version_before": "9f8e7d6c",
+      "mechanisms": {
+        "req-1": "newton",
+        "req-2": "newton",
+        "req-3": "absent"
+      },
+      "newton_updates": 1,
+      "retrain_reasons": [],
+      "retrained": false,
+      "rows_removed": 2,
+      "version_before": "1"
+    }
+  },
+  "class_names": ["0", "1", "2"],
+  "classes": 3,
+  "features": "raw",
+  "head": {
+    "classes": 3,
+    "delta": 0.0001,
+    "epsilon": 1.0,
+    "lam": 0.005,
+    "refresh_every": 0,
+    "reg": 5.12,
+    "retrains": 0,
+    "sigma": 2
+  },
+  "history": [
+    {
+      "batch_id": "batch-20260101T000000Z-1a2b",
+      "certificate": "spectral",
+      "mechanism": "newton",
+      "rows": 2,
+      "used": 0.0123
+    }
+  ],
+  "input_dim": 64,
+  "left_out_at_training": 0,
+  "model_dir": "artifacts/digits/finetune",
+  "removed_by": {
+    "17": "newton",
+    "3": "newton"
+  },
+  "training_id": "4de66d2a153744e183e044b0a8f817e1"
+}
+"""
+
+
+def test_head_meta_written_by_the_untyped_code_loads_and_writes_back_the_same() -> None:
+    """A meta.json the dict-based code wrote loads with typed fields, and to_dict gives back its very keys and
+    values (the same JSON text, as write_json sorts the keys)."""
+    raw = json.loads(WRITTEN_AFTER_A_BATCH)
+    meta = HeadMeta.from_dict(raw, source=META_FILE)
+    assert meta.removed_by == {3: Mechanism.NEWTON, 17: Mechanism.NEWTON}
+    (batch,) = meta.applied_batches.values()
+    assert batch.mechanisms == {"req-1": Mechanism.NEWTON, "req-2": Mechanism.NEWTON, "req-3": NoRemoval.ABSENT}
+    assert batch.certificate == "spectral" and batch.retrain_reasons == () and batch.version_before == "1"
+    assert meta.history[0].mechanism is Mechanism.NEWTON and meta.class_names == ("0", "1", "2")
+    assert meta.head.guarantee == RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=2.0)
+    assert meta.to_dict() == raw
+    assert json.dumps(meta.to_dict(), indent=2, sort_keys=True) == json.dumps(raw, indent=2, sort_keys=True)
+
+
+def test_head_meta_round_trip_equals_the_dict_the_head_stage_wrote() -> None:
+    """What the head stage builds, saved, equals the dict it wrote before meta.json was typed; an update is a
+    new value (the old one is frozen and unchanged)."""
+    head = make_head(3)
+    untyped = {"training_id": "0" * 32, "features": "dp_pca", "model_dir": "artifacts/digits/finetune",
+               "applied_batches": {}, "removed_by": {}, "left_out_at_training": 2, "input_dim": 64, "classes": 3,
+               "class_names": ["a", "b", "c"],
+               "head": {"classes": head.classes, "lam": head.lam, "reg": head.reg,
+                        "epsilon": head.guarantee.epsilon, "delta": head.guarantee.delta,
+                        "sigma": head.guarantee.sigma, "refresh_every": head.refresh_every,
+                        "retrains": head.retrains}}
+    meta = HeadMeta(training_id="0" * 32, features="dp_pca", model_dir="artifacts/digits/finetune",
+                    left_out_at_training=2, input_dim=64, classes=3, class_names=("a", "b", "c"),
+                    head=head.settings())
+    assert meta.to_dict() == untyped
+    assert HeadMeta.from_dict(json.loads(json.dumps(meta.to_dict())), source=META_FILE) == meta
+    moved = dataclasses.replace(meta, removed_by={**meta.removed_by, 4: Mechanism.RETRAIN})
+    assert moved.to_dict()["removed_by"] == {"4": "retrain"} and meta.removed_by == {}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        meta.features = "raw"  # type: ignore[misc]
+
+
+def test_head_meta_from_the_first_head_format_loads() -> None:
+    """The first heads' meta.json had no training id, removals record, excluded count or label names, and no Λ:
+    it loads, and is written back as it was (with the empty ``removed_by`` every removal run has added)."""
+    raw = {"features": "model", "model_dir": "artifacts/digits/student", "applied_batches": {}, "input_dim": 64,
+           "classes": 10, "head": {"classes": 10, "lam": 0.005, "epsilon": 1.0, "delta": 1e-4, "sigma": 2.0,
+                                   "refresh_every": 0, "retrains": 1, "records_per_update": 1}}
+    meta = HeadMeta.from_dict(raw, source=META_FILE)
+    assert (meta.training_id, meta.class_names, meta.left_out_at_training, meta.head.reg) == (None, None, None, None)
+    head_section = {k: v for k, v in raw["head"].items() if k != "records_per_update"}  # read by nothing
+    assert meta.to_dict() == raw | {"head": head_section, "removed_by": {}}
+
+
+@pytest.mark.parametrize(("key", "edit"), [
+    ("features", lambda raw: raw.pop("features")),
+    ("applied_batches", lambda raw: raw.pop("applied_batches")),
+    ("head", lambda raw: raw.pop("head")),
+    ("head.epsilon", lambda raw: raw["head"].pop("epsilon")),
+    ("head.retrains", lambda raw: raw["head"].update(retrains="one")),
+    ("applied_batches.batch-20260101T000000Z-1a2b.budget_used",
+     lambda raw: raw["applied_batches"]["batch-20260101T000000Z-1a2b"].pop("budget_used")),
+    ("applied_batches.batch-20260101T000000Z-1a2b.mechanisms.req-3",
+     lambda raw: raw["applied_batches"]["batch-20260101T000000Z-1a2b"]["mechanisms"].update({"req-3": "magic"})),
+    ("removed_by.17", lambda raw: raw["removed_by"].update({"17": "absent"})),
+    ("history[0].used", lambda raw: raw["history"][0].pop("used")),
+])
+def test_a_malformed_head_meta_is_refused_in_one_line_naming_the_file_and_key(key: str, edit) -> None:
+    raw = json.loads(WRITTEN_AFTER_A_BATCH)
+    edit(raw)
+    with pytest.raises(DamagedHeadFile) as refused:
+        HeadMeta.from_dict(raw, source=META_FILE)
+    message = str(refused.value)
+    assert isinstance(refused.value, DataError) and refused.value.file == META_FILE
+    assert message.startswith(f"{META_FILE}: the head's file is damaged ({key} ") and "\n" not in message
+
+
+def test_every_mechanism_has_its_legend_and_is_written_as_before() -> None:
+    """The audit's legend (tasks.removal.mechanisms) names every value, by the strings the files hold."""
+    from tasks.removal.mechanisms import MECHANISMS
+
+    assert set(MECHANISMS) == {"newton", "retrain", "absent", "no_head"} == {*Mechanism, *NoRemoval}
+    assert [request_mechanism(name) for name in MECHANISMS] == [Mechanism.NEWTON, Mechanism.RETRAIN,
+                                                               NoRemoval.ABSENT, NoRemoval.NO_HEAD]
+    assert json.dumps([Mechanism.RETRAIN, NoRemoval.NO_HEAD]) == '["retrain", "no_head"]'
+    with pytest.raises(ValueError, match="unknown removal mechanism 'magic'"):
+        request_mechanism("magic")

@@ -172,7 +172,7 @@ def test_crash_between_steps_loses_nothing_and_applies_once(prefect_harness, ins
     assert [r.request_id for r in open_requests] == [request.request_id]
     head, _, meta = load_head(Path("artifacts/digits/head"))
     used_after_crash = head.used_total
-    assert batch_id in meta["applied_batches"]
+    assert batch_id in meta.applied_batches
 
     (result,) = _run_flow()  # the re-run finishes the crashed batch, reusing the applied update
     assert result.batch_id == batch_id
@@ -263,7 +263,7 @@ def test_an_unusable_template_falls_back_to_exporting_the_head(inside, monkeypat
 
     params = load_params("params.yaml")
     client = tracking.open_store(params)
-    assert registry._template(params, client, load_head(Path("artifacts/digits/head"))[2]["training_id"]) is not None
+    assert registry._template(params, client, load_head(Path("artifacts/digits/head"))[2].training_id) is not None
 
     def refuse(*_a, **_k):
         raise ValueError("model.pt2: no plain float32 weight '2.weight'")

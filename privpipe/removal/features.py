@@ -15,17 +15,20 @@ as the removal bounds assume, without any data-dependent scaling.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike, NDArray
 from torch import nn
 
+from privpipe.config.head import HEAD_FEATURES
 from privpipe.models import Projection, UnitNorm
 
 __all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "served_weights", "stored_rows",
            "FEATURE_SOURCES"]
 
-FEATURE_SOURCES = ("model", "dp_pca", "transform", "raw")
+FEATURE_SOURCES = HEAD_FEATURES
 
 
 class HeadFeatures(nn.Module):
@@ -38,7 +41,7 @@ class HeadFeatures(nn.Module):
 
 
 def feature_extractor(source: str, *, released: nn.Sequential | None = None,
-                      projection: np.ndarray | None = None, transform: nn.Module | None = None) -> nn.Sequential:
+                      projection: NDArray[Any] | None = None, transform: nn.Module | None = None) -> nn.Sequential:
     """The frozen map from input features to what the head sees (before :class:`HeadFeatures`)."""
     if source == "model":
         if released is None:
@@ -59,32 +62,33 @@ def feature_extractor(source: str, *, released: nn.Sequential | None = None,
     raise ValueError(f"head.features: unknown source {source!r} (choose one of {', '.join(FEATURE_SOURCES)})")
 
 
-def head_features(extractor: nn.Module, features: np.ndarray, *, batch: int = 4096) -> np.ndarray:
+def head_features(extractor: nn.Module, features: NDArray[Any], *, batch: int = 4096) -> NDArray[np.float64]:
     """The head's design matrix (float64, ‖row‖ ≤ 1) for raw input ``features``."""
     scale = HeadFeatures()
-    out = []
+    out: list[NDArray[np.float64]] = []
     with torch.no_grad():
         for start in range(0, len(features), batch):
             chunk = torch.as_tensor(np.asarray(features[start:start + batch], dtype=np.float32))
-            out.append(scale(extractor(chunk).double()).numpy())
+            rows: torch.Tensor = scale(extractor(chunk).double())
+            out.append(rows.numpy())
     X = np.concatenate(out) if out else np.zeros((0, 1))
-    norms = np.linalg.norm(X, axis=1, keepdims=True)
+    norms: NDArray[np.float64] = np.linalg.norm(X, axis=1, keepdims=True)
     return X / np.maximum(norms, 1.0)  # rounding can leave a norm of 1 + 1e-16
 
 
-def served_weights(W: np.ndarray, *, classes: int) -> np.ndarray:
+def served_weights(W: ArrayLike, *, classes: int) -> NDArray[np.float32]:
     """The served linear layer's weights (float32): one-vs-rest rows, or (0, w) for the binary head."""
     weights = np.asarray(W, dtype=np.float32)
     return np.concatenate([np.zeros_like(weights), weights]) if classes == 2 else weights
 
 
-def stored_rows(X: np.ndarray) -> np.ndarray:
+def stored_rows(X: ArrayLike) -> NDArray[np.float64]:
     """Design-matrix rows as the head keeps them: float32 values (saved exactly), shrunk by 1e-6 first so
     that no rounded row leaves the unit ball."""
     return (np.asarray(X, dtype=np.float64) * (1.0 - 1e-6)).astype(np.float32).astype(np.float64)
 
 
-def head_model(extractor: nn.Module, W: np.ndarray, *, classes: int) -> nn.Sequential:
+def head_model(extractor: nn.Module, W: ArrayLike, *, classes: int) -> nn.Sequential:
     """A torch model giving class scores: one-vs-rest scores, or (0, s) for the binary head."""
     weights = torch.as_tensor(served_weights(W, classes=classes))
     linear = nn.Linear(weights.shape[1], weights.shape[0], bias=False)

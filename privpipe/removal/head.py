@@ -46,20 +46,34 @@ The classes are one joint model: the budget test is on ‖(β_1 … β_K)‖₂.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 from scipy.linalg import eigh
 from scipy.linalg.blas import dsyrk
-from scipy.special import expit
 
 from privpipe.privacy import NoiseSource
 from privpipe.removal.guarantee import RemovalGuarantee
-from privpipe.removal.logistic import GAMMA, fit_perturbed, gradient, gradient_rounding, rounding_factor
+from privpipe.removal.logistic import (
+    GAMMA,
+    Floats,
+    fit_perturbed,
+    gradient,
+    gradient_rounding,
+    rounding_factor,
+    sigmoid,
+)
+from privpipe.removal.mechanism import Mechanism
+from privpipe.removal.meta import HeadSettings
 
 __all__ = ["RemovableHead", "RemovalStep"]
+
+Mask: TypeAlias = NDArray[np.bool_]  # one flag per row
+Rows: TypeAlias = NDArray[np.intp]  # row indices
+Labels: TypeAlias = NDArray[np.int64]
 
 _SOLVE_TOLERANCE = 1e-10  # relative to ‖Δ‖; what is left, ‖H_R v − Δ‖, is added to the bound anyway
 _SOLVE_STEPS = 25  # preconditioned iterations before a direct solve of H_R
@@ -78,7 +92,7 @@ class RemovalStep:
     """One batch of removals: a Newton update from the reference, or a retrain."""
 
     rows: list[int]
-    mechanism: str  # "newton" | "retrain"
+    mechanism: Mechanism
     used: float  # certified gradient-residual bound after it (joint over classes)
     budget: float
     certificate: str = ""  # newton, its last update's: "spectral" (O(d) bound) | "gram" (O(d²)) | "rows" (O(n d))
@@ -90,25 +104,25 @@ class RemovalStep:
 class _Reference:
     """What the bound is taken from (rebuilt from W₀ and D₀ when a head is loaded)."""
 
-    curvature: np.ndarray  # (K, n): ℓ'' at w₀ for every row
-    hessian: np.ndarray  # (K, d, d): H₀ over D₀
-    inverse: np.ndarray  # (K, d, d): H₀⁻¹ as computed, the Woodbury columns' source and the iterations' preconditioner
-    inverse_error: np.ndarray  # (K,): ρ with ‖H₀ z − x‖ ≤ ρ ‖x‖ for z = H₀⁻¹x as computed, rounding included
-    gram: np.ndarray  # (d, d): Σ_{D₀} x xᵀ
+    curvature: Floats  # (K, n): ℓ'' at w₀ for every row
+    hessian: Floats  # (K, d, d): H₀ over D₀
+    inverse: Floats  # (K, d, d): H₀⁻¹ as computed, the Woodbury columns' source and the iterations' preconditioner
+    inverse_error: Floats  # (K,): ρ with ‖H₀ z − x‖ ≤ ρ ‖x‖ for z = H₀⁻¹x as computed, rounding included
+    gram: Floats  # (d, d): Σ_{D₀} x xᵀ
     spectral: float  # ‖X_{D₀}‖₂ (only falls as rows go)
     rows: int  # |D₀|
-    removed: np.ndarray  # row indices removed since the reference, in order
-    removed_X: np.ndarray  # (|R|, d): their features
-    removed_curvature: np.ndarray  # (K, |R|): ℓ'' at w₀ on them
-    delta: np.ndarray  # (K, d): Δ_R at w₀
+    removed: Rows  # row indices removed since the reference, in order
+    removed_X: Floats  # (|R|, d): their features
+    removed_curvature: Floats  # (K, |R|): ℓ'' at w₀ on them
+    delta: Floats  # (K, d): Δ_R at w₀
     # how many removed rows have their Woodbury columns in ``buffers`` (None: not kept, the iterative solve is
     # used until the next move); per class, for row j: Z z_jᵀ = (H₀⁻¹ x_j)ᵀ as computed (H₀ z_j = x_j up to
     # inverse_error), XZ x_iᵀ z_j, slopes g_j with ∇ℓ_j(w₀) = g_j x_j (Δ_R = Σ g_j x_j)
     kept: int | None = 0
-    buffers: dict[str, np.ndarray] | None = None  # room for _WOODBURY_ROWS rows, allocated at the first removal
+    buffers: dict[str, Floats] | None = None  # room for _WOODBURY_ROWS rows, allocated at the first removal
 
     @property
-    def columns(self) -> dict[str, np.ndarray] | None:
+    def columns(self) -> dict[str, Floats] | None:
         """The kept rows' Woodbury columns, as views of ``buffers`` (None: not kept, or no removal yet)."""
         if self.kept is None:
             return None
@@ -117,28 +131,28 @@ class _Reference:
 
 @dataclass
 class RemovableHead:
-    X: np.ndarray  # (n, d) float64, rows with ‖x‖ ≤ 1
-    y: np.ndarray  # (n,) class indices
+    X: Floats  # (n, d) float64, rows with ‖x‖ ≤ 1
+    y: Labels  # (n,) class indices
     classes: int
     lam: float  # λ: the L2 weight is Λ = λ·n₀
     reg: float  # Λ, fixed when first trained
     guarantee: RemovalGuarantee
-    W: np.ndarray  # (K, d)
-    B: np.ndarray  # (K, d): the loss perturbation; secret, never released
-    active: np.ndarray  # (n,) bool: rows still in the training set
-    used: np.ndarray  # (K,) certified gradient-residual bound per class, now
-    ref_W: np.ndarray  # (K, d): w₀
-    ref_active: np.ndarray  # (n,) bool: D₀
-    ref_used: np.ndarray  # (K,): β₀
+    W: Floats  # (K, d)
+    B: Floats  # (K, d): the loss perturbation; secret, never released
+    active: Mask  # (n,) bool: rows still in the training set
+    used: Floats  # (K,) certified gradient-residual bound per class, now
+    ref_W: Floats  # (K, d): w₀
+    ref_active: Mask  # (n,) bool: D₀
+    ref_used: Floats  # (K,): β₀
     refresh_every: int = 0
     retrains: int = 0
     _ref: _Reference | None = field(default=None, repr=False)
-    _pending_hessians: np.ndarray | None = field(default=None, repr=False)
+    _pending_hessians: Floats | None = field(default=None, repr=False)
     _move_due: bool = field(default=False, repr=False)
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def train(cls, X: np.ndarray, y: np.ndarray, *, classes: int, lam: float, guarantee: RemovalGuarantee,
+    def train(cls, X: ArrayLike, y: ArrayLike, *, classes: int, lam: float, guarantee: RemovalGuarantee,
               noise: NoiseSource, refresh_every: int = 0) -> RemovableHead:
         """Fit on (X, y) with a fresh perturbation b ~ N(0, σ²I) per class; Λ = λ·len(y) from now on."""
         X = np.asarray(X, dtype=np.float64)
@@ -175,13 +189,13 @@ class RemovableHead:
             return len(self._ref.removed)
         return int((self.ref_active & ~self.active).sum())
 
-    def signs(self, c: int, rows: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+    def signs(self, c: int, rows: Sequence[int] | Rows | None = None) -> Floats:
         """±1 targets of class model c, for ``rows`` or all (two classes: the one model separates class 1)."""
         positive = 1 if self.classes == 2 else c
         labels = self.y if rows is None else self.y[rows]
         return np.where(labels == positive, 1.0, -1.0)
 
-    def _sign_matrix(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+    def _sign_matrix(self, rows: Mask | Rows | slice = slice(None)) -> Floats:
         """(K, len(rows)) ±1 targets of every class model."""
         labels = self.y[rows]
         if self.classes == 2:
@@ -189,10 +203,10 @@ class RemovableHead:
         return np.where(labels[None, :] == np.arange(self.classes)[:, None], 1.0, -1.0)
 
     # -- prediction ---------------------------------------------------------
-    def scores(self, X: np.ndarray) -> np.ndarray:
+    def scores(self, X: ArrayLike) -> Floats:
         return np.asarray(X, dtype=np.float64) @ self.W.T
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
+    def predict(self, X: ArrayLike) -> Labels:
         scores = self.scores(X)
         return (scores[:, 0] > 0).astype(np.int64) if self.classes == 2 else scores.argmax(axis=1)
 
@@ -231,11 +245,11 @@ class RemovableHead:
                 before = self.used_total
                 self.active[todo] = False
                 self._retrain(noise)
-                return RemovalStep(todo, "retrain", self.used_total, self.budget,
+                return RemovalStep(todo, Mechanism.RETRAIN, self.used_total, self.budget,
                                    reason=f"the update would raise the gradient-residual bound from {before:.4g} "
                                           f"to {bound:.4g}, over the budget σε/c = {self.budget:.4g}")
             kinds.append(certificate)
-        return RemovalStep(todo, "newton", self.used_total, self.budget,
+        return RemovalStep(todo, Mechanism.NEWTON, self.used_total, self.budget,
                            certificate=kinds[-1], updates=len(kinds))
 
     def forget_removed(self) -> None:
@@ -249,7 +263,7 @@ class RemovableHead:
         self.X[gone] = 0.0
         self.y[gone] = 0
 
-    def _update(self, new: np.ndarray) -> tuple[str | None, float]:
+    def _update(self, new: Rows) -> tuple[str | None, float]:
         """The Newton update removing rows ``new``, applied if its bound fits the budget: (the certificate
         that fitted, the joint bound), or (None, the bound it would have had) with nothing changed."""
         ref = self._reference()
@@ -286,16 +300,16 @@ class RemovableHead:
         ref.kept = None if columns is None else len(Xr)
         return certificate, bound
 
-    def _loss_slopes(self, rows: np.ndarray) -> np.ndarray:
+    def _loss_slopes(self, rows: Rows) -> Floats:
         """(K, len(rows)): g_j with ∇ℓ_j(w₀) = g_j x_j for every class model."""
         signs = self._sign_matrix(rows)
-        return -signs * expit(-signs * (self.ref_W @ self.X[rows].T))
+        return -signs * sigmoid(-signs * (self.ref_W @ self.X[rows].T))
 
-    def _loss_gradients(self, rows: np.ndarray) -> np.ndarray:
+    def _loss_gradients(self, rows: Rows) -> Floats:
         """(K, d): Σ_{j∈rows} ∇ℓ_j(w₀) for every class model."""
         return self._loss_slopes(rows) @ self.X[rows]
 
-    def _woodbury_columns(self, ref: _Reference, new: np.ndarray, slopes: np.ndarray) -> dict[str, np.ndarray] | None:
+    def _woodbury_columns(self, ref: _Reference, new: Rows, slopes: Floats) -> dict[str, Floats] | None:
         """The removed rows' Woodbury columns with ``new`` appended (one O(d²) product per class and row),
         written after the kept ones into buffers of room for _WOODBURY_ROWS: views, kept only if the caller
         stores them (a refused update leaves the kept ones as they were). Stored as rows (K, |R|, d)."""
@@ -318,8 +332,8 @@ class RemovableHead:
         return _column_views(b, top)
 
     @staticmethod
-    def _woodbury(ref: _Reference, Xr: np.ndarray, row_norms: np.ndarray, curv: np.ndarray,
-                  columns: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _woodbury(ref: _Reference, Xr: Floats, row_norms: Floats, curv: Floats,
+                  columns: dict[str, Floats]) -> tuple[Floats, Floats]:
         """v = H_R⁻¹ Δ_R per class, and a bound on ‖H_R v − Δ_R‖, in O(|R| d) from the kept columns.
 
         H_R = H₀ − X_Rᵀ C X_R (C = diag ℓ''), so by Woodbury, with Z = H₀⁻¹ X_Rᵀ and S = √C,
@@ -343,12 +357,12 @@ class RemovableHead:
         return V, np.linalg.norm(s @ Xr, axis=1) + a_part
 
     @staticmethod
-    def _apply_hessian(ref: _Reference, Xr: np.ndarray, curv: np.ndarray, V: np.ndarray) -> np.ndarray:
+    def _apply_hessian(ref: _Reference, Xr: Floats, curv: Floats, V: Floats) -> Floats:
         """(K, d): H_R v for every class, as H₀v minus the removed rows' (Xr, ℓ'' curv) rank-one terms."""
         return _batched(ref.hessian, V) - (curv * (V @ Xr.T)) @ Xr
 
-    def _solve(self, ref: _Reference, Xr: np.ndarray, curv: np.ndarray,
-               delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _solve(self, ref: _Reference, Xr: Floats, curv: Floats,
+               delta: Floats) -> tuple[Floats, Floats]:
         """v with H_R v ≈ Δ_R per class, and the error Δ_R − H_R v left: H₀⁻¹-preconditioned iterations
         from the current step (H_R differs from H₀ by the few removed rows, so each shrinks the error by
         about their share), then a direct solve of H_R if they stall."""
@@ -368,8 +382,8 @@ class RemovableHead:
         V = np.linalg.solve(exact, delta[:, :, None])[:, :, 0]
         return V, delta - self._apply_hessian(ref, Xr, curv, V)
 
-    def _rounding_allowance(self, ref: _Reference, row_norms: np.ndarray, curv: np.ndarray,
-                            V: np.ndarray) -> np.ndarray:
+    def _rounding_allowance(self, ref: _Reference, row_norms: Floats, curv: Floats,
+                            V: Floats) -> Floats:
         """(K,): what float64 rounding can hide from ‖H_R v − Δ_R‖ as evaluated, for the weights as stored.
 
         Each product or sum of m terms is off by at most γ_m times the sum of its terms' magnitudes, and
@@ -378,31 +392,34 @@ class RemovableHead:
         for w₀ + v rounded into W, and n₀ (‖w₀‖ + 1) ‖v‖ for ℓ″ at w₀ off by its margin's rounding
         (|ℓ‴| ≤ 1/4) and its few ulps. Doubled for what this bookkeeping leaves out; 5e-8 after 100 removals on MNIST
         pixels, where the budget is 2.28."""
-        n0, d, removed = ref.rows, V.shape[1], len(row_norms)
-        step, start = np.linalg.norm(V, axis=1), np.linalg.norm(self.ref_W, axis=1)
+        n0, d, removed = ref.rows, int(V.shape[1]), len(row_norms)
+        step: Floats = np.linalg.norm(V, axis=1)
+        start: Floats = np.linalg.norm(self.ref_W, axis=1)
         magnitude = (removed + curv @ row_norms ** 2 * step + (n0 / 4 + self.reg) * (start + 2 * step)
                      + n0 * (start + 1.0) * step)
         return 2.0 * rounding_factor(n0 + d + removed + 8) * magnitude
 
     @staticmethod
-    def _spectral_spread(ref: _Reference, V: np.ndarray) -> np.ndarray:
+    def _spectral_spread(ref: _Reference, V: Floats) -> Floats:
         """(K,): ‖v‖² ‖X₀‖₂ ≥ ‖v‖ ‖X_{D₀∖R} v‖ ≥ ‖q ⊙ q‖, in O(d)."""
-        return (V * V).sum(axis=1) * ref.spectral
+        squares: Floats = (V * V).sum(axis=1)
+        return squares * ref.spectral
 
     @staticmethod
-    def _gram_spread(ref: _Reference, Xr: np.ndarray, V: np.ndarray, gram_v: np.ndarray) -> np.ndarray:
+    def _gram_spread(ref: _Reference, Xr: Floats, V: Floats, gram_v: Floats) -> Floats:
         """(K,): ‖v‖·√(vᵀ G_R v) ≥ ‖q ⊙ q‖ from G₀ v (``gram_v``; G_R = G₀ − Xrᵀ Xr)."""
-        quadratic = (gram_v * V).sum(axis=1) - ((V @ Xr.T) ** 2).sum(axis=1)
-        norms = np.linalg.norm(V, axis=1)
+        quadratic: Floats = (gram_v * V).sum(axis=1) - ((V @ Xr.T) ** 2).sum(axis=1)
+        norms: Floats = np.linalg.norm(V, axis=1)
         quadratic = np.maximum(quadratic, 0.0) + _ROUNDING * norms ** 2 * ref.spectral ** 2
         return norms * np.sqrt(quadratic)
 
-    def _row_spread(self, remaining: np.ndarray, V: np.ndarray) -> np.ndarray:
+    def _row_spread(self, remaining: Mask, V: Floats) -> Floats:
         """(K,): ‖q ⊙ q‖ exactly, q = X_{D₀∖R} v: one O(n d) product."""
-        q = (self.X @ V.T)[remaining]  # the product on every row, then the rows: no copy of X
-        return np.linalg.norm(q * q, axis=0)
+        q: Floats = (self.X @ V.T)[remaining]  # the product on every row, then the rows: no copy of X
+        spread: Floats = np.linalg.norm(q * q, axis=0)
+        return spread
 
-    def _bound(self, ref: _Reference, linear: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    def _bound(self, ref: _Reference, linear: Floats, spread: Floats) -> Floats:
         return (self.ref_used + linear + 0.5 * GAMMA * ref.spectral * spread) * (1.0 + _ROUNDING)
 
     # -- (re)training and the reference ----------------------------------------
@@ -423,7 +440,7 @@ class RemovableHead:
         self.retrains += 1
         self._set_reference(used, np.stack(hessians))
 
-    def certificates(self) -> dict[str, np.ndarray]:
+    def certificates(self) -> dict[str, Floats]:
         """The current weights' per-class bound by each certificate, ``spectral`` (O(d)), ``gram`` (O(d²),
         never above it) and ``rows`` (O(n d), never above that), from the current reference, with
         ‖H_R v − Δ_R‖ evaluated in float64 on the stored H₀ (plus the rounding allowance), not the bound an
@@ -441,7 +458,7 @@ class RemovableHead:
         the current state."""
         self._set_reference(np.minimum(self.used, self.certificates()["rows"]))
 
-    def _set_reference(self, used: np.ndarray, hessians: np.ndarray | None = None) -> None:
+    def _set_reference(self, used: Floats, hessians: Floats | None = None) -> None:
         """Make the current weights and rows the reference, certified at ``used`` (its matrices are
         built when the next removal needs them, or by ``prepare``: a removal run that ends in a retrain
         never builds them)."""
@@ -462,11 +479,11 @@ class RemovableHead:
             ref.removed_X, ref.removed_curvature = self.X[removed], ref.curvature[:, removed]
         return self._ref
 
-    def _build_reference(self, hessians: np.ndarray | None = None) -> _Reference:
+    def _build_reference(self, hessians: Floats | None = None) -> _Reference:
         rows = self.ref_active
         X = self.X[rows]
         margins = self._sign_matrix(rows) * (self.ref_W @ X.T)
-        weights = expit(margins) * expit(-margins)  # ℓ'' at w₀ on D₀ (removed rows are always in D₀)
+        weights = sigmoid(margins) * sigmoid(-margins)  # ℓ'' at w₀ on D₀ (removed rows are always in D₀)
         curv = np.zeros((len(self.W), len(self.X)))
         curv[:, rows] = weights
         if hessians is None:
@@ -488,38 +505,40 @@ class RemovableHead:
     # -- persistence ----------------------------------------------------------
     _ARRAYS = ("X", "y", "W", "B", "active", "used", "ref_W", "ref_active", "ref_used")
 
-    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """(arrays, JSON-able metadata) that :meth:`from_state` rebuilds the head from (the reference's
-        matrices excluded: they are rebuilt from w₀ and D₀)."""
+    def settings(self) -> HeadSettings:
+        """The numbers :meth:`from_state` rebuilds the head from beside its arrays (meta.json's ``head``)."""
+        return HeadSettings(classes=self.classes, lam=self.lam, reg=self.reg, epsilon=self.guarantee.epsilon,
+                            delta=self.guarantee.delta, sigma=self.guarantee.sigma,
+                            refresh_every=self.refresh_every, retrains=self.retrains)
+
+    def state(self) -> tuple[dict[str, NDArray[Any]], HeadSettings]:
+        """(arrays, settings) that :meth:`from_state` rebuilds the head from (the reference's matrices
+        excluded: they are rebuilt from w₀ and D₀)."""
         arrays = {name: np.asarray(getattr(self, name)).copy() for name in self._ARRAYS}
-        meta = {"classes": self.classes, "lam": self.lam, "reg": self.reg, "epsilon": self.guarantee.epsilon,
-                "delta": self.guarantee.delta, "sigma": self.guarantee.sigma, "refresh_every": self.refresh_every,
-                "retrains": self.retrains}
-        return arrays, meta
+        return arrays, self.settings()
 
     @classmethod
-    def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> RemovableHead:
-        guarantee = RemovalGuarantee(epsilon=meta["epsilon"], delta=meta["delta"], sigma=meta["sigma"])
+    def from_state(cls, arrays: Mapping[str, NDArray[Any]], settings: HeadSettings) -> RemovableHead:
         active = np.array(arrays["active"], dtype=bool)
         W, used = np.array(arrays["W"], dtype=np.float64), np.array(arrays["used"], dtype=np.float64)
         # a state from before the reference point: its W minimised λ·n_now/2 ‖w‖² up to ``used``, so it is
         # its own reference with that Λ
-        reg = float(meta.get("reg", float(meta["lam"]) * int(active.sum())))
-        return cls(X=np.asarray(arrays["X"], dtype=np.float64), y=arrays["y"], classes=int(meta["classes"]),
-                   lam=float(meta["lam"]), reg=reg, guarantee=guarantee, W=W,
+        reg = float(settings.reg if settings.reg is not None else float(settings.lam) * int(active.sum()))
+        return cls(X=np.asarray(arrays["X"], dtype=np.float64), y=np.asarray(arrays["y"]),
+                   classes=settings.classes, lam=float(settings.lam), reg=reg, guarantee=settings.guarantee, W=W,
                    B=np.array(arrays["B"], dtype=np.float64), active=active, used=used,
                    ref_W=np.array(arrays.get("ref_W", W), dtype=np.float64),
                    ref_active=np.array(arrays.get("ref_active", active), dtype=bool),
                    ref_used=np.array(arrays.get("ref_used", used), dtype=np.float64),
-                   refresh_every=int(meta["refresh_every"]), retrains=int(meta["retrains"]))
+                   refresh_every=settings.refresh_every, retrains=settings.retrains)
 
 
-def _column_views(buffers: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+def _column_views(buffers: dict[str, Floats], rows: int) -> dict[str, Floats]:
     """The first ``rows`` rows' Woodbury columns in ``buffers`` (views)."""
     return {"Z": buffers["Z"][:, :rows], "XZ": buffers["XZ"][:, :rows, :rows], "slopes": buffers["slopes"][:, :rows]}
 
 
-def _inverse_error(hessians: np.ndarray, inverses: np.ndarray) -> np.ndarray:
+def _inverse_error(hessians: Floats, inverses: Floats) -> Floats:
     """(K,): ρ with ‖H z − x‖ ≤ ρ ‖x‖ for every z = Ĥx computed in float64 (Ĥ the inverse as computed), and for
     any v = Σ a_j z_j summed in float64 over up to _WOODBURY_ROWS columns, per unit of Σ |a_j| ‖x_j‖.
 
@@ -527,29 +546,30 @@ def _inverse_error(hessians: np.ndarray, inverses: np.ndarray) -> np.ndarray:
     product or sum of m terms is off by at most γ_m = m u / (1 − m u) times the sum of the terms' magnitudes
     (Higham, Accuracy and Stability, §3.1), which ‖H‖_F ‖Ĥ‖_F bounds after H is applied. Frobenius norms
     make this loose, but in float64 it is 2e-10 on MNIST pixels (d = 785): nothing next to the budget."""
-    d = hessians.shape[-1]
+    d = int(hessians.shape[-1])
     product = np.matmul(hessians, inverses)
     product[:, np.arange(d), np.arange(d)] -= 1.0
-    scale = np.linalg.norm(hessians, axis=(1, 2)) * np.linalg.norm(inverses, axis=(1, 2))
-    measured = np.linalg.norm(product, axis=(1, 2)) + rounding_factor(d) * scale
+    scale: Floats = np.linalg.norm(hessians, axis=(1, 2)) * np.linalg.norm(inverses, axis=(1, 2))
+    measured: Floats = np.linalg.norm(product, axis=(1, 2)) + rounding_factor(d) * scale
     # H (Ĥ x) against (H Ĥ) x: the product's rounding, then the combination Σ a_j z_j's
     combined = (rounding_factor(d) + rounding_factor(_WOODBURY_ROWS)) * scale * (1.0 + measured)
     return (measured + combined) * (1.0 + _ROUNDING)
 
 
-def _batched(matrices: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+def _batched(matrices: Floats, vectors: Floats) -> Floats:
     """(K, d): matrices[k] @ vectors[k] for every k, by BLAS (einsum's loop took 86 % of a removal at d = 785)."""
-    return np.matmul(matrices, vectors[:, :, None])[:, :, 0]
+    products: Floats = np.matmul(matrices, vectors[:, :, None])[:, :, 0]
+    return products
 
 
-def _gram(A: np.ndarray) -> np.ndarray:
+def _gram(A: Floats) -> Floats:
     """AᵀA by BLAS SYRK (one triangle: half GEMM's work), made symmetric. A row-major A is handed over as Aᵀ,
     which is column-major already: no copy of the (n, d) rows (one took a fifth of a reference's build)."""
-    upper = dsyrk(1.0, A.T, trans=0) if A.flags.c_contiguous else dsyrk(1.0, A, trans=1)
+    upper: Floats = dsyrk(1.0, A.T, trans=0) if A.flags.c_contiguous else dsyrk(1.0, A, trans=1)
     return np.triu(upper) + np.triu(upper, 1).T
 
 
-def _check_inputs(X: np.ndarray, y: np.ndarray, *, classes: int, lam: float, refresh_every: int) -> None:
+def _check_inputs(X: Floats, y: Labels, *, classes: int, lam: float, refresh_every: int) -> None:
     if X.ndim != 2 or len(X) != len(y) or len(y) == 0:
         raise ValueError(f"head: features must be (n, d) with one label per row, got {X.shape} and {y.shape}")
     if not np.isfinite(X).all():

@@ -16,29 +16,40 @@ removal budget counts is measured in this form.
 from __future__ import annotations
 
 import math
+from typing import TypeAlias
 
 import numpy as np
+from numpy.typing import NDArray
 from scipy.optimize import minimize
 from scipy.special import expit, log_expit
 
 __all__ = ["GAMMA", "objective", "gradient", "gradient_rounding", "rounding_factor", "curvature", "hessian",
-           "fit_perturbed"]
+           "fit_perturbed", "sigmoid", "Floats"]
+
+Floats: TypeAlias = NDArray[np.float64]  # what every vector and matrix of the removal analysis is
 
 #: Lipschitz constant of ℓ''(z) = σ(z)σ(−z), i.e. max |ℓ'''| (reached at σ(z) = (3 − √3)/6).
 #: Guo et al. use the looser 1/4; both are sound.
 GAMMA = 1.0 / (6.0 * math.sqrt(3.0))
 
 
-def objective(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, reg: float, b: np.ndarray) -> float:
+def sigmoid(z: Floats) -> Floats:
+    """σ(z) = 1 / (1 + e^(−z)) elementwise, by scipy's expit (stable for large |z|; scipy ships no types, so
+    its result is given one here)."""
+    out: Floats = expit(z)
+    return out
+
+
+def objective(w: Floats, X: Floats, y: Floats, *, reg: float, b: Floats) -> float:
     """L_b(w; D) in the sum form."""
     margins = y * (X @ w)
     return float(-log_expit(margins).sum() + 0.5 * reg * w @ w + b @ w)
 
 
-def gradient(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, reg: float, b: np.ndarray) -> np.ndarray:
+def gradient(w: Floats, X: Floats, y: Floats, *, reg: float, b: Floats) -> Floats:
     """∇L_b(w; D) in the sum form."""
     margins = y * (X @ w)
-    return X.T @ (-y * expit(-margins)) + reg * w + b
+    return X.T @ (-y * sigmoid(-margins)) + reg * w + b
 
 
 def rounding_factor(m: int) -> float:
@@ -48,24 +59,24 @@ def rounding_factor(m: int) -> float:
     return m * unit / (1.0 - m * unit)
 
 
-def gradient_rounding(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, reg: float, b: np.ndarray) -> float:
+def gradient_rounding(w: Floats, X: Floats, y: Floats, *, reg: float, b: Floats) -> float:
     """A bound on ‖fl(∇L_b(w; D)) − ∇L_b(w; D)‖ for ``gradient`` evaluated in float64: the margins,
     the sum over rows and the three terms each off by at most γ_m times their terms' magnitudes
     (m = n + d + 8), ℓ′ by its few ulps and by its margin's error times |ℓ″| ≤ 1/4; doubled for slack."""
-    n, d = X.shape
-    slopes = expit(-(y * (X @ w)))  # |ℓ′|
+    n, d = (int(size) for size in X.shape)
+    slopes = sigmoid(-(y * (X @ w)))  # |ℓ′|
     magnitude = (float(np.linalg.norm(np.abs(X).T @ slopes)) + (n / 4 + reg) * float(np.linalg.norm(w))
                  + float(np.linalg.norm(b)) + n)
     return 2.0 * rounding_factor(n + d + 8) * magnitude
 
 
-def curvature(w: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+def curvature(w: Floats, X: Floats, y: Floats) -> Floats:
     """ℓ''(y_i wᵀx_i) for every row: the per-record weights of the data part of the Hessian."""
     margins = y * (X @ w)
-    return expit(margins) * expit(-margins)
+    return sigmoid(margins) * sigmoid(-margins)
 
 
-def hessian(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, reg: float) -> np.ndarray:
+def hessian(w: Floats, X: Floats, y: Floats, *, reg: float) -> Floats:
     """∇²L_b(w; D) = Xᵀ diag(ℓ'') X + Λ I (b is linear, so it does not enter)."""
     weights = curvature(w, X, y)
     out = X.T @ (X * weights[:, None])
@@ -73,8 +84,8 @@ def hessian(w: np.ndarray, X: np.ndarray, y: np.ndarray, *, reg: float) -> np.nd
     return out
 
 
-def fit_perturbed(X: np.ndarray, y: np.ndarray, *, reg: float, b: np.ndarray, w0: np.ndarray | None = None,
-                  newton_steps: int = 3, max_iter: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+def fit_perturbed(X: Floats, y: Floats, *, reg: float, b: Floats, w0: Floats | None = None,
+                  newton_steps: int = 3, max_iter: int = 1000) -> tuple[Floats, Floats]:
     """The minimiser of L_b(w; D), and the Hessian there.
 
     L-BFGS on the (better scaled) objective divided by n, then a few exact Newton steps: the

@@ -29,7 +29,7 @@ from privpipe.data import DataShape, Records
 from privpipe.files import private_folder
 from privpipe.models import load_released
 from privpipe.privacy import Ledger
-from privpipe.removal import RemovableHead, RemovalGuarantee, combined_guarantee
+from privpipe.removal import HeadMeta, RemovableHead, RemovalGuarantee, combined_guarantee
 from privpipe.removal.features import feature_extractor, head_features, stored_rows
 from privpipe.requests import RequestQueue, base_id
 from tasks import paths
@@ -114,9 +114,9 @@ def run_head(params: Params, *, where: DatasetPaths | None = None) -> HeadVersio
                                      feature_source=cfg.features)
         summary["feature_extractor"]["accountant"] = dp["accountant"]
         # names this training's served graph: its registered versions differ only in the linear weights
-        meta = {"training_id": uuid.uuid4().hex, "features": cfg.features, "model_dir": str(model_dir),
-                "applied_batches": {}, "removed_by": {}, "left_out_at_training": len(all_records) - len(records),
-                "input_dim": int(records.features.shape[1]), "classes": classes, "class_names": list(shape.classes)}
+        meta = HeadMeta(training_id=uuid.uuid4().hex, features=cfg.features, model_dir=str(model_dir),
+                        left_out_at_training=len(all_records) - len(records), input_dim=int(records.features.shape[1]),
+                        classes=classes, class_names=tuple(shape.classes), head=head.settings())
         save_head(staging, head, ids=records.ids, meta=meta)
         shutil.copy(where.prepared / INPUT_FILE, staging / INPUT_FILE)  # how its raw records are encoded, served
         write_json(staging / "guarantee.json", summary)

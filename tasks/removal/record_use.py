@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from privpipe.config import Params
+from privpipe.removal import Mechanism
 from privpipe.requests import RequestQueue, hashes_in
 from tasks.removal.scrub import erased_in, set_hashes
 from tasks.removal.store import load_head, row_hashes
@@ -118,16 +119,16 @@ def head_uses(queue: RequestQueue, *, folder: Path) -> list[RecordUse]:
     its extractor's sets (unknown for a head trained before extractors recorded them)."""
     head, ids, meta = load_head(folder)
     hashed = row_hashes(queue, ids)  # row by row, beside head.active
-    removed_by = meta.get("removed_by", {})
-    # a row removed before the head recorded how: a Newton update at least (a later retrain is stronger still)
-    how = ["active" if active else removed_by.get(str(row), "newton") for row, active in enumerate(head.active)]
+    # None: still in the head; a row removed before the head recorded how: a Newton update at least (a later
+    # retrain is stronger still)
+    how = [None if active else meta.removed_by.get(row, Mechanism.NEWTON) for row, active in enumerate(head.active)]
     uses = [
-        _use("head_rows", "none", [h for h, w in zip(hashed, how) if w == "active"],
+        _use("head_rows", "none", [h for h, w in zip(hashed, how) if w is None],
              "in the head's training rows: trained on without DP of its own (a removal takes it out)"),
-        _use("head_removed_newton", "certified_removal", [h for h, w in zip(hashed, how) if w == "newton"],
+        _use("head_removed_newton", "certified_removal", [h for h, w in zip(hashed, how) if w is Mechanism.NEWTON],
              "removed from the head by a Newton update (certified removal; the feature extractor by its DP)",
              epsilon_tag="certified_removal.epsilon", delta_tag="certified_removal.delta"),
-        _use("head_removed_retrain", "retrained", [h for h, w in zip(hashed, how) if w == "retrain"],
+        _use("head_removed_retrain", "retrained", [h for h, w in zip(hashed, how) if w is Mechanism.RETRAIN],
              "the head was retrained without it (exact); the feature extractor covers it by its DP",
              epsilon_tag="privacy.features_epsilon", delta_tag="privacy.features_delta"),
     ]

@@ -59,7 +59,7 @@ def register_head(params: Params, run: TrackedRun, folder: Path, *, tags: dict[s
     else the model is exported."""
     head, _, meta = load_head(folder)
     client = run.client
-    training = meta.get("training_id")
+    training = meta.training_id
     template, model_uri = _template(params, client, training), None
     if template is not None:
         try:
@@ -72,9 +72,9 @@ def register_head(params: Params, run: TrackedRun, folder: Path, *, tags: dict[s
         # it kept them: the prepared data's, which it was trained from)
         prepared = paths.for_params(params).prepared
         rule = read_input(folder if (folder / INPUT_FILE).exists() else prepared)
-        classes = tuple(meta.get("class_names") or read_shape(prepared).classes)
+        classes = meta.class_names or read_shape(prepared).classes
         with mlflow.start_run(run_id=run.run_id):
-            model_uri = log_served(served_model(folder, head), rule=rule, classes=classes, width=int(meta["input_dim"]),
+            model_uri = log_served(served_model(folder, head), rule=rule, classes=classes, width=meta.input_dim,
                                    name="head", tags={})
         client.update_run(run.run_id, status="RUNNING")  # leaving start_run() marked it finished; the flow decides
     dataset = paths.dataset_name(params)

@@ -37,6 +37,16 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import Params
 from privpipe.data import DataError
+from privpipe.removal import (
+    AppliedBatch,
+    DamagedHeadFile,
+    HeadMeta,
+    HistoryEntry,
+    Mechanism,
+    NoRemoval,
+    RemovalStep,
+    RequestMechanism,
+)
 from privpipe.requests import Request, RequestQueue, hashes_in
 from tasks import paths
 from tasks.common import stage_logger, staged_dir
@@ -58,7 +68,6 @@ from tasks.removal.noise import noise_for
 from tasks.removal.record_use import head_uses
 from tasks.removal.scrub import UNREACHABLE, PreparedScrub, TextScrub, scrub_prepared, scrub_text
 from tasks.removal.store import (
-    DamagedHeadFile,
     HeadVersion,
     forget_removed,
     head_model_name,
@@ -118,44 +127,15 @@ def _ensure_head_loads(folder: Path) -> None:
                         f"{unchanged}")
 
 
-def _removed_by(meta: dict[str, Any], before: np.ndarray, step: Any) -> None:
-    """Record how each removed row left the head: a retrain takes every row out exactly, those
-    removed before it included; a Newton update certifies its own rows."""
-    removed_by = meta.setdefault("removed_by", {})
-    if step is None:
-        return
+def _with_step(meta: HeadMeta, batch_id: str, before: np.ndarray, step: RemovalStep) -> HeadMeta:
+    """``meta`` with how each removed row left the head (a retrain takes every row out exactly, those
+    removed before it included; a Newton update certifies its own rows) and the step in its history."""
     gone = {int(row) for row in np.flatnonzero(~before)} | {int(row) for row in step.rows}
-    for row in (gone if step.mechanism == "retrain" else step.rows):
-        removed_by[str(int(row))] = step.mechanism
-
-
-@dataclass(frozen=True)
-class AppliedBatch:
-    """The apply step's record of one batch: how each request's record left the head (by request id) and
-    the budget after. Kept in the head's meta.json (``applied_batches``), so a re-run reuses it."""
-
-    mechanisms: dict[str, str]  # request id → newton | retrain | absent | no_head
-    rows_removed: int
-    newton_updates: int
-    retrained: bool
-    retrain_reasons: list[str]
-    budget_used: float | None  # None: no head
-    budget: float | None
-    version_before: str | None  # the head's registered version before the batch
-    data_version_before: str
-    applied_at: str
-    certificate: str | None = None  # the Newton update's bound (None: no head, so no step)
-
-    def to_json(self) -> dict[str, Any]:
-        """As meta.json holds it."""
-        out = dataclasses.asdict(self)
-        if self.certificate is None:
-            del out["certificate"]
-        return out
-
-    @classmethod
-    def from_json(cls, record: dict[str, Any]) -> AppliedBatch:
-        return cls(**record)
+    rows = gone if step.mechanism is Mechanism.RETRAIN else step.rows
+    entry = HistoryEntry(batch_id=batch_id, rows=len(step.rows), mechanism=step.mechanism,
+                         certificate=step.certificate, used=step.used)
+    return dataclasses.replace(meta, removed_by={**meta.removed_by, **dict.fromkeys(rows, step.mechanism)},
+                               history=(*meta.history, entry))
 
 
 def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, folder: Path | None = None,
@@ -166,9 +146,9 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
     queue = queue if queue is not None else RequestQueue(where.requests)
     head, ids, meta = load_head(folder)
     check_dataset(params, folder)
-    if batch_id in meta["applied_batches"]:
+    if batch_id in meta.applied_batches:
         log.info("removals: %s already applied to the head; reusing its record", batch_id)
-        return AppliedBatch.from_json(meta["applied_batches"][batch_id])
+        return meta.applied_batches[batch_id]
     row_of = {record_hash: row for row, record_hash in enumerate(row_hashes(queue, ids))}
     rows = {r.request_id: row_of.get(r.record_hash) for r in requests}
     # distinct rows: two requests for one record (an old journal) remove it once and count it once
@@ -176,21 +156,18 @@ def apply_batch(params: Params, batch_id: str, requests: Sequence[Request], *, f
     before = head.active.copy()
     step = head.remove(live, noise=noise_for(params, retrain=head.retrains + 1))  # the whole batch in one update
     ids = forget_removed(head, ids, queue)  # every removed row's features, label and id gone from the state
-    mechanism_of_row: dict[int | None, str] = {row: step.mechanism for row in step.rows} if step else {}
-    retrains = [step.reason] if step and step.mechanism == "retrain" else []
+    mechanism_of_row: dict[int | None, RequestMechanism] = {row: step.mechanism for row in step.rows} if step else {}
+    retrains = (step.reason,) if step and step.mechanism is Mechanism.RETRAIN else ()
     record = AppliedBatch(
-        mechanisms={rid: mechanism_of_row.get(row, "absent") for rid, row in rows.items()},
-        rows_removed=len(live), newton_updates=step.updates if step and step.mechanism == "newton" else 0,
+        mechanisms={rid: mechanism_of_row.get(row, NoRemoval.ABSENT) for rid, row in rows.items()},
+        rows_removed=len(live), newton_updates=step.updates if step and step.mechanism is Mechanism.NEWTON else 0,
         certificate=step.certificate if step else "",
         retrained=bool(retrains), retrain_reasons=retrains, budget_used=head.used_total,
         budget=head.budget, version_before=version_before, data_version_before=source_version(params),
         applied_at=_now())
-    meta["applied_batches"][batch_id] = record.to_json()
-    _removed_by(meta, before, step)
+    meta = dataclasses.replace(meta, applied_batches={**meta.applied_batches, batch_id: record})
     if step is not None:
-        meta.setdefault("history", []).append({"batch_id": batch_id, "rows": len(step.rows),
-                                               "mechanism": step.mechanism, "certificate": step.certificate,
-                                               "used": step.used})
+        meta = _with_step(meta, batch_id, before, step)
     with staged_dir(folder) as staging:
         for name in ("extractor", "guarantee.json", STAMP):
             source = folder / name
@@ -216,8 +193,8 @@ def register_pipeline_head(params: Params, run: TrackedRun, trained: HeadVersion
         active = {h for h, live in zip(row_hashes(queue, ids), head.active) if live}
         late = [r for r in queue.read() if r.record_hash in active]
         if late:
-            applied = apply_batch(params, f"before-registration-{meta['training_id'][:12]}", late, folder=folder,
-                                  queue=queue)
+            training = meta.training_id or "untracked"  # run_head names every training it writes
+            applied = apply_batch(params, f"before-registration-{training[:12]}", late, folder=folder, queue=queue)
             stage_logger("head").warning("head: %d record(s) whose deletion was requested after the head trained "
                                          "removed before registration (%s)", applied.rows_removed,
                                          "retrained" if applied.retrained else "Newton update")
@@ -228,9 +205,9 @@ def register_pipeline_head(params: Params, run: TrackedRun, trained: HeadVersion
 
 def skip_head(params: Params, requests: Sequence[Request]) -> AppliedBatch:
     """The apply step's record where the project has no head: nothing removed, no budget."""
-    return AppliedBatch(mechanisms={r.request_id: "no_head" for r in requests}, rows_removed=0, newton_updates=0,
-                        retrained=False, retrain_reasons=[], budget_used=None, budget=None, version_before=None,
-                        data_version_before=source_version(params), applied_at=_now())
+    return AppliedBatch(mechanisms={r.request_id: NoRemoval.NO_HEAD for r in requests}, rows_removed=0,
+                        newton_updates=0, retrained=False, retrain_reasons=(), budget_used=None, budget=None,
+                        version_before=None, data_version_before=source_version(params), applied_at=_now())
 
 
 def register_batch(params: Params, run: TrackedRun, batch_id: str, applied: AppliedBatch, *,
@@ -304,13 +281,15 @@ def scrub_copies(params: Params, batch: set[str]) -> Copies:
                   dvc_cache=prune_cached_versions(params, queue, erased))
 
 
-def _guarantee(params: Params, mechanism: str) -> str:
-    return {"newton": f"({params.head.epsilon:g}, {params.head.delta:g})-certified removal from the head; "
-                      "the feature extractor is covered by its DP (Guo et al. 2020, Thm 5)",
-            "retrain": "exact for the head: it was retrained without the record; the feature extractor is "
-                       "covered by its DP",
-            "absent": "nothing to remove from the head; see coverage for every model version",
-            "no_head": "no head; see coverage for every model version"}[mechanism]
+def _guarantee(params: Params, mechanism: RequestMechanism) -> str:
+    guarantees: dict[RequestMechanism, str] = {
+        Mechanism.NEWTON: f"({params.head.epsilon:g}, {params.head.delta:g})-certified removal from the head; "
+                          "the feature extractor is covered by its DP (Guo et al. 2020, Thm 5)",
+        Mechanism.RETRAIN: "exact for the head: it was retrained without the record; the feature extractor is "
+                           "covered by its DP",
+        NoRemoval.ABSENT: "nothing to remove from the head; see coverage for every model version",
+        NoRemoval.NO_HEAD: "no head; see coverage for every model version"}
+    return guarantees[mechanism]
 
 
 def audit_records(params: Params, batch_id: str, requests: Sequence[Request], applied: AppliedBatch,
@@ -329,7 +308,7 @@ def audit_records(params: Params, batch_id: str, requests: Sequence[Request], ap
             "received_at": r.received_at, "completed_at": _now(),
             "model": registry.head_model_name(params), "version_before": applied.version_before,
             "version_after": version_after, "data_version_before": applied.data_version_before,
-            "data_version_after": erased.data_version, "mechanism": mechanism,
+            "data_version_after": erased.data_version, "mechanism": mechanism.value,
             "mechanism_detail": MECHANISMS[mechanism], "guarantee": _guarantee(params, mechanism),
             "budget_used": applied.budget_used, "budget": applied.budget,
             "erasure": {"pipeline_source": erased.source.to_json(),

@@ -6,23 +6,22 @@ here trains or records anything.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from torch import nn
 
 from privpipe.config import Params
-from privpipe.data import DataError
 from privpipe.features import make_transform
 from privpipe.files import private_file
 from privpipe.models import load_released
-from privpipe.removal import RemovableHead
+from privpipe.removal import DamagedHeadFile, HeadMeta, RemovableHead
 from privpipe.removal.features import feature_extractor, head_model
 from privpipe.requests import RequestQueue, base_id
 from tasks.common import read_json, write_json
@@ -30,7 +29,7 @@ from tasks.paths import DatasetPaths
 from tasks.registered import RegisteredModel
 
 __all__ = ["HeadVersion", "head_model_name", "extractor_from", "served_model", "save_head", "load_head", "row_hashes",
-           "forget_removed", "ERASED", "DamagedHeadFile"]
+           "forget_removed", "ERASED"]
 
 #: a removed row's entry in ids.npy: ``erased:`` and its hashed id (the deletion queue's HMAC), never the id
 ERASED = "erased:"
@@ -93,16 +92,17 @@ def served_model(folder: Path, head: RemovableHead) -> nn.Sequential:
     return head_model(extractor_from(folder), head.W, classes=head.classes)
 
 
-def save_head(folder: Path, head: RemovableHead, *, ids: np.ndarray, meta: dict[str, Any]) -> None:
-    """Write a head's state into ``folder`` (a staging folder: the caller puts it in place)."""
-    arrays, head_meta = head.state()
+def save_head(folder: Path, head: RemovableHead, *, ids: np.ndarray, meta: HeadMeta) -> None:
+    """Write a head's state into ``folder`` (a staging folder: the caller puts it in place), with ``meta``
+    (its ``head`` section the saved head's)."""
+    arrays, settings = head.state()
     arrays = {**arrays, "X": arrays["X"].astype(np.float32)}  # exact: X was rounded to float32 before training
     # the rows' features and ids: their owner's alone (mode 0600, as the folder staged_dir made is 0700)
     with private_file(folder / "state.npz") as out:
         np.savez(out, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
     with private_file(folder / "ids.npy") as out:
         np.save(out, ids.astype(str))
-    write_json(folder / "meta.json", {**meta, "head": head_meta})
+    write_json(folder / "meta.json", dataclasses.replace(meta, head=settings).to_dict())
 
 
 def row_hashes(queue: RequestQueue, ids: np.ndarray) -> list[str]:
@@ -119,18 +119,9 @@ def forget_removed(head: RemovableHead, ids: np.ndarray, queue: RequestQueue) ->
                                                                        head.active)], dtype=str)
 
 
-class DamagedHeadFile(DataError):
-    """One of the head's files cannot be read back whole: ``file`` names it, ``why`` says what is wrong."""
-
-    def __init__(self, file: Path, why: str) -> None:
-        super().__init__(f"{file}: {why}; `privpipe stage head` retrains the head")
-        self.file, self.why = file, why
-
-
 #: what a damaged file raises as numpy reads it (a cut zip, a bad header, a missing member or array)
 _READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
 _STATE_ARRAYS = ("X", "y", "W", "B", "active", "used")  # ref_* default to these (a state from before them)
-_HEAD_META = ("classes", "lam", "epsilon", "delta", "sigma", "refresh_every", "retrains")
 
 
 @contextmanager
@@ -144,7 +135,7 @@ def _reading(file: Path) -> Iterator[None]:
         raise DamagedHeadFile(file, f"the head's file is damaged ({type(exc).__name__}: {exc})") from None
 
 
-def load_head(folder: Path) -> tuple[RemovableHead, np.ndarray, dict[str, Any]]:
+def load_head(folder: Path) -> tuple[RemovableHead, np.ndarray, HeadMeta]:
     """(head, record id of each row, metadata) from a folder :func:`save_head` wrote. A file that cannot be
     read back whole is :class:`DamagedHeadFile` (a DataError: one line) naming that file."""
     if not folder.exists():  # a crash between staged_dir's two renames: the previous state is complete
@@ -152,13 +143,8 @@ def load_head(folder: Path) -> tuple[RemovableHead, np.ndarray, dict[str, Any]]:
         if previous:
             previous[-1].rename(folder)
     meta_file, state_file, ids_file = folder / "meta.json", folder / "state.npz", folder / "ids.npy"
-    meta = read_json(meta_file)  # missing, or not JSON: a DataError naming it already
-    head_meta = meta.get("head") if isinstance(meta, dict) else None
-    if not isinstance(head_meta, dict):
-        raise DamagedHeadFile(meta_file, "the head's file is damaged (no 'head' section)")
-    absent = [key for key in _HEAD_META if not isinstance(head_meta.get(key), int | float)]
-    if absent:
-        raise DamagedHeadFile(meta_file, f"the head's file is damaged (head.{absent[0]} is missing or not a number)")
+    # missing, or not JSON: a DataError naming it already; a key missing or malformed: DamagedHeadFile naming it
+    meta = HeadMeta.from_dict(read_json(meta_file), source=meta_file)
     with _reading(state_file), np.load(state_file) as state:
         arrays = {key: state[key] for key in state.files}  # each member read whole: a cut one fails here
     absent = [name for name in _STATE_ARRAYS if name not in arrays]
@@ -167,5 +153,5 @@ def load_head(folder: Path) -> tuple[RemovableHead, np.ndarray, dict[str, Any]]:
     with _reading(ids_file):
         ids = np.load(ids_file)
     with _reading(state_file):  # arrays of the wrong shape or kind
-        head = RemovableHead.from_state(arrays, head_meta)
+        head = RemovableHead.from_state(arrays, meta.head)
     return head, ids, meta
