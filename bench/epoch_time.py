@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from bench.busy import host  # noqa: E402
 from privpipe.data import load_mnist  # noqa: E402
 from privpipe.dp_pca import dp_pca, unit_rows  # noqa: E402
-from privpipe.dpsgd import train_dpsgd  # noqa: E402
+from privpipe.dpsgd import DpSgdSettings, train_dpsgd  # noqa: E402
 from privpipe.features import scatter_features  # noqa: E402
 from privpipe.models import make_mlp, make_network, make_scatter_cnn  # noqa: E402
 
@@ -106,9 +106,10 @@ def timed(engine: str, model_name: str, x: np.ndarray, y: np.ndarray, lot: int, 
         plain_epoch(net, xt, yt, lot, generator)
         return time.perf_counter() - start
     ticks: list[float] = [time.perf_counter()]
-    train_dpsgd(net, x, y, noise_multiplier=1.0, max_grad_norm=0.1, lot_size=lot, epochs=2, learning_rate=0.1,
-                momentum=0.9, grad_sample_mode=engine.split("+")[0], secure_rng=engine.endswith("+secure"),
-                max_physical_batch=max_physical_batch, on_epoch=lambda _: ticks.append(time.perf_counter()))
+    settings = DpSgdSettings(noise_multiplier=1.0, max_grad_norm=0.1, lot_size=lot, epochs=2, learning_rate=0.1,
+                             momentum=0.9, grad_sample_mode=engine.split("+")[0], secure_rng=engine.endswith("+secure"),
+                             max_physical_batch=max_physical_batch)
+    train_dpsgd(net, x, y, settings, on_epoch=lambda _: ticks.append(time.perf_counter()))
     return ticks[2] - ticks[1]
 
 

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 
 from privpipe.data import Records, load_mnist
 from privpipe.dp_pca import dp_pca, dp_pca_event, unit_rows
-from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
+from privpipe.dpsgd import DpSgdSettings, dpsgd_schedule, train_dpsgd
 from privpipe.features import ScatterNet
 from privpipe.models import MNIST_IMAGE, front_layers, make_mlp, make_network, make_scatter_cnn
 from privpipe.privacy import Ledger, compute_epsilon
@@ -238,10 +238,10 @@ def train(cfg: Config, data: dict, seed: int) -> dict | None:
         train_plain(network, x, train_set.labels, cfg, epochs, seed)
         trained, events = network.eval(), []
     else:
-        result = train_dpsgd(network, x, train_set.labels, noise_multiplier=sigma, max_grad_norm=cfg.clip,
-                             lot_size=cfg.lot, epochs=epochs, learning_rate=cfg.lr, lr_schedule=cfg.lr_schedule,
-                             lr_end=cfg.lr_end, lr_decay_epochs=10, momentum=cfg.momentum, ema_decay=cfg.ema_decay,
-                             seed=seed)
+        settings = DpSgdSettings(noise_multiplier=sigma, max_grad_norm=cfg.clip, lot_size=cfg.lot, epochs=epochs,
+                                 learning_rate=cfg.lr, lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end,
+                                 lr_decay_epochs=10, momentum=cfg.momentum, ema_decay=cfg.ema_decay, seed=seed)
+        result = train_dpsgd(network, x, train_set.labels, settings)
         trained, events = result.model, [*pca_events(cfg), result.event]
     return {"model": torch.nn.Sequential(front, trained).eval(), "events": events, "sigma": sigma, "epochs": epochs,
             "seconds": time.perf_counter() - start}

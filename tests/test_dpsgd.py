@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from privpipe.dpsgd import dpsgd_schedule, learning_rate_at, make_private_training, train_dpsgd
+from privpipe.dpsgd import DpSgdSettings, dpsgd_schedule, learning_rate_at, make_private_training, train_dpsgd
 from privpipe.privacy import PoissonGaussianEvent, secure_normal
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -108,7 +108,7 @@ def test_privacy_arguments_are_validated_first(bad, match):
     kwargs = dict(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=4, epochs=1, learning_rate=0.1)
     kwargs.update(bad)
     with pytest.raises(ValueError, match=match):
-        train_dpsgd(nn.Linear(2, 2), np.zeros((8, 2), np.float32), np.zeros(8, np.int64), **kwargs)
+        train_dpsgd(nn.Linear(2, 2), np.zeros((8, 2), np.float32), np.zeros(8, np.int64), DpSgdSettings(**kwargs))
 
 
 def test_training_learns_and_reports_the_event_it_ran():
@@ -116,8 +116,8 @@ def test_training_learns_and_reports_the_event_it_ran():
     centers = rng.normal(size=(3, 8)) * 3
     y = rng.integers(0, 3, size=600)
     x = (centers[y] + rng.normal(size=(600, 8))).astype(np.float32)
-    result = train_dpsgd(nn.Sequential(nn.Linear(8, 3)), x, y, noise_multiplier=0.8, max_grad_norm=1.0,
-                         lot_size=60, epochs=5, learning_rate=0.5)
+    result = train_dpsgd(nn.Sequential(nn.Linear(8, 3)), x, y, DpSgdSettings(noise_multiplier=0.8, max_grad_norm=1.0,
+                                                                             lot_size=60, epochs=5, learning_rate=0.5))
     with torch.no_grad():
         accuracy = (result.model(torch.as_tensor(x)).argmax(1).numpy() == y).mean()
     assert accuracy > 0.8
@@ -142,8 +142,8 @@ def test_bk_step_is_the_clipped_sum_over_the_lot(physical):
     model = nn.Sequential(nn.Linear(5, 3, bias=False))
     start = model[0].weight.detach().clone()
     clip = 0.5
-    train_dpsgd(model, x, y, noise_multiplier=1e-9, max_grad_norm=clip, lot_size=32, epochs=1, learning_rate=1.0,
-                max_physical_batch=physical)
+    train_dpsgd(model, x, y, DpSgdSettings(noise_multiplier=1e-9, max_grad_norm=clip, lot_size=32, epochs=1,
+                                           learning_rate=1.0, max_physical_batch=physical))
     g = per_example_grads(start, torch.as_tensor(x), torch.as_tensor(y))
     norms = g.flatten(1).norm(dim=1)
     assert (norms > clip).sum() > len(norms) // 2
@@ -158,8 +158,8 @@ def test_bk_step_adds_noise_of_scale_sigma_c(secure):
     model = nn.Sequential(nn.Linear(1000, 10, bias=False))
     start = model[0].weight.detach().clone()
     sigma, clip = 1.5, 2.0
-    train_dpsgd(model, x, y, noise_multiplier=sigma, max_grad_norm=clip, lot_size=100, epochs=1, learning_rate=1.0,
-                secure_rng=secure)
+    train_dpsgd(model, x, y, DpSgdSettings(noise_multiplier=sigma, max_grad_norm=clip, lot_size=100, epochs=1,
+                                           learning_rate=1.0, secure_rng=secure))
     noise = (start - model[0].weight.detach()) * 100
     assert noise.std().item() == pytest.approx(sigma * clip, rel=0.05)
     assert abs(noise.mean().item()) < 0.15  # 5 standard errors of the mean of 10,000 draws of std 3
@@ -174,8 +174,8 @@ def test_bk_and_opacus_hooks_take_the_same_step():
     x, y = rng.normal(size=(16, 72)).astype(np.float32) * 3, rng.integers(0, 3, size=16)
     models = {mode: copy.deepcopy(net) for mode in ("bk", "hooks")}
     for mode, model in models.items():
-        train_dpsgd(model, x, y, noise_multiplier=1e-9, max_grad_norm=0.3, lot_size=16, epochs=1, learning_rate=1.0,
-                    grad_sample_mode=mode)
+        train_dpsgd(model, x, y, DpSgdSettings(noise_multiplier=1e-9, max_grad_norm=0.3, lot_size=16, epochs=1,
+                                               learning_rate=1.0, grad_sample_mode=mode))
     for a, b in zip(models["bk"].parameters(), models["hooks"].parameters()):
         assert torch.allclose(a, b, atol=1e-5)
 
@@ -185,8 +185,8 @@ def test_bk_refuses_a_model_it_cannot_clip_before_training():
 
     with pytest.raises(UnsupportedLayer, match="LayerNorm"):
         train_dpsgd(nn.Sequential(nn.LayerNorm(2), nn.Linear(2, 2)), np.zeros((8, 2), np.float32),
-                    np.zeros(8, np.int64), noise_multiplier=1.0, max_grad_norm=1.0, lot_size=4, epochs=1,
-                    learning_rate=0.1)
+                    np.zeros(8, np.int64), DpSgdSettings(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=4, epochs=1,
+                                                         learning_rate=0.1))
 
 
 
@@ -275,14 +275,15 @@ def test_ema_releases_the_average_of_the_iterates():
     for decay in (0.0, 0.5):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 2, bias=False))
-        train_dpsgd(model, x, y, noise_multiplier=1e-9, max_grad_norm=10.0, lot_size=20, epochs=3, learning_rate=0.5,
-                    ema_decay=decay)
+        train_dpsgd(model, x, y, DpSgdSettings(noise_multiplier=1e-9, max_grad_norm=10.0, lot_size=20, epochs=3,
+                                               learning_rate=0.5, ema_decay=decay))
         runs[decay] = model[0].weight.detach().clone()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 2, bias=False))
     iterates = [model[0].weight.detach().clone()]
     for _ in range(3):  # the same three steps, one at a time
-        train_dpsgd(model, x, y, noise_multiplier=1e-9, max_grad_norm=10.0, lot_size=20, epochs=1, learning_rate=0.5)
+        train_dpsgd(model, x, y, DpSgdSettings(noise_multiplier=1e-9, max_grad_norm=10.0, lot_size=20, epochs=1,
+                                               learning_rate=0.5))
         iterates.append(model[0].weight.detach().clone())
     assert torch.allclose(runs[0.0], iterates[-1], atol=1e-5)
     average = iterates[0]
@@ -290,5 +291,5 @@ def test_ema_releases_the_average_of_the_iterates():
         average = 0.5 * average + 0.5 * w
     assert torch.allclose(runs[0.5], average, atol=1e-5)
     with pytest.raises(ValueError, match="ema_decay"):
-        train_dpsgd(model, x, y, noise_multiplier=1.0, max_grad_norm=1.0, lot_size=20, epochs=1, learning_rate=0.5,
-                    ema_decay=0.9, grad_sample_mode="hooks")
+        train_dpsgd(model, x, y, DpSgdSettings(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=20, epochs=1,
+                                               learning_rate=0.5, ema_decay=0.9, grad_sample_mode="hooks"))

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from privpipe.dpsgd import BookKeeping, train_dpsgd, train_dpsgd_distributed
+from privpipe.dpsgd import BookKeeping, DpSgdSettings, train_dpsgd, train_dpsgd_distributed
 from privpipe.dpsgd.distributed import GroupReducer
 from privpipe.dpsgd.train import DpSgdResult, LotRows, PoissonLots, clipped_sum
 
@@ -73,17 +73,18 @@ def rank_main(rank: int, port: int, folder) -> None:
     # (2) the noise alone: zero inputs give zero gradients, so one step at lr 1 moves the weights by −noise/(n·q)
     zeros, labels = np.zeros((N, WIDE), dtype=np.float32), np.zeros(N, dtype=np.int64)
     for secure in (False, True):
-        result = train_dpsgd_distributed(zero_linear(), zeros, labels, secure_rng=secure, seed=11, **NOISE_RUN)
+        result = train_dpsgd_distributed(zero_linear(), zeros, labels,
+                                         DpSgdSettings(secure_rng=secure, seed=11, **NOISE_RUN))
         out[f"noise secure={secure}"] = result.model.weight.detach()
 
     # (3) a short run, seeded and secure
     for secure in (False, True):
-        result = train_dpsgd_distributed(mlp(), x, y, **{**RUN, "secure_rng": secure})
+        result = train_dpsgd_distributed(mlp(), x, y, DpSgdSettings(**{**RUN, "secure_rng": secure}))
         out[f"run secure={secure}"] = (result.model.state_dict(), result.event, result.history)
 
     # (4) ranks that disagree on σ: refused on both, before any step
     try:
-        train_dpsgd_distributed(mlp(), x, y, **{**RUN, "noise_multiplier": 1.0 + rank})
+        train_dpsgd_distributed(mlp(), x, y, DpSgdSettings(**{**RUN, "noise_multiplier": 1.0 + rank}))
     except ValueError as exc:
         out["refused"] = str(exc)
     dist.destroy_process_group()
@@ -104,9 +105,9 @@ def runs(tmp_path_factory) -> Runs:
     np.save(folder / "features.npy", (rng.normal(size=(N, 8)) * 5).astype(np.float32))
     np.save(folder / "labels.npy", rng.integers(0, 3, size=N))
     x, y = (np.asarray(a) for a in data(folder))
-    single = train_dpsgd(mlp(), x, y, **RUN)
+    single = train_dpsgd(mlp(), x, y, DpSgdSettings(**RUN))
     single_noise = train_dpsgd(zero_linear(), np.zeros((N, WIDE), dtype=np.float32), np.zeros(N, dtype=np.int64),
-                               seed=11, **NOISE_RUN)
+                               DpSgdSettings(seed=11, **NOISE_RUN))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -168,15 +169,15 @@ def test_local_processes_train_as_one_process_does():
 
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(120, 8)).astype(np.float32), rng.integers(0, 3, 120)
-    settings = dict(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=30, epochs=2, learning_rate=0.5, seed=4)
+    settings = DpSgdSettings(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=30, epochs=2, learning_rate=0.5, seed=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        alone = train_dpsgd(mlp(), x, y, **settings)
+        alone = train_dpsgd(mlp(), x, y, settings)
     model = mlp()
-    together = train_dpsgd_local(2, model, x, y, **settings)
+    together = train_dpsgd_local(2, model, x, y, settings)
     assert together.event == alone.event and together.model is model
     for a, b in zip(together.model.parameters(), alone.model.parameters()):
         assert torch.allclose(a, b, atol=1e-5)
     assert [h["step"] for h in together.history] == [h["step"] for h in alone.history]
     with pytest.raises(ValueError, match="one process is train_dpsgd"):
-        train_dpsgd_local(1, mlp(), x, y, **settings)
+        train_dpsgd_local(1, mlp(), x, y, settings)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from privpipe.dpsgd import train_dpsgd
+from privpipe.dpsgd import DpSgdSettings, train_dpsgd
 from privpipe.dpsgd.train import LotRows
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -32,10 +32,10 @@ def test_a_memory_mapped_set_trains_to_the_same_weights_as_in_memory(tmp_path, d
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
     mx, my = mapped(tmp_path, "features", x), mapped(tmp_path, "labels", y)
     assert LotRows(mx, my, torch.device("cpu")).mapped and not LotRows(x, y, torch.device("cpu")).mapped
-    args = dict(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=40, epochs=2, learning_rate=0.5, seed=3,
-                max_physical_batch=physical, **extra)
-    in_memory = train_dpsgd(copy.deepcopy(model), x, y, **args)
-    from_disk = train_dpsgd(copy.deepcopy(model), mx, my, **args)
+    args = DpSgdSettings(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=40, epochs=2, learning_rate=0.5, seed=3,
+                         max_physical_batch=physical, **extra)
+    in_memory = train_dpsgd(copy.deepcopy(model), x, y, args)
+    from_disk = train_dpsgd(copy.deepcopy(model), mx, my, args)
     for a, b in zip(in_memory.model.state_dict().values(), from_disk.model.state_dict().values()):
         assert torch.equal(a, b)
     assert from_disk.history == in_memory.history and from_disk.event == in_memory.event
@@ -64,9 +64,9 @@ def test_pixels_stored_as_bytes_train_as_their_floats_in_memory(tmp_path):
     labels = rng.integers(0, 2, size=200)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 2))
-    args = dict(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=30, epochs=2, learning_rate=0.5, seed=1,
-                max_physical_batch=9)
-    in_memory = train_dpsgd(copy.deepcopy(model), floats, labels, **args)
-    from_bytes = train_dpsgd(copy.deepcopy(model), mapped(tmp_path, "features", pixel_bytes(floats)), labels, **args)
+    args = DpSgdSettings(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=30, epochs=2, learning_rate=0.5, seed=1,
+                         max_physical_batch=9)
+    in_memory = train_dpsgd(copy.deepcopy(model), floats, labels, args)
+    from_bytes = train_dpsgd(copy.deepcopy(model), mapped(tmp_path, "features", pixel_bytes(floats)), labels, args)
     for a, b in zip(in_memory.model.state_dict().values(), from_bytes.model.state_dict().values()):
         assert torch.equal(a, b)

@@ -27,12 +27,12 @@ from scipy import stats
 from torch import nn
 
 from privpipe.dp_pca import dp_pca
-from privpipe.dpsgd import make_private_training, train_dpsgd
+from privpipe.dpsgd import DpSgdSettings, make_private_training, train_dpsgd
 from privpipe.federated import FedAvgConfig, run_fedavg
 from privpipe.federated.sampling import ClientSampler
 from privpipe.pate.aggregate import UNANSWERED, confident_gnmax, gnmax, lnmax
+from privpipe.pate.aggregators import make_aggregator
 from privpipe.pate.analysis import sanitise
-from privpipe.pate.registry import make_aggregator
 from privpipe.privacy import Ledger, NoiseSource, secure_laplace, secure_noise, secure_normal, secure_uniform
 from privpipe.removal import RemovableHead, RemovalGuarantee
 
@@ -171,8 +171,8 @@ def _dpsgd(data, secure: bool, seed: int) -> np.ndarray:
     x, y = data
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the insecure-mode warning
-        result = train_dpsgd(_model(), x, y, noise_multiplier=1.0, max_grad_norm=1.0, lot_size=32, epochs=1,
-                             learning_rate=0.5, secure_rng=secure, seed=seed)
+        result = train_dpsgd(_model(), x, y, DpSgdSettings(noise_multiplier=1.0, max_grad_norm=1.0, lot_size=32,
+                                                           epochs=1, learning_rate=0.5, secure_rng=secure, seed=seed))
     return torch.cat([p.detach().flatten() for p in result.model.parameters()]).numpy()
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,11 @@ from torch.nn.grad import conv2d_input, conv2d_weight
 from privpipe.dpsgd.layers import UnsupportedLayer, refuse_batch_mixing
 
 __all__ = ["BookKeeping", "UnsupportedLayer", "clip_factors"]
+
+# torch leaves these unannotated (torch.nn.grad) or Any (torch.linalg): each returns one tensor
+_conv2d_input: Callable[..., torch.Tensor] = conv2d_input
+_conv2d_weight: Callable[..., torch.Tensor] = conv2d_weight
+_vector_norm: Callable[..., torch.Tensor] = torch.linalg.vector_norm
 
 
 @dataclass
@@ -73,7 +79,7 @@ class _Tap:
     def input_grad(self, x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         m = self.module
         if isinstance(m, nn.Conv2d):
-            return conv2d_input(x.shape, weight, grad, m.stride, m.padding, m.dilation, m.groups)
+            return _conv2d_input(x.shape, weight, grad, m.stride, m.padding, m.dilation, m.groups)
         return grad @ weight
 
     def keep(self, x: torch.Tensor, grad: torch.Tensor) -> None:
@@ -93,7 +99,7 @@ class _Tap:
         # (B, p): each example's bias gradient, needed for the bias and, on vectors, for the weight
         on_vectors = isinstance(m, nn.Linear) and r.output_grads.shape[1] == 1
         bias_grads = self._bias_grads(r) if m.bias is not None or on_vectors else None
-        bias = torch.linalg.vector_norm(bias_grads, dim=1).square() if bias_grads is not None else None
+        bias = _vector_norm(bias_grads, dim=1).square() if bias_grads is not None else None
         norms = {"weight": self._conv_norms(r) if isinstance(m, nn.Conv2d) else self._linear_norms(r, bias)}
         if bias is not None and m.bias is not None:
             norms["bias"] = bias
@@ -111,11 +117,11 @@ class _Tap:
         a, g = r.activations, r.output_grads
         positions, width_in, width_out = a.shape[1], a.shape[2], g.shape[2]
         if positions == 1 and bias is not None:  # on vectors: ‖gᵢ aᵢᵀ‖ = ‖gᵢ‖·‖aᵢ‖, gᵢ the bias gradient
-            return torch.linalg.vector_norm(a[:, 0], dim=1).square() * bias
+            return _vector_norm(a[:, 0], dim=1).square() * bias
         if positions * (width_in + width_out) < width_in * width_out:  # ghost: the Gram matrices are smaller
             return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
         r.per_example = torch.bmm(g.transpose(1, 2), a)  # (B, p, a)
-        return torch.linalg.vector_norm(r.per_example, dim=(1, 2)).square()
+        return _vector_norm(r.per_example, dim=(1, 2)).square()
 
     def norm_strategy(self, input_shape: Sequence[int], output_shape: Sequence[int]) -> str:
         """How a Conv2d layer's per-example norms are computed, the cheaper of (per example, in
@@ -150,7 +156,7 @@ class _Tap:
             return (patch_gram * grad_gram) @ weights
         patches, r.channels_last = _patches(x, m)
         r.per_example = torch.bmm(g, patches)  # (B, p, a)
-        return torch.linalg.vector_norm(r.per_example, dim=(1, 2)).square()
+        return _vector_norm(r.per_example, dim=(1, 2)).square()
 
     def _patch_gram(self, x: torch.Tensor, output_shape: torch.Size) -> torch.Tensor:
         """(B, T(T + 1)/2): ⟨patch t, patch s⟩ for t ≤ s of every example, from its input's Gram matrices
@@ -233,7 +239,7 @@ class _Tap:
                 weight = weight.reshape(m.out_channels, *m.kernel_size, -1).permute(0, 3, 1, 2)
         elif isinstance(m, nn.Conv2d):  # the convolution's own weight-gradient kernel on the scaled gᵢ
             g = r.output_grads * c.to(r.output_grads.dtype)[:, None, None, None]
-            weight = conv2d_weight(r.activations, m.weight.shape, g, m.stride, m.padding, m.dilation, m.groups)
+            weight = _conv2d_weight(r.activations, m.weight.shape, g, m.stride, m.padding, m.dilation, m.groups)
         else:  # Σᵢ cᵢ Gᵢᵀ Aᵢ as one product, the factors applied to the narrower of G and A
             a, g = r.activations, r.output_grads
             if a.shape[-1] < g.shape[-1]:
@@ -293,14 +299,16 @@ class _TappedOp(torch.autograd.Function):
     """y = layer(x) on the way forward; on the way back, the input gradient only (when needed),
     and (x, dy) kept for the per-example computation. The weights get no gradient from autograd."""
 
+    # ctx: autograd's context for one call (FunctionCtx, with saved_tensors and needs_input_grad, which its stubs
+    # lack), and the tap set on it here
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tap: _Tap) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tap: _Tap) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.tap = tap
         return tap.op(x, weight, bias)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         x, weight = ctx.saved_tensors
         ctx.tap.keep(x, grad)
         grad_x = ctx.tap.input_grad(x, weight, grad) if ctx.needs_input_grad[0] else None
@@ -345,7 +353,8 @@ class BookKeeping:
     @staticmethod
     def _forward_for(tap: _Tap) -> Callable[[torch.Tensor], torch.Tensor]:
         def forward(x: torch.Tensor) -> torch.Tensor:
-            return _TappedOp.apply(x, tap.module.weight, tap.module.bias, tap)
+            out: torch.Tensor = _TappedOp.apply(x, tap.module.weight, tap.module.bias, tap)  # (apply: Any)
+            return out
         return forward
 
     @property

@@ -9,11 +9,14 @@ by n·q and takes the same step, so the models stay equal. With ``seed`` s the r
 of ``train_dpsgd`` with seed s: the weights agree with it up to the order of the sum.
 
     torch.distributed.init_process_group("gloo")   # each rank: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
-    result = train_dpsgd_distributed(model, np.load("features.npy", mmap_mode="r"), labels, ...)
+    result = train_dpsgd_distributed(model, np.load("features.npy", mmap_mode="r"), labels, settings)
+
+``DataParallelBookKeeping`` is the engine (a privpipe.dpsgd.engines.DpSgdEngine) for one rank of a group.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import socket
@@ -23,18 +26,30 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
+from torch.multiprocessing.spawn import ProcessContext, ProcessRaisedException, start_processes
 
-from privpipe.dpsgd.arguments import check_privacy_arguments
-from privpipe.dpsgd.train import DpSgdResult, GaussianNoise, LotRows, PoissonLots, plan_dpsgd, train_bookkeeping
+from privpipe.dpsgd.engines import DpSgdEngine
+from privpipe.dpsgd.settings import DpSgdSettings
+from privpipe.dpsgd.train import (
+    DpSgdResult,
+    GaussianNoise,
+    LotRows,
+    OnEpoch,
+    PoissonLots,
+    plan_dpsgd,
+    train_bookkeeping,
+)
 
-__all__ = ["GroupReducer", "train_dpsgd_distributed", "train_dpsgd_local"]
+__all__ = ["GroupReducer", "DataParallelBookKeeping", "train_dpsgd_distributed", "train_dpsgd_local"]
+
+# torch leaves torch.multiprocessing.spawn unannotated: start_processes as it documents it (a context where join
+# is false, else None)
+_start_processes: Callable[..., ProcessContext | None] = start_processes
 
 
 class GroupReducer:
@@ -83,7 +98,7 @@ class GroupReducer:
         flat = torch.cat([part.reshape(-1) for part in parts]).to(self.wire)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         flat = flat.to(self.device)
-        return [part.view(shape) for part, shape in zip(flat.split(self.sizes), self.shapes)]
+        return [part.view(shape) for part, shape in zip(torch.split(flat, self.sizes), self.shapes)]
 
     def totals(self, loss: float, examples: int) -> tuple[float, int]:
         both = torch.tensor([loss, examples], dtype=torch.float64, device=self.wire)
@@ -91,58 +106,48 @@ class GroupReducer:
         return float(both[0]), int(both[1])
 
 
-def train_dpsgd_distributed(
-    model: nn.Module,
-    features: np.ndarray,
-    labels: np.ndarray,
-    *,
-    noise_multiplier: float,
-    max_grad_norm: float,
-    lot_size: int,
-    epochs: int,
-    learning_rate: float,
-    lr_schedule: str = "constant",
-    lr_end: float = 0.052,
-    lr_decay_epochs: int = 10,
-    momentum: float = 0.0,
-    clipping: str = "flat",
-    max_physical_batch: int | None = None,
-    ema_decay: float = 0.0,
-    secure_rng: bool = False,
-    seed: int = 0,
-    device: torch.device | str = "cpu",
-    on_epoch: Callable[[dict[str, float]], None] | None = None,
-    group: dist.ProcessGroup | None = None,
-) -> DpSgdResult:
+def _refuse_other_engines(settings: DpSgdSettings) -> None:
+    if settings.grad_sample_mode != "bk":
+        raise ValueError(f"data-parallel DP-SGD runs grad_sample_mode bk, got {settings.grad_sample_mode!r}")
+
+
+class DataParallelBookKeeping:
+    """bk's loop (privpipe.dpsgd.train.BookKeepingEngine) with the lot's clipping shared among the ranks of
+    ``group`` (default: the initialised default group); each rank trains with its own engine, the same settings
+    and its own copy of the data (all n records; memory-mapped, each reads only its share's rows)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+
+    def train(self, model: nn.Module, features: np.ndarray, labels: np.ndarray, settings: DpSgdSettings, *,
+              device: torch.device, on_epoch: OnEpoch | None = None) -> DpSgdResult:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("train_dpsgd_distributed needs torch.distributed.init_process_group first")
+        # every rank sees every rank's settings before any can refuse on its own (a lone refusal would hang the
+        # rest); the size of a physical batch is each rank's own affair (it changes neither the steps nor ε)
+        agreed = {name: value for name, value in dataclasses.asdict(settings).items() if name != "max_physical_batch"}
+        check_settings_agree({"n": len(features), "features": tuple(features.shape[1:]), **agreed,
+                              "parameters": [tuple(p.shape) for p in model.parameters()]}, group=self.group)
+        _refuse_other_engines(settings)
+        schedule, lr_at = plan_dpsgd(len(features), settings)
+        model.to(device).train()
+        _broadcast_model(model, device, self.group)
+        history = train_bookkeeping(model, LotRows(features, labels, device), settings, schedule=schedule,
+                                    lr_at=lr_at, device=device, on_epoch=on_epoch,
+                                    reducer=partial(GroupReducer, group=self.group))
+        return DpSgdResult(model=model.cpu().eval(), event=schedule.event(noise_multiplier=settings.noise_multiplier),
+                           history=history)
+
+
+def train_dpsgd_distributed(model: nn.Module, features: np.ndarray, labels: np.ndarray, settings: DpSgdSettings, *,
+                            device: torch.device | str = "cpu", on_epoch: OnEpoch | None = None,
+                            group: dist.ProcessGroup | None = None) -> DpSgdResult:
     """``train_dpsgd`` (engine bk) with the lot's clipping shared among the ranks of ``group`` (default: the
     initialised default group); every rank calls it with the same settings and its own copy of the data (all n
     records; memory-mapped, each reads only its share's rows). Returns the same model and event on every rank.
     ``on_epoch`` runs on every rank, with the whole lot's loss."""
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("train_dpsgd_distributed needs torch.distributed.init_process_group first")
-    # every rank sees every rank's settings before any can refuse on its own (a lone refusal would hang the rest)
-    settings = {"n": len(features), "features": tuple(features.shape[1:]), "lot_size": lot_size, "epochs": epochs,
-                "noise_multiplier": noise_multiplier, "max_grad_norm": max_grad_norm, "clipping": clipping,
-                "secure_rng": secure_rng, "seed": seed, "learning_rate": learning_rate, "lr_schedule": lr_schedule,
-                "lr_end": lr_end, "lr_decay_epochs": lr_decay_epochs, "momentum": momentum, "ema_decay": ema_decay,
-                "parameters": [tuple(p.shape) for p in model.parameters()]}
-    check_settings_agree(settings, group=group)
-    check_privacy_arguments(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, clipping=clipping,
-                            grad_sample_mode="bk", max_physical_batch=max_physical_batch, ema_decay=ema_decay)
-    schedule, lr_at = plan_dpsgd(n=len(features), lot_size=lot_size, epochs=epochs, learning_rate=learning_rate,
-                                 lr_schedule=lr_schedule, lr_end=lr_end, lr_decay_epochs=lr_decay_epochs,
-                                 secure_rng=secure_rng)
-    device = torch.device(device)
-    model.to(device).train()
-    _broadcast_model(model, device, group)
-    history = train_bookkeeping(model, LotRows(features, labels, device), schedule=schedule, lr_at=lr_at,
-                                noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
-                                learning_rate=learning_rate, momentum=momentum, clipping=clipping,
-                                max_physical_batch=max_physical_batch, ema_decay=ema_decay, secure_rng=secure_rng,
-                                seed=seed, device=device, on_epoch=on_epoch,
-                                reducer=partial(GroupReducer, group=group))
-    return DpSgdResult(model=model.cpu().eval(), event=schedule.event(noise_multiplier=noise_multiplier),
-                       history=history)
+    engine: DpSgdEngine = DataParallelBookKeeping(group)
+    return engine.train(model, features, labels, settings, device=torch.device(device), on_epoch=on_epoch)
 
 
 def check_settings_agree(settings: dict[str, object], *, group: dist.ProcessGroup | None = None) -> None:
@@ -166,17 +171,16 @@ def _broadcast_model(model: nn.Module, device: torch.device, group: dist.Process
             tensor.copy_(sent)
 
 
-def train_dpsgd_local(processes: int, model: nn.Module, features: np.ndarray, labels: np.ndarray, *,
-                      torch_threads: int = 1, **settings: Any) -> DpSgdResult:
-    """``train_dpsgd_distributed`` over ``processes`` processes of this machine (gloo on 127.0.0.1): the model
-    and the arrays are written once to a private temporary folder, which every rank memory-maps (each reads
-    only its share's rows), and rank 0's result is returned. ``settings``: train_dpsgd_distributed's keywords
-    (``device`` cpu; no ``on_epoch``: the history says what each epoch did). Each rank runs ``torch_threads``
-    threads. Across machines, call train_dpsgd_distributed on each (torchrun sets the group up)."""
+def train_dpsgd_local(processes: int, model: nn.Module, features: np.ndarray, labels: np.ndarray,
+                      settings: DpSgdSettings, *, torch_threads: int = 1) -> DpSgdResult:
+    """``train_dpsgd_distributed`` over ``processes`` processes of this machine (gloo on 127.0.0.1, CPU ranks): the
+    model and the arrays are written once to a private temporary folder, which every rank memory-maps (each reads
+    only its share's rows), and rank 0's result is returned (no ``on_epoch``: the history says what each epoch
+    did). Each rank runs ``torch_threads`` threads. Across machines, call train_dpsgd_distributed on each
+    (torchrun sets the group up)."""
     if processes < 2:
         raise ValueError(f"processes: {processes}; one process is train_dpsgd")
-    if str(settings.get("device", "cpu")) != "cpu" or "on_epoch" in settings or "group" in settings:
-        raise ValueError("train_dpsgd_local: CPU ranks (gloo), no on_epoch, no group: the ranks are its own")
+    _refuse_other_engines(settings)  # here, not on each rank
     with tempfile.TemporaryDirectory(prefix="privpipe-dpsgd-") as tmp:  # 0700: it holds the records
         folder = Path(tmp)
         np.save(folder / "features.npy", np.ascontiguousarray(features))
@@ -186,9 +190,9 @@ def train_dpsgd_local(processes: int, model: nn.Module, features: np.ndarray, la
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         try:
-            mp.start_processes(_local_rank, args=(processes, port, str(folder), torch_threads, settings),
-                               nprocs=processes, join=True, start_method="spawn")
-        except mp.ProcessRaisedException as exc:  # the rank's own error, its last line first
+            _start_processes(_local_rank, args=(processes, port, str(folder), torch_threads, settings),
+                             nprocs=processes, join=True, start_method="spawn")
+        except ProcessRaisedException as exc:  # the rank's own error, its last line first
             lines = [line for line in str(exc).strip().splitlines() if line.strip()]
             raise RuntimeError(f"DP-SGD on {processes} processes: {lines[-1] if lines else exc}") from None
         done = torch.load(folder / "result.pt", weights_only=False)
@@ -197,7 +201,7 @@ def train_dpsgd_local(processes: int, model: nn.Module, features: np.ndarray, la
 
 
 def _local_rank(rank: int, processes: int, port: int, folder: str, torch_threads: int,
-                settings: dict[str, Any]) -> None:
+                settings: DpSgdSettings) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(torch_threads)
     dist.init_process_group("gloo", rank=rank, world_size=processes, timeout=datetime.timedelta(minutes=10))
@@ -207,7 +211,7 @@ def _local_rank(rank: int, processes: int, port: int, folder: str, torch_threads
             warnings.simplefilter("ignore")  # the caller has warned of seeded noise once, not once a rank
             result = train_dpsgd_distributed(torch.load(where / "model.pt", weights_only=False),
                                              np.load(where / "features.npy", mmap_mode="r"),
-                                             np.load(where / "labels.npy", mmap_mode="r"), **settings)
+                                             np.load(where / "labels.npy", mmap_mode="r"), settings)
         if rank == 0:
             torch.save({"state": result.model.state_dict(), "event": result.event, "history": result.history},
                        where / "result.pt")

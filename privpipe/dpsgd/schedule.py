@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from privpipe.config.finetune import LR_SCHEDULES
 from privpipe.privacy import PoissonGaussianEvent
 
 __all__ = ["DpSgdSchedule", "dpsgd_schedule", "learning_rate_at", "LR_SCHEDULES"]
 
-LR_SCHEDULES = ("constant", "linear_then_constant", "cosine")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""train_dpsgd: DP-SGD's loop (Abadi et al. 2016) for every per-example engine.
+"""DP-SGD's loop (Abadi et al. 2016), and the engine that runs it: book-keeping (``grad_sample_mode`` bk).
 
 Each step takes a Poisson sample of the data (every record independently with
 probability q), clips every per-example gradient to L2 norm C (flat, or C/√m per
@@ -7,15 +7,16 @@ divides by the *expected* lot size n·q. The ledger event is
 ``PoissonGaussianEvent(σ, q, steps)``; the sampling is what makes it valid, so it
 is always Poisson here.
 
-Engines (``grad_sample_mode``): ``bk`` (book-keeping, privpipe.dpsgd.bookkeeping:
-one backward pass; Linear and Conv2d layers) or one of Opacus' (ghost, hooks,
-functorch, ew: any layer Opacus knows). With ``bk`` a lot is processed in physical
-batches of at most ``max_physical_batch`` records, their clipped sums added before
-the one noise draw, so memory no longer grows with the lot and the privacy event
-is the same; a memory-mapped array (``np.load(..., mmap_mode="r")``) is read a
-physical batch at a time (``LotRows``), so a set larger than memory trains too.
-The step is shared: ``clipped_sum`` of a lot's records, and a ``Reducer`` that draws
-the lot and adds the noise: ``LotReducer`` in this process alone, ``GroupReducer``
+``BookKeepingEngine`` clips with privpipe.dpsgd.bookkeeping (one backward pass;
+Linear and Conv2d layers); Opacus' engines (privpipe.dpsgd.opacus_engine) take any
+layer Opacus knows, and ``train_dpsgd`` (privpipe.dpsgd.engines) runs the one the
+settings name. A lot is processed in physical batches of at most
+``max_physical_batch`` records, their clipped sums added before the one noise draw,
+so memory no longer grows with the lot and the privacy event is the same; a
+memory-mapped array (``np.load(..., mmap_mode="r")``) is read a physical batch at a
+time (``LotRows``), so a set larger than memory trains too. The step is shared:
+``clipped_sum`` of a lot's records, and a ``Reducer`` that draws the lot and adds
+the noise: ``LotReducer`` in this process alone, ``GroupReducer``
 (privpipe.dpsgd.distributed) over a process group, summing the ranks' clipped sums.
 """
 
@@ -35,13 +36,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from privpipe.data.records import float_features
-from privpipe.dpsgd.arguments import check_privacy_arguments
 from privpipe.dpsgd.bookkeeping import BookKeeping, clip_factors
 from privpipe.dpsgd.schedule import DpSgdSchedule, dpsgd_schedule, learning_rate_at
+from privpipe.dpsgd.settings import DpSgdSettings
 from privpipe.privacy import PoissonGaussianEvent, secure_normal, secure_uniform
 
-__all__ = ["DpSgdResult", "PoissonLots", "GaussianNoise", "LotRows", "clipped_sum", "Reducer", "LotReducer",
-           "train_dpsgd", "plan_dpsgd", "train_bookkeeping"]
+__all__ = ["DpSgdResult", "OnEpoch", "PoissonLots", "GaussianNoise", "LotRows", "clipped_sum", "Reducer",
+           "LotReducer", "plan_dpsgd", "train_bookkeeping", "BookKeepingEngine"]
+
+#: what an engine calls after each epoch, with the epoch's record (epoch, step, loss, lr)
+OnEpoch = Callable[[dict[str, float]], None]
 
 
 @dataclass
@@ -112,7 +116,10 @@ class GaussianNoise:
         self.std, self.shapes, self.secure, self.device = std, shapes, secure, device
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
         self.generator = None if secure else torch.Generator(device=device).manual_seed(seed)
-        block = lambda: secure_normal((sum(self.sizes),), std=std, dtype=torch.float64)  # noqa: E731
+
+        def block() -> torch.Tensor:
+            return secure_normal((sum(self.sizes),), std=std, dtype=torch.float64)
+
         self.blocks = _Prefetched(block, executor) if secure and executor else None
         self.block = block
 
@@ -122,7 +129,7 @@ class GaussianNoise:
         else:
             flat = torch.normal(0.0, self.std, (sum(self.sizes),), generator=self.generator, device=self.device,
                                 dtype=dtype)
-        return [part.view(shape) for part, shape in zip(flat.split(self.sizes), self.shapes)]
+        return [part.view(shape) for part, shape in zip(torch.split(flat, self.sizes), self.shapes)]
 
 
 class LotRows:
@@ -171,7 +178,7 @@ def clipped_sum(model: nn.Module, taps: BookKeeping, rows: LotRows, lot: torch.T
     for start in range(0, len(lot), physical):
         x, y = rows.take(lot[start:start + physical])
         loss = F.cross_entropy(model(x), y, reduction="sum")
-        loss.backward()
+        torch.autograd.backward(loss)  # (loss.backward(), which torch leaves unannotated)
         taps.add_clipped(clip_factors(taps.squared_norms(), max_grad_norm=max_grad_norm, clipping=clipping))
         losses.append(float(loss.detach()))
     sums = []
@@ -216,93 +223,38 @@ class LotReducer:
         return loss, examples
 
 
-def train_dpsgd(
-    model: nn.Module,
-    features: np.ndarray,
-    labels: np.ndarray,
-    *,
-    noise_multiplier: float,
-    max_grad_norm: float,
-    lot_size: int,
-    epochs: int,
-    learning_rate: float,
-    lr_schedule: str = "constant",
-    lr_end: float = 0.052,
-    lr_decay_epochs: int = 10,
-    momentum: float = 0.0,
-    clipping: str = "flat",
-    grad_sample_mode: str = "bk",
-    max_physical_batch: int | None = None,
-    ema_decay: float = 0.0,
-    secure_rng: bool = False,
-    seed: int = 0,
-    device: torch.device | str = "cpu",
-    on_epoch: Callable[[dict[str, float]], None] | None = None,
-) -> DpSgdResult:
-    """Train ``model`` with DP-SGD; returns it (on the CPU) with the privacy event actually run.
-
-    ε is not computed here: record ``result.event`` in a :class:`privpipe.privacy.Ledger`.
-    With ``ema_decay`` > 0 the returned weights are an exponential moving average of the
-    iterates, updated after every step (post-processing of the private iterates: free).
-    ``features`` and ``labels`` may be memory-mapped (bk reads them a physical batch at a time).
-    """
-    check_privacy_arguments(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, clipping=clipping,
-                            grad_sample_mode=grad_sample_mode, max_physical_batch=max_physical_batch,
-                            ema_decay=ema_decay)
-    schedule, lr_at = plan_dpsgd(n=len(features), lot_size=lot_size, epochs=epochs, learning_rate=learning_rate,
-                                 lr_schedule=lr_schedule, lr_end=lr_end, lr_decay_epochs=lr_decay_epochs,
-                                 secure_rng=secure_rng)
-    device = torch.device(device)
-    model.to(device).train()  # a model handed over from an earlier stage (the student) arrives in eval mode
-    if grad_sample_mode == "bk":
-        history = train_bookkeeping(model, LotRows(features, labels, device), schedule=schedule, lr_at=lr_at,
-                                    noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
-                                    learning_rate=learning_rate, momentum=momentum, clipping=clipping,
-                                    max_physical_batch=max_physical_batch, ema_decay=ema_decay,
-                                    secure_rng=secure_rng, seed=seed, device=device, on_epoch=on_epoch)
-        trained = model
-    else:
-        trained, history = _train_opacus(model, features, labels, lr_at=lr_at, noise_multiplier=noise_multiplier,
-                                         max_grad_norm=max_grad_norm, lot_size=lot_size, epochs=epochs,
-                                         learning_rate=learning_rate, momentum=momentum, clipping=clipping,
-                                         grad_sample_mode=grad_sample_mode, secure_rng=secure_rng, seed=seed,
-                                         device=device, on_epoch=on_epoch)
-    return DpSgdResult(model=trained.cpu().eval(), event=schedule.event(noise_multiplier=noise_multiplier),
-                       history=history)
-
-
-def plan_dpsgd(*, n: int, lot_size: int, epochs: int, learning_rate: float, lr_schedule: str, lr_end: float,
-               lr_decay_epochs: int, secure_rng: bool) -> tuple[DpSgdSchedule, Callable[[int], float]]:
-    """The run's schedule and its learning rate at each step; warns where the randomness is seeded."""
-    schedule = dpsgd_schedule(n=n, lot_size=lot_size, epochs=epochs)
-    if not secure_rng:
+def plan_dpsgd(n: int, settings: DpSgdSettings) -> tuple[DpSgdSchedule, Callable[[int], float]]:
+    """The schedule of a run over ``n`` records and its learning rate at each step; warns where the randomness
+    is seeded (the warning points at whoever called train_dpsgd, which called the engine, which calls this)."""
+    schedule = dpsgd_schedule(n=n, lot_size=settings.lot_size, epochs=settings.epochs)
+    if not settings.secure_rng:
         warnings.warn("DP-SGD noise and lot sampling come from PRNGs seeded with the run's seed "
                       "(privacy.secure_rng: false): reproducible for research, but whoever knows the seed can "
-                      "undo the noise; use secure_rng for anything released", stacklevel=3)
+                      "undo the noise; use secure_rng for anything released", stacklevel=4)
 
     def lr_at(step: int) -> float:
-        return learning_rate_at(step / schedule.steps_per_epoch, start=learning_rate, schedule=lr_schedule,
-                                end=lr_end, decay_epochs=lr_decay_epochs, epochs=epochs)
+        return learning_rate_at(step / schedule.steps_per_epoch, start=settings.learning_rate,
+                                schedule=settings.lr_schedule, end=settings.lr_end,
+                                decay_epochs=settings.lr_decay_epochs, epochs=settings.epochs)
 
     return schedule, lr_at
 
 
-def train_bookkeeping(model: nn.Module, rows: LotRows, *, schedule: DpSgdSchedule, lr_at: Callable[[int], float],
-                      noise_multiplier: float, max_grad_norm: float, learning_rate: float, momentum: float,
-                      clipping: str, max_physical_batch: int | None, ema_decay: float, secure_rng: bool,
-                      seed: int, device: torch.device, on_epoch: Callable[[dict[str, float]], None] | None,
+def train_bookkeeping(model: nn.Module, rows: LotRows, settings: DpSgdSettings, *, schedule: DpSgdSchedule,
+                      lr_at: Callable[[int], float], device: torch.device, on_epoch: OnEpoch | None,
                       reducer: Callable[..., Reducer] = LotReducer) -> list[dict[str, float]]:
-    """The bk engine's loop over ``schedule``'s steps (arguments checked by the caller); ``reducer`` makes the
+    """The bk engine's loop over ``schedule``'s steps (``settings`` checked by the caller); ``reducer`` makes the
     step's exchanges (``LotReducer``'s arguments): this process alone, or a process group's share."""
+    max_grad_norm, secure_rng, ema_decay = settings.max_grad_norm, settings.secure_rng, settings.ema_decay
     taps = BookKeeping(model)  # refuses a model with layers it cannot clip, before any step
     params = taps.parameters
-    optimizer = torch.optim.SGD(params, lr=learning_rate, momentum=momentum)
+    optimizer = torch.optim.SGD(params, lr=settings.learning_rate, momentum=settings.momentum)
     # secure draws are made one step ahead on a worker thread where a core is left for it, else inline;
     # seeded ones inline (they are cheap)
     prefetch = secure_rng and _spare_core()
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsgd-noise") if prefetch else None
-    exchange = reducer(len(rows), schedule.sample_rate, noise_std=noise_multiplier * max_grad_norm,
-                       shapes=[p.shape for p in params], secure=secure_rng, seed=seed, device=device,
+    exchange = reducer(len(rows), schedule.sample_rate, noise_std=settings.noise_multiplier * max_grad_norm,
+                       shapes=[p.shape for p in params], secure=secure_rng, seed=settings.seed, device=device,
                        executor=executor)
     expected_lot = len(rows) * schedule.sample_rate  # the average, not the drawn size: that would leak it
     average = [p.detach().clone() for p in params] if ema_decay > 0 else None
@@ -316,8 +268,8 @@ def train_bookkeeping(model: nn.Module, rows: LotRows, *, schedule: DpSgdSchedul
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 mine = exchange.share(exchange.draw_lot())
-                sums, losses = clipped_sum(model, taps, rows, mine, max_grad_norm=max_grad_norm, clipping=clipping,
-                                           max_physical_batch=max_physical_batch)
+                sums, losses = clipped_sum(model, taps, rows, mine, max_grad_norm=max_grad_norm,
+                                           clipping=settings.clipping, max_physical_batch=settings.max_physical_batch)
                 for loss in losses:  # one at a time, in order: the history is the same to the last bit
                     total_loss += loss
                 examples += len(mine)
@@ -347,41 +299,16 @@ def train_bookkeeping(model: nn.Module, rows: LotRows, *, schedule: DpSgdSchedul
     return history
 
 
-def _train_opacus(model: nn.Module, features: np.ndarray, labels: np.ndarray, *, lr_at, noise_multiplier: float,
-                  max_grad_norm: float, lot_size: int, epochs: int, learning_rate: float, momentum: float,
-                  clipping: str, grad_sample_mode: str, secure_rng: bool, seed: int, device: torch.device,
-                  on_epoch) -> tuple[nn.Module, list[dict[str, float]]]:
-    # deferred: Opacus takes 1–1.5 s to import, and only its engines (not bk, the default) need it
-    from privpipe.dpsgd.opacus_engine import make_private_training, strip_opacus
+class BookKeepingEngine:
+    """``grad_sample_mode`` bk (a privpipe.dpsgd.engines.DpSgdEngine): per-example clipping by book-keeping in
+    one backward pass, lots in physical batches, weight averaging; this process alone."""
 
-    run = make_private_training(
-        model, features, labels, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
-        lot_size=lot_size, epochs=epochs, learning_rate=learning_rate, momentum=momentum, clipping=clipping,
-        grad_sample_mode=grad_sample_mode, secure_rng=secure_rng, seed=seed,
-    )
-    history: list[dict[str, float]] = []
-    step = 0
-    run.model.train()
-    for epoch in range(epochs):
-        total_loss, batches = 0.0, 0
-        for x, y in run.loader:
-            lr = lr_at(step)
-            for group in run.optimizer.param_groups:
-                group["lr"] = lr
-            run.optimizer.zero_grad()
-            loss = run.criterion(run.model(x.to(device)), y.to(device))
-            loss.backward()
-            run.optimizer.step()
-            step += 1
-            if len(y):
-                total_loss += float(loss.detach())
-                batches += 1
-        record = {"epoch": epoch + 1, "step": step, "loss": total_loss / max(batches, 1), "lr": lr}
-        history.append(record)
-        if on_epoch is not None:
-            on_epoch(record)
-
-    for cleanup in ("remove_hooks", "del_grad_sample"):
-        if hasattr(run.model, cleanup):
-            getattr(run.model, cleanup)()
-    return strip_opacus(getattr(run.model, "_module", run.model)), history
+    def train(self, model: nn.Module, features: np.ndarray, labels: np.ndarray, settings: DpSgdSettings, *,
+              device: torch.device, on_epoch: OnEpoch | None = None) -> DpSgdResult:
+        # (bk runs every setting DpSgdSettings takes: nothing of its own to refuse)
+        schedule, lr_at = plan_dpsgd(len(features), settings)
+        model.to(device).train()  # a model handed over from an earlier stage (the student) arrives in eval mode
+        history = train_bookkeeping(model, LotRows(features, labels, device), settings, schedule=schedule,
+                                    lr_at=lr_at, device=device, on_epoch=on_epoch)
+        return DpSgdResult(model=model.cpu().eval(), event=schedule.event(noise_multiplier=settings.noise_multiplier),
+                           history=history)

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from privpipe.dpsgd.engines import train_dpsgd
 from privpipe.dpsgd.schedule import DpSgdSchedule, dpsgd_schedule
-from privpipe.dpsgd.train import train_dpsgd
+from privpipe.dpsgd.settings import DpSgdSettings
 from privpipe.federated.local import LocalConfig, load_vector, trainable_vector
 from privpipe.privacy import Event, Ledger, PoissonGaussianEvent, compute_epsilon
 
@@ -67,10 +68,10 @@ def private_local_update(model: nn.Module, tensors: tuple[torch.Tensor, torch.Te
     if len(labels) == 0:
         raise ValueError("a client with no records has nothing to train on")
     load_vector(model, start)
-    result = train_dpsgd(model, inputs.numpy(), labels.numpy(), noise_multiplier=noise.noise_multiplier,
-                         max_grad_norm=noise.clip_norm, lot_size=min(local.batch_size, len(labels)),
-                         epochs=local.epochs, learning_rate=local.learning_rate, secure_rng=noise.secure_rng,
-                         seed=seed, device=device)
+    settings = DpSgdSettings(noise_multiplier=noise.noise_multiplier, max_grad_norm=noise.clip_norm,
+                             lot_size=min(local.batch_size, len(labels)), epochs=local.epochs,
+                             learning_rate=local.learning_rate, secure_rng=noise.secure_rng, seed=seed)
+    result = train_dpsgd(model, inputs.numpy(), labels.numpy(), settings, device=device)
     update = trainable_vector(result.model) - np.asarray(start, dtype=np.float32)
     model.to(device)  # train_dpsgd hands the module back on the CPU; the caller's copy stays where it was
     return update, result.event

@@ -30,7 +30,7 @@ import torch
 
 from privpipe.config import ConfigError, Params
 from privpipe.data.split import keyed_uniforms
-from privpipe.dpsgd import DpSgdSchedule, dpsgd_schedule, train_dpsgd
+from privpipe.dpsgd import DpSgdSchedule, DpSgdSettings, dpsgd_schedule, train_dpsgd
 from privpipe.dpsgd.train import DpSgdResult
 from privpipe.privacy import Event, Ledger, NoiseSource, RdpCurveEvent
 from privpipe.privacy.calibrate import calibrate_noise_multiplier
@@ -159,14 +159,14 @@ def select(params: Params, plan: SelectionPlan, *, features: np.ndarray, labels:
         # each run draws its candidate from the secret source too: the runs must be alike (iid) for Theorem 2
         pick = min(int(secret.uniform(1)[0] * len(plan.candidates)), len(plan.candidates) - 1)
         candidate, schedule, sigma = plan.candidates[pick], plan.schedules[pick], plan.sigmas[pick]
-        result = train_dpsgd(
-            copy.deepcopy(initial), features[train], labels[train], noise_multiplier=sigma,
-            max_grad_norm=cfg.max_grad_norm,
+        settings = DpSgdSettings(
+            noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm,
             lot_size=cfg.lot_size, epochs=candidate.epochs, learning_rate=candidate.learning_rate,
             lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end, lr_decay_epochs=cfg.lr_decay_epochs,
             momentum=cfg.momentum, clipping=cfg.clipping, grad_sample_mode=cfg.grad_sample_mode,
             max_physical_batch=cfg.max_physical_batch, ema_decay=cfg.ema_decay,
-            secure_rng=params.privacy.secure_rng, seed=params.run.seed * 1009 + run, device=device)
+            secure_rng=params.privacy.secure_rng, seed=params.run.seed * 1009 + run)
+        result = train_dpsgd(copy.deepcopy(initial), features[train], labels[train], settings, device=device)
         if result.event != schedule.event(noise_multiplier=sigma):
             raise RuntimeError(f"DP-SGD ran {result.event}, not the planned one; refusing to mis-account")
         score = _correct(result.model, features[validation], labels[validation]) + float(

@@ -14,7 +14,7 @@ import logging
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from privpipe.config import ConfigError, Params
 from privpipe.dp_pca import dp_pca_event
-from privpipe.dpsgd import dpsgd_schedule, train_dpsgd, train_dpsgd_local
+from privpipe.dpsgd import DpSgdSettings, dpsgd_schedule, train_dpsgd, train_dpsgd_local
 from privpipe.federated import ClientUpdates
 from privpipe.models import DIVERGED, diverged, released_model, save_released
 from privpipe.privacy import Event, epsilon_curve
@@ -143,23 +143,22 @@ def run_finetune(params: Params, *, where: DatasetPaths | None = None,
         log.info("finetune: epoch %d/%d%s", h["epoch"], cfg.epochs, loss)
         bar.update()
 
-    settings: dict[str, Any] = dict(
+    settings = DpSgdSettings(
         noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm, lot_size=cfg.lot_size, epochs=cfg.epochs,
         learning_rate=cfg.learning_rate, lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end,
         lr_decay_epochs=cfg.lr_decay_epochs, momentum=cfg.momentum, clipping=cfg.clipping,
-        max_physical_batch=cfg.max_physical_batch, ema_decay=cfg.ema_decay, secure_rng=params.privacy.secure_rng,
-        seed=params.run.seed)
+        grad_sample_mode=cfg.grad_sample_mode, max_physical_batch=cfg.max_physical_batch, ema_decay=cfg.ema_decay,
+        secure_rng=params.privacy.secure_rng, seed=params.run.seed)
     with warnings.catch_warnings(), progress(cfg.epochs, "finetune (DP-SGD epochs)") as bar:
         if not params.privacy.secure_rng:
             warnings.simplefilter("ignore")  # the flow (or, alone, the stage) has warned through its logger
         if cfg.processes > 1:  # the ranks report nothing on the way: each epoch is logged when they are done
-            result = train_dpsgd_local(cfg.processes, network, features, records.labels,
-                                       torch_threads=max(params.run.torch_threads, 1), **settings)
+            result = train_dpsgd_local(cfg.processes, network, features, records.labels, settings,
+                                       torch_threads=max(params.run.torch_threads, 1))
             for h in result.history:
                 report(h)
         else:
-            result = train_dpsgd(network, features, records.labels, **settings, grad_sample_mode=cfg.grad_sample_mode,
-                                 device=device, on_epoch=report)
+            result = train_dpsgd(network, features, records.labels, settings, device=device, on_epoch=report)
     if result.event != planned:
         raise RuntimeError(f"DP-SGD ran {result.event}, not the planned {planned}; refusing to mis-account")
     ledger.record(result.event)

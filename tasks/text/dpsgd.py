@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from privpipe.config import Params
-from privpipe.dpsgd import dpsgd_schedule, train_dpsgd
+from privpipe.dpsgd import DpSgdSettings, dpsgd_schedule, train_dpsgd
 from privpipe.federated import trainable_vector
 from privpipe.privacy import Event, Ledger, epsilon_curve
 from tasks import paths
@@ -77,13 +77,13 @@ def run_text_dpsgd(params: Params, *, text_dir: Path | None = None, features_dir
     with warnings.catch_warnings():
         if not params.privacy.secure_rng:
             warnings.simplefilter("ignore")  # the flow has warned through its logger
-        result = train_dpsgd(model, train_x, train_y, noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm,
-                             lot_size=min(cfg.lot_size, len(train_y)), epochs=cfg.epochs,
-                             learning_rate=cfg.learning_rate, lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end,
-                             lr_decay_epochs=cfg.lr_decay_epochs, momentum=cfg.momentum, clipping=cfg.clipping,
-                             grad_sample_mode=cfg.grad_sample_mode, max_physical_batch=cfg.max_physical_batch,
-                             ema_decay=cfg.ema_decay, secure_rng=params.privacy.secure_rng, seed=params.run.seed,
-                             device=training_device(params))
+        settings = DpSgdSettings(noise_multiplier=sigma, max_grad_norm=cfg.max_grad_norm,
+                                 lot_size=min(cfg.lot_size, len(train_y)), epochs=cfg.epochs,
+                                 learning_rate=cfg.learning_rate, lr_schedule=cfg.lr_schedule, lr_end=cfg.lr_end,
+                                 lr_decay_epochs=cfg.lr_decay_epochs, momentum=cfg.momentum, clipping=cfg.clipping,
+                                 grad_sample_mode=cfg.grad_sample_mode, max_physical_batch=cfg.max_physical_batch,
+                                 ema_decay=cfg.ema_decay, secure_rng=params.privacy.secure_rng, seed=params.run.seed)
+        result = train_dpsgd(model, train_x, train_y, settings, device=training_device(params))
     ran = dataclasses.replace(result.event, stage=STAGE)
     if ran != planned:
         raise RuntimeError(f"DP-SGD ran {ran}, not the planned {planned}; refusing to mis-account")
