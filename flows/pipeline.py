@@ -9,7 +9,9 @@ tasks on the runner ``runner`` in params.yaml chooses (threads, processes, Dask,
 ``student.enabled: false`` skips the PATE stages (finetune then starts from scratch);
 ``finetune.enabled: false`` deploys the student.
 
-Before any work the run reserves its most on the dataset's lifetime budget, beside what other
+Before any work the run checks its params and data (:func:`preflighted`: the data prepared into a scratch folder,
+which the prepare stage adopts, so a run reads its data once); ``privpipe run`` makes those checks before Prefect
+starts and hands them to the flow. Then it reserves its most on the dataset's lifetime budget, beside what other
 runs hold (refused if it cannot); at the end its spend replaces the reservation
 (``privpipe budget``). A run that fails before its first figure computed from the sensitive records
 leaves (a crash while DP-SGD trains, say) gives its reservation back; one that fails after is charged it.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -37,8 +39,8 @@ from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, check_federated_use, check_pipeline_use
 from privpipe.data.partitioned import PartJob, PartMapper, PartResult
 from privpipe.privacy import Ledger, LifetimeLedger
-from tasks import paths, run_view, tracking
-from tasks.common import Skipped, one_pipeline_at_a_time, read_json, scratch_beside, use_torch_threads
+from tasks import run_view, tracking
+from tasks.common import Skipped, one_pipeline_at_a_time, read_json, use_torch_threads
 from tasks.device import training_device
 from tasks.discovery import check_sources, discovery_plan
 from tasks.dp_pca import check_components, dp_pca_task
@@ -47,11 +49,19 @@ from tasks.evaluation import Evaluation
 from tasks.features import check_model
 from tasks.federated.training import assign_clients
 from tasks.finetune.stage import check_lot_size, check_target_reachable, finetune_task, run_finetune
-from tasks.pate.aggregate import aggregate_task, check_filter_budget, run_aggregate
+from tasks.pate.aggregate import aggregate_task, check_analysis, run_aggregate
 from tasks.pate.partition import Shards, partition_task, run_partition, shard_assignment
 from tasks.pate.student import run_student, student_task
 from tasks.pate.teachers import clear_partial_votes, collect_votes_task, run_teachers, teacher_task
-from tasks.prepare import Prepared, partitioned_table, prepare_part_task, prepare_task, prepared_sets, run_prepare
+from tasks.prepare import (
+    Prepared,
+    PreparedAhead,
+    partitioned_table,
+    prepare_part_task,
+    prepare_task,
+    prepared_ahead,
+    run_prepare,
+)
 from tasks.prepared import PreparedSets
 from tasks.privacy import budget, uncovered
 from tasks.privacy import tracking as audit_tracking
@@ -62,7 +72,8 @@ from tasks.registered import RegisteredModel
 from tasks.removal.head import head_task, run_head
 from tasks.removal.store import HeadVersion, head_model_name
 
-__all__ = ["pipeline", "privacy_markdown", "RunResult", "StageClock"]
+__all__ = ["pipeline", "privacy_markdown", "RunResult", "StageClock", "Preflight", "preflight", "preflighted",
+           "registry_preflight"]
 
 
 INSECURE_RNG_WARNING = (
@@ -171,30 +182,89 @@ def _teachers(params: Params, runner: TaskRunner, prepared: PreparedSets, shards
     return [Path(file) for file in cast(list[str], futures.result())]
 
 
+@dataclass(eq=False)  # one run's checks: found by identity
+class Preflight:
+    """A run's checks before any work, passed: the params they checked, and the sets they prepared (in a scratch
+    folder) for the prepare stage to adopt; None where the checks that read the sets wait for the schema the run
+    discovers (made under its admission, :func:`_prepare`)."""
+
+    params: Params
+    ahead: PreparedAhead | None
+
+
+#: the checks ``privpipe run`` made before Prefect started, handed to the pipeline flow it starts in this process
+_HANDED: list[Preflight] = []
+
+
 def preflight(params: Params) -> None:
-    """Load and check the data and the partition the run would make, writing nothing: ``privpipe run``
-    calls it before Prefect, MLflow or the pipeline lock exist, so bad input leaves no trace."""
+    """Load and check the data and the partition the run would make, writing nothing (what :func:`preflighted`
+    checks, the model names aside, its preparation dropped)."""
+    with _checked_input(params):
+        pass
+
+
+@contextmanager
+def preflighted(params: Params, *, hand_over: bool = False) -> Iterator[Preflight]:
+    """Every check before any work, the data's preparation kept for the block: ``privpipe run`` enters it before
+    Prefect, MLflow or the pipeline lock exist, so bad input leaves no trace (the scratch folder is removed on
+    leaving: on a refusal, at the end of the run, or, for a killed run, by the next one). ``hand_over``: the
+    pipeline flow started inside the block with the same params takes these checks as its own, and its prepare
+    stage adopts the sets they prepared (the data read and checked once)."""
+    with _checked_input(params) as ahead:
+        registry_preflight(params)
+        checked = Preflight(params=params, ahead=ahead)
+        if not hand_over:
+            yield checked
+            return
+        _HANDED.append(checked)
+        try:
+            yield checked
+        finally:
+            if checked in _HANDED:  # no flow took it
+                _HANDED.remove(checked)
+
+
+@contextmanager
+def _checked_input(params: Params) -> Iterator[PreparedAhead | None]:
     check_pipeline_use(params)
     training_device(params)  # run.device: cuda on a machine without one is refused here, not mid-run
     plan = discovery_plan(params)
     if plan is not None:
         # the checks below read the data through the schema the run discovers: that draw is a release, made
-        # under the run's admission (a refusal after it is charged, _stages), never here, uncharged
+        # under the run's admission (a refusal after it is charged, _prepare), never here, uncharged
         check_sources(params, plan)
+        yield None
         return
-    data_checks(params)
+    with checked_data(params) as ahead:
+        yield ahead
 
 
-def data_checks(params: Params) -> None:
-    """The checks of the data and of what each stage makes of it (preflight, or once the schema is drawn)."""
-    with scratch_beside(paths.for_params(params).prepared) as scratch:  # the sets on disk: bounded memory
-        _check_prepared(params, prepared_sets(params, into=scratch))
+@contextmanager
+def _this_runs_checks(params: Params) -> Iterator[Preflight]:
+    """The checks ``privpipe run`` handed over for these params, or (a deployment's run, which starts here) the
+    flow's own, made now."""
+    handed = next((checked for checked in _HANDED if checked.params == params), None)
+    if handed is not None:
+        _HANDED.remove(handed)  # one flow run's: its owner's block removes its scratch folder
+        yield handed
+        return
+    with preflighted(params) as checked:
+        yield checked
+
+
+@contextmanager
+def checked_data(params: Params) -> Iterator[PreparedAhead]:
+    """The checks of the data and of what each stage makes of it (preflight, or once the schema is drawn), on
+    the sets prepared into a scratch folder (bounded memory), kept for the block for the prepare stage to adopt."""
+    with prepared_ahead(params) as ahead:
+        _check_prepared(params, ahead.prepared)
+        yield ahead
 
 
 def _check_prepared(params: Params, prepared: Prepared) -> None:
     if params.student.enabled:
         shard_assignment(params, prepared.sensitive, classes=prepared.shape.n_classes, source=params.prepare.path)
-        check_filter_budget(params, classes=prepared.shape.n_classes)
+        check_analysis(params, classes=prepared.shape.n_classes)
     # each stage's own checks against the data, made here too: mid-run they would fail after MLflow wrote
     check_components(params, prepared.shape.width)
     check_lot_size(params, len(prepared.sensitive))
@@ -226,9 +296,13 @@ def pipeline(params_file: str = "params.yaml") -> RunResult:
     lifetime budget cannot pay for the run's ``privacy.epsilon_budget``."""
     params = load_run_params(params_file)  # the file's, with a recipe fitted to the data where it writes none
     # a deployment's run starts here, not at `privpipe run`: the same checks before any run state exists
-    # (the lock, the reservation, the MLflow run), so bad data fails it with one line, not mid-run
-    preflight(params)
-    registry_preflight(params)
+    # (the lock, the reservation, the MLflow run), so bad data fails it with one line, not mid-run; under
+    # `privpipe run` they are the command's own, handed over, and the data is read once
+    with _this_runs_checks(params) as checked:
+        return _checked_run(params, params_file, checked)
+
+
+def _checked_run(params: Params, params_file: str, checked: Preflight) -> RunResult:
     log = get_run_logger()
     if not params.privacy.secure_rng:
         log.warning(INSECURE_RNG_WARNING)
@@ -242,7 +316,7 @@ def pipeline(params_file: str = "params.yaml") -> RunResult:
                                  exclusive=True) as run, \
             mapping_runner(params) as runner:
         log.info("pipeline: mapped tasks run on %s", describe_runner(params))
-        result = _stages(params, run, runner, dataset, admission, clock)
+        result = _stages(params, run, runner, dataset, admission, clock, checked.ahead)
         ledger = result.evaluation.ledger()
         run.describe(result.headline(run_view.description(params, flow="pipeline", dataset=dataset,
                                                           params_file=params_file)))
@@ -254,17 +328,26 @@ def pipeline(params_file: str = "params.yaml") -> RunResult:
                      flow_run_id=str(flow_run.id), url_hint=run.url_hint())
 
 
-def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, dataset: str,
-            admission: budget.Admission, clock: StageClock) -> RunResult:
-    if discovery_plan(params) is not None:
-        admission.mark_published()  # prepare's schema stage releases a schema computed from the records
-        data_checks(params)  # the preflight's checks, which need that schema: a refusal now is charged
-    with clock.timed("prepare"):
-        if partitioned_table(params):  # here, in the flow, so that each part is a mapped task
-            prepared = run_prepare(params, map_parts=_mapped_parts(runner))
+def _prepare(params: Params, run: tracking.TrackedRun, runner: TaskRunner, admission: budget.Admission,
+             ahead: PreparedAhead | None) -> PreparedSets:
+    """The prepare stage, adopting the sets the checks prepared (``ahead``) when nothing they were made from
+    changed since; where the checks wait for the schema the run discovers, they are made now."""
+    with ExitStack() as stack:
+        if discovery_plan(params) is not None:
+            admission.mark_published()  # prepare's schema stage releases a schema computed from the records
+            # the preflight's checks, which need that schema: a refusal now is charged; prepare adopts their sets
+            ahead = stack.enter_context(checked_data(params))
+        if partitioned_table(params):  # here, in the flow, so that each part is a mapped task where it is read
+            prepared = run_prepare(params, map_parts=_mapped_parts(runner), ahead=ahead)
             prepared.log(run)
-        else:
-            prepared = prepare_task(params, run)
+            return prepared
+        return prepare_task(params, run, ahead)
+
+
+def _stages(params: Params, run: tracking.TrackedRun, runner: TaskRunner, dataset: str,
+            admission: budget.Admission, clock: StageClock, ahead: PreparedAhead | None) -> RunResult:
+    with clock.timed("prepare"):
+        prepared = _prepare(params, run, runner, admission, ahead)
     if params.student.enabled:
         with clock.timed("partition"):
             shards = partition_task(params, run, prepared)

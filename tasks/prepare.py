@@ -16,12 +16,18 @@ own, as PATE does (the first ``public_queries`` test records are the public pool
 Every record with an accepted deletion request is left out of every set: completed ones
 (erased) and those still pending or in a removal batch (withheld: the request is the
 owner's wish from the moment it is accepted, so no new model trains on the record).
+
+``privpipe run`` prepares the sets once, in its checks before any work (:func:`prepared_ahead`: into a scratch
+folder beside data/prepared/<dataset>), and its prepare stage adopts them (moves them into place) when the
+params, the raw files and the deletion requests are as they were then; else the stage reads the data again.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,13 +52,13 @@ from tasks.identity import MadeFrom, params_dataset
 from tasks.prepared import PreparedSets, write_input, write_shape
 from tasks.privacy.ledger import write_prepared_ledger
 from tasks.source import ensure_default_data
-from tasks.versioning import data_version
+from tasks.versioning import FileMarks, data_version, file_marks
 
 if TYPE_CHECKING:  # a type only: recording imports MLflow, which a stage run by dvc repro never needs
     from tasks.tracking import TrackedRun
 
 __all__ = ["run_prepare", "prepare_task", "prepare_part_task", "partitioned_table", "ensure_default_data",
-           "prepared_sets", "Prepared", "Withheld"]
+           "prepared_sets", "Prepared", "Withheld", "PreparedAhead", "prepared_ahead"]
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ class Prepared:
 
 def partitioned_table(params: Params) -> bool:
     """Whether the data is a partitioned table (a folder of Parquet parts), whose parts a flow maps."""
-    return params.prepare.dataset == "csv" and Path(params.prepare.path).is_dir()
+    return not params.prepare.images and Path(params.prepare.path).is_dir()
 
 
 def prepared_sets(params: Params, *, into: Path | None = None, map_parts: PartMapper | None = None) -> Prepared:
@@ -174,9 +180,69 @@ def _subsampled(records: Records, counts: dict[int, int], *, into: Path | None, 
     return mapped_set(folder), counts
 
 
-def run_prepare(params: Params, *, map_parts: PartMapper | None = None) -> PreparedSets:
-    """Write data/prepared/<dataset>/* and metrics/<dataset>/prepare.json (``map_parts``: see prepared_sets)."""
+@dataclass(eq=False)  # its sets are arrays: one preparation is itself alone
+class PreparedAhead:
+    """The sets prepared before the stage runs (``privpipe run``'s checks), in a scratch folder beside
+    data/prepared/<dataset>, with what they were made from: the params, the raw files' marks (their listing included:
+    an image added to a folder) and, in ``prepared.withheld``, the deletion requests honoured. The stage adopts them
+    once (:func:`run_prepare`'s ``ahead``); the code that made them is this process's (never handed on)."""
+
+    params: Params
+    prepared: Prepared
+    scratch: Path
+    marks: FileMarks
+    used: bool = False
+
+    def changed(self, params: Params) -> str | None:
+        """What changed since the sets were made (None: nothing, they are what the stage would write now)."""
+        if self.used:
+            return "they were adopted or dropped already"
+        if params != self.params:
+            return "the params changed"
+        try:
+            marks = _source_marks(params, self.prepared.sources)
+        except (OSError, DataError, ConfigError):  # a file gone or broken: the stage's own read says what
+            return "the raw data changed"
+        if marks != self.marks:
+            return "the raw data changed"
+        # the queue as prepare reads it: any request accepted, or done, since is a change (a stale set could hold it)
+        now = _Withholding(RequestQueue(paths.for_params(params).requests))
+        if (now.erased, now.pending) != (self.prepared.withheld.erased, self.prepared.withheld.pending):
+            return "the deletion requests changed"
+        return None
+
+
+def _source_marks(params: Params, sources: list[Path]) -> FileMarks:
+    """The marks of the raw files a load read and of those the kind lists now."""
+    return file_marks([*sources, *data_source(params.prepare.dataset).files(params.prepare)])
+
+
+@contextmanager
+def prepared_ahead(params: Params) -> Iterator[PreparedAhead]:
+    """:func:`prepared_sets` into a scratch folder kept for the block: the checks before any work read the data, and
+    the stage adopts what they read (``run_prepare(params, ahead=...)``) instead of reading it again. On leaving,
+    what is left of the folder is removed (a killed process's is swept by the next scratch_beside), and on a refusal
+    every folder it made: nothing is written."""
+    with scratch_beside(paths.for_params(params).prepared) as scratch:
+        prepared = prepared_sets(params, into=scratch)
+        yield PreparedAhead(params=params, prepared=prepared, scratch=scratch,
+                            marks=_source_marks(params, prepared.sources))
+
+
+def run_prepare(params: Params, *, map_parts: PartMapper | None = None,
+                ahead: PreparedAhead | None = None) -> PreparedSets:
+    """Write data/prepared/<dataset>/* and metrics/<dataset>/prepare.json (``map_parts``: see prepared_sets).
+    ``ahead``: the sets prepared before the stage (:func:`prepared_ahead`), put in place when nothing they were
+    made from changed since; else (a deletion request queued since, say) dropped and the data read again."""
     where = paths.for_params(params)
+    if ahead is not None:
+        changed = ahead.changed(params)
+        ahead.used = True
+        if changed is None:
+            return _write_prepared(params, ahead.prepared, ahead.scratch)
+        shutil.rmtree(ahead.scratch, ignore_errors=True)  # (its owner's block removes the folder itself too)
+        stage_logger("prepare").info("prepare: the sets the checks prepared are not adopted (%s since): reading the "
+                                     "data again", changed)
     with scratch_beside(where.prepared) as scratch:  # the sets written as they are read, moved into place at the end
         return _write_prepared(params, prepared_sets(params, into=scratch, map_parts=map_parts), scratch)
 
@@ -216,8 +282,8 @@ def _write_prepared(params: Params, prepared: Prepared, scratch: Path) -> Prepar
 
 
 @task(name="prepare", cache_policy=NO_CACHE)
-def prepare_task(params: Params, run: TrackedRun) -> PreparedSets:
-    prepared = run_prepare(params)
+def prepare_task(params: Params, run: TrackedRun, ahead: PreparedAhead | None = None) -> PreparedSets:
+    prepared = run_prepare(params, ahead=ahead)
     prepared.log(run)
     return prepared
 

@@ -10,13 +10,14 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 __all__ = ["git_commit", "data_version", "combined_version", "file_md5", "pointer_md5", "dvc", "MD5_PATTERN",
-           "DvcRemote", "dvc_remotes", "restrict_dvc_storage"]
+           "DvcRemote", "dvc_remotes", "restrict_dvc_storage", "file_marks", "FileMarks"]
 
 MD5_PATTERN = re.compile(r"[0-9a-f]{32}")  # a file's md5 in a DVC pointer (a folder's ends in .dir)
 
@@ -67,6 +68,28 @@ def data_version(paths: list[Path]) -> str:
         if tracked is not None:
             return tracked if tracked == hashes[0] else f"modified:{hashes[0]}"
     return combined_version(hashes)
+
+
+#: each file's name and, where it is there, its device, inode, size, modification and change times (ns)
+FileMarks = tuple[tuple[str, ...], ...]
+
+
+def file_marks(paths: Iterable[Path]) -> FileMarks:
+    """What the files' bytes are known by without reading them (sorted by name, each once): equal marks, the same
+    bytes. A write, a truncation, a rename or a replace moves a file's change time, which a user cannot set
+    (``touch`` sets the modification time only; the clock itself aside), so content can change under an equal size
+    and modification time but not under equal marks. What :func:`data_version` would hash, checked without hashing
+    it again (a chmod moves the change time too: a false alarm, never a miss)."""
+    marks: list[tuple[str, ...]] = []
+    for path in sorted({str(p) for p in paths}):
+        try:
+            info = os.stat(path)
+        except OSError:  # gone (or unreadable): a mark of its own, unlike any file's
+            marks.append((path,))
+            continue
+        marks.append((path, str(info.st_dev), str(info.st_ino), str(info.st_size), str(info.st_mtime_ns),
+                      str(info.st_ctime_ns)))
+    return tuple(marks)
 
 
 #: the child's first step, before it becomes dvc: ask the kernel to kill it when its parent dies (Linux's

@@ -27,18 +27,19 @@ def run(args: argparse.Namespace) -> int:
     params = load_run_params(args.params)  # validate before Prefect starts anything; a recipe fitted where none is
     # deferred until the params are known good: Prefect, MLflow and torch take seconds to import
     from flows.cli.run_report import let_prefect_record
-    from flows.pipeline import pipeline, preflight, registry_preflight
+    from flows.pipeline import pipeline, preflighted
     from flows.prefect_api import flow_api
     from tasks.privacy import budget
 
-    preflight(params)  # bad data, δ ≥ 1/n, an impossible partition: refused before any run state exists
-    registry_preflight(params)  # a model name that holds another dataset's versions: the same
-    budget.check_lifetime(params, budget.dataset_name(params), what="pipeline run")  # the flow checks again
-
-    with flow_api(params):
-        result = pipeline(params_file=args.params)
-        _report_run(params, result)
-        let_prefect_record(result.flow_run_id)
+    # bad data, δ ≥ 1/n, an impossible partition, a model name that holds another dataset's versions: refused
+    # before any run state exists. The flow takes these checks as its own, and its prepare stage the sets they
+    # prepared (in a scratch folder, removed when the block ends): the data is read and checked once
+    with preflighted(params, hand_over=True):
+        budget.check_lifetime(params, budget.dataset_name(params), what="pipeline run")  # the flow checks again
+        with flow_api(params):
+            result = pipeline(params_file=args.params)
+            _report_run(params, result)
+            let_prefect_record(result.flow_run_id)
     return 0
 
 
