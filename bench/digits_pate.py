@@ -80,8 +80,8 @@ def sweep(partitions: int) -> list[dict]:
     from privpipe.data import Records
     from privpipe.data.partition import assign_shards
     from privpipe.models import apply_front, make_network, seeded
+    from privpipe.pate.aggregators import make_aggregator
     from privpipe.pate.analysis import choose_analysis, data_independent_events
-    from privpipe.pate.registry import make_aggregator
     from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier, vote_histograms
     from privpipe.privacy import NoiseSource, compute_epsilon
     from tasks import paths
@@ -148,7 +148,7 @@ def sweep(partitions: int) -> list[dict]:
 def one_run(sigma: float | None, seed: int) -> dict:
     """(child process) every stage of the default run, PATE on at GNMax ``sigma`` (None: off); figures as JSON."""
     student = sigma is not None
-    aggregate = {"mechanism": "gnmax", "sigma": sigma} if student else {}
+    aggregate = {"mechanism": {"gnmax": {"sigma": sigma}}} if student else {}
     _in_project(_project(student={"enabled": student}, aggregate=aggregate, run={"seed": seed}))
     from privpipe.config import load_params
     from tasks.dp_pca import run_dp_pca

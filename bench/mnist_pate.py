@@ -41,9 +41,9 @@ from privpipe.data.partition import assign_shards
 from privpipe.features import scatter_features
 from privpipe.models import Reshape, make_cnn
 from privpipe.pate.aggregators import Aggregator as PateAggregator
+from privpipe.pate.aggregators import make_aggregator
 from privpipe.pate.analysis import data_dependent_rdp, data_independent_events, sanitise
 from privpipe.pate.linear_teacher import standardised_linear
-from privpipe.pate.registry import make_aggregator
 from privpipe.pate.student import StudentConfig, train_student
 from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifier, vote_histograms
 from privpipe.privacy import RDP_ORDERS, NoiseSource, compute_epsilon

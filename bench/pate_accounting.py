@@ -13,7 +13,7 @@ picks before seeing the votes. With ``--reference`` (a checkout of tensorflow/pr
 research/pate_2018; needs absl-py) also the figure the reference code reports: its
 data-dependent RDP with the argmax charged on answered queries only, not sanitised, converted
 at the best of its orders — not a bound the pipeline could publish (see privpipe/pate/analysis.py).
-For Confident-GNMax also what a GDP filter (``aggregate.analysis: filter``) fixed at the row's
+For Confident-GNMax also what a GDP filter (``aggregate.analysis: {filter: {epsilon: ε}}``) fixed at the row's
 data-independent ε asks and answers over the 9,000 queries (privpipe/pate/gdp_filter.py). For
 each GNMax row the smooth sensitivity of the sanitised release (β 0.01 and 0.02, order 20) and,
 with ``--reference``, the reference's (its Algorithms 3–5, smooth_sensitivity.py; needs sympy).
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from privpipe.data import load_mnist  # noqa: E402
-from privpipe.pate.aggregators import Aggregator  # noqa: E402
+from privpipe.pate.aggregators import Aggregator, make_aggregator  # noqa: E402
 from privpipe.pate.analysis import (  # noqa: E402
     choose_analysis,
     data_independent_events,
@@ -42,7 +42,6 @@ from privpipe.pate.analysis import (  # noqa: E402
     smooth_sensitivity,
 )
 from privpipe.pate.gdp_filter import answer_within_budget, gdp_mu_for_epsilon  # noqa: E402
-from privpipe.pate.registry import make_aggregator  # noqa: E402
 from privpipe.pate.teachers import vote_histograms  # noqa: E402
 from privpipe.privacy import NoiseSource, compute_epsilon  # noqa: E402
 

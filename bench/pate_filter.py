@@ -9,8 +9,8 @@ with PATE 2018's MNIST noise (T 200, σ₁ 150, σ₂ 40), the aggregation's own
 
 - *every query charged* (``aggregate.analysis: data_independent``): both steps on every query asked,
   so the most queries whose events stay within ε 1.5 are asked, in order;
-- *filter* (``aggregate.analysis: filter``): the queries asked in order under the GDP budget of ε 1.5,
-  the argmax charged only on answered queries.
+- *filter* (``aggregate.analysis: {filter: {epsilon: 1.5}}``): the queries asked in order under the GDP budget
+  of ε 1.5, the argmax charged only on answered queries.
 
 Data: 250 ScatterNet teachers on MNIST's 60,000 training images (bench/mnist_pate.py; one ensemble).
 MNIST's 10,000 test images are split three ways, disjoint: the public pool is the first 8,000 (the
@@ -48,9 +48,8 @@ import mnist_pate  # noqa: E402  (the same teachers, student network and recipe)
 from protocol import spread  # noqa: E402
 
 from privpipe.data import Records  # noqa: E402
-from privpipe.pate.aggregators import Aggregator  # noqa: E402
+from privpipe.pate.aggregators import Aggregator, make_aggregator  # noqa: E402
 from privpipe.pate.gdp_filter import answer_within_budget, filter_event, gdp_mu_for_epsilon  # noqa: E402
-from privpipe.pate.registry import make_aggregator  # noqa: E402
 from privpipe.pate.teachers import predict_labels  # noqa: E402
 from privpipe.privacy import NoiseSource, compute_epsilon  # noqa: E402
 

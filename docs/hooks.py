@@ -102,6 +102,25 @@ def _cell(text: str) -> str:
     return escaped.replace("|", "\\|").replace("\n", " ")
 
 
+def _choice_rows(key: str, default: Any, choice: Any, comment: str, missing: list[str]) -> list[str]:
+    """A pluggable choice (privpipe.config.choices): its own row (the default variant by its tag, with its
+    parameters where it has some), then one row per parameter of each variant (``key.tag.parameter``)."""
+    parameters = default.parameters()
+    shown = {default.tag: parameters} if parameters else default.tag
+    rows = [f"| `{key}` | `{_cell(_yaml_value(shown))}` | one of {', '.join(f'`{t}`' for t in choice.tags)} "
+            f"| {_cell(comment)} |"]
+    for variant in choice:
+        comments = _field_comments(type(variant))
+        ranges = getattr(type(variant), "RANGES", {})
+        for name, value in variant.parameters().items():
+            sub = f"{key}.{variant.tag}.{name}"
+            if not comments.get(name):
+                missing.append(sub)
+            limit = str(ranges[name]) if name in ranges else ""
+            rows.append(f"| `{sub}` | `{_cell(_yaml_value(value))}` | {limit} | {_cell(comments.get(name, ''))} |")
+    return rows
+
+
 def _section_rows(cls: type, prefix: str, missing: list[str]) -> list[str]:
     comments = _field_comments(cls)
     ranges = getattr(cls, "RANGES", {})
@@ -109,6 +128,12 @@ def _section_rows(cls: type, prefix: str, missing: list[str]) -> list[str]:
     for field in dataclasses.fields(cls):
         key = f"{prefix}.{field.name}"
         value = _default(field)
+        if "choice" in field.metadata:
+            comment = comments.get(field.name, "")
+            if not comment:
+                missing.append(key)
+            rows += _choice_rows(key, value, field.metadata["choice"], comment, missing)
+            continue
         if dataclasses.is_dataclass(value):
             rows += _section_rows(type(value), key, missing)
             continue

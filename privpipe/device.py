@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from privpipe.config.run import DEVICES
+
 __all__ = ["DEVICES", "resolve_device"]
 
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -12,6 +12,7 @@ and noise multiplier σ. The top-k eigenvectors are post-processing.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from privpipe.privacy import GaussianEvent, secure_normal
 
@@ -32,7 +33,8 @@ def _symmetric_noise(dim: int, *, std: float, rng: np.random.Generator | None, s
             raise ValueError("pass rng (a numpy Generator) or secure=True")
         draws = rng.normal(0.0, std, size=(dim, dim))
     upper = np.triu(draws)
-    return upper + np.triu(draws, k=1).T
+    symmetric: NDArray[np.float64] = upper + np.triu(draws, k=1).T
+    return symmetric
 
 
 def dp_pca(features: np.ndarray, *, components: int, noise_multiplier: float,

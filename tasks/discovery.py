@@ -22,6 +22,7 @@ import yaml
 
 from privpipe.config import ConfigError, Params
 from privpipe.config.data_schema import DataSchema
+from privpipe.config.privacy import ACCOUNTANTS
 from privpipe.data.columnar import check_ids, feature_names, table_batches, table_header
 from privpipe.data.images import check_image_folder, class_folders, image_files
 from privpipe.data.sources import data_source
@@ -67,7 +68,7 @@ def discovery_plan(params: Params) -> DiscoveryPlan | None:
     cfg = params.prepare
     declared = cfg.schema
     labels = declared is None or declared.labels is None
-    if cfg.dataset == "csv":
+    if not cfg.images:  # a table: its columns' bounds and its labels
         features = feature_names(Path(cfg.path), id_column=cfg.id_column, label_column=cfg.label_column,
                                  client_column=params.federated.client_column, feature_columns=cfg.feature_columns)
         extra = [c.name for c in (declared.columns if declared else ()) if c.name not in features]
@@ -75,7 +76,7 @@ def discovery_plan(params: Params) -> DiscoveryPlan | None:
             raise ConfigError(f"prepare.schema.columns.{extra[0]}: not a feature column of {cfg.path}")
         missing = tuple(name for name in features if declared is None or declared.column(name) is None)
         return DiscoveryPlan(missing, labels) if missing or labels else None
-    if cfg.dataset == "imagefolder" and labels:
+    if not cfg.kind.own_classes and labels:  # images whose classes are folders' names
         return DiscoveryPlan((), True)
     return None
 
@@ -86,11 +87,11 @@ def check_sources(params: Params, plan: DiscoveryPlan) -> None:
     one size or image_size)."""
     cfg = params.prepare
     mechanism_for(params, plan)  # its noise, calibrated (an ε out of reach refused), not drawn
-    if cfg.dataset == "csv":
+    if not cfg.images:
         if cfg.id_column not in table_header(Path(cfg.path)):
             raise ConfigError(f"prepare.id_column: {cfg.id_column!r} is not a column of {cfg.path}")
         check_ids(Path(cfg.path), cfg.id_column)  # in bounded memory: a table of any length
-    elif cfg.dataset == "imagefolder":  # every image read as prepare reads it (its class folders unpublished)
+    elif not cfg.kind.own_classes:  # an image folder: every image read as prepare reads it (classes unpublished)
         check_image_folder(Path(cfg.path), channels=cfg.channels or 3, size=cfg.image_size)  # a batch at a time
 
 
@@ -110,10 +111,11 @@ def mechanism_for(params: Params, plan: DiscoveryPlan) -> DiscoveryMechanism:
 
 
 def require_accountant(params: Params) -> None:
-    if params.privacy.accountant == "pld":
-        raise ConfigError("privacy.accountant: pld cannot account for the schema stage (partition selection is an "
-                          "approximate RDP curve, which has no PLD): use best or rdp, or declare prepare.schema "
-                          "in full")
+    if not ACCOUNTANTS[params.privacy.accountant].accounts_rdp_curves:
+        able = " or ".join(v.tag for v in ACCOUNTANTS if v.accounts_rdp_curves)
+        raise ConfigError(f"privacy.accountant: {params.privacy.accountant} cannot account for the schema stage "
+                          "(partition selection is an approximate RDP curve, which has no PLD): use "
+                          f"{able}, or declare prepare.schema in full")
 
 
 def _counts(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool],
@@ -121,7 +123,7 @@ def _counts(params: Params, plan: DiscoveryPlan, withheld: Callable[[str], bool]
     """The exact counts the release is of: every record of the main file (or folder) but those withheld; a
     table counted a batch at a time, so its length does not set the memory the count takes."""
     cfg = params.prepare
-    if cfg.dataset == "csv":
+    if not cfg.images:
         columns = {name: count_column([]) for name in plan.columns}
         labels = count_column([], numbers_only=True) if plan.labels else None
         read = [cfg.id_column, *plan.columns, *([cfg.label_column] if plan.labels else [])]

@@ -33,13 +33,14 @@ import yaml
 
 from privpipe.config import ConfigError, Params, load_params
 from privpipe.config.params import check_all
+from privpipe.config.prepare import DATA_KINDS
 from privpipe.data.sources import data_source
 from privpipe.files import read_user_text
 from tasks.common import stage_logger
 from tasks.discovery import discovery_plan
 
 __all__ = ["RECIPE_KEYS", "Recipe", "TableRule", "TABLE_RULE", "fitted_recipe", "load_run_params", "recipe_warnings",
-           "training_records", "FITTED_KINDS"]
+           "training_records"]
 
 #: the keys a recipe is made of, by section: a params file that sets none of them gets the fitted one
 RECIPE_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -48,8 +49,6 @@ RECIPE_KEYS: Mapping[str, tuple[str, ...]] = {
     "finetune": ("model", "hidden_units", "epochs", "lot_size", "learning_rate", "lr_schedule", "momentum",
                  "max_grad_norm"),
 }
-#: the kinds whose defaults are not already tuned for them
-FITTED_KINDS = ("csv", "imagefolder", "cifar10", "svhn")
 SCATTER_MIN_SIDE = 16  # below it J = 1 (2^J must stay <= side/2)
 
 
@@ -104,7 +103,7 @@ TABLE_RULE = TableRule(hidden_units=(), epochs=100, learning_rate=0.25, max_grad
 def fitted_recipe(*, kind: str, records: int, side: int | None, train_epsilon: float) -> Recipe:
     """The recipe for ``records`` sensitive records of ``kind`` (images ``side`` pixels a side), trained at
     ``train_epsilon`` (what is left for DP-SGD after the stages before it)."""
-    if kind == "csv":
+    if not DATA_KINDS[kind].images:
         return TABLE_RULE.recipe(records)
     if side is None:
         raise ValueError(f"an image kind ({kind}) needs its side")
@@ -128,8 +127,8 @@ def _image_side(params: Params) -> int:
     cfg = params.prepare
     if cfg.image_size is not None:
         return cfg.image_size
-    if cfg.dataset in ("cifar10", "svhn"):
-        return 32
+    if cfg.kind.side is not None:
+        return cfg.kind.side
     from PIL import Image  # deferred: only image folders are opened, and only their first image
 
     first = next(iter(data_source(cfg.dataset).files(cfg)), None)
@@ -158,13 +157,13 @@ def train_epsilon(params: Params) -> float:
 
 def load_run_params(path: str | Path) -> Params:
     """The params a pipeline run uses: the file's, with the fitted recipe where it writes none (and the kind
-    is one of FITTED_KINDS, and its data is there to be counted)."""
+    has no tuned defaults, and its data is there to be counted)."""
     params = load_params(path)
-    if params.prepare.dataset not in FITTED_KINDS or _written_recipe_keys(Path(path)):
+    if params.prepare.kind.tuned_defaults or _written_recipe_keys(Path(path)):
         return params
     if not Path(params.prepare.path).exists():
         return params  # prepare names the missing file
-    side = None if params.prepare.dataset == "csv" else _image_side(params)
+    side = _image_side(params) if params.prepare.images else None
     recipe = fitted_recipe(kind=params.prepare.dataset, records=training_records(params), side=side,
                            train_epsilon=train_epsilon(params))
     stage_logger("recipe").info("recipe: none written in %s; fitted to the data: %s", path, recipe.why)
@@ -185,7 +184,7 @@ def recipe_warnings(params: Params, *, records: int) -> list[str]:
     if cfg.lot_size * 4 > records:
         lines.append(f"finetune: lots of {cfg.lot_size} over {records} records sample over a quarter of the data a "
                      "step: little amplification, much noise (lower finetune.lot_size)")
-    if params.prepare.dataset in ("imagefolder", "cifar10", "svhn") and params.features.transform == "none" \
+    if params.prepare.images and params.prepare.kind.channels == 3 and params.features.transform == "none" \
             and cfg.model == "mlp":
         lines.append("finetune: an MLP on raw or DP-PCA-projected pixels learns little of colour or larger images "
                      "under DP (features.transform: scatternet with finetune.model: cnn does; or leave the recipe "

@@ -35,7 +35,7 @@ def _pointer_md5(pointer: Path) -> str | None:
 def ensure_default_data(params: Params) -> bool:
     """Write the embedded default (digits CSV) if params use it and it is missing; True if written."""
     source = Path(params.prepare.path)
-    if params.prepare.dataset != "digits" or source != paths.DEFAULT_DIGITS_CSV or source.exists():
+    if not params.prepare.kind.embedded or source != paths.DEFAULT_DIGITS_CSV or source.exists():
         return False
     pointer = source.with_name(source.name + ".dvc")
     version = _pointer_md5(pointer)

@@ -10,10 +10,14 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from privpipe.config import ConfigError
+from privpipe.config.aggregate import AGGREGATORS
 from privpipe.pate.aggregate import UNANSWERED, confident_gnmax, gnmax, lnmax
-from privpipe.pate.registry import AGGREGATORS as MECHANISMS
-from privpipe.pate.registry import make_aggregator
+from privpipe.pate.aggregators import Aggregator, make_aggregator
 from privpipe.privacy.secure_noise import NoiseSource
+
+#: the names aggregate.mechanism accepts (privpipe.config.aggregate.AGGREGATORS)
+MECHANISMS = AGGREGATORS.tags
 
 CLASSES = 10
 TEACHERS = 250
@@ -33,7 +37,7 @@ class Case(NamedTuple):
 
 FACTOR = {"normal": 1.0, "small": 0.25, "tiny": 1e-8}
 
-#: one entry per name in the registry, no other (test_the_table_covers_exactly_the_registry): a new
+#: one entry per name AGGREGATORS lists, no other (test_the_table_covers_exactly_the_registry): a new
 #: aggregator has no case here until one is written for it, and never borrows another's. Each at its usual
 #: (paper-sized) noise, with ``scale='small'`` a quarter of it (a wrong or refused answer to a unanimous query
 #: then has probability below 1e-20, for unseeded noise), or with ``scale='tiny'`` almost none.
@@ -274,14 +278,38 @@ def test_negative_counts_raise(mechanism):
         run(mechanism, np.array([[3, -1, 3], [1, 2, 2]]), seeded())
 
 
-def test_aggregate_rejects_an_unknown_mechanism_and_missing_parameters():
-    with pytest.raises(ValueError, match="unknown mechanism"):
-        make_aggregator("exponential", 5, 3, sigma=1.0).answer(GOOD, noise=seeded())
-    with pytest.raises(ValueError, match="sigma is required"):
-        make_aggregator("gnmax", 5, 3, gamma=1.0).answer(GOOD, noise=seeded())
-    with pytest.raises(ValueError, match="gamma is required"):
-        make_aggregator("lnmax", 5, 3).answer(GOOD, noise=seeded())
-    with pytest.raises(ValueError, match="threshold is required"):
-        make_aggregator("confident_gnmax", 5, 3, sigma1=1.0, sigma2=1.0).answer(GOOD, noise=seeded())
+def test_aggregate_rejects_an_unknown_mechanism_or_parameter_and_non_positive_noise():
+    with pytest.raises(ConfigError, match=r"^aggregate.mechanism: unknown value 'exponential' \(choose one of "):
+        make_aggregator("exponential", 5, 3, sigma=1.0)
+    with pytest.raises(ConfigError, match=r"^aggregate.mechanism.gnmax.gamma: unknown key \(gnmax takes sigma\)$"):
+        make_aggregator("gnmax", 5, 3, gamma=1.0)
+    with pytest.raises(ConfigError, match=r"^aggregate.mechanism.lnmax.gamma: expected a number"):
+        make_aggregator({"lnmax": {"gamma": "wide"}}, 5, 3)
     with pytest.raises(ValueError, match="sigma must be > 0"):
         make_aggregator("gnmax", 5, 3, sigma=0.0).answer(GOOD, noise=seeded())
+    with pytest.raises(ValueError, match="sigma1 must be > 0 for confident_gnmax"):
+        make_aggregator("confident_gnmax", 5, 3, sigma1=0.0)
+    with pytest.raises(TypeError, match="keywords go with an aggregator's name"):
+        make_aggregator(AGGREGATORS["gnmax"], 5, 3, sigma=1.0)
+
+
+@pytest.mark.parametrize("spec", list(AGGREGATORS), ids=MECHANISMS)
+def test_each_aggregator_spec_names_its_class_and_its_aggregator_answers(spec):
+    """Issue 49: a spec (privpipe.config.aggregate) names the class that implements it, built from the spec alone:
+    by its tag (the defaults), as {tag: {parameters}}, or as the parsed spec itself."""
+    kind = spec.load()
+    assert isinstance(kind, type) and issubclass(kind, Aggregator)
+    changed = {name: value * 0.5 for name, value in spec.parameters().items()}
+    for given, parameters in ((spec, spec.parameters()), (spec.tag, spec.parameters()),
+                              ({spec.tag: changed}, changed)):
+        aggregator = make_aggregator(given, TEACHERS, CLASSES)
+        assert type(aggregator) is kind and aggregator.mechanism == spec.tag
+        assert aggregator.spec.parameters() == parameters
+        assert aggregator.public() == {"mechanism": spec.tag, "teachers": TEACHERS, "classes": CLASSES, **parameters}
+        assert {name: getattr(aggregator, name) for name in parameters} == parameters
+    # the spec says whether every step is Gaussian (what a GDP filter needs) without importing the class
+    assert spec.gaussian == (aggregator.gdp_costs() is not None)
+    histograms, winners = unanimous(30)
+    labels = make_aggregator(spec, TEACHERS, CLASSES).answer(histograms, noise=seeded(5))  # at its defaults
+    assert labels.shape == (30,) and (labels >= 0).any()
+    np.testing.assert_array_equal(labels[labels >= 0], winners[labels >= 0])

@@ -110,7 +110,7 @@ def write_head(folder: Path, *, truncate: bool = False) -> None:
     """A small trained head in artifacts/digits/head (rows = the first digits ids); ``truncate``: its state.npz
     cut in half, as a full disk or a killed copy leaves it."""
     from privpipe.privacy import NoiseSource
-    from privpipe.removal import RemovableHead, RemovalGuarantee
+    from privpipe.removal import HeadMeta, RemovableHead, RemovalGuarantee
     from tasks.identity import MadeFrom, stamp
     from tasks.removal.store import save_head
 
@@ -121,7 +121,8 @@ def write_head(folder: Path, *, truncate: bool = False) -> None:
                                guarantee=RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0))
     target = folder / "artifacts/digits/head"
     target.mkdir(parents=True, exist_ok=True)
-    save_head(target, head, ids=np.array([f"digits-{i:04d}" for i in range(40)]), meta={"applied_batches": {}})
+    save_head(target, head, ids=np.array([f"digits-{i:04d}" for i in range(40)]),
+              meta=HeadMeta(features="raw", model_dir="", input_dim=4, classes=10, head=head.settings()))
     stamp(target, MadeFrom(dataset="digits", source="data/raw/digits.csv", data_version="test"))
     if truncate:
         state = target / "state.npz"
@@ -405,14 +406,14 @@ CASES = [
     # a GDP filter needs Gaussian steps, its budget, and room for one query at its worst: before any work
     Case("filter-on-laplace-votes", ("run",), "privpipe: error: aggregate.analysis: filter needs Gaussian noise "
          "on every step (gnmax or confident_gnmax), not lnmax",
-         setup=params(student={"enabled": True}, aggregate={"analysis": "filter", "filter_epsilon": 1.0,
-                                                            "mechanism": "lnmax", "gamma": 0.1})),
-    Case("filter-without-its-budget", ("run",), "privpipe: error: aggregate.filter_epsilon: must be set for "
-         "aggregate.analysis: filter (the aggregation's ε at privacy.delta)",
+         setup=params(student={"enabled": True}, aggregate={"analysis": {"filter": {"epsilon": 1.0}},
+                                                            "mechanism": {"lnmax": {"gamma": 0.1}}})),
+    Case("filter-without-its-budget", ("run",), "privpipe: error: aggregate.analysis.filter.epsilon: must be set: "
+         "the aggregation's ε at privacy.delta (analysis: {filter: {epsilon: 1.0}})",
          setup=params(student={"enabled": True}, aggregate={"analysis": "filter"})),
-    Case("filter-budget-holds-no-query", ("run",), "privpipe: error: aggregate.filter_epsilon: 0.001 holds no "
-         "query (one query at its worst is μ = 0.03536-GDP, the budget μ = 0.00058); raise it or the noise",
-         setup=params(student={"enabled": True}, aggregate={"analysis": "filter", "filter_epsilon": 0.001})),
+    Case("filter-budget-holds-no-query", ("run",), "privpipe: error: aggregate.analysis.filter.epsilon: 0.001 holds "
+         "no query (one query at its worst is μ = 0.03536-GDP, the budget μ = 0.00058); raise it or the noise",
+         setup=params(student={"enabled": True}, aggregate={"analysis": {"filter": {"epsilon": 0.001}}})),
     # δ < 1/n needs n, the sensitive records: the prepare stage refuses it before it writes
     Case("delta-not-below-1-over-n", ("stage", "prepare"),
          "privpipe: error: privacy.delta: 0.01 is not below 1/n = 0.000977 (n = 1024 sensitive records); "
@@ -653,7 +654,7 @@ CASES = [
          "privpipe: error: argument --noise-multiplier: must be a finite number > 0, got nan"),
     Case("calculator-unknown-accountant", ("privacy", "dpsgd", "--noise-multiplier", "1", "--sample-rate", "0.01",
                                            "--steps", "10", "--delta", "1e-5", "--accountant", "gdp"),
-         "privpipe: error: argument --accountant: invalid choice: 'gdp' (choose from 'best', 'pld', 'rdp')"),
+         "privpipe: error: --accountant: unknown 'gdp' (choose one of best, pld, rdp)"),
     Case("calculator-missing", ("privacy",), "privpipe: error: the following arguments are required: calculator"),
     Case("forget-without-record-ids", ("forget", "--reason", "asked"),
          "privpipe: error: the following arguments are required: RECORD_ID"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-import importlib
+import dataclasses
 import re
 import subprocess
 import sys
@@ -15,7 +15,7 @@ import yaml
 
 from conftest import PROJECT
 from privpipe.config import ConfigError, Params, load_params, parse_params
-from privpipe.config.aggregate import LEDGER_RDP_ORDERS
+from privpipe.config.aggregate import AGGREGATORS, ANALYSES, LEDGER_RDP_ORDERS
 from privpipe.config.cron import is_cron
 from privpipe.privacy import RDP_ORDERS
 
@@ -64,8 +64,8 @@ def test_project_params_are_valid_and_flatten_for_mlflow():
     ("partition", "strategy", "random", "partition.strategy: unknown value 'random'"),
     ("partition", "alpha", 0, "partition.alpha: must be > 0"),
     ("aggregate", "mechanism", "vote", "aggregate.mechanism: unknown value 'vote'"),
-    ("aggregate", "sigma", None, "aggregate.sigma: must be set for gnmax"),
-    ("aggregate", "sigma", -3.0, "aggregate.sigma: must be > 0"),
+    ("aggregate", "mechanism", {"gnmax": {"sigma": None}}, "aggregate.mechanism.gnmax.sigma: must be set (got null)"),
+    ("aggregate", "mechanism", {"gnmax": {"sigma": -3.0}}, "aggregate.mechanism.gnmax.sigma: must be in (0, 1e+06]"),
     ("aggregate", "rdp_order", 20.5, "aggregate.rdp_order: must be one of the ledger's RDP orders"),
     ("aggregate", "ss_beta", 0.03, "aggregate.ss_beta: must be in (0, 1/(2·rdp_order))"),
     ("aggregate", "ss_failure_probability", 1e-4, "aggregate.ss_failure_probability: must be in (0, privacy.delta"),
@@ -120,12 +120,69 @@ def test_missing_or_broken_file(tmp_path):
         load_params(broken)
 
 
-def test_confident_gnmax_needs_its_threshold_and_both_noises():
-    raw = with_value("aggregate", "mechanism", "confident_gnmax")
-    with pytest.raises(ConfigError, match="aggregate.threshold: must be set for confident_gnmax"):
-        parse_params(raw)
-    raw["aggregate"].update(threshold=200.0, sigma1=150.0, sigma2=40.0)
-    assert parse_params(raw).aggregate.sigma2 == 40.0
+@pytest.mark.parametrize("key, choice", [("mechanism", AGGREGATORS), ("analysis", ANALYSES)],
+                         ids=["mechanism", "analysis"])
+def test_each_aggregate_variant_parses_from_its_tag_and_with_its_parameters(key, choice):
+    """Issue 49: aggregate.mechanism and aggregate.analysis are pluggable choices, by tag alone (the spec's
+    defaults) or as {tag: {parameter: value}}, and MLflow records the tag and each parameter."""
+    for variant in choice:
+        required = {"epsilon": 1.0} if variant.tag == "filter" else {}  # a filter's budget has no default
+        mechanism = {"mechanism": "gnmax"} if key == "analysis" else {}
+        by_tag = parse_params({"aggregate": {**mechanism, key: {variant.tag: required} if required else variant.tag}})
+        assert getattr(by_tag.aggregate, key) == dataclasses.replace(variant, **required)
+        changed = {name: value * 2 + 1 for name, value in {**variant.parameters(), **required}.items()}
+        spec = getattr(parse_params({"aggregate": {**mechanism, key: {variant.tag: changed}}}).aggregate, key)
+        assert type(spec) is type(variant) and spec.parameters() == changed
+        flat = parse_params({"aggregate": {**mechanism, key: {variant.tag: changed}}}).flat()
+        assert flat[f"aggregate.{key}"] == variant.tag
+        assert {name: flat[f"aggregate.{key}.{variant.tag}.{name}"] for name in changed} == changed
+
+
+def test_the_default_aggregator_is_gnmax_at_sigma_40_and_params_yaml_says_so():
+    params = load_params(PROJECT / "params.yaml")
+    assert params.aggregate.mechanism == AGGREGATORS["gnmax"] and params.aggregate.mechanism.parameters() == {
+        "sigma": 40.0}
+    assert DEFAULTS["aggregate"]["mechanism"] == {"gnmax": {"sigma": 40.0}}
+    assert params.flat()["aggregate.mechanism.gnmax.sigma"] == 40.0 and params.flat()["aggregate.analysis"] == "auto"
+    mnist = load_params(PROJECT / "params-mnist.yaml").aggregate
+    assert (mnist.mechanism.tag, mnist.mechanism.parameters(), mnist.analysis.tag) == ("gnmax", {"sigma": 40.0}, "auto")
+
+
+@pytest.mark.parametrize("key, tag, parameter", [
+    ("mechanism", "gnmax", "gamma"), ("mechanism", "lnmax", "sigma"), ("mechanism", "confident_gnmax", "sigma"),
+    ("analysis", "filter", "filter_epsilon"),
+])
+def test_an_unknown_parameter_of_an_aggregate_variant_is_refused_by_name(key, tag, parameter):
+    with pytest.raises(ConfigError) as error:
+        parse_params({"aggregate": {key: {tag: {parameter: 1.0}}}})
+    assert str(error.value).startswith(f"aggregate.{key}.{tag}.{parameter}: unknown key ({tag} takes ")
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("aggregate, message", [
+    ({"mechanism": {"confident_gnmax": {"sigma1": 0.0}}},
+     "aggregate.mechanism.confident_gnmax.sigma1: must be in (0, 1e+06] (got 0)"),
+    ({"mechanism": {"lnmax": {"gamma": "wide"}}}, "aggregate.mechanism.lnmax.gamma: expected a number, got 'wide'"),
+    ({"mechanism": {"gnmax": 40.0}}, "aggregate.mechanism.gnmax: expected a mapping of its parameters, got 40.0"),
+    ({"analysis": "filter"}, "aggregate.analysis.filter.epsilon: must be set: the aggregation's ε at privacy.delta "
+                             "(analysis: {filter: {epsilon: 1.0}})"),
+    ({"analysis": {"filter": {"epsilon": 0.0}}}, "aggregate.analysis.filter.epsilon: must be in (0, 10000] (got 0)"),
+    ({"analysis": {"filter": {"epsilon": 1.0}}, "mechanism": "lnmax"},
+     "aggregate.analysis: filter needs Gaussian noise on every step (gnmax or confident_gnmax), not lnmax"),
+])
+def test_an_aggregate_variants_bad_value_names_its_key(aggregate, message):
+    with pytest.raises(ConfigError) as error:
+        parse_params({"aggregate": aggregate})
+    assert str(error.value) == message
+
+
+def test_every_aggregate_variants_numeric_parameter_declares_a_range_that_holds_its_default():
+    for variant in (*AGGREGATORS, *ANALYSES):
+        numeric = {f.name for f in fields(variant) if _numeric(str(f.type)) and f.name in variant.parameters()}
+        assert numeric == set(type(variant).RANGES), variant.tag
+        for name in numeric:
+            default = getattr(variant, name)
+            assert default is None or default in type(variant).RANGES[name], f"{variant.tag}.{name}: {default!r}"
 
 
 def test_nothing_to_deploy_is_refused():
@@ -175,7 +232,8 @@ def test_each_sections_checks_live_in_its_module_and_keep_their_message(module, 
     with pytest.raises(ConfigError) as error:
         parse_params(with_values(edits))
     assert str(error.value) == message
-    raised_in = [Path(str(entry.path)) for entry in error.traceback if Path(str(entry.path)).name != "errors.py"]
+    raised_in = [Path(str(entry.path)) for entry in error.traceback
+                 if Path(str(entry.path)).name not in ("errors.py", "choices.py")]  # (the shared one-line checks)
     assert raised_in[-1] == PROJECT / "privpipe" / "config" / f"{module}.py"
 
 
@@ -223,63 +281,6 @@ def test_reading_params_imports_neither_torch_nor_the_orchestration_stack():
 ])
 def test_cron_expressions(text, ok):
     assert is_cron(text) is ok
-
-
-def test_the_student_choices_config_accepts_are_the_librarys():
-    # written out in privpipe/config/student.py so that checking params does not import torch
-    from privpipe.config import student as config_student
-    from privpipe.pate import student as library_student
-
-    assert config_student.COVER_TARGETS == library_student.COVER_TARGETS
-    assert config_student.LR_SCHEDULES == library_student.LR_SCHEDULES
-
-
-def test_the_choices_config_accepts_are_the_librarys():
-    # written out in privpipe/config/ so that checking params does not import torch
-    from privpipe import device, dpsgd, features
-    from privpipe.config import features as config_features
-    from privpipe.config import finetune as config_finetune
-    from privpipe.config import head as config_head
-    from privpipe.config import run as config_run
-    from privpipe.removal import features as removal_features
-
-    assert config_run.DEVICES == device.DEVICES
-    assert config_features.TRANSFORMS == features.TRANSFORMS
-    assert config_finetune.GRAD_SAMPLE_MODES == dpsgd.GRAD_SAMPLE_MODES
-    assert config_finetune.LR_SCHEDULES == dpsgd.LR_SCHEDULES
-    assert config_finetune.CLIPPINGS == dpsgd.CLIPPINGS
-    assert config_head.HEAD_FEATURES == removal_features.FEATURE_SOURCES
-
-
-@pytest.mark.parametrize("config_choices, library_choices", [
-    ("privpipe.config.federated:NOISE_MODES", "privpipe.federated.noise_modes:NOISE_MODES"),
-    ("privpipe.config.federated:SAMPLINGS", "privpipe.federated.accounting:SAMPLINGS"),
-    ("privpipe.config.federated:SERVER_OPTIMIZERS", "privpipe.federated.server_optimizer:SERVER_OPTIMIZERS"),
-    ("privpipe.config.partition:PARTITION_STRATEGIES", "privpipe.data.partition:STRATEGIES"),
-    ("privpipe.config.teachers:MODELS", "privpipe.models:MODELS"),
-    ("privpipe.config.privacy:ACCOUNTANTS", "privpipe.privacy.ledger:ACCOUNTANTS"),
-    ("privpipe.config.prepare:DATASETS", "privpipe.data.sources:SOURCES"),  # its keys
-    ("privpipe.config.text:TEXT_FORMATS", "privpipe.text.corpus:FORMATS"),
-])
-def test_each_choice_list_config_writes_out_is_the_librarys(config_choices, library_choices):
-    # written out in privpipe/config/ so that checking params imports neither torch nor numpy
-    def choices(where: str) -> tuple:
-        module, name = where.split(":")
-        return tuple(getattr(importlib.import_module(module), name))
-
-    assert choices(config_choices) == choices(library_choices)
-
-
-def test_the_aggregators_config_accepts_are_the_registrys():
-    # written out in privpipe/config/aggregate.py: the registry imports torch
-    from privpipe.config import aggregate as config_aggregate
-    from privpipe.pate.registry import AGGREGATORS, aggregator_type
-
-    assert config_aggregate.AGGREGATORS == AGGREGATORS
-    assert {name: aggregator_type(name).noise_keys() for name in AGGREGATORS} == config_aggregate.NOISE_KEYS
-    # each noise parameter is a field of the section, optional: only the chosen mechanism's are set
-    optional = {f.name for f in fields(config_aggregate.AggregateConfig) if f.type == "float | None"}
-    assert {key for keys in config_aggregate.NOISE_KEYS.values() for key in keys} <= optional
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -368,26 +369,15 @@ def test_the_calculators_limits_are_the_params_ranges():
     assert (arguments.MAX_SCALE, arguments.MAX_COUNT) == (ranges.MAX_SCALE, ranges.MAX_COUNT)
 
 
-def test_the_bounds_estimators_and_selectors_config_accepts_are_the_registries():
-    # written out in privpipe/config: the registries import numpy and scipy
-    from privpipe.config import finetune as config_finetune
-    from privpipe.config import schema as config_schema
-    from privpipe.discovery import BOUNDS_ESTIMATORS
-    from privpipe.selection import SELECTORS
-
-    assert config_schema.BOUNDS_ESTIMATORS == BOUNDS_ESTIMATORS
-    assert config_finetune.SELECTORS == SELECTORS
-
-
 def test_params_yaml_comments_name_every_data_kind_and_who_each_share_is_for():
     """params.yaml is where a user looks first: its prepare comments list every kind (not digits and mnist
     alone), and a share a table or an image folder also uses is not called "digits only" (issue 46)."""
-    from privpipe.config.prepare import DATASETS
+    from privpipe.config.prepare import DATA_KINDS
 
     lines = {line.split(":", 1)[0].strip(): line.split("#", 1)[1] for line in
              (PROJECT / "params.yaml").read_text().splitlines()
              if line.startswith("  ") and "#" in line and ":" in line}
-    assert all(kind in lines["dataset"] for kind in DATASETS), lines["dataset"]
+    assert all(kind in lines["dataset"] for kind in DATA_KINDS.tags), lines["dataset"]
     for share in ("test_fraction", "public_fraction"):
         assert "digits only" not in lines[share] and "csv" in lines[share] and "imagefolder" in lines[share]
     assert all(kind in lines["public_queries"] for kind in ("mnist", "cifar10", "svhn"))

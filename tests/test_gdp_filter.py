@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from privpipe.pate.aggregators import make_aggregator
 from privpipe.pate.gdp_filter import (
     answer_within_budget,
     filter_event,
@@ -18,7 +19,6 @@ from privpipe.pate.gdp_filter import (
     gdp_mu_for_epsilon,
     recorded_mu,
 )
-from privpipe.pate.registry import make_aggregator
 from privpipe.privacy import NoiseSource, compute_epsilon
 from privpipe.privacy.events import GaussianEvent
 

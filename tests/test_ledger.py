@@ -147,7 +147,7 @@ def test_best_splits_delta_between_pld_and_a_custom_curve():
     from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    from privpipe.privacy.ledger import SPLIT_DELTA_SHARES, refined_pld
+    from privpipe.privacy.composition import SPLIT_DELTA_SHARES, refined_pld
 
     standard = [GaussianEvent(stage="dp_pca", noise_multiplier=8.0),
                 PoissonGaussianEvent(stage="finetune", noise_multiplier=3.0, sample_rate=0.06, steps=500)]
@@ -223,20 +223,20 @@ def test_a_pld_whose_grid_cannot_hold_the_losses_reports_infinity_and_best_turns
 def test_cached_rdp_curves_cannot_be_changed_in_place():
     """The per-event RDP cache is shared by every figure: a caller writing into a curve must fail loudly,
     not lower the next ε."""
-    from privpipe.privacy.ledger import _event_rdp
+    from privpipe.privacy.composition import event_rdp
 
     for event in (abadi(1)[0], RdpCurveEvent(stage="x", orders=(2.0,), rdp=(0.5,))):
         with pytest.raises(ValueError, match="read-only"):
-            _event_rdp(event, RDP_ORDERS)[:] = 0
+            event_rdp(event, RDP_ORDERS)[:] = 0
 
 
 def test_a_huge_epsilon_gets_a_grid_of_at_most_the_point_cap():
     """σ = 1e-3 (ε ≈ 5·10⁵): the grid sized from the saddle-point ε was capped at h = 0.01, 10⁸ points and
     18 GB; h now never needs more than PLD_MAX_POINTS points over that ε."""
-    from privpipe.privacy import ledger as ledger_module
+    from privpipe.privacy import composition
 
     events = (GaussianEvent(stage="s", noise_multiplier=1e-3),)
-    epsilon, interval = ledger_module._refined_pld(events, 1e-5)
-    predicted, _ = ledger_module._saddle(events, 1e-5)
-    assert interval >= predicted / ledger_module.PLD_MAX_POINTS > ledger_module.PLD_COARSEST
+    epsilon, interval = composition.refined_pld_epsilon(events, 1e-5)
+    predicted, _ = composition.saddle_point(events, 1e-5)
+    assert interval >= predicted / composition.PLD_MAX_POINTS > composition.PLD_COARSEST
     assert epsilon >= predicted * 0.99  # an upper bound, near the Gaussian's own ε

@@ -37,7 +37,8 @@ from tasks.removal.head import run_head
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 #: PATE and the rest at the smallest settings that still learn
-QUICK = dict(partition={"shards": 4, "min_records": 5}, aggregate={"queries": 20, "sigma": 2.0},
+GNMAX = {"gnmax": {"sigma": 2.0}}
+QUICK = dict(partition={"shards": 4, "min_records": 5}, aggregate={"queries": 20, "mechanism": GNMAX},
              teachers={"epochs": 15, "hidden_units": [16]},
              student={"enabled": True, "steps": 60, "delay_steps": 10, "ramp_steps": 10, "labeled_batch": 10,
                       "unlabeled_batch": 10},
@@ -164,7 +165,8 @@ def test_an_image_folder_of_colour_pngs_resized_trains_pate_and_the_colour_cnn(p
     write_params(project, prepare={"dataset": "imagefolder", "path": "photos", "image_size": 8},
                  dp_pca={"enabled": False}, teachers={"model": "cnn", "epochs": 5},
                  finetune={"model": "cnn", "epochs": 3, "lot_size": 16, "target_epsilon": 30.0},
-                 **{**{k: v for k, v in QUICK.items() if k != "teachers"}, "aggregate": {"queries": 10, "sigma": 2.0}})
+                 **{**{k: v for k, v in QUICK.items() if k != "teachers"},
+                    "aggregate": {"queries": 10, "mechanism": GNMAX}})
     out = run_pipeline(load_params("params.yaml"))
     shape = read_shape(project / "data/prepared/photos")
     assert shape.image_shape == (3, 8, 8) and shape.classes == ("circle", "square", "stripes")
@@ -257,7 +259,7 @@ def test_a_user_named_public_pool_and_target_domain_feed_pate_unlabeled(project)
     write_params(project, prepare={**TABLE, "schema": cancer_schema(), "public_path": "clinic/public.csv",
                                    "target_path": "clinic/target.csv"},
                  dp_pca={"enabled": False}, finetune={"enabled": False}, head={"enabled": False},
-                 **{**QUICK, "aggregate": {"queries": 0, "sigma": 2.0}})
+                 **{**QUICK, "aggregate": {"queries": 0, "mechanism": GNMAX}})
     params = load_params("params.yaml")
     prepared = run_prepare(params)
     assert prepared.sizes["public"] == 80 and prepared.sizes["target"] == 60 and "target_test" not in prepared.sizes

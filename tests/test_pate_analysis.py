@@ -7,6 +7,7 @@ Theorem 23, GNSS); Mironov 2017 (Laplace RDP); Balle & Wang 2018 (exact Gaussian
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -21,9 +22,14 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from privpipe.config import ConfigError
+from privpipe.config.aggregate import AGGREGATORS as SPECS_BY_NAME
+from privpipe.config.aggregate import ANALYSES, AggregateConfig
+from privpipe.config.privacy import ACCOUNTANTS
 from privpipe.pate import analysis
-from privpipe.pate.aggregators import Aggregator
+from privpipe.pate.aggregators import Aggregator, make_aggregator
 from privpipe.pate.analysis import (
+    AnalysisChoice,
     best_case_rdp,
     choose_analysis,
     data_dependent_rdp,
@@ -43,7 +49,15 @@ from privpipe.pate.analysis import (
     smooth_sensitivity,
     threshold_rdp,
 )
-from privpipe.pate.registry import AGGREGATORS, make_aggregator
+from privpipe.pate.analysis_modes import (
+    AnalysisMode,
+    DataDependentAnalysis,
+    DataIndependentAnalysis,
+    FilterAnalysis,
+    Setting,
+    analysis_mode,
+)
+from privpipe.pate.gdp_filter import filter_event, gdp_mu_for_epsilon
 from privpipe.privacy import (
     RDP_ORDERS,
     GaussianEvent,
@@ -54,12 +68,14 @@ from privpipe.privacy import (
     compute_epsilon,
 )
 
+#: the names aggregate.mechanism accepts (privpipe.config.aggregate.AGGREGATORS)
+AGGREGATORS = SPECS_BY_NAME.tags
 TEACHERS, CLASSES = 250, 10
 GNMAX = make_aggregator("gnmax", TEACHERS, CLASSES, sigma=40.0)
 LNMAX = make_aggregator("lnmax", TEACHERS, CLASSES, gamma=0.05)
 CONFIDENT = make_aggregator("confident_gnmax", TEACHERS, CLASSES, threshold=150.0, sigma1=30.0, sigma2=20.0)
-#: one aggregator per name in the registry, no other (test_the_tables_cover_exactly_the_registry): tests over
-#: the registry look a name up here, so a new aggregator fails them until it has its entry
+#: one aggregator per name in AGGREGATORS, no other (test_the_tables_cover_exactly_the_registry): tests over
+#: the aggregators look a name up here, so a new aggregator fails them until it has its entry
 SPECS = {"gnmax": GNMAX, "lnmax": LNMAX, "confident_gnmax": CONFIDENT}
 SOME_ORDERS = [o for o in RDP_ORDERS if o in (1.1, 1.5, 2.0, 3.5, 5.0, 10.0, 20.0, 32.0, 63.0, 128.0, 1024.0)]
 
@@ -73,7 +89,7 @@ def laplace_rdp_one(b: float, alpha: float) -> float:
                     + (alpha - 1) / (2 * alpha - 1) * math.exp(-alpha / b)) / (alpha - 1)
 
 
-#: per name in the registry, no other: the data-independent RDP of one query asked at an order, written out
+#: per name in AGGREGATORS, no other: the data-independent RDP of one query asked at an order, written out
 #: (LNMax: two Laplace coordinates; Confident-GNMax: both steps)
 INDEPENDENT_PER_QUERY: dict[str, Callable[[Any, float], float]] = {
     "gnmax": lambda spec, order: order / spec.sigma**2,
@@ -382,7 +398,7 @@ def test_votes_are_checked():
     with pytest.raises(ValueError, match="whole numbers"):
         per_query_rdp(GNMAX, np.array([[249.5, 0.5] + [0] * 8]), orders=[2.0])
     with pytest.raises(ValueError):
-        make_aggregator("gnmax", 10, 3)  # no sigma
+        make_aggregator("gnmax", 10, 3, sigma=-1.0)
     with pytest.raises(ValueError):
         make_aggregator("exponential", 10, 3, sigma=1.0)
     with pytest.raises(ValueError):
@@ -493,6 +509,65 @@ def test_the_choice_uses_the_callers_measure_of_epsilon():
 
     assert choose_analysis(GNMAX, queries=5, epsilon_of=measure, **RELEASE_SETTINGS).analysis == "data_dependent"
     assert isinstance(seen[0][0], RdpCurveEvent) and seen[1] == data_independent_events(GNMAX, queries=5)
+
+
+# -- the analysis modes (aggregate.analysis) --------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", list(ANALYSES), ids=ANALYSES.tags)
+def test_each_analysis_spec_names_its_mode(spec):
+    spec = dataclasses.replace(spec, epsilon=1.0) if spec.tag == "filter" else spec
+    mode = analysis_mode(spec)
+    assert isinstance(mode, AnalysisMode) and type(mode) is spec.load() and mode.spec == spec
+
+
+def decide(aggregator: Aggregator, queries: int, analysis_setting: Any, accountant: str = "best",
+           config: AggregateConfig | None = None):
+    """What the mode params.yaml's aggregate.analysis names decides, on an empty ledger."""
+    ledger = Ledger(epsilon_budget=10.0, delta=1e-5, accountant=accountant)
+    setting = Setting(aggregator, queries=queries, ledger=ledger, config=config or AggregateConfig(),
+                      accountant=ACCOUNTANTS[accountant])
+    return analysis_mode(ANALYSES.parse(analysis_setting)).decide(setting)
+
+
+def test_each_mode_decides_its_analysis_before_the_votes():
+    """Issue 49: each aggregate.analysis mode is a class; auto and data_dependent decide as choose_analysis does
+    (test_little_noise_on_many_queries_can_win's setting), data_independent and filter by name, and an
+    accountant that cannot compose an RDP curve never gets one."""
+    spec = make_aggregator("gnmax", TEACHERS, CLASSES, sigma=20.0)
+    config = AggregateConfig(rdp_order=8.0, ss_beta=0.06, ss_noise=10.0)
+    settings = {"order": 8.0, "beta": 0.06, "noise_scale": 10.0, "failure_probability": 1e-7}
+    auto = decide(spec, 300, "auto", config=config)
+    assert isinstance(auto, DataDependentAnalysis)
+    assert auto.choice == choose_analysis(spec, queries=300, epsilon_of=_alone, **settings)
+    assert auto.planned() == [planned_release_event(spec, queries=300, **settings)]
+    assert decide(spec, 300, "data_dependent", config=config).choice == auto.choice
+    independent = decide(spec, 300, "data_independent", config=config)
+    assert isinstance(independent, DataIndependentAnalysis) and independent.planned() == data_independent_events(
+        spec, queries=300)
+    assert (independent.choice.analysis, independent.choice.reason) == ("data_independent", "set by aggregate.analysis")
+    assert independent.choice.best_case_epsilon == auto.choice.best_case_epsilon
+    # under pld (no RDP curve composed, nor measured) auto, data_independent and filter run: they crashed measuring
+    # the data-dependent release's best case by PLD before
+    under_pld = decide(spec, 300, "auto", "pld", config=config)
+    assert isinstance(under_pld, DataIndependentAnalysis)
+    assert under_pld.choice == AnalysisChoice("data_independent", "privacy.accountant is pld", None, compute_epsilon(
+        data_independent_events(spec, queries=300), delta=1e-5, accountant="pld").epsilon)
+    assert decide(spec, 300, "data_independent", "pld", config=config).choice.best_case_epsilon is None
+    assert decide(spec, 300, {"filter": {"epsilon": 1.0}}, "pld").choice.analysis == "filter"
+    with pytest.raises(ConfigError, match=r"^privacy.accountant: pld cannot account for aggregate.analysis: "
+                                          r"data_dependent: an RDP curve has no PLD \(use best or rdp\)$"):
+        decide(spec, 300, "data_dependent", "pld", config=config)
+    filtered = decide(spec, 300, {"filter": {"epsilon": 1.0}})
+    budget = gdp_mu_for_epsilon(1.0, delta=1e-5)
+    assert isinstance(filtered, FilterAnalysis) and filtered.choice.analysis == "filter"
+    assert filtered.planned() == [filter_event(spec, budget_mu=budget, pool=300)]
+    assert filtered.choice.best_case_epsilon == pytest.approx(1.0, abs=2e-3)  # the filter's ε alone
+    with pytest.raises(ConfigError, match=r"^aggregate.analysis.filter.epsilon: 0.001 holds no query"):
+        decide(spec, 300, {"filter": {"epsilon": 0.001}})
+    # where the data-dependent release cannot win, forcing it is refused before any vote is drawn
+    with pytest.raises(ConfigError, match=r"^aggregate.analysis: data_dependent cannot win here \(data-dependent "):
+        decide(make_aggregator("gnmax", 50, 10, sigma=40.0), 20, "data_dependent")
 
 
 # -- local and smooth sensitivity --------------------------------------------------------

@@ -31,8 +31,8 @@ CNN_FINETUNE = {"model": "cnn", "lot_size": 10, "epochs": 2, "max_grad_norm": 0.
 SETTINGS = dict(prepare={"dataset": "mnist", "path": "mnist", "public_queries": 20},
                 dp_pca={"enabled": False}, partition={"shards": 3, "min_records": 5},
                 teachers={"model": "cnn", "epochs": 2},
-                aggregate={"mechanism": "confident_gnmax", "queries": 10, "threshold": 0.0, "sigma1": 50.0,
-                           "sigma2": 50.0, "sigma": None},
+                aggregate={"mechanism": {"confident_gnmax": {"threshold": 0.0, "sigma1": 50.0, "sigma2": 50.0}},
+                           "queries": 10},
                 student={"enabled": True, "steps": 20, "delay_steps": 5, "ramp_steps": 5, "labeled_batch": 10,
                          "unlabeled_batch": 10},
                 finetune=CNN_FINETUNE)
@@ -83,8 +83,9 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
 
     # under a GDP filter (a threshold every query clears) the budget stops the queries early, and the
     # ledger records the budget fixed up front, as one Gaussian event
-    write_params(project, **{**SETTINGS, "aggregate": {**SETTINGS["aggregate"], "analysis": "filter",
-                                                       "threshold": -1000.0, "filter_epsilon": 0.3}})
+    everyone = {"confident_gnmax": {"threshold": -1000.0, "sigma1": 50.0, "sigma2": 50.0}}
+    write_params(project, **{**SETTINGS, "aggregate": {**SETTINGS["aggregate"], "mechanism": everyone,
+                                                       "analysis": {"filter": {"epsilon": 0.3}}}})
     filtered = run_aggregate(load_params("params.yaml"))
     analysis = json.loads((project / "artifacts/mnist/aggregate/analysis.json").read_text())
     budget = analysis["filter"]["budget_mu"]
@@ -101,7 +102,7 @@ def test_mnist_idx_files_through_pate_and_the_cnn(project):
     # is cheaper to account for by the sanitised data-dependent bound, and auto picks it
     queries = Records.load(project / "data/prepared/mnist/public", rows=np.arange(10))
     np.save(project / "artifacts/mnist/teachers/votes.npy", np.tile(queries.labels, (250, 1)))
-    write_params(project, **{**SETTINGS, "aggregate": {"mechanism": "gnmax", "sigma": 5.0, "queries": 10,
+    write_params(project, **{**SETTINGS, "aggregate": {"mechanism": {"gnmax": {"sigma": 5.0}}, "queries": 10,
                                                        "rdp_order": 8.0, "ss_beta": 0.06, "ss_noise": 20.0},
                              "privacy": {"epsilon_budget": 10.0}, "finetune": {**CNN_FINETUNE, "target_epsilon": 8.0}})
     params = load_params("params.yaml")

@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="q, the Poisson sampling rate (≈ lot size / n), at most 1")
     dpsgd.add_argument("--steps", type=step_count, required=True, help="T")
     dpsgd.add_argument("--delta", type=positive_float, required=True, help="δ, below 1")
-    dpsgd.add_argument("--accountant", choices=("best", "pld", "rdp"), default="best",
-                       help="best (default): the smaller ε of PLD and RDP, and which one it is")
+    dpsgd.add_argument("--accountant", default="best", metavar="NAME",
+                       help="privacy.accountant's: best (default): the smaller ε of PLD and RDP, and which one it is; "
+                            "pld; rdp")
     return parser

@@ -13,6 +13,11 @@ def dpsgd(args: argparse.Namespace) -> int:
         raise argparse.ArgumentError(None, f"--sample-rate: must be in (0, 1], got {args.sample_rate}")
     if not args.delta < 1:
         raise argparse.ArgumentError(None, f"--delta: must be in (0, 1), got {args.delta}")
+    from privpipe.config.privacy import ACCOUNTANTS  # deferred: help and a refused option import no config
+
+    if args.accountant not in ACCOUNTANTS:
+        raise argparse.ArgumentError(None, f"--accountant: unknown {args.accountant!r} (choose one of "
+                                           f"{', '.join(ACCOUNTANTS.tags)})")
     from privpipe.privacy import PoissonGaussianEvent, compute_epsilon  # deferred: torch (seconds), input checked
 
     event = PoissonGaussianEvent(stage="dpsgd", noise_multiplier=args.noise_multiplier,

@@ -18,8 +18,7 @@ from privpipe.config.prepare import PrepareConfig
 from privpipe.config.ranges import Range, at_least
 from privpipe.config.student import StudentConfig
 
-TRANSFORMS = ("none", "scatternet")  # privpipe.features.TRANSFORMS (config does not import torch)
-IMAGE_SIDES = {"digits": 8, "mnist": 28, "cifar10": 32, "svhn": 32}  # the built-in kinds' square images
+TRANSFORMS = ("none", "scatternet")  # privpipe.features.make_transform builds each
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ def check(features: FeaturesConfig, *, dp_pca: DpPcaConfig, prepare: PrepareConf
             f"{features.transform} set dp_pca.enabled: false (the transform is free, the projection is not)")
     require(prepare.images, "features.transform", f"{features.transform} transforms images; {prepare.dataset} "
                                                    "data is a table (set features.transform: none)")
-    side = prepare.image_size or IMAGE_SIDES.get(prepare.dataset)
+    side = prepare.image_size or prepare.kind.side
     if side is not None:
         require(2 ** features.scatter_j <= side // 2, "features.scatter_j",
                 f"{prepare.dataset} images are {side}×{side}: J must keep 2^J <= {side // 2}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from privpipe.config.choices import Choice, Variant
 from privpipe.config.errors import noise_or_epsilon, one_of, require
 from privpipe.config.finetune import FinetuneConfig
 from privpipe.config.partition import PARTITION_STRATEGIES
@@ -27,10 +28,13 @@ from privpipe.config.ranges import (
     fraction,
 )
 
-# privpipe.federated's SAMPLINGS, NOISE_MODES and SERVER_OPTIMIZERS, written out because privpipe.federated
-# imports torch; tests/test_config.py fails if they ever differ
+# the choices of privpipe.federated (which imports torch: checking params must not)
 SAMPLINGS = ("poisson", "fixed")
-NOISE_MODES = ("server", "client")
+#: federated.noise: who adds the noise, the server (client-level DP) or each client (record-level DP)
+NOISE_MODES: Choice[Variant] = Choice("federated.noise", [
+    Variant(tag="server", implementation="privpipe.federated.noise_modes:ServerNoiseMode"),
+    Variant(tag="client", implementation="privpipe.federated.noise_modes:ClientNoiseMode"),
+])
 SERVER_OPTIMIZERS = ("sgd", "adam")
 
 
@@ -108,8 +112,8 @@ def check_client_column(federated: FederatedConfig, *, prepare: PrepareConfig) -
     """A client column is a column of the pipeline's table: the natural partition (a hospital, a branch)."""
     if federated.client_column is None:
         return
-    require(prepare.dataset == "csv", "federated.client_column",
-            f"names a column of csv data; {prepare.dataset} has none (use federated.strategy)")
+    require(not prepare.images, "federated.client_column",
+            f"names a column of table data; {prepare.dataset} has none (use federated.strategy)")
     for key in ("id_column", "label_column"):
         require(federated.client_column != getattr(prepare, key), "federated.client_column",
                 f"is prepare.{key} too")
@@ -137,7 +141,7 @@ def check(federated: FederatedConfig, *, finetune: FinetuneConfig, privacy: Priv
         require(0 <= getattr(federated, key) < 1, f"federated.{key}", "must be in [0, 1)")
     require(federated.server_epsilon > 0, "federated.server_epsilon", "must be > 0")
     require(federated.epsilon_curve_points >= 2, "federated.epsilon_curve_points", "must be >= 2")
-    one_of(federated.noise, NOISE_MODES, "federated.noise")
+    NOISE_MODES.check(federated.noise)
     if federated.private and federated.noise == "client":
         require(federated.prox_mu == 0, "federated.prox_mu", "must be 0 with federated.noise: client (each client "
                 "runs plain DP-SGD; FedProx's proximal term is not part of it)")

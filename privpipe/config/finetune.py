@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from privpipe.config.choices import Choice, Variant
 from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import noise_or_epsilon, one_of, require
 from privpipe.config.privacy import PrivacyConfig
@@ -27,14 +28,23 @@ from privpipe.config.ranges import (
 from privpipe.config.teachers import MODELS
 
 FINETUNE_MODES = ("dpsgd", "federated")
-LR_SCHEDULES = ("constant", "linear_then_constant", "cosine")  # privpipe.dpsgd.LR_SCHEDULES
+LR_SCHEDULES = ("constant", "linear_then_constant", "cosine")  # privpipe.dpsgd.schedule follows each
 CLIPPINGS = ("flat", "per_layer")
-GRAD_SAMPLE_MODES = ("bk", "ghost", "hooks", "functorch", "ew")  # privpipe.dpsgd.GRAD_SAMPLE_MODES
+#: finetune.grad_sample_mode: DP-SGD's engines (privpipe.dpsgd.engines), each line naming its class
+GRAD_SAMPLE_MODES: Choice[Variant] = Choice("finetune.grad_sample_mode", [
+    Variant(tag="bk", implementation="privpipe.dpsgd.train:BookKeepingEngine"),  # book-keeping: one backward pass
+    # Opacus' engine, in the mode of that name
+    *(Variant(tag=mode, implementation="privpipe.dpsgd.opacus_engine:OpacusEngine")
+      for mode in ("ghost", "hooks", "functorch", "ew")),
+])
 
 
 RECIPES = ("as_written", "auto")
-#: privpipe.selection.SELECTORS (config does not import numpy's modules); tests/test_config.py holds them equal
-SELECTORS = ("logarithmic", "geometric")
+#: finetune.selector: how many candidate runs the private selection makes (privpipe.selection.selectors)
+SELECTORS: Choice[Variant] = Choice("finetune.selector", [
+    Variant(tag="logarithmic", implementation="privpipe.selection.selectors:LogarithmicSelector"),
+    Variant(tag="geometric", implementation="privpipe.selection.selectors:GeometricSelector"),
+])
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,7 @@ def check_something_to_deploy(finetune: FinetuneConfig, *, student_enabled: bool
 def check(finetune: FinetuneConfig, *, dp_pca: DpPcaConfig, privacy: PrivacyConfig) -> None:
     one_of(finetune.model, MODELS, "finetune.model")
     one_of(finetune.recipe, RECIPES, "finetune.recipe")
-    one_of(finetune.selector, SELECTORS, "finetune.selector")
+    SELECTORS.check(finetune.selector)
     if finetune.recipe == "auto":
         require(finetune.mode == "dpsgd", "finetune.recipe", "auto selects among DP-SGD runs (finetune.mode: dpsgd)")
         require(finetune.noise_multiplier is None and finetune.target_epsilon is not None, "finetune.recipe",
@@ -151,7 +161,7 @@ def check(finetune: FinetuneConfig, *, dp_pca: DpPcaConfig, privacy: PrivacyConf
     require(0 <= finetune.momentum < 1, "finetune.momentum", "must be in [0, 1)")
     require(finetune.max_grad_norm > 0, "finetune.max_grad_norm", "must be > 0 (it bounds each example's influence)")
     one_of(finetune.clipping, CLIPPINGS, "finetune.clipping")
-    one_of(finetune.grad_sample_mode, GRAD_SAMPLE_MODES, "finetune.grad_sample_mode")
+    GRAD_SAMPLE_MODES.check(finetune.grad_sample_mode)
     require(0 <= finetune.ema_decay < 1, "finetune.ema_decay", "must be in [0, 1)")
     require(finetune.ema_decay == 0 or finetune.grad_sample_mode == "bk", "finetune.ema_decay",
             "weight averaging needs grad_sample_mode: bk")

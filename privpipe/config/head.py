@@ -12,7 +12,7 @@ from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import one_of, require
 from privpipe.config.ranges import MAX_COUNT, MAX_EPSILON, MAX_SCALE, Range, above, at_least, fraction
 
-HEAD_FEATURES = ("model", "dp_pca", "transform", "raw")  # privpipe.removal.features.FEATURE_SOURCES
+HEAD_FEATURES = ("model", "dp_pca", "transform", "raw")  # privpipe.removal.features reads each
 
 
 @dataclass(frozen=True)

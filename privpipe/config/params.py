@@ -28,6 +28,7 @@ from privpipe.config import (
     teachers,
     text,
 )
+from privpipe.config.choices import Variant
 from privpipe.config.errors import require
 from privpipe.config.ranges import check_ranges
 from privpipe.config.urls import redact_url
@@ -60,7 +61,7 @@ class Params:
     def flat(self) -> dict[str, Any]:
         """All parameters as ``section.key`` → value (what MLflow records), with secrets in URLs
         masked (:func:`redact_url`)."""
-        return {key: redact_url(value) for key, value in flatten(dataclasses.asdict(self)).items()}
+        return {key: redact_url(value) for key, value in flatten(_tree(self)).items()}
 
 
 def check_all(p: Params) -> None:
@@ -110,6 +111,22 @@ def check_recordable(p: Params) -> None:
                 f"{len(key)} characters as a parameter name; MLflow records at most {MAX_PARAM_KEY_LENGTH}")
         require(len(str(value)) <= MAX_PARAM_VALUE_LENGTH, key,
                 f"{len(str(value))} characters; MLflow records a parameter's value in at most {MAX_PARAM_VALUE_LENGTH}")
+
+
+def _tree(value: Any) -> Any:
+    """A config value as nested mappings: a section's fields; a variant as its tag, and its parameters
+    under ``key.tag`` (``aggregate.mechanism: gnmax``, ``aggregate.mechanism.gnmax.sigma: 40.0``)."""
+    if isinstance(value, Variant):
+        return value.tag
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        tree: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            tree[f.name] = _tree(item)
+            if isinstance(item, Variant) and item.parameters():
+                tree[f"{f.name}.{item.tag}"] = {k: _tree(v) for k, v in item.parameters().items()}
+        return tree
+    return value
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -19,16 +19,50 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from privpipe.config.choices import Choice, Variant, fixed
 from privpipe.config.data_schema import DataSchema
 from privpipe.config.errors import one_of, require
 from privpipe.config.ranges import MAX_COUNT, Range, at_least, fraction
 
-# the data kinds privpipe.data.sources reads (written out: privpipe.data imports numpy and scipy);
-# tests/test_config.py holds the two equal
-DATASETS = ("digits", "mnist", "csv", "imagefolder", "cifar10", "svhn")
-#: the kinds whose records are images, and those that ship a test set of their own
-IMAGE_DATASETS = ("digits", "mnist", "imagefolder", "cifar10", "svhn")
-WITH_TEST_SET = ("mnist", "cifar10", "svhn")
+
+@dataclass(frozen=True, kw_only=True)
+class DataKind(Variant):
+    """A data kind's properties, which every check and stage reads instead of its name."""
+
+    #: its records are images (else a table: an id, a label and feature columns, and maybe a client column)
+    images: bool = fixed(True)
+    #: it ships a test set of its own, whose first public_queries images are the public pool
+    own_test_set: bool = fixed(False)
+    #: its label set is its own (else declared in prepare.schema, or discovered with DP)
+    own_classes: bool = fixed(False)
+    #: images: the channels it is stored with (prepare.channels may change them where resizable)
+    channels: int = fixed(3)
+    #: images: the side its images have as stored (None: whatever the files hold)
+    side: int | None = fixed(None)
+    #: images: whether prepare.image_size and prepare.channels may change its size and colour
+    resizable: bool = fixed(True)
+    #: whether test_path and public_path may name files of its kind (else its one file is split by shares)
+    extra_files: bool = fixed(True)
+    #: whether prepare.target_source may name another domain's files (usps, svhn, mnist_m: 28×28 grey digits)
+    target_sources: bool = fixed(False)
+    #: whether the pipeline's defaults are tuned for it (else a recipe is fitted to the data: tasks/recipe.py)
+    tuned_defaults: bool = fixed(False)
+    #: whether it ships with privpipe (written on first run, no file of the user's)
+    embedded: bool = fixed(False)
+
+
+#: prepare.dataset: each kind, read from local files in its standard format by its class (privpipe.data.sources)
+DATA_KINDS: Choice[DataKind] = Choice("prepare.dataset", [
+    DataKind(tag="digits", implementation="privpipe.data.sources:Digits", own_classes=True, channels=1, side=8,
+             resizable=False, extra_files=False, tuned_defaults=True, embedded=True),
+    DataKind(tag="mnist", implementation="privpipe.data.sources:Mnist", own_test_set=True, own_classes=True,
+             channels=1, side=28, resizable=False, target_sources=True, tuned_defaults=True),
+    DataKind(tag="csv", implementation="privpipe.data.sources:Table", images=False),
+    DataKind(tag="imagefolder", implementation="privpipe.data.sources:ImageFolder"),
+    DataKind(tag="cifar10", implementation="privpipe.data.sources:Cifar10", own_test_set=True, own_classes=True,
+             side=32),
+    DataKind(tag="svhn", implementation="privpipe.data.sources:Svhn", own_test_set=True, own_classes=True, side=32),
+])
 TARGET_SOURCES = ("default", "usps", "svhn", "mnist_m")
 
 
@@ -82,13 +116,18 @@ class PrepareConfig:
     max_train_records: int = 0
 
     @property
+    def kind(self) -> DataKind:
+        """``dataset``'s properties."""
+        return DATA_KINDS[self.dataset]
+
+    @property
     def images(self) -> bool:
-        return self.dataset in IMAGE_DATASETS
+        return self.kind.images
 
     @property
     def own_test_set(self) -> bool:
         """Whether the test set comes from a file (the kind's own, or ``test_path``), not a share."""
-        return self.dataset in WITH_TEST_SET or self.test_path is not None
+        return self.kind.own_test_set or self.test_path is not None
 
     #: each numeric knob's range (privpipe.config.ranges), checked after the section's own checks
     RANGES: ClassVar[dict[str, Range]] = {
@@ -100,7 +139,8 @@ class PrepareConfig:
 
 
 def check(prepare: PrepareConfig) -> None:
-    one_of(prepare.dataset, DATASETS, "prepare.dataset")
+    DATA_KINDS.check(prepare.dataset)
+    kind = prepare.kind
     require(0 < prepare.test_fraction < 1, "prepare.test_fraction", "must be in (0, 1)")
     require(prepare.max_train_records >= 0, "prepare.max_train_records", "must be >= 0")
     for key in ("public_fraction", "target_fraction", "target_test_fraction"):
@@ -110,35 +150,37 @@ def check(prepare: PrepareConfig) -> None:
     require(prepare.public_queries >= 1, "prepare.public_queries", "must be >= 1")
     one_of(prepare.target_source, TARGET_SOURCES, "prepare.target_source")
     if prepare.target_source != "default":
-        require(prepare.dataset == "mnist", "prepare.target_source",
-                f"{prepare.target_source} is a target domain for mnist (28×28); digits uses its own (default)")
+        takers = " or ".join(k.tag for k in DATA_KINDS if k.target_sources)
+        require(kind.target_sources, "prepare.target_source",
+                f"{prepare.target_source} is a target domain for {takers} (28×28); {prepare.dataset} uses its own "
+                "(default)")
         require(prepare.target_path is not None, "prepare.target_path",
                 f"must name the folder of the local {prepare.target_source} files")
-    if prepare.dataset == "csv":
+    if not kind.images:
         require(prepare.id_column != prepare.label_column, "prepare.label_column",
                 f"is the id column too ({prepare.id_column!r})")
         named = set(prepare.feature_columns or ())
         for key in ("id_column", "label_column"):
             require(getattr(prepare, key) not in named, "prepare.feature_columns",
                     f"lists the {key.replace('_', ' ')} {getattr(prepare, key)!r}")
+        for key in ("image_size", "channels"):
+            require(getattr(prepare, key) is None, f"prepare.{key}", f"is for image data, not {prepare.dataset}")
     else:
-        require(prepare.feature_columns is None, "prepare.feature_columns", f"is for csv data, not {prepare.dataset}")
+        tables = " or ".join(k.tag for k in DATA_KINDS if not k.images)
+        require(prepare.feature_columns is None, "prepare.feature_columns", f"is for {tables} data, not "
+                                                                          f"{prepare.dataset}")
         if prepare.schema is not None:
             require(not prepare.schema.columns, "prepare.schema.columns",
                     f"describes table columns; {prepare.dataset} has images (only schema.labels applies)")
-    if prepare.images:
         require(prepare.image_size is None or prepare.image_size >= 4, "prepare.image_size",
                 "must be >= 4 (pixels a side)")
         require(prepare.channels in (None, 1, 3), "prepare.channels", "must be 1 (grey) or 3 (colour)")
-        require(prepare.dataset not in ("digits", "mnist") or prepare.image_size is None, "prepare.image_size",
+        require(kind.resizable or prepare.image_size is None, "prepare.image_size",
                 f"{prepare.dataset} keeps its own size (use imagefolder for resized copies)")
-        require(prepare.dataset not in ("digits", "mnist") or prepare.channels in (None, 1), "prepare.channels",
+        require(kind.resizable or prepare.channels in (None, kind.channels), "prepare.channels",
                 f"{prepare.dataset} images are grey (1 channel)")
-    else:
-        for key in ("image_size", "channels"):
-            require(getattr(prepare, key) is None, f"prepare.{key}", f"is for image data, not {prepare.dataset}")
-    require(prepare.dataset != "digits" or (prepare.test_path is None and prepare.public_path is None),
-            "prepare.test_path", "digits splits its one file by keyed shares (test_path and public_path are for "
-                                 "your own data)")
-    require(prepare.test_path is None or prepare.dataset not in WITH_TEST_SET, "prepare.test_path",
+    require(kind.extra_files or (prepare.test_path is None and prepare.public_path is None),
+            "prepare.test_path", f"{prepare.dataset} splits its one file by keyed shares (test_path and public_path "
+                                 "are for your own data)")
+    require(prepare.test_path is None or not kind.own_test_set, "prepare.test_path",
             f"{prepare.dataset} has its own test set")

@@ -9,10 +9,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from privpipe.config.errors import one_of, require
+from privpipe.config.choices import Choice, Variant, fixed
+from privpipe.config.errors import require
 from privpipe.config.ranges import MAX_EPSILON, Range, above, fraction
 
-ACCOUNTANTS = ("best", "pld", "rdp")  # privpipe.privacy.ledger.ACCOUNTANTS (config does not import torch)
+
+@dataclass(frozen=True, kw_only=True)
+class AccountantVariant(Variant):
+    #: whether it can account for a custom RDP curve (PATE's data-dependent bound, partition selection), which
+    #: has no privacy-loss distribution: checked before a run, where its stages are known (config/use.py)
+    accounts_rdp_curves: bool = fixed(True)
+
+
+#: privacy.accountant: every one composes the run's events into a sound (ε, δ) (privpipe.privacy.accountants)
+ACCOUNTANTS: Choice[AccountantVariant] = Choice("privacy.accountant", [
+    AccountantVariant(tag="best", implementation="privpipe.privacy.accountants:BestAccountant"),
+    AccountantVariant(tag="pld", implementation="privpipe.privacy.accountants:PldAccountant",
+                      accounts_rdp_curves=False),
+    AccountantVariant(tag="rdp", implementation="privpipe.privacy.accountants:RdpAccountant"),
+])
 
 
 @dataclass(frozen=True)
@@ -38,4 +53,4 @@ class PrivacyConfig:
 def check(privacy: PrivacyConfig) -> None:
     require(privacy.epsilon_budget > 0, "privacy.epsilon_budget", "must be > 0")
     require(0 < privacy.delta < 1, "privacy.delta", "must be in (0, 1)")
-    one_of(privacy.accountant, ACCOUNTANTS, "privacy.accountant")
+    ACCOUNTANTS.check(privacy.accountant)

@@ -8,7 +8,7 @@ from typing import ClassVar
 from privpipe.config.errors import one_of, registered_model_name, require
 from privpipe.config.ranges import Range, at_least
 
-DEVICES = ("auto", "cpu", "cuda")  # privpipe.device.DEVICES (config does not import torch)
+DEVICES = ("auto", "cpu", "cuda")  # privpipe.device resolves each
 #: the tracking stores MLflow has (a database's may name its driver: postgresql+psycopg2). Not its file store
 #: (file:// or a plain folder): MLflow 3 keeps it in maintenance mode and refuses to open it
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")

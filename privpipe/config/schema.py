@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from privpipe.config.errors import one_of, require
+from privpipe.config.choices import Choice, Variant
+from privpipe.config.errors import require
 from privpipe.config.ranges import MAX_EPSILON, Range, above, fraction
 
-#: privpipe.discovery.BOUNDS_ESTIMATORS (config does not import numpy's modules); tests/test_config.py holds them equal
-BOUNDS_ESTIMATORS = ("threshold", "quantile", "scan")
+#: schema.bounds: how a column's bounds are read off its noisy histogram (privpipe.discovery.bounds)
+BOUNDS_ESTIMATORS: Choice[Variant] = Choice("schema.bounds", [
+    Variant(tag=tag, implementation=f"privpipe.discovery.bounds:{cls}")
+    for tag, cls in (("threshold", "ThresholdBounds"), ("quantile", "QuantileBounds"), ("scan", "ScanBounds"))])
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class SchemaConfig:
 
 
 def check(schema: SchemaConfig, *, epsilon_budget: float) -> None:
-    one_of(schema.bounds, BOUNDS_ESTIMATORS, "schema.bounds")
+    BOUNDS_ESTIMATORS.check(schema.bounds)
     for key in ("budget_share", "selection_delta_share", "label_share"):
         require(0 < getattr(schema, key) < 1, f"schema.{key}", "must be in (0, 1)")
     if schema.epsilon is not None:

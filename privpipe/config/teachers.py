@@ -9,7 +9,7 @@ from privpipe.config.dp_pca import DpPcaConfig
 from privpipe.config.errors import one_of, require
 from privpipe.config.ranges import MAX_BATCH, MAX_EPOCHS, MAX_RATE, Range, above, at_least
 
-MODELS = ("mlp", "cnn")  # also the choices of finetune.model; privpipe.models.MODELS (config does not import torch)
+MODELS = ("mlp", "cnn")  # also the choices of finetune.model; privpipe.models.make_network builds each
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from privpipe.config import federated
 from privpipe.config.errors import require
 from privpipe.config.params import Params
+from privpipe.config.privacy import ACCOUNTANTS
 
 __all__ = ["check_pipeline_use", "check_federated_use"]
 
@@ -18,15 +19,16 @@ def check_pipeline_use(p: Params) -> None:
     """An accountant that can account for every stage's event. Other commands (the text flow,
     budget, audit) may use ``pld`` with these params."""
     curves = _rdp_curve_stages(p)
-    require(p.privacy.accountant != "pld" or not curves, "privacy.accountant",
-            f"pld cannot account for {'; '.join(curves)}: an RDP curve has no PLD (use best or rdp)")
+    able = " or ".join(v.tag for v in ACCOUNTANTS if v.accounts_rdp_curves)
+    require(ACCOUNTANTS[p.privacy.accountant].accounts_rdp_curves or not curves, "privacy.accountant",
+            f"{p.privacy.accountant} cannot account for {'; '.join(curves)}: an RDP curve has no PLD (use {able})")
 
 
 def _rdp_curve_stages(p: Params) -> list[str]:
     """The enabled stages whose cost is an RDP curve, which has no privacy-loss distribution."""
     stages = []
     # (auto never picks the data-dependent curve under pld: tasks.pate.aggregate.decide_analysis)
-    if p.student.enabled and p.aggregate.analysis == "data_dependent":
+    if p.student.enabled and p.aggregate.analysis.tag == "data_dependent":
         stages.append("aggregate.analysis: data_dependent")
     if p.finetune.enabled and p.finetune.recipe == "auto":
         stages.append("finetune.recipe: auto (the selection's RDP curve)")

@@ -13,6 +13,7 @@ digits (8×8, pixel values 0–16):
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 from scipy import ndimage
 
 from privpipe.data.records import DataError
@@ -63,7 +64,9 @@ def digits_target_transform(features: np.ndarray) -> np.ndarray:
     # size 1 on the batch axis: each image is processed on its own
     bold = ndimage.grey_dilation(images, size=(1, _DILATION_SIZE, _DILATION_SIZE))
     soft = ndimage.gaussian_filter(bold, sigma=(0.0, _BLUR_SIGMA, _BLUR_SIGMA), mode="constant")
-    return np.clip(soft, 0.0, DIGITS_MAX).reshape(len(images), -1).astype(np.float32)
+    # scipy is untyped (soft is Any to mypy): the result's type, stated
+    out: NDArray[np.float32] = np.clip(soft, 0.0, DIGITS_MAX).reshape(len(images), -1).astype(np.float32)
+    return out
 
 
 def as_mnist_canvas(features: np.ndarray, *, side: int, box: int) -> np.ndarray:

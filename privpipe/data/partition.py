@@ -40,10 +40,13 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+from numpy.typing import NDArray
+
+from privpipe.config.partition import PARTITION_STRATEGIES
 
 __all__ = ["STRATEGIES", "assign_shards", "check_partition", "shard_indices", "shard_classes", "record_uniforms"]
 
-STRATEGIES = ("iid", "dirichlet", "label_shards")
+STRATEGIES = PARTITION_STRATEGIES
 _MANTISSA_BITS = 53  # a float64 holds 53 bits exactly: keep the top 53 of the 64-bit hash
 
 
@@ -68,11 +71,13 @@ def shard_classes(*, shards: int, classes: int, labels_per_shard: int, seed: int
     """
     order = np.random.default_rng([seed, classes]).permutation(classes)
     positions = np.arange(shards)[:, None] * labels_per_shard + np.arange(labels_per_shard)[None, :]
-    return order[positions % classes].astype(np.int64)
+    held: NDArray[np.int64] = order[positions % classes].astype(np.int64)
+    return held
 
 
 def _iid(u: np.ndarray, shards: int) -> np.ndarray:
-    return np.minimum(np.floor(u * shards).astype(np.int64), shards - 1)
+    shard: NDArray[np.int64] = np.minimum(np.floor(u * shards).astype(np.int64), shards - 1)
+    return shard
 
 
 def _dirichlet(u: np.ndarray, labels: np.ndarray, *, shards: int, alpha: float, seed: int) -> np.ndarray:

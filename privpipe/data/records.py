@@ -12,6 +12,7 @@ from dataclasses import InitVar, dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import NDArray
 
 from privpipe.files import private_file, private_folder, read_user_text
 
@@ -42,7 +43,7 @@ def float_features(features: np.ndarray) -> np.ndarray:
 def pixel_bytes(features: np.ndarray) -> np.ndarray:
     """Pixels in [0, 1] that are each k/255 (a decoded 8-bit image's) as the bytes k: a quarter of the disk, and
     :func:`float_features` gives them back bit for bit. ValueError where a value is not k/255."""
-    stored = np.rint(np.asarray(features, dtype=np.float32) * 255.0).clip(0, 255).astype(np.uint8)
+    stored: NDArray[np.uint8] = np.rint(np.asarray(features, dtype=np.float32) * 255.0).clip(0, 255).astype(np.uint8)
     if not np.array_equal(float_features(stored), features):
         raise ValueError("pixel_bytes: features that are not 8-bit pixels (k/255) cannot be stored as bytes")
     return stored

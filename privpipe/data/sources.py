@@ -31,7 +31,7 @@ from typing import ClassVar
 import numpy as np
 
 from privpipe.config.errors import ConfigError
-from privpipe.config.prepare import PrepareConfig
+from privpipe.config.prepare import DATA_KINDS, DataKind, PrepareConfig
 from privpipe.data.columnar import (
     encode_table_batches,
     erase_rows,
@@ -67,7 +67,7 @@ from privpipe.data.sink import IdIndex, SetSink
 from privpipe.data.split import split_by_shares
 from privpipe.data.tabular import read_table, write_table
 
-__all__ = ["LoadedData", "DataSource", "data_source", "SOURCES"]
+__all__ = ["LoadedData", "DataSource", "data_source"]
 
 DIGIT_CLASSES = tuple(str(d) for d in range(10))
 
@@ -113,9 +113,17 @@ def _into(sink: SetSink | None, sets: dict[str, Records]) -> dict[str, Records]:
 
 
 class DataSource(ABC):
-    """One data kind: how its records are read, split, named and erased."""
+    """One data kind: how its records are read, split, named and erased. Its properties (images? a test set of
+    its own?) are its :class:`~privpipe.config.prepare.DataKind`, the line of privpipe.config.prepare.DATA_KINDS
+    that names this class."""
 
-    name: ClassVar[str]
+    def __init__(self, kind: DataKind) -> None:
+        self.kind = kind
+
+    @property
+    def name(self) -> str:
+        return self.kind.tag
+
     #: whether an erasure rewrites the raw data (else: prepare leaves erased records out on every run)
     rewritable: ClassVar[bool] = False
 
@@ -166,7 +174,6 @@ class Digits(DataSource):
     """scikit-learn's digits, as the CSV ``id,label,p0..p63`` (the embedded default). Its target domain is a
     fixed restyling of held-out digits (privpipe.data.domains)."""
 
-    name = "digits"
     rewritable = True
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
@@ -183,7 +190,7 @@ class Digits(DataSource):
                           [source], VectorInput(columns=labeled_csv_features(source)))
 
     def record_ids(self, cfg: PrepareConfig) -> list[str]:
-        return load_labeled_csv(Path(cfg.path)).ids.tolist()
+        return [str(i) for i in load_labeled_csv(Path(cfg.path)).ids]
 
     def files(self, cfg: PrepareConfig) -> list[Path]:
         return [Path(cfg.path)]
@@ -226,7 +233,6 @@ _MNIST_TARGETS = {"usps": (load_usps, 16, MNIST_BOX), "svhn": (load_svhn, 32, MN
 class Mnist(DataSource):
     """MNIST's four IDX files. Its target domain: the UCI digits at 28×28, or local USPS, SVHN or MNIST-M."""
 
-    name = "mnist"
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
              sink: SetSink | None = None, map_parts: PartMapper | None = None) -> LoadedData:
@@ -303,7 +309,6 @@ class Cifar10(DataSource):
     """CIFAR-10's python batches (the extracted ``cifar-10-batches-py`` folder): 50,000 training images are the
     sensitive set, the 10,000 test images the test set and, their first ``public_queries``, the public pool."""
 
-    name = "cifar10"
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
              sink: SetSink | None = None, map_parts: PartMapper | None = None) -> LoadedData:
@@ -334,7 +339,7 @@ class Cifar10(DataSource):
 
     def training_ids(self, cfg: PrepareConfig) -> list[str]:
         splits, _ = load_cifar10(Path(cfg.path), channels=1)
-        return splits["train"].ids.tolist()
+        return [str(i) for i in splits["train"].ids]
 
     def files(self, cfg: PrepareConfig) -> list[Path]:
         folder = Path(cfg.path)
@@ -366,7 +371,6 @@ class Svhn(DataSource):
     """SVHN's cropped digits (``train_32x32.mat``, ``test_32x32.mat``): 32×32 colour (or, with channels 1,
     luminance); label 10 is the digit 0."""
 
-    name = "svhn"
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
              sink: SetSink | None = None, map_parts: PartMapper | None = None) -> LoadedData:
@@ -385,7 +389,7 @@ class Svhn(DataSource):
         return [i for records in splits.values() for i in records.ids.tolist()]
 
     def training_ids(self, cfg: PrepareConfig) -> list[str]:
-        return load_svhn(Path(cfg.path), grayscale=True)["train"].ids.tolist()
+        return [str(i) for i in load_svhn(Path(cfg.path), grayscale=True)["train"].ids]
 
     def files(self, cfg: PrepareConfig) -> list[Path]:
         return [Path(cfg.path) / "train_32x32.mat", Path(cfg.path) / "test_32x32.mat"]
@@ -396,7 +400,6 @@ class ImageFolder(DataSource):
     resizes) and 1 or 3 channels. A record's id is its path under the folder's parent (``xrays/cat/0042.png``);
     an erasure deletes the file."""
 
-    name = "imagefolder"
     rewritable = True
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
@@ -462,7 +465,6 @@ class Table(DataSource):
     A partitioned table's parts are encoded apart where ``map_parts`` maps them (privpipe.data.partitioned), the
     sets the same as read in turn. An erasure rewrites each file (part) that holds a row to go, without it."""
 
-    name = "csv"
     rewritable = True
 
     def load(self, cfg: PrepareConfig, *, seed: int, client_column: str | None = None,
@@ -543,13 +545,12 @@ class Table(DataSource):
         return sum(erase_rows(path, cfg.id_column, drop) for path in self.files(cfg))  # a batch at a time
 
 
-SOURCES: dict[str, DataSource] = {source.name: source for source in
-                                  (Digits(), Mnist(), Table(), ImageFolder(), Cifar10(), Svhn())}
-
-
 def data_source(name: str) -> DataSource:
     """The kind ``prepare.dataset`` names."""
     try:
-        return SOURCES[name]
-    except KeyError:
-        raise ConfigError(f"prepare.dataset: unknown value {name!r} (choose one of {', '.join(SOURCES)})") from None
+        kind = DATA_KINDS[name]
+    except ValueError:
+        raise ConfigError(f"prepare.dataset: unknown value {name!r} (choose one of {', '.join(DATA_KINDS.tags)})"
+                          ) from None
+    source: DataSource = kind.load()(kind)
+    return source

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from privpipe.config.data_schema import ColumnSchema, DataSchema
 from privpipe.config.errors import ConfigError
@@ -288,7 +289,8 @@ def _encode_column(table: Table, column: ColumnSchema) -> np.ndarray:
         row = int(past[0])
         raise DataError(f"{table.path}: {table.where(row)}: column {column.name!r} is {out[row, 0]:g}, which its "
                         f"schema's center and scale put past float32's range (prepare.schema.columns.{column.name})")
-    return encoded.astype(np.float32)
+    as_float32: NDArray[np.float32] = encoded.astype(np.float32)
+    return as_float32
 
 
 def _plain_numbers(cells: Sequence[Any]) -> np.ndarray | None:
@@ -320,7 +322,8 @@ def _is_arrow(cells: Any) -> bool:
 
 def cell_list(cells: Any) -> Sequence[Any]:
     """A column's cells as Python values (a pyarrow array's converted; a list as it is)."""
-    return cells.to_pylist() if _is_arrow(cells) else cells
+    values: Sequence[Any] = cells.to_pylist() if _is_arrow(cells) else cells
+    return values
 
 
 def finite_numbers(cells: Any) -> np.ndarray | None:
@@ -360,7 +363,8 @@ def _by_distinct_value(cells: Any, rule: Any) -> np.ndarray | None:
     mapped = [rule(value) for value in encoded.dictionary.to_pylist()]
     if any(m is None for m in mapped):
         return None
-    return np.asarray(mapped, dtype=np.int64)[encoded.indices.to_numpy(zero_copy_only=False)]
+    codes: NDArray[np.int64] = np.asarray(mapped, dtype=np.int64)[encoded.indices.to_numpy(zero_copy_only=False)]
+    return codes
 
 
 def _labels(table: Table, label_column: str, classes: tuple[str, ...], *, others: bool) -> np.ndarray:

@@ -30,6 +30,7 @@ from typing import ClassVar
 import numpy as np
 from scipy import stats
 
+from privpipe.config.schema import BOUNDS_ESTIMATORS as ESTIMATORS
 from privpipe.discovery.bins import LOG_BINS, LogBins
 from privpipe.discovery.release import NoisyColumn
 
@@ -115,15 +116,12 @@ class ScanBounds(BoundsEstimator):
         return scan_window(counts, sigma)
 
 
-_REGISTRY: dict[str, type[BoundsEstimator]] = {kind.name: kind for kind in (ThresholdBounds, QuantileBounds,
-                                                                             ScanBounds)}
-
-#: the names ``schema.bounds`` accepts
-BOUNDS_ESTIMATORS: tuple[str, ...] = tuple(_REGISTRY)
+#: the names ``schema.bounds`` accepts (privpipe.config.schema's list, whose lines name the classes)
+BOUNDS_ESTIMATORS: tuple[str, ...] = ESTIMATORS.tags
 
 
 def make_bounds_estimator(name: str) -> BoundsEstimator:
-    try:
-        return _REGISTRY[name]()
-    except KeyError:
-        raise ValueError(f"unknown bounds estimator {name!r} (choose one of {', '.join(BOUNDS_ESTIMATORS)})") from None
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown bounds estimator {name!r} (choose one of {', '.join(BOUNDS_ESTIMATORS)})")
+    estimator: BoundsEstimator = ESTIMATORS.load(name)()
+    return estimator

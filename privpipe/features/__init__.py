@@ -8,11 +8,11 @@ inputs through (``features.transform``), at no privacy cost.
 
 from __future__ import annotations
 
+from privpipe.config.features import TRANSFORMS
 from privpipe.features.scatter import ScatterNet, image_side, scatter_features, scatter_maps
 
 __all__ = ["TRANSFORMS", "make_transform", "ScatterNet", "image_side", "scatter_features", "scatter_maps"]
 
-TRANSFORMS = ("none", "scatternet")
 
 
 def make_transform(name: str, *, image: tuple[int, int, int] | None, scatter_j: int) -> ScatterNet | None:

@@ -27,7 +27,8 @@ def _scattering(height: int, side: int, j: int) -> nn.Module:
     # recent SciPy); deferred: only the ScatterNet front needs kymatio
     from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
 
-    return ScatteringTorch2D(J=j, shape=(height, side), L=ANGLES)
+    scattering: nn.Module = ScatteringTorch2D(J=j, shape=(height, side), L=ANGLES)  # kymatio is untyped
+    return scattering
 
 
 def image_side(width: int) -> int:
@@ -60,7 +61,8 @@ class ScatterNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         images = x.reshape(len(x), self.channels, self.height, self.side)
-        return self.scattering(images).reshape(len(x), -1)
+        coefficients: torch.Tensor = self.scattering(images)
+        return coefficients.reshape(len(x), -1)
 
 
 def scatter_features(images: np.ndarray, *, j: int = 2, batch_size: int = 2000) -> np.ndarray:

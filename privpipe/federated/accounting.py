@@ -27,11 +27,11 @@ group-of-two form (privpipe.privacy.group).
 
 from __future__ import annotations
 
+from privpipe.config.federated import SAMPLINGS
 from privpipe.privacy import Event, GaussianEvent, PoissonGaussianEvent
 
 __all__ = ["SAMPLINGS", "round_event", "check_client_delta", "denominator"]
 
-SAMPLINGS = ("poisson", "fixed")
 #: McMahan et al. 2018 take δ = K^-1.1: comfortably below the 1/K at which a mechanism could
 #: publish one whole client's data and still meet the definition
 DELTA_EXPONENT = 1.1

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from privpipe.privacy import NoiseSource
 
@@ -56,4 +57,5 @@ def plain_mean(updates: Sequence[np.ndarray], *, dim: int) -> np.ndarray:
     """Non-private FedAvg: the unweighted mean of the updates that arrived (zero if none)."""
     if not updates:
         return np.zeros(dim, dtype=np.float64)
-    return _stack(updates, dim).mean(axis=0)
+    mean: NDArray[np.float64] = _stack(updates, dim).mean(axis=0)
+    return mean

@@ -107,7 +107,8 @@ def _over_budget(ledger: Ledger, planned: Event) -> float | None:
     return total if total > ledger.epsilon_budget else None
 
 
-def epsilon_curve(ledger: Ledger, config: FedAvgConfig, *, rounds: int, points: int, stage: str) -> list[dict]:
+def epsilon_curve(ledger: Ledger, config: FedAvgConfig, *, rounds: int, points: int,
+                  stage: str) -> list[dict[str, float]]:
     """Total ε after round r (the ledger's accountant, events before training included) at up to
     ``points`` evenly spaced rounds, the last one always: what MLflow draws per round."""
     before = [e for e in ledger.events if e.stage != stage]

@@ -13,9 +13,8 @@
 A mode says what a private run's rounds cost (planned, and recorded after the run), how the
 server combines a round's updates, whether clients run DP-SGD, and whether its guarantee is per
 client or per record. A non-private run (``private=False``) has no mode to speak of: plain
-mean, nothing recorded. Adding a mode: its class here and one line in ``_MODES``; params.yaml's
-choices are privpipe/config/federated.py's NOISE_MODES, which tests/test_config.py holds to
-this (checking params must not import this package: it imports torch).
+mean, nothing recorded. Adding a mode: its class here and its line in privpipe/config/federated.py's
+NOISE_MODES (which names the class, so that checking params does not import this package and torch).
 """
 
 from __future__ import annotations
@@ -27,13 +26,14 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from privpipe.config.federated import NOISE_MODES
 from privpipe.federated.accounting import round_event
 from privpipe.federated.aggregation import plain_mean, private_mean
 from privpipe.federated.client_noise import client_schedule, worst_client_event
 from privpipe.federated.local import LocalConfig
 from privpipe.privacy import Event, Ledger, NoiseSource, record_level_event, record_level_ledger
 
-__all__ = ["NOISE_MODES", "FedAvgSettings", "NoiseMode", "ServerNoiseMode", "ClientNoiseMode", "noise_mode"]
+__all__ = ["FedAvgSettings", "NoiseMode", "ServerNoiseMode", "ClientNoiseMode", "noise_mode"]
 
 
 class FedAvgSettings(Protocol):
@@ -62,8 +62,6 @@ class FedAvgSettings(Protocol):
 class NoiseMode(ABC):
     """The interface: what a private run's rounds cost and how a round's updates are combined."""
 
-    #: its name in params.yaml (federated.noise) and FedAvgConfig.noise
-    name: ClassVar[str] = ""
     #: each sampled client trains by DP-SGD, so its update leaves it private (else the server adds the noise)
     clients_run_dpsgd: ClassVar[bool] = False
     #: its events bound all of one client's records (client-level DP), not one record
@@ -104,7 +102,6 @@ class ServerNoiseMode(NoiseMode):
     record-level form when ``config.record_level`` (the pipeline's ledger).
     """
 
-    name: ClassVar[str] = "server"
     clients_run_dpsgd: ClassVar[bool] = False
     client_level: ClassVar[bool] = True
 
@@ -144,7 +141,6 @@ class ClientNoiseMode(NoiseMode):
     ``config.record_level`` changes nothing: these events are record-level already.
     """
 
-    name: ClassVar[str] = "client"
     clients_run_dpsgd: ClassVar[bool] = True
     client_level: ClassVar[bool] = False
 
@@ -167,18 +163,9 @@ class ClientNoiseMode(NoiseMode):
                                   noise_multiplier=config.noise_multiplier, ledger=ledger, stage=stage)
 
 
-_MODES: dict[str, NoiseMode] = {mode.name: mode for mode in (
-    ServerNoiseMode(),
-    ClientNoiseMode(),
-)}
-
-#: who adds the noise: the server, to the sum (client-level DP) | each client, by DP-SGD (record-level DP)
-NOISE_MODES: tuple[str, ...] = tuple(_MODES)
-
-
 def noise_mode(name: str) -> NoiseMode:
     """The mode registered as ``name``."""
-    try:
-        return _MODES[name]
-    except KeyError:
-        raise ValueError(f"noise: unknown {name!r} (choose one of {', '.join(NOISE_MODES)})") from None
+    if name not in NOISE_MODES:
+        raise ValueError(f"noise: unknown {name!r} (choose one of {', '.join(NOISE_MODES.tags)})")
+    mode: NoiseMode = NOISE_MODES.load(name)()
+    return mode

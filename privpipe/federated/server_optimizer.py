@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from privpipe.config.federated import SERVER_OPTIMIZERS
+
 __all__ = ["SERVER_OPTIMIZERS", "ServerOptimizer"]
 
-SERVER_OPTIMIZERS = ("sgd", "adam")
 
 
 class ServerOptimizer:

@@ -89,7 +89,8 @@ def front_layers(kind: str, projection: np.ndarray | None, *, input_scale: float
 def apply_front(front: nn.Module, features: np.ndarray) -> np.ndarray:
     """Raw feature rows through a frozen front (no gradients), as a NumPy array."""
     with torch.no_grad():
-        return front(torch.as_tensor(features)).numpy()
+        out: torch.Tensor = front(torch.as_tensor(features))
+        return out.numpy()
 
 
 def network_maps(kind: str, transform: nn.Module | None) -> tuple[int, int, int] | None:

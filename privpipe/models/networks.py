@@ -18,9 +18,10 @@ from collections.abc import Sequence
 import numpy as np
 from torch import nn
 
+from privpipe.config.teachers import MODELS
+
 __all__ = ["MODELS", "make_mlp", "make_cnn", "make_image_cnn", "make_scatter_cnn", "make_network", "MNIST_IMAGE"]
 
-MODELS = ("mlp", "cnn")
 MNIST_IMAGE = (1, 28, 28)  # the one image shape Tramèr & Boneh's MNIST CNN fits
 
 

@@ -10,7 +10,8 @@
 
 ``histograms`` is (queries, classes) vote counts; each row sums to the number of teachers.
 Each is wrapped with what its privacy analysis needs as one class in :mod:`privpipe.pate.aggregators`,
-chosen by name from :mod:`privpipe.pate.registry`; the analysis is :mod:`privpipe.pate.analysis`.
+built from the spec params.yaml's ``aggregate.mechanism`` names (privpipe.config.aggregate.AGGREGATORS); the
+analysis is :mod:`privpipe.pate.analysis`, how a run accounts for it :mod:`privpipe.pate.analysis_modes`.
 """
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ def lnmax(histograms: np.ndarray, *, gamma: float, noise: NoiseSource) -> np.nda
     """Laplace noisy max with inverse scale γ (each count gets Laplace(1/γ))."""
     _positive("gamma", gamma)
     counts = _check_histograms(histograms)
-    return np.argmax(counts + noise.laplace(counts.shape, scale=1.0 / gamma), axis=1).astype(np.int64)
+    labels: np.ndarray = np.argmax(counts + noise.laplace(counts.shape, scale=1.0 / gamma), axis=1).astype(np.int64)
+    return labels
 
 
 def gnmax(histograms: np.ndarray, *, sigma: float, noise: NoiseSource) -> np.ndarray:
     """Gaussian noisy max: argmax of counts + N(0, σ²)."""
     _positive("sigma", sigma)
     counts = _check_histograms(histograms)
-    return np.argmax(counts + noise.normal(counts.shape, std=sigma), axis=1).astype(np.int64)
+    labels: np.ndarray = np.argmax(counts + noise.normal(counts.shape, std=sigma), axis=1).astype(np.int64)
+    return labels
 
 
 def confident_mask(histograms: np.ndarray, *, threshold: float, sigma1: float, noise: NoiseSource) -> np.ndarray:

@@ -1,6 +1,7 @@
 """PATE's aggregators, one class each behind one interface: the noisy answer and what its analysis needs.
 
-    gnmax = GNMax(teachers=250, classes=10, sigma=40.0)     # by name: privpipe.pate.registry.make_aggregator
+    gnmax = make_aggregator(params.aggregate.mechanism, teachers=250, classes=10)   # the spec params.yaml names
+    gnmax = make_aggregator("gnmax", 250, 10, sigma=40.0)    # the same, written as params.yaml would
     labels = gnmax.answer(histograms, noise=NoiseSource(seed=0, secure=False))
     events = gnmax.data_independent_events(queries=640, stage="aggregate")
 
@@ -17,19 +18,23 @@ An aggregator is a noisy vote (privpipe.pate.aggregate) together with what the p
 Adjacency is the analysis module's: one record added or removed changes one teacher, so every
 query's histogram moves by at most one vote (one count −1, another +1).
 
-Adding one: its class here (or in its own module under privpipe/pate/), its line in
-privpipe.pate.registry, and its noise parameters in privpipe/config/aggregate.py and params.yaml.
+Each class is built from its spec (privpipe.config.aggregate: the noise parameters, their defaults and
+ranges, which checking params reads without importing this module), which names it. Adding one: its spec
+and its line in privpipe.config.aggregate.AGGREGATORS, and its class here (or in its own module under
+privpipe/pate/) reading its noise from ``self.spec``.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from privpipe.config.aggregate import AGGREGATORS, AggregatorSpec, ConfidentGNMaxSpec, GNMaxSpec, LNMaxSpec
 from privpipe.pate.aggregate import confident_gnmax, confident_mask, gnmax, lnmax
 from privpipe.pate.query_rdp import (
     gaussian_rdp,
@@ -45,36 +50,53 @@ from privpipe.privacy.events import Event, GaussianEvent, LaplaceEvent
 if TYPE_CHECKING:
     from privpipe.privacy.secure_noise import NoiseSource
 
-__all__ = ["Aggregator", "LNMax", "GNMax", "ConfidentGNMax"]
+__all__ = ["Aggregator", "LNMax", "GNMax", "ConfidentGNMax", "make_aggregator"]
+
+
+def make_aggregator(spec: AggregatorSpec | str | Mapping[str, Any], teachers: int, classes: int,
+                    **parameters: float) -> Aggregator:
+    """The aggregator ``spec`` names, over ``teachers`` voting on ``classes``. ``spec`` is a parsed
+    ``aggregate.mechanism`` (``params.aggregate.mechanism``), or what params.yaml writes there: a name,
+    ``{name: {parameter: value}}``, or a name with its parameters as keywords (``make_aggregator("gnmax", 250,
+    10, sigma=40.0)``); a parameter not given has its default. An unknown name or parameter is a ConfigError
+    naming it."""
+    if parameters:
+        if not isinstance(spec, str):
+            raise TypeError("parameters as keywords go with an aggregator's name, not a spec")
+        spec = {spec: parameters}
+    parsed = AGGREGATORS.parse(spec)
+    aggregator: Aggregator = parsed.load()(teachers, classes, parsed)
+    return aggregator
 
 
 def _check_positive(aggregator: Aggregator, name: str) -> None:
-    value = getattr(aggregator, name)
+    value = getattr(aggregator.spec, name)
     if value is None or not value > 0:
         raise ValueError(f"{name} must be > 0 for {aggregator.mechanism}, got {value!r}")
 
 
 @dataclass(frozen=True)
 class Aggregator(ABC):
-    """The interface: an ensemble of ``teachers`` voting over ``classes``; subclasses add their noise as fields."""
+    """The interface: an ensemble of ``teachers`` voting over ``classes``, with the noise its spec sets."""
 
     teachers: int
     classes: int
-    #: its name in params.yaml (aggregate.mechanism) and in privpipe.pate.registry
-    mechanism: ClassVar[str] = ""
+    #: its name in params.yaml (aggregate.mechanism) and its noise parameters
+    spec: AggregatorSpec
 
     def __post_init__(self) -> None:
         if self.teachers < 1 or self.classes < 2:
             raise ValueError(f"need teachers >= 1 and classes >= 2, got {self.teachers} and {self.classes}")
 
-    @classmethod
-    def noise_keys(cls) -> tuple[str, ...]:
-        """Its noise parameters, as declared (aggregate.<key> in params.yaml)."""
-        return tuple(f.name for f in fields(cls) if f.name not in ("teachers", "classes"))
+    @property
+    def mechanism(self) -> str:
+        """Its name in params.yaml (aggregate.mechanism)."""
+        return self.spec.tag
 
     def public(self) -> dict[str, Any]:
         """Its name, ensemble and noise, for the stage's analysis file (all public settings)."""
-        return {"mechanism": self.mechanism, **asdict(self)}
+        return {"mechanism": self.mechanism, "teachers": self.teachers, "classes": self.classes,
+                **self.spec.parameters()}
 
     @abstractmethod
     def answer(self, histograms: np.ndarray, *, noise: NoiseSource) -> np.ndarray:
@@ -124,8 +146,12 @@ class LNMax(Aggregator):
     Data-dependent: q̃ the union bound of 2017 Lemma 4, RDP by 2017 Theorem 3 (:func:`laplace_rdp`).
     """
 
-    gamma: float  # Laplace inverse scale
-    mechanism: ClassVar[str] = "lnmax"
+    spec: LNMaxSpec
+
+    @property
+    def gamma(self) -> float:
+        """Laplace inverse scale."""
+        return self.spec.gamma
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -190,8 +216,11 @@ class GNMax(_GaussianArgmax):
     Data-dependent: q̃ the union bound of 2018 Prop. 7, RDP by 2018 Theorem 6 (:func:`gaussian_rdp`).
     """
 
-    sigma: float
-    mechanism: ClassVar[str] = "gnmax"
+    spec: GNMaxSpec
+
+    @property
+    def sigma(self) -> float:
+        return self.spec.sigma
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -226,15 +255,25 @@ class ConfidentGNMax(_GaussianArgmax):
     by exact divergence).
     """
 
-    threshold: float  # T
-    sigma1: float  # threshold noise
-    sigma2: float  # argmax noise
-    mechanism: ClassVar[str] = "confident_gnmax"
+    spec: ConfidentGNMaxSpec
+
+    @property
+    def threshold(self) -> float:
+        """T."""
+        return self.spec.threshold
+
+    @property
+    def sigma1(self) -> float:
+        """The threshold step's noise."""
+        return self.spec.sigma1
+
+    @property
+    def sigma2(self) -> float:
+        """The argmax step's noise."""
+        return self.spec.sigma2
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.threshold is None:  # any T will do, even one no top count reaches
-            raise ValueError(f"threshold must be given for {self.mechanism}")
+        super().__post_init__()  # (any threshold will do, even one no top count reaches)
         _check_positive(self, "sigma1")
         _check_positive(self, "sigma2")
 

@@ -1,7 +1,7 @@
 """Privacy of PATE's noisy aggregation: data-independent, data-dependent and sanitised.
 
-    aggregator = make_aggregator("confident_gnmax", teachers=250, classes=10,
-                                 threshold=200, sigma1=150, sigma2=40)  # privpipe.pate.registry
+    aggregator = make_aggregator("confident_gnmax", 250, 10,
+                                 threshold=200, sigma1=150, sigma2=40)  # privpipe.pate.aggregators
     choice = choose_analysis(aggregator, queries=640, order=20, beta=0.01, noise_scale=20,
                              failure_probability=1e-7, epsilon_of=ledger_epsilon_after)  # public: before the votes
     events = data_independent_events(aggregator, queries=640)
@@ -134,7 +134,8 @@ def per_query_rdp(aggregator: Aggregator, histograms: np.ndarray, *, orders: Seq
 
 def data_dependent_rdp(aggregator: Aggregator, histograms: np.ndarray, *, orders: Sequence[float]) -> np.ndarray:
     """Total data-dependent RDP at each order. Private: depends on the votes; never release it raw."""
-    return per_query_rdp(aggregator, histograms, orders=orders).sum(axis=0)
+    total: np.ndarray = per_query_rdp(aggregator, histograms, orders=orders).sum(axis=0)
+    return total
 
 
 def data_independent_events(aggregator: Aggregator, *, queries: int, stage: str = "aggregate") -> list[Event]:
@@ -192,10 +193,12 @@ class AnalysisChoice:
 
     analysis: str  # "data_dependent" | "data_independent"
     reason: str
-    best_case_epsilon: float  # the sanitised release's ε at its best case (:func:`best_case_rdp`)
+    #: the sanitised release's ε at its best case (:func:`best_case_rdp`); None where the run's accountant cannot
+    #: compose an RDP curve (privacy.accountant: pld), so none is recorded or measured
+    best_case_epsilon: float | None
     data_independent_epsilon: float
 
-    def public(self) -> dict[str, float | str]:
+    def public(self) -> dict[str, float | str | None]:
         return dict(self.__dict__)
 
 
@@ -318,7 +321,8 @@ def _reach_low_gaps(gaps: np.ndarray, distance: int) -> np.ndarray:
     below_next = np.c_[levels[:, :-1] <= raised[:, 1:], np.ones((len(raised), 1), dtype=bool)]
     k = np.argmax(below_next & (levels >= raised), axis=1)
     level = levels[np.arange(len(raised)), k]
-    return np.maximum(raised, level[:, None])
+    low: np.ndarray = np.maximum(raised, level[:, None])
+    return low
 
 
 def _reach_high(aggregator: Aggregator, gaps: np.ndarray, distance: int) -> np.ndarray:
@@ -339,7 +343,8 @@ def _reach_high(aggregator: Aggregator, gaps: np.ndarray, distance: int) -> np.n
 def _range_max(table: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
     """max cells[first..last] (inclusive) per row, from the sparse table."""
     level = np.floor(np.log2(last - first + 1)).astype(np.int64)
-    return np.maximum(table[level, first], table[level, last - 2**level + 1])
+    maxima: np.ndarray = np.maximum(table[level, first], table[level, last - 2**level + 1])
+    return maxima
 
 
 def _one_step_change(table: np.ndarray, radius: int) -> np.ndarray:
@@ -366,8 +371,9 @@ def _one_step_bound(aggregator: Aggregator, low: np.ndarray, high: np.ndarray, o
     below, _ = aggregator.argmax_neighbour_logq(low)
     _, above = aggregator.argmax_neighbour_logq(high)
     at_low, at_high = _argmax_rdp_at(aggregator, low, order), _argmax_rdp_at(aggregator, high, order)
-    return np.maximum(_argmax_rdp_at(aggregator, np.minimum(above, reach[1]), order) - at_low,
-                      at_high - _argmax_rdp_at(aggregator, np.maximum(below, reach[0]), order))
+    bound: np.ndarray = np.maximum(_argmax_rdp_at(aggregator, np.minimum(above, reach[1]), order) - at_low,
+                                   at_high - _argmax_rdp_at(aggregator, np.maximum(below, reach[0]), order))
+    return bound
 
 
 def _unimodal_bound(aggregator: Aggregator, peaks: tuple[float, float], here: tuple[np.ndarray, np.ndarray],
@@ -402,8 +408,8 @@ def _interval_bound(aggregator: Aggregator, steps: tuple[np.ndarray, np.ndarray]
     last = np.minimum(np.searchsorted(edges, high), len(edges) - 1)
     first_end = np.where(first == last, high, edges[first])
     last_start = np.where(first == last, low, edges[np.maximum(last - 1, 0)])
-    bound = np.maximum(_one_step_bound(aggregator, low, first_end, order, reach),
-                       _one_step_bound(aggregator, last_start, high, order, reach))
+    bound: np.ndarray = np.maximum(_one_step_bound(aggregator, low, first_end, order, reach),
+                                   _one_step_bound(aggregator, last_start, high, order, reach))
     inner = last - first >= 2
     if inner.any():
         cells = _range_max(table, first[inner] + 1, last[inner] - 1)
@@ -452,7 +458,8 @@ def _local_sensitivity_rows(aggregator: Aggregator, counts: np.ndarray, order: f
 def local_sensitivity_by_distance(aggregator: Aggregator, histograms: np.ndarray, *, order: float) -> np.ndarray:
     """LS(d), d = 0..teachers: a bound on the local sensitivity of the data-dependent RDP at ``order``
     for every dataset within d changed records (hence teachers) of this one (module docstring)."""
-    return _local_sensitivity_rows(aggregator, _check_votes(aggregator, histograms), order).sum(axis=0)
+    total: np.ndarray = _local_sensitivity_rows(aggregator, _check_votes(aggregator, histograms), order).sum(axis=0)
+    return total
 
 
 def smooth_sensitivity(local_by_distance: np.ndarray, *, beta: float) -> float:

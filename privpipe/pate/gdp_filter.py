@@ -1,6 +1,6 @@
 """A privacy filter for PATE's Gaussian aggregators: a query the threshold rejects costs only the threshold.
 
-    aggregator = make_aggregator("confident_gnmax", 250, 10, threshold=200, sigma1=150, sigma2=40)
+    aggregator = make_aggregator("confident_gnmax", 250, 10, threshold=200, sigma1=150, sigma2=40)  # .aggregators
     budget = gdp_mu_for_epsilon(1.5, delta=1e-5)              # fixed before any vote is seen
     answers = answer_within_budget(aggregator, histograms, budget_mu=budget, noise=noise)
     ledger.record(filter_event(aggregator, budget_mu=budget, pool=len(histograms)))
@@ -39,6 +39,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
+from privpipe.config.aggregate import AGGREGATORS
 from privpipe.pate.aggregate import UNANSWERED
 from privpipe.pate.aggregators import Aggregator
 from privpipe.privacy.events import GaussianEvent
@@ -76,8 +77,8 @@ def gdp_costs(aggregator: Aggregator) -> tuple[float, float]:
     """(μ² charged for each query asked, μ² more for each one answered); ValueError for non-Gaussian noise."""
     costs = aggregator.gdp_costs()
     if costs is None:
-        raise ValueError(f"{aggregator.mechanism} adds no Gaussian noise: a GDP filter does not apply "
-                         "(use gnmax or confident_gnmax)")
+        gaussian = " or ".join(spec.tag for spec in AGGREGATORS if spec.gaussian)
+        raise ValueError(f"{aggregator.mechanism} adds no Gaussian noise: a GDP filter does not apply (use {gaussian})")
     return costs
 
 

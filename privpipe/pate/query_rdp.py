@@ -38,7 +38,8 @@ def top_gaps(histograms: np.ndarray) -> np.ndarray:
 def cap_logq(logq: np.ndarray, classes: int) -> np.ndarray:
     """log q̃ at most log(1 − 1/m)."""
     # the plurality class wins a symmetric noisy max with probability ≥ 1/m
-    return np.minimum(logq, math.log(1.0 - 1.0 / classes))
+    capped: np.ndarray = np.minimum(logq, math.log(1.0 - 1.0 / classes))
+    return capped
 
 
 def logq_gnmax_from_gaps(gaps: np.ndarray, sigma: float, classes: int) -> np.ndarray:
@@ -85,7 +86,8 @@ def gnmax_neighbour_logq(logq: np.ndarray, *, sigma: float, classes: int) -> tup
 
 def logpr_answered(tops: np.ndarray, *, threshold: float, sigma1: float) -> np.ndarray:
     """log Pr[top count + N(0, σ₁²) ≥ T]."""
-    return log_ndtr((np.asarray(tops, dtype=np.float64) - threshold) / sigma1)
+    log_pr: np.ndarray = log_ndtr((np.asarray(tops, dtype=np.float64) - threshold) / sigma1)
+    return log_pr
 
 
 # -- RDP of one query given q̃ --------------------------------------------------------
@@ -137,7 +139,8 @@ def laplace_rdp(logq: np.ndarray, *, gamma: float, order: float) -> np.ndarray:
         dependent = np.logaddexp(log_first, logq + eps * moments) / moments
     use = valid & np.isfinite(dependent)
     reference[use] = np.minimum(reference[use], dependent[use])
-    return np.minimum(reference, _laplace_independent_rdp(gamma, order))
+    rdp: np.ndarray = np.minimum(reference, _laplace_independent_rdp(gamma, order))
+    return rdp
 
 
 def threshold_rdp(log_pr_answered: np.ndarray, *, sigma1: float, order: float) -> np.ndarray:

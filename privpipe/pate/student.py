@@ -35,13 +35,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from privpipe.config.student import COVER_TARGETS, LR_SCHEDULES
 from privpipe.pate.association import association_weight, class_cover_loss, cover_loss, visit_loss, walker_loss
 from privpipe.pate.augment import is_image_batch, strong_augment, weak_augment
 
 __all__ = ["COVER_TARGETS", "LR_SCHEDULES", "StudentConfig", "StudentResult", "train_student"]
 
-COVER_TARGETS = ("samples", "classes")
-LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -250,7 +249,7 @@ def train_student(network: nn.Sequential, *, labeled_x: np.ndarray, labeled_y: n
             losses = _step_losses(network, x[batch], y[batch], target, classes, config, generator)
             loss = _total_loss(losses, weight, config)
             optimiser.zero_grad(set_to_none=True)
-            loss.backward()
+            torch.autograd.backward(loss)  # (loss.backward() is the same, but untyped)
             optimiser.step()
             if schedule is not None:
                 schedule.step()

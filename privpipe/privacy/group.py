@@ -42,6 +42,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from privpipe.privacy.accountants import accountant_named
 from privpipe.privacy.events import (
     Event,
     GaussianEvent,
@@ -82,7 +83,6 @@ def record_level_ledger(ledger: Ledger) -> Ledger:
     turns to RDP.
     """
     events = [record_level_event(e) for e in ledger.events]
-    pld_ok = all(e.supports_pld for e in events)
-    return Ledger(epsilon_budget=float("inf"), delta=ledger.delta,
-                  accountant="rdp" if ledger.accountant == "pld" and not pld_ok else ledger.accountant,
+    able = accountant_named(ledger.accountant).supports(events)
+    return Ledger(epsilon_budget=float("inf"), delta=ledger.delta, accountant=ledger.accountant if able else "rdp",
                   events=events)

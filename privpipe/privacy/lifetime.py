@@ -21,9 +21,9 @@ cost is known before it starts: its own budget bounds what it may spend, which i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from privpipe.privacy.ledger import BudgetExceeded
 
@@ -32,6 +32,8 @@ __all__ = ["RunSpend", "Reservation", "LifetimeLedger", "LifetimeBudgetExceeded"
 
 LIFETIME_FORMAT = "privpipe.lifetime/1"
 RESERVATIONS_FORMAT = "privpipe.reservations/1"
+
+_Item = TypeVar("_Item")  # what _parse builds from each stored item
 
 
 class LifetimeBudgetExceeded(BudgetExceeded):
@@ -230,14 +232,14 @@ class LifetimeLedger:
         return _parse(raw, RESERVATIONS_FORMAT, "a reservations file", "reservations", Reservation)
 
 
-def _parse(raw: Any, format: str, what: str, key: str, kind: type) -> list:
+def _parse(raw: Any, format: str, what: str, key: str, kind: Callable[..., _Item]) -> list[_Item]:
     """The ``key`` list of a stored file of ``format``, each item a ``kind``; ValueError naming the item."""
     if not isinstance(raw, dict) or raw.get("format") != format:
         raise ValueError(f"not {what} (expected format {format!r})")
     items = raw.get(key)
     if not isinstance(items, list):
         raise ValueError(f"{key}: expected a list")
-    parsed = []
+    parsed: list[_Item] = []
     for i, item in enumerate(items):
         try:
             parsed.append(kind(**item))

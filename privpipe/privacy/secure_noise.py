@@ -23,6 +23,7 @@ import os
 import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from numpy.typing import NDArray
 
 __all__ = ["secure_uniform", "secure_normal", "secure_laplace", "NoiseSource"]
 
@@ -118,7 +119,8 @@ def secure_normal(shape: torch.Size | tuple[int, ...], *, std: float,
 def secure_laplace(count: int, *, scale: float) -> np.ndarray:
     """``count`` draws of Laplace(0, scale) from the OS CSPRNG, as the difference of two
     exponentials −log U with 53-bit uniforms (no sign bit taken from the same draw)."""
-    return scale * (np.log(_secure_uniform(count)) - np.log(_secure_uniform(count)))
+    draws: NDArray[np.float64] = scale * (np.log(_secure_uniform(count)) - np.log(_secure_uniform(count)))
+    return draws
 
 
 class NoiseSource:

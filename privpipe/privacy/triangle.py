@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
+from numpy.typing import NDArray
 
 from privpipe.privacy.quiet import quiet_rdp_warnings
 from privpipe.privacy.substitution import substitution_rdp
@@ -44,7 +45,8 @@ def record_level_step_rdp(noise_multiplier: float, sample_rate: float, orders: t
     substitution's at each order (RDP composes by addition: T rounds cost T times this). Computed once per
     (σ, q, orders): the σ search and the ε-by-round curve ask for many round counts."""
     step = dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier))
-    curve = np.minimum(triangle_rdp(step, orders),
-                       substitution_rdp(noise_multiplier=noise_multiplier, sample_rate=sample_rate, orders=orders))
+    curve: NDArray[np.float64] = np.minimum(
+        triangle_rdp(step, orders),
+        substitution_rdp(noise_multiplier=noise_multiplier, sample_rate=sample_rate, orders=orders))
     curve.flags.writeable = False
     return curve

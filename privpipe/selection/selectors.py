@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+from numpy.typing import NDArray
 
+from privpipe.config.finetune import SELECTORS as SELECTOR_CHOICE
 from privpipe.privacy.secure_noise import NoiseSource
 from privpipe.selection.stopping import TruncatedNegativeBinomial
 
@@ -57,7 +59,8 @@ class Selector(ABC):
         stopping = self.stopping
         hat = orders_array  # λ̂ over the same orders
         extra = np.min((1 + self.eta) * (1 - 1 / hat) * run + (1 + self.eta) * math.log(1 / stopping.gamma) / hat)
-        return run + extra + math.log(stopping.mean) / (orders_array - 1)
+        rdp: NDArray[np.float64] = run + extra + math.log(stopping.mean) / (orders_array - 1)
+        return rdp
 
 
 @dataclass(frozen=True)
@@ -72,14 +75,12 @@ class GeometricSelector(Selector):
     eta: ClassVar[float] = 1.0
 
 
-_REGISTRY: dict[str, type[Selector]] = {kind.name: kind for kind in (LogarithmicSelector, GeometricSelector)}
-
-#: the names ``finetune.selector`` accepts
-SELECTORS: tuple[str, ...] = tuple(_REGISTRY)
+#: the names ``finetune.selector`` accepts (privpipe.config.finetune's list, whose lines name the classes)
+SELECTORS: tuple[str, ...] = SELECTOR_CHOICE.tags
 
 
 def make_selector(name: str, *, mean_runs: float) -> Selector:
-    try:
-        return _REGISTRY[name](mean_runs=mean_runs)
-    except KeyError:
-        raise ValueError(f"unknown selector {name!r} (choose one of {', '.join(SELECTORS)})") from None
+    if name not in SELECTOR_CHOICE:
+        raise ValueError(f"unknown selector {name!r} (choose one of {', '.join(SELECTORS)})")
+    selector: Selector = SELECTOR_CHOICE.load(name)(mean_runs=mean_runs)
+    return selector

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 from scipy import optimize
 from scipy.special import gammaln
 
@@ -41,7 +42,8 @@ class TruncatedNegativeBinomial:
         g, eta = self.gamma, self.eta
         if eta == 0:
             return (1 / g - 1) / math.log(1 / g)
-        return eta * (1 - g) / (g * (1 - g**eta))
+        g_eta: float = g**eta  # float ** float is typed Any (it may be complex); here 0 < g < 1
+        return eta * (1 - g) / (g * (1 - g_eta))
 
     def pmf(self, k: np.ndarray) -> np.ndarray:
         k = np.asarray(k, dtype=np.float64)
@@ -58,7 +60,8 @@ class TruncatedNegativeBinomial:
         g, eta = self.gamma, self.eta
         if eta == 0:
             return np.log(1 - (1 - g) * z) / math.log(g)
-        return ((1 - (1 - g) * z) ** -eta - 1) / (g**-eta - 1)
+        pgf: NDArray[np.float64] = ((1 - (1 - g) * z) ** -eta - 1) / (g**-eta - 1)
+        return pgf
 
     def sample(self, noise: NoiseSource) -> int:
         """K, drawn exactly from ``noise``'s uniforms (secret when the source is secure)."""

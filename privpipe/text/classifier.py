@@ -66,7 +66,8 @@ class LoraClassifier(nn.Module):
         width = max(int(attention_mask.sum(1).max()), 1)
         input_ids, attention_mask = input_ids[:, :width], attention_mask[:, :width]
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.head(mean_pool(hidden, attention_mask))
+        logits: torch.Tensor = self.head(mean_pool(hidden, attention_mask))
+        return logits
 
 
 def _linear_names(encoder: nn.Module) -> list[str]:

@@ -37,16 +37,18 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import numpy as np
 
+from privpipe.config.text import TEXT_FORMATS
 from privpipe.data.records import DataError, read_text
 from privpipe.data.split import assign_sets
 from privpipe.data.tabular import canonical_name
 
 __all__ = ["TextSet", "Corpus", "load_corpus", "FORMATS"]
 
-FORMATS = ("auto", "jsonl", "csv", "20newsgroups")
+FORMATS = TEXT_FORMATS
 SPLITS = ("train", "test")
 
 
@@ -69,7 +71,7 @@ class Corpus:
     source: str
 
 
-def _rows_jsonl(path: Path) -> list[tuple[str, dict]]:
+def _rows_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
     rows = []
     with io.StringIO(read_text(path), newline=None) as handle:  # universal newlines, as open() reads text
         for number, line in enumerate(handle, start=1):
@@ -85,7 +87,7 @@ def _rows_jsonl(path: Path) -> list[tuple[str, dict]]:
     return rows
 
 
-def _rows_csv(path: Path) -> list[tuple[str, dict]]:
+def _rows_csv(path: Path) -> list[tuple[str, dict[str, Any]]]:
     with io.StringIO(read_text(path), newline="") as handle:
         try:
             return [(f"row-{number}", row) for number, row in enumerate(csv.DictReader(handle), start=2)]
@@ -119,7 +121,7 @@ def _table(path: Path, fmt: str, *, text_column: str, label_column: str, client_
     texts, labels, ids, clients, splits = [], [], [], [], []
     for where, row in rows:
         for column in (text_column, label_column, *([client_column] if client_column else []),
-                       *([split_column] if has_split else [])):
+                       *([split_column] if has_split and split_column is not None else [])):
             if row.get(column) in (None, ""):
                 raise DataError(f"{path}:{where.split('-')[1]}: missing {column!r}")
         if not isinstance(row[text_column], str):
@@ -129,7 +131,7 @@ def _table(path: Path, fmt: str, *, text_column: str, label_column: str, client_
         ids.append(str(row["id"]) if row.get("id") not in (None, "") else where)
         if client_column:
             clients.append(str(row[client_column]))
-        if has_split:
+        if has_split and split_column is not None:  # has_split implies it: the second test narrows the type
             split = str(row[split_column])
             if split not in SPLITS:
                 raise DataError(f"{path}:{where.split('-')[1]}: {split_column!r} is {split!r}, expected train or test")

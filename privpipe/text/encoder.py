@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -61,7 +61,9 @@ def load_encoder(folder: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    # transformers leaves it unannotated: called through a typed name
+    disable_progress_bar: Callable[[], None] = hf_logging.disable_progress_bar
+    disable_progress_bar()
     try:
         model = AutoModel.from_pretrained(folder, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -78,7 +80,9 @@ def encoder_skeleton(folder: Path) -> torch.nn.Module:
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
         with torch.device("meta"):
-            return AutoModel.from_config(config)
+            # transformers leaves it unannotated: called through a typed name
+            from_config: Callable[[Any], torch.nn.Module] = AutoModel.from_config
+            return from_config(config)
     except (OSError, ValueError) as exc:
         raise DataError(f"{folder}: cannot load the encoder ({str(exc).splitlines()[0]})") from None
 

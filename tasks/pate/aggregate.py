@@ -2,15 +2,16 @@
 
     privpipe stage aggregate        # what dvc repro runs
 
-Decides the analysis first, from public information only (``aggregate.analysis: auto``):
-data-dependent accounting is used only if its best case (the expected sanitised release when
+Decides the analysis first, from public information only: ``aggregate.analysis`` names a mode
+(privpipe.pate.analysis_modes), which picks the analysis the ledger records before any vote is seen.
+``auto`` uses data-dependent accounting only if its best case (the expected sanitised release when
 every query's votes are alike, at the best top count, plus the release's own cost) beats the
-data-independent events in the run's ε; a forced
-``data_dependent`` that cannot win is refused before any noise is drawn. Then checks the
-worst case against the budget, aggregates (``aggregate.mechanism``) and records either the
-data-independent events or the sanitised data-dependent release. Every query asked is
+data-independent events in the run's ε; a forced ``data_dependent`` that cannot win is refused before
+any noise is drawn; ``data_independent`` charges the aggregator's own events. Then checks the
+worst case against the budget, aggregates (``aggregate.mechanism``) and records what the analysis
+says: the data-independent events or the sanitised data-dependent release. Every query asked is
 charged, answered or not: which ones were answered depends on the votes. ``aggregate.analysis:
-filter`` instead asks the queries in order under a GDP budget fixed by ``filter_epsilon``
+{filter: {epsilon: ε}}`` instead asks the queries in order under a GDP budget fixed by that ε
 (privpipe.pate.gdp_filter): the threshold is charged on every query asked, the argmax only on the
 answered ones, and the queries stop when the next one might not fit; the budget is what the
 ledger records. The raw
@@ -27,25 +28,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from dp_accounting.rdp import rdp_privacy_accountant
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from privpipe.config import ConfigError, Params
+from privpipe.config import Params
+from privpipe.config.privacy import ACCOUNTANTS
 from privpipe.data import UNLABELED, DataError
-from privpipe.pate.aggregators import Aggregator
-from privpipe.pate.analysis import (
-    AnalysisChoice,
-    choose_analysis,
-    data_dependent_rdp,
-    data_independent_events,
-    planned_release_event,
-    sanitise,
-)
-from privpipe.pate.gdp_filter import answer_within_budget, filter_event, gdp_costs, gdp_mu_for_epsilon, recorded_mu
-from privpipe.pate.registry import aggregator_type, make_aggregator
+from privpipe.pate.aggregators import Aggregator, make_aggregator
+from privpipe.pate.analysis_modes import Analysis, Setting, analysis_mode, epsilon_alone
 from privpipe.pate.teachers import vote_histograms
-from privpipe.privacy import RDP_ORDERS, Event, Ledger, NoiseSource, compute_epsilon
+from privpipe.privacy import Ledger, NoiseSource
 from tasks import paths
 from tasks.common import (
     Skipped,
@@ -72,72 +64,24 @@ if TYPE_CHECKING:  # types only: recording imports MLflow, which a stage run by 
     from tasks.projection import Projection
     from tasks.tracking import TrackedRun
 
-__all__ = ["Labels", "run_aggregate", "aggregate_task", "aggregator_spec", "decide_analysis", "filter_budget",
-           "check_filter_budget"]
+__all__ = ["Labels", "run_aggregate", "aggregate_task", "decide_analysis", "check_analysis"]
 
 
-def aggregator_spec(params: Params, *, teachers: int, classes: int) -> Aggregator:
-    """``aggregate.mechanism`` from the registry, with its own noise keys of the section (the others are unused)."""
-    cfg = params.aggregate
-    noise = {key: getattr(cfg, key) for key in aggregator_type(cfg.mechanism).noise_keys()}
-    return make_aggregator(cfg.mechanism, teachers, classes, **noise)
-
-
-def filter_budget(params: Params) -> float:
-    """μ of ``aggregate.analysis: filter``: the GDP budget whose (ε, δ) is ``filter_epsilon`` at privacy.delta."""
-    epsilon = params.aggregate.filter_epsilon
-    if epsilon is None:
-        raise ConfigError("aggregate.filter_epsilon: must be set for aggregate.analysis: filter")
-    return gdp_mu_for_epsilon(epsilon, delta=params.privacy.delta)
-
-
-def check_filter_budget(params: Params, *, classes: int) -> None:
-    """A filter whose budget holds not even one query at its worst would ask nothing: refused up front."""
-    if not (params.student.enabled and params.aggregate.analysis == "filter"):
+def check_analysis(params: Params, *, classes: int) -> None:
+    """What ``aggregate.analysis`` cannot run with these settings, refused before any work (a filter whose budget
+    holds not even one query at its worst would ask nothing)."""
+    if not params.student.enabled:
         return
-    ask, answer = gdp_costs(aggregator_spec(params, teachers=params.partition.shards, classes=classes))
-    budget = filter_budget(params)
-    if budget**2 < ask + answer:
-        raise ConfigError(f"aggregate.filter_epsilon: {params.aggregate.filter_epsilon:g} holds no query (one "
-                          f"query at its worst is μ = {(ask + answer) ** 0.5:.4g}-GDP, the budget μ = {budget:.4g}); "
-                          "raise it or the noise")
+    analysis_mode(params.aggregate.analysis).check(params.aggregate.mechanism, teachers=params.partition.shards,
+                                                   classes=classes, delta=params.privacy.delta)
 
 
-def _planned(params: Params, spec: Aggregator, queries: int, analysis: str) -> list[Event]:
-    cfg = params.aggregate
-    if analysis == "data_independent":
-        return data_independent_events(spec, queries=queries)
-    if analysis == "filter":
-        return [filter_event(spec, budget_mu=filter_budget(params), pool=queries)]
-    return [planned_release_event(spec, queries=queries, order=cfg.rdp_order, beta=cfg.ss_beta,
-                                  noise_scale=cfg.ss_noise, failure_probability=cfg.ss_failure_probability)]
-
-
-def _alone(events: list[Event], ledger: Ledger) -> float:
-    return compute_epsilon(events, delta=ledger.delta, accountant=ledger.accountant).epsilon if events else 0.0
-
-
-def decide_analysis(params: Params, spec: Aggregator, queries: int, ledger: Ledger) -> AnalysisChoice:
+def decide_analysis(params: Params, aggregator: Aggregator, queries: int, ledger: Ledger) -> Analysis:
     """The analysis to record, from the settings, the query count and the ledger so far (no votes).
     A forced ``data_dependent`` that cannot win is a ConfigError: its release cost would be wasted."""
-    cfg = params.aggregate
-    choice = choose_analysis(spec, queries=queries, order=cfg.rdp_order, beta=cfg.ss_beta, noise_scale=cfg.ss_noise,
-                             failure_probability=cfg.ss_failure_probability,
-                             epsilon_of=lambda events: ledger.epsilon(events).epsilon)
-    if cfg.analysis == "filter":
-        check_filter_budget(params, classes=spec.classes)
-        alone = _alone(_planned(params, spec, queries, "filter"), ledger)
-        return AnalysisChoice("filter", f"set by aggregate.analysis: a GDP filter of ε {alone:.4g} at δ "
-                              f"{ledger.delta:g}, the threshold charged on every query asked, the argmax on the "
-                              "answered ones", alone, choice.data_independent_epsilon)
-    if cfg.analysis == "data_independent" or params.privacy.accountant == "pld":
-        # under pld an RDP curve cannot be composed; config refuses a forced data_dependent there
-        why = "set by aggregate.analysis" if cfg.analysis == "data_independent" else "privacy.accountant is pld"
-        return AnalysisChoice("data_independent", why, choice.best_case_epsilon, choice.data_independent_epsilon)
-    if cfg.analysis == "data_dependent" and choice.analysis != "data_dependent":
-        raise ConfigError(f"aggregate.analysis: data_dependent cannot win here ({choice.reason}); "
-                          "use auto or data_independent")
-    return choice
+    setting = Setting(aggregator, queries=queries, ledger=ledger, config=params.aggregate,
+                      accountant=ACCOUNTANTS[params.privacy.accountant])
+    return analysis_mode(params.aggregate.analysis).decide(setting)
 
 
 @dataclass(frozen=True)
@@ -150,7 +94,7 @@ class Labels:
     answered: int
     teachers: int
     label_accuracy: float | None  # against the public pool's own labels, on the answered queries (None: unlabeled)
-    analysis: str  # data_dependent | data_independent, decided before the votes were seen
+    analysis: str  # data_dependent | data_independent | filter, decided before the votes were seen
     analysis_reason: str
     epsilon: float  # the stage's ε alone, as recorded
     epsilon_data_independent: float
@@ -212,70 +156,44 @@ def run_aggregate(params: Params, *, where: DatasetPaths | None = None) -> Label
     if not np.array_equal(np.load(teachers_dir / "query_ids.npy"), queries.ids.astype(str)):
         raise DataError(f"{teachers_dir}: votes are for other queries; re-run the teachers stage")
     classes = read_shape(Path(public).parent).n_classes
-    spec = aggregator_spec(params, teachers=votes.shape[0], classes=classes)
+    aggregator = make_aggregator(cfg.mechanism, votes.shape[0], classes)
     # decided before the votes are looked at: the choice itself must not depend on them
-    choice = decide_analysis(params, spec, len(queries), ledger)
-    planned = _planned(params, spec, len(queries), choice.analysis)
-    after = ledger.ensure_affordable(*planned)
+    analysis = decide_analysis(params, aggregator, len(queries), ledger)
+    choice = analysis.choice
+    after = ledger.ensure_affordable(*analysis.planned())
     log.info("aggregate: %s on %d queries from %d teachers; %s analysis (%s); at worst the run total becomes %s",
              cfg.mechanism, len(queries), votes.shape[0], choice.analysis, choice.reason, after)
 
-    dependent = choice.analysis == "data_dependent"
-    what = "the vote noise and the smooth-sensitivity release's noise come" if dependent else "the vote noise comes"
-    warn_insecure_rng(params, "aggregate", what, flow_warns=True)
+    warn_insecure_rng(params, "aggregate", analysis.noise_drawn, flow_warns=True)
     histograms = vote_histograms(votes, classes=classes)
-    noise = NoiseSource(seed=seed_for(params.run.seed, "aggregate"), secure=params.privacy.secure_rng)
-    asked = len(queries)
-    filtered = None
-    if choice.analysis == "filter":
-        filtered = answer_within_budget(spec, histograms, budget_mu=filter_budget(params), noise=noise)
-        labels, asked = filtered.labels, filtered.asked
-    else:
-        labels = spec.answer(histograms, noise=noise)
-    answered = labels >= 0
-    independent = data_independent_events(spec, queries=asked)
-    release = private = None
-    if dependent:  # computing it publishes it, so only when the ledger pays for it
-        raw_curve = data_dependent_rdp(spec, histograms, orders=RDP_ORDERS)
-        raw_epsilon, raw_order = rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, raw_curve, ledger.delta)
-        release = sanitise(spec, histograms, order=cfg.rdp_order, beta=cfg.ss_beta,
-                           noise_scale=cfg.ss_noise, failure_probability=cfg.ss_failure_probability,
-                           noise=NoiseSource(seed=seed_for(params.run.seed, "sanitise"),
-                                             secure=params.privacy.secure_rng))
-    if filtered:  # the budget fixed up front, as planned: what it spent is not the bound
-        ledger.record(*planned)
-    else:
-        ledger.record(*([release.event()] if release else independent))
+    answers = analysis.answer(
+        histograms, noise=NoiseSource(seed=seed_for(params.run.seed, "aggregate"), secure=params.privacy.secure_rng),
+        release_noise=NoiseSource(seed=seed_for(params.run.seed, "sanitise"), secure=params.privacy.secure_rng))
+    ledger.record(*answers.recorded)
 
+    labels, release = answers.labels, answers.release
+    answered = labels >= 0
     result = Labels(
-        dir=out, queries=asked, answered=int(answered.sum()), teachers=int(votes.shape[0]),
+        dir=out, queries=answers.asked, answered=int(answered.sum()), teachers=int(votes.shape[0]),
         label_accuracy=_label_accuracy(labels, queries.labels, answered),
         analysis=choice.analysis, analysis_reason=choice.reason, epsilon=ledger.stage_epsilon("aggregate").epsilon,
-        epsilon_data_independent=_alone(independent, ledger),
-        epsilon_sanitised=_alone([release.event()], ledger) if release else None)
-    analysis = {"mechanism": cfg.mechanism, "analysis_setting": cfg.analysis, "choice": choice.public(),
-                "spec": spec.public(), "sanitised_release": release.public() if release else None,
-                "filter": None if filtered is None else {
-                    "pool": len(queries), "asked": filtered.asked, "budget_mu": filtered.budget_mu,
-                    "recorded_mu": recorded_mu(spec, budget_mu=filtered.budget_mu, pool=len(queries)),
-                    "spent_mu": filtered.spent_mu},
-                **result.metrics()}
-    if release:
-        private = {"warning": "data-dependent values: do not publish", "orders": list(RDP_ORDERS),
-                   "rdp": raw_curve.tolist(), "epsilon": float(raw_epsilon), "order": float(raw_order),
-                   "rdp_at_release_order": release.raw, "smooth_sensitivity": release.smooth_sensitivity}
+        epsilon_data_independent=epsilon_alone(answers.data_independent, ledger),
+        epsilon_sanitised=epsilon_alone([release.event()], ledger) if release else None)
+    summary = {"mechanism": cfg.mechanism.tag, "analysis_setting": cfg.analysis.tag, "choice": choice.public(),
+               "spec": aggregator.public(), "sanitised_release": release.public() if release else None,
+               "filter": answers.filter, **result.metrics()}
     with staged_dir(out, made_from=made_from) as staging:
         np.save(staging / "labels.npy", labels)
         np.save(staging / "query_ids.npy", queries.ids.astype(str))
-        write_json(staging / "analysis.json", analysis)
+        write_json(staging / "analysis.json", summary)
         write_text(staging / "ledger.json", ledger.to_json())
     write_json(where.metrics_file("aggregate"), result.metrics())
-    if private:  # outside every DVC output and never logged: dvc push and MLflow do not see it
-        write_json(where.private / "aggregate_data_dependent.json", private)
-    if filtered and filtered.asked < len(queries):
-        log.info("aggregate: the filter's budget stopped the queries after %d of %d", filtered.asked, len(queries))
+    if answers.private:  # outside every DVC output and never logged: dvc push and MLflow do not see it
+        write_json(where.private / "aggregate_data_dependent.json", answers.private)
+    for note in answers.notes:
+        log.info("aggregate: %s", note)
     log.info("aggregate: %d of %d answered (label accuracy %s); stage ε = %.4g recorded (%s), "
-             "data-independent ε = %.4g; run total %s", result.answered, asked,
+             "data-independent ε = %.4g; run total %s", result.answered, answers.asked,
              "unknown: an unlabeled pool" if result.label_accuracy is None else f"{result.label_accuracy:.3f}",
              result.epsilon, choice.analysis, result.epsilon_data_independent, ledger.epsilon())
     return result

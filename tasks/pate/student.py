@@ -123,7 +123,7 @@ def run_student(params: Params, *, where: DatasetPaths | None = None) -> Student
     answered = labels >= 0
     if not answered.any():
         raise DataError(f"{aggregate_dir}: no query was answered, so the student has no labels; lower "
-                         "aggregate.threshold or ask more aggregate.queries")
+                        "aggregate.mechanism.confident_gnmax.threshold or ask more aggregate.queries")
     spec, front = model_front(params, read_shape(Path(public).parent), dp_pca_dir, model=params.finetune.model)
     target, target_test = target_sets(Path(public).parent)
     pool = target if target is not None else Records.load(public)

@@ -292,7 +292,7 @@ def prune_versions(params: Params, pointers: list[Path], queue: RequestQueue, er
         out.note = (f"the model registry could not be read ({type(error).__name__}): no version was deleted; "
                     "the next `privpipe removals` tries again")
     protected = _protected(pointers)
-    id_column = params.prepare.id_column if params.prepare.dataset == "csv" else "id"
+    id_column = "id" if params.prepare.images else params.prepare.id_column
     candidates = _candidates(files, ledger, queue, {**users.dp, **needed})
     for md5, names in sorted(candidates.items()):
         if md5 in protected:

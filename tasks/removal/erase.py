@@ -104,7 +104,7 @@ def _file_versions(params: Params) -> list[list[tuple[str, str]]]:
     model's data version (``untracked:<digest of them>``) names the set: by the files' bytes, and by their
     DVC pointers (which lag the bytes after a run that died before its ``dvc add``). None for one file."""
     files = _source(params).files(params.prepare)
-    if params.prepare.dataset != "csv" or len(files) < 2 or not all(f.is_file() for f in files):
+    if params.prepare.images or len(files) < 2 or not all(f.is_file() for f in files):
         return []
     by_bytes = [(str(f), file_md5(f)) for f in files]
     by_pointer = [(name, pointer_md5(Path(f"{name}.dvc")) or md5) for name, md5 in by_bytes]
