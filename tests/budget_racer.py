@@ -1,5 +1,5 @@
 """One run asking for admission to the digits' lifetime budget, in a process of its own (the budget
-race of tests/test_budget_reservations.py and bench/concurrency.py).
+race of tests/stages/privacy/test_budget_reservations.py and bench/concurrency.py).
 
     python tests/budget_racer.py NAME MODE      # in a project folder, with privpipe importable
 

@@ -1,4 +1,18 @@
-"""Test-session settings: offline, and every tool's state in a temporary folder."""
+"""Test-session settings: offline, and every tool's state in a temporary folder.
+
+The tests mirror the code's layers, each mechanism's tests where its code is:
+
+    library/<mechanism>/   privpipe/<mechanism>/ (library/privacy: privpipe/privacy, ...)
+    stages/<mechanism>/    tasks/<mechanism>/ (a stage's files, its Prefect task run by hand)
+    commands/              flows/ (the command line, the flows, whole runs)
+    project/               the repository itself: docs, DVC, the layers' import rules, no secrets
+
+(not privpipe/, tasks/, flows/: a folder of that name would shadow the package for an import). What several
+layers share is here, in tests/: this file's fixtures and helpers (write_params, ForkedRun, ...), own_data.py
+(tables and image folders of one's own), text_fixtures.py (a tiny encoder, a corpus), digit_formats.py (MNIST
+and USPS files in their own formats), and the scripts a test runs in a process of its own (budget_racer.py,
+crash_removals.py); fixtures/ holds the files they read.
+"""
 
 from __future__ import annotations
 

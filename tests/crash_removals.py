@@ -1,4 +1,4 @@
-"""Run the removal flow and SIGKILL this process at one step (used by tests/test_crash_recovery.py).
+"""Run the removal flow and SIGKILL this process at one step (used by tests/stages/removal/test_crash_recovery.py).
 
     python tests/crash_removals.py STEP     # in a project folder; STEP is one of STEPS
 

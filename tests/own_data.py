@@ -24,7 +24,8 @@ HOSPITALS = ["st-mary", "general", "city", "county"]
 def cancer_schema() -> dict:
     """prepare.schema of :func:`write_cancer_csv`: the label set, each numeric column's public bounds, the
     categorical site's categories."""
-    columns = {name: {"min": low, "max": high} for name, low, high in CANCER_COLUMNS.values()}
+    columns: dict[str, dict[str, float | list[str]]] = {
+        name: {"min": low, "max": high} for name, low, high in CANCER_COLUMNS.values()}
     columns["site"] = {"categories": SITES}
     return {"labels": CANCER_LABELS, "columns": columns}
 

@@ -36,7 +36,11 @@ def write_corpus(path: Path, *, n_train: int = 120, n_test: int = 40, seed: int 
 def write_tiny_encoder(folder: Path, seed: int = 0) -> Path:
     """A 1-layer, 16-wide BERT with a word-level vocabulary of the corpus, saved in HF format."""
     import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import (  # type: ignore[attr-defined]  # BertTokenizerFast: transformers 5 omits it from __all__
+        BertConfig,
+        BertModel,
+        BertTokenizerFast,
+    )
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted({w for ws in TOPICS.values() for w in ws}), *FILLER]
@@ -56,7 +60,7 @@ def tiny_encoder_dir(root: Path, kind: str = "bert", seed: int = 0) -> Path:
     single letters (any lowercase word tokenizes) and 512 positions (any text.max_length up to BERT's),
     saved with its tokenizer in ``root/tiny-<kind>``."""
     import torch
-    from transformers import (
+    from transformers import (  # type: ignore[attr-defined]  # BertTokenizerFast: transformers 5 omits it from __all__
         BertConfig,
         BertModel,
         BertTokenizerFast,
@@ -74,6 +78,7 @@ def tiny_encoder_dir(root: Path, kind: str = "bert", seed: int = 0) -> Path:
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
     torch.manual_seed(seed)
     # from_pretrained reads vocab.txt under transformers 4 and 5 alike (5 ignores a vocab_file argument)
+    model: BertModel | DistilBertModel
     if kind == "bert":
         tokenizer = BertTokenizerFast.from_pretrained(folder, do_lower_case=True, local_files_only=True)
         model = BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,

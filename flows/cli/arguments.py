@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 #: params.yaml's ranges for noise multipliers and counts (privpipe.config.ranges' MAX_SCALE and MAX_COUNT,
-#: written out: importing privpipe.config would slow `--help`; tests/test_config.py keeps them equal)
+#: written out: importing privpipe.config would slow `--help`; tests/library/config/test_config.py keeps them equal)
 MAX_SCALE = 1e6
 MAX_COUNT = 10**9
 

@@ -59,7 +59,7 @@ class _Leave:
     registered after this one, last first (Prefect stops its temporary server and sends its last logs).
     This one then shuts logging down and flushes stdout and stderr. A handler registered before main would
     not run: the one the console script and ``python -m flows.cli`` register is logging's own (this module
-    imports logging), which is why this one calls it (tests/test_cli_exit_codes.py checks there is no other).
+    imports logging), which is why this one calls it (tests/commands/test_cli_exit_codes.py checks there is no other).
     (privpipe's own files are written and closed before main returns.)"""
 
     def __init__(self) -> None:

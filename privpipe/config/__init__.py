@@ -13,6 +13,8 @@ values params.yaml ships with) and its checks, side by side. Then:
     errors.py    ConfigError and the one-line checks (require, one_of, noise_or_epsilon)
     params.py    Params (all sections) and check_all: the order the checks run in (first error wins)
     load.py      load_params / parse_params: YAML → typed sections → check_all
+    values.py    a value checked against its field's type; yaml_loader.py: the safe, depth-capped loader
+    choices.py   a pluggable choice: one list of variants, each parsed by its tag and naming its class
     use.py       checks only some commands make: check_pipeline_use, check_federated_use, check_text_use
     cron.py      the cron-expression check of schedule.*_cron
     urls.py      redact_url: secrets in URLs masked before they are logged or printed

@@ -29,7 +29,7 @@ __all__ = ["AggregateConfig", "AggregatorSpec", "LNMaxSpec", "GNMaxSpec", "Confi
 
 #: The RDP orders the privacy ledger composes at: dp_accounting's DEFAULT_RDP_ORDERS, as floats, exactly as
 #: privpipe.privacy.RDP_ORDERS builds them. Written out so that checking params does not import torch
-#: (privpipe.privacy does); tests/test_config.py fails if the two ever differ.
+#: (privpipe.privacy does); tests/library/config/test_config.py fails if the two ever differ.
 LEDGER_RDP_ORDERS: tuple[float, ...] = tuple(
     float(a) for a in [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024])
 

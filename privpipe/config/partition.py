@@ -10,7 +10,7 @@ from privpipe.config.ranges import MAX_COUNT, MAX_SCALE, Range, above, at_least
 
 #: how records are dealt out; the federated section splits into clients the same ways. privpipe.data.partition's
 #: STRATEGIES, written out because importing privpipe.data (numpy) would double the time checking params takes;
-#: tests/test_config.py fails if they ever differ
+#: tests/library/config/test_config.py fails if they ever differ
 PARTITION_STRATEGIES = ("iid", "dirichlet", "label_shards")
 
 

@@ -64,7 +64,7 @@ def fraction(*, zero: bool = False, one: bool = False) -> Range:
 
 def check_ranges(section: str, config: Any) -> None:
     """ConfigError ``section.key: must be in [a, b] (got v)`` for the first numeric value outside its range.
-    A field without a declared range is a programming error (tests/test_config.py finds it first)."""
+    A field without a declared range is a programming error (tests/library/config/test_config.py finds it first)."""
     ranges: Mapping[str, Range] = getattr(type(config), "RANGES", {})
     for f in fields(config):
         value = getattr(config, f.name)

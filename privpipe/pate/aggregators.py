@@ -251,7 +251,7 @@ class ConfidentGNMax(_GaussianArgmax):
     one query's output (label or no answer) has RDP 3.97 at order 2, while only the threshold's
     0.0004 would be charged when it goes unanswered. Running the argmax on every query and
     suppressing its output when the threshold says no is post-processing of a composition whose
-    per-query bound no longer depends on the outcome (tests/test_pate_analysis.py checks the case
+    per-query bound no longer depends on the outcome (tests/library/pate/test_pate_analysis.py checks the case
     by exact divergence).
     """
 

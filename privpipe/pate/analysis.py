@@ -55,7 +55,7 @@ points where it can lie when β and the two differences have the shape Algorithm
 (checked per setting on a grid of 200,001 values, as the reference checks its conditions C5/C6
 numerically), else cell by cell over that grid (needs only β non-decreasing; otherwise the bound
 falls back to the data-independent RDP). On MNIST's votes (σ 40, order 20) the smooth
-sensitivity is at most the reference code's (tests/test_pate_analysis.py). The threshold depends
+sensitivity is at most the reference code's (tests/library/pate/test_pate_analysis.py). The threshold depends
 on the top count alone (moves ≤ 1 per teacher): an exact sliding-window maximum over its table.
 The shift by c·σ_s·SS is itself GNSS with a smooth bound inflated by (1 + c·σ_s·(e^β − 1)), and
 that is what the release cost is computed for.

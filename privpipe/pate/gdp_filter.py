@@ -23,7 +23,7 @@ run happened to spend (that would be an odometer reading, not a bound). The run 
 bounds it. A μ-GDP mechanism is dominated by the Gaussian pair N(0, 1), N(μ, 1), so the ledger
 records it as one Gaussian event of noise multiplier 1/μ and composes it with the run's other
 events by PLD or RDP (adaptive composition of dominated pairs, Zhu, Dong & Wang 2022).
-tests/test_gdp_filter.py checks the bound against the exact privacy profile of small ensembles.
+tests/library/pate/test_gdp_filter.py checks the bound against the exact privacy profile of small ensembles.
 
 Without the filter (privpipe.pate.analysis) every query asked is charged both steps: on MNIST's
 votes (T 200, σ₁ 150, σ₂ 40) 500 queries cost ε 3.41 at δ 1e-5, while a filter holding the same

@@ -40,7 +40,7 @@ SEARCH_ORDERS: tuple[float, ...] = tuple(a for a in RDP_ORDERS if a.is_integer()
 #: density is smooth across cells); over the factors ε rises by the sum of that divided by λ, at the
 #: tilt λ where the saddle-point approximation of δ(ε) meets δ. So h is chosen for a predicted excess of
 #: PLD_TOLERANCE of the ε that approximation gives, and one PLD is built (measured within 0.2 % of the
-#: tight value: tests/test_ledger.py, bench/out/accounting/speed.md). Where no prediction can be made,
+#: tight value: tests/library/privacy/test_ledger.py, bench/out/accounting/speed.md). Where no prediction can be made,
 #: h starts coarse and is refined (the former way, :func:`_refined_by_levels`).
 PLD_COARSEST, PLD_FINEST = 1e-2, 1e-5
 PLD_TOLERANCE = 1.5e-3

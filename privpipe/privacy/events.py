@@ -200,7 +200,7 @@ class ReplaceOnePoissonGaussianEvent(Event):
     it symmetric (one pmf). Its rounding is pessimistic (connect-the-dots), so every discretisation gives
     an upper bound. The noise multiplier passed is z itself: dp_accounting's ``sensitivity = 1`` is the
     radius of the ball (each side at most 1 from the centre), not the 2 between u and u′. (Checked in
-    tests/test_record_level.py: at q = 1 it is the Gaussian mechanism's PLD with sensitivity 2; the
+    tests/library/privacy/test_record_level.py: at q = 1 it is the Gaussian mechanism's PLD with sensitivity 2; the
     composed ε against the exact hockey-stick divergence of the T-fold product of (P, Q) for small T.)
 
     **RDP form**: ``steps`` times one round's record-level curve of privpipe.privacy.group, the smaller

@@ -13,7 +13,7 @@ which reduces to one dimension with S = 1:
 
     P = (1 − q)·N(0, z²) + q·N(1, z²),   Q = (1 − q)·N(0, z²) + q·N(−1, z²)
 
-(tests/test_record_level.py checks this against every pair on a grid of the disc, by 2-D
+(tests/library/privacy/test_record_level.py checks this against every pair on a grid of the disc, by 2-D
 quadrature). Its Rényi divergence D_α(P‖Q) = log ∫ p^α q^(1−α) / (α − 1) has no closed form; it is
 computed here by quadrature in log space, on a grid of step z/64 that covers where the integrand
 lives (its peak lies below 2α − 1; beyond 12 standard deviations it is below e^-72 of the peak),
