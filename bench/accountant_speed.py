@@ -46,7 +46,10 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import torch
 import yaml
@@ -70,7 +73,7 @@ def part_epsilon() -> list[dict]:
     import privpipe.privacy.ledger as ledger
     from privpipe.privacy import PoissonGaussianEvent, compute_epsilon
 
-    def direct(event, interval: float) -> float:
+    def direct(event: PoissonGaussianEvent, interval: float) -> float:
         accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=interval)
         accountant.compose(event.to_dp_event())
         return accountant.get_epsilon(DELTA)
@@ -120,7 +123,7 @@ def epsilon_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def clear_caches(ledger) -> None:
+def clear_caches(ledger: ModuleType) -> None:
     """Start cold: this privpipe's caches (an older one may have only ``_composed``, or none)."""
     import privpipe.privacy.group as group
 
@@ -167,7 +170,7 @@ def part_mnist() -> dict:
         sigma = book.calibrate(event, target_epsilon=3.0)
         book.record(event(sigma))
         marks = np.unique(np.linspace(1, steps, 20).round().astype(int))
-        epsilon_curve(lambda s: event(sigma, s), marks, delta=book.delta)
+        epsilon_curve(lambda s: event(sigma, s), marks.tolist(), delta=book.delta)
         spend = book.stage_epsilon("finetune")
         times.append(time.perf_counter() - start)
     row = {"sample_rate": rate, "steps": steps, "sigma": sigma, "epsilon": spend.epsilon,
@@ -183,9 +186,9 @@ class Stopwatch:
     def __init__(self) -> None:
         self.seconds, self.depth = 0.0, 0
 
-    def wrap(self, function):
+    def wrap(self, function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
-        def timed(*args, **kwargs):
+        def timed(*args: Any, **kwargs: Any) -> Any:
             self.depth += 1
             start = time.perf_counter()
             try:
@@ -198,7 +201,7 @@ class Stopwatch:
 
 
 @contextlib.contextmanager
-def project() -> Path:
+def project() -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix="accounting-"))
     (folder / "data/raw").mkdir(parents=True)
     shutil.copy(ROOT / "params.yaml", folder / "params.yaml")
@@ -217,6 +220,7 @@ def part_stage(mode: str) -> list[dict]:
     import tasks.finetune.stage as stage
     from privpipe.config import load_params
     from privpipe.privacy import Ledger
+    from tasks.common import Skipped
     from tasks.dp_pca import run_dp_pca
     from tasks.prepare import run_prepare
 
@@ -250,6 +254,8 @@ def part_stage(mode: str) -> list[dict]:
                 for name, function in originals.items():
                     setattr(Ledger, name, function)
                 setattr(curve_module, curve_name, original_curve)
+            if isinstance(out, Skipped):
+                raise RuntimeError(f"the finetune stage was skipped: {out.reason}")
             rows.append({"stage_s": wall, "accounting_s": watch.seconds, "share": watch.seconds / wall,
                          "noise_multiplier": out.noise_multiplier, "epsilon": out.epsilon})
             print(mode, rows[-1], flush=True)
@@ -263,7 +269,7 @@ def main() -> None:
                         help="epsilon: part 1 alone, to epsilon_speed{_label}.{md,json}")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    header = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "torch_threads": 1,
+    header: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "torch_threads": 1,
               "repeats": REPEATS}
     OUT.mkdir(parents=True, exist_ok=True)
     suffix = "_" + args.label if args.label else ""

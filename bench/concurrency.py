@@ -139,7 +139,7 @@ def erasure(work: Path) -> dict:
                             capture_output=True, text=True)
     forgotten_at = time.monotonic() - started
     # as a scheduler would: again while the run's head stage holds the removal lock (busy, exit 1)
-    attempts = []
+    attempts: list[float | str] = []
     while True:
         attempts.append(round(time.monotonic() - started, 1))
         removals = subprocess.run([sys.executable, "-m", "flows.cli", "removals"], cwd=folder, env=ENV,
@@ -163,6 +163,8 @@ def erasure(work: Path) -> dict:
     head, ids, meta = load_head(Path("artifacts/digits/head"))
     in_head = record in ids.tolist() and bool(head.active[ids.tolist().index(record)])
     last_head = heads[-1]
+    if last_head.run_id is None:
+        raise SystemExit(f"head version {last_head.version} has no run")
     manifest = json.loads(Path(client.download_artifacts(last_head.run_id, last_head.tags["privacy.record_manifest"],
                                                          str(work / "dl"))).read_text())
     head_sets = [u["name"] for u in manifest["uses"] if u["hashes"] and hashed in u["hashes"]]

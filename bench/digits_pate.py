@@ -40,11 +40,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench/out/pate/digits.json"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from protocol import Spread, spread_dict  # noqa: E402
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import Spread, spread_dict
+else:
+    from protocol import Spread, spread_dict
 
 DRAWS = 20  # vote-noise draws per partition and setting
 
@@ -114,9 +118,9 @@ def sweep(partitions: int) -> list[dict]:
                                                                     hidden_units=cfg.hidden_units, classes=10))
                 votes.append(predict_labels(train_classifier(network, train_x[mine], sensitive.labels[mine],
                                                              config=config, seed=1000 * p + k), query_x))
-            votes = np.stack(votes)
-            histograms.append(vote_histograms(votes, classes=10))
-            teacher_accuracy.append(float((votes == public.labels).mean()))
+            stacked = np.stack(votes)
+            histograms.append(vote_histograms(stacked, classes=10))
+            teacher_accuracy.append(float((stacked == public.labels).mean()))
             plurality.append(float((histograms[-1].argmax(axis=1) == public.labels).mean()))
         for sigma in sorted({teachers / 5, teachers / 3, teachers / 2, 40.0}):
             spec = make_aggregator("gnmax", teachers, 10, sigma=sigma)
@@ -151,6 +155,7 @@ def one_run(sigma: float | None, seed: int) -> dict:
     aggregate = {"mechanism": {"gnmax": {"sigma": sigma}}} if student else {}
     _in_project(_project(student={"enabled": student}, aggregate=aggregate, run={"seed": seed}))
     from privpipe.config import load_params
+    from tasks.common import Skipped
     from tasks.dp_pca import run_dp_pca
     from tasks.evaluate import run_evaluate
     from tasks.finetune.stage import run_finetune
@@ -170,10 +175,15 @@ def one_run(sigma: float | None, seed: int) -> dict:
     taught = run_student(params)
     tuned = run_finetune(params)
     result = run_evaluate(params)
-    row = {"student": student, "sigma": sigma, "seed": seed, "accuracy_test": result.accuracy_test,
-           "epsilon": result.epsilon, "finetune_noise_multiplier": tuned.noise_multiplier,
-           "seconds": time.perf_counter() - started}
+    if isinstance(tuned, Skipped):
+        raise RuntimeError(f"the finetune stage was skipped: {tuned.reason}")
+    row: dict[str, Any] = {"student": student, "sigma": sigma, "seed": seed,
+                           "accuracy_test": result.accuracy_test, "epsilon": result.epsilon,
+                           "finetune_noise_multiplier": tuned.noise_multiplier,
+                           "seconds": time.perf_counter() - started}
     if student:
+        if isinstance(aggregated, Skipped) or isinstance(taught, Skipped):
+            raise RuntimeError("PATE is on, yet its aggregate or student stage was skipped")
         row |= {"aggregate_epsilon": aggregated.epsilon, "analysis": aggregated.analysis,
                 "answered": aggregated.answered, "label_accuracy": aggregated.label_accuracy,
                 "student_accuracy_test": taught.accuracy_test}
@@ -181,7 +191,8 @@ def one_run(sigma: float | None, seed: int) -> dict:
     return row
 
 
-def _child(*args: str) -> list | dict:
+def _child(*args: str) -> Any:
+    """The child process's last line of output, as JSON."""
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode != 0:
@@ -229,7 +240,7 @@ def main() -> None:
                   f"| {r['epsilon_data_independent']:.3g} | {'yes' if r['data_dependent_can_win'] else 'no'} "
                   f"({r['epsilon_data_dependent_best_case']:.3g}) |", flush=True)
     if args.part in ("runs", "all"):
-        runs = []
+        runs: list[dict[str, Any]] = []
         variants = ("off", "40", "16.7")
         seeds = list(dict.fromkeys(args.seeds))
         for seed in seeds:

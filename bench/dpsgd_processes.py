@@ -28,7 +28,7 @@ OUT = ROOT / "bench/out/scale"
 SETTINGS = {"1 process, 1 thread": (1, 1), "1 process, 2 threads": (1, 2), "2 processes, 1 thread each": (2, 1)}
 
 
-def write_params(folder: Path, **sections: dict) -> None:
+def write_params(folder: Path, **sections: dict[str, object]) -> None:
     import yaml
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -52,6 +52,7 @@ def main() -> None:
     configure()
     from privpipe.config import load_params
     from tasks.dp_pca import run_dp_pca
+    from tasks.finetune.deployed import DpSgdModel
     from tasks.finetune.stage import run_finetune
     from tasks.prepare import run_prepare
 
@@ -67,6 +68,8 @@ def main() -> None:
             started = time.perf_counter()
             out = run_finetune(load_params("params.yaml"))
             seconds = time.perf_counter() - started
+            if not isinstance(out, DpSgdModel):
+                raise RuntimeError(f"the finetune stage did not train with DP-SGD: {out}")
             runs[name].append({"seconds": seconds, "epsilon": out.epsilon, "steps": out.steps,
                                "noise_multiplier": out.noise_multiplier})
             print(json.dumps({"setting": name, "repeat": repeat, **runs[name][-1]}), flush=True)
@@ -76,9 +79,9 @@ def main() -> None:
              f"time, {args.repeats} interleaved rounds, min / median / max. 2 shared cores.", "",
              "| setting | wall s | vs 1 process, 1 thread (medians) | ε | steps |", "|---|---|---|---|---|"]
     for name, values in runs.items():
-        seconds = [r["seconds"] for r in values]
-        lines.append(f"| {name} | {min(seconds):.1f} / {statistics.median(seconds):.1f} / {max(seconds):.1f} | "
-                     f"{base / statistics.median(seconds):.2f}× | {values[0]['epsilon']:.4f} | {values[0]['steps']} |")
+        walls = [r["seconds"] for r in values]
+        lines.append(f"| {name} | {min(walls):.1f} / {statistics.median(walls):.1f} / {max(walls):.1f} | "
+                     f"{base / statistics.median(walls):.2f}× | {values[0]['epsilon']:.4f} | {values[0]['steps']} |")
     lines += ["", f"Command: `.venv/bin/python bench/dpsgd_processes.py --repeats {args.repeats} "
               f"--epochs {args.epochs} --hidden {args.hidden}`."]
     OUT.mkdir(parents=True, exist_ok=True)

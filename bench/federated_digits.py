@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -43,13 +43,16 @@ from privpipe.privacy import Ledger
 from privpipe.privacy.events import event_from_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from protocol import private_selection_epsilon, spread
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import private_selection_epsilon, spread
+else:
+    from protocol import private_selection_epsilon, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench/out/federated"
 COMMAND = "make run && .venv/bin/python bench/federated_digits.py --seeds 0 1 2"
 PREPARED, VALIDATION_FRACTION, SPLIT_SEED = Path("data/prepared/digits"), 0.2, 0
-REFUSED = ("server noise, the text flow's defaults (K = 500)", {})
+REFUSED: tuple[str, dict[str, Any]] = ("server noise, the text flow's defaults (K = 500)", {})
 CLIENT = {"noise": "client", "local_learning_rate": 0.1, "server_learning_rate": 1.0}
 #: each row's candidates: the federated section's keys a candidate sets
 ROWS: dict[str, list[dict[str, Any]]] = {

@@ -72,7 +72,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -80,7 +80,10 @@ import yaml
 from privpipe.config import parse_params
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from protocol import spread
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import spread
+else:
+    from protocol import spread
 
 DEFAULT_OUT = Path("bench/out/federated")
 OUT = DEFAULT_OUT  # --out
@@ -97,7 +100,7 @@ VALIDATION_FRACTION, SPLIT_SEED = 0.2, 0
 #: the DP-FedAvg settings the text parts start from. Its local learning rate, batch size and clip norm are only
 #: --part base's first candidates (they date from --part try runs that printed test accuracy); the parts use what
 #: --part base chose on validation (results.json "base")
-TEXT_BASE = {
+TEXT_BASE: dict[str, dict[str, Any]] = {
     "privacy": {"epsilon_budget": 10.0, "delta": DELTA},
     "federated": {"rounds": 20, "sample_rate": 0.5, "local_epochs": 5, "local_batch_size": 16,
                   "local_learning_rate": 0.5, "clip_norm": 1.0, "server_learning_rate": 1.0,
@@ -106,7 +109,7 @@ TEXT_BASE = {
 }
 #: --part modes: what each (noise, K) fixes; CANDIDATES vary the rest. Server noise: q = 1, E = 5 (TEXT_BASE);
 #: client noise: each client's DP-SGD on lots of 16
-MODES = {
+MODES: dict[tuple[str, int], dict[str, Any]] = {
     ("server", 100): {"clients": 100, "sample_rate": 1.0},
     ("server", 500): {"clients": 500, "sample_rate": 1.0},
     ("client", 100): {"clients": 100, "sample_rate": 1.0, "min_records": 1, "noise": "client"},
@@ -114,20 +117,20 @@ MODES = {
 #: --part modes: the candidates chosen among on the validation split, per noise. The settings of the earlier
 #: single-seed table (then chosen on the test split) are among them: server K = 100 R5 η1, K = 500 R10 η3;
 #: client R5 E1
-CANDIDATES = {
+CANDIDATES: dict[str, list[dict[str, Any]]] = {
     "server": [{"rounds": r, "server_learning_rate": lr} for r in (5, 10, 20) for lr in (1.0, 3.0)],
     "client": [{"rounds": r, "local_epochs": e} for r in (5, 10) for e in (1, 2)],
 }
 #: --part base: the local settings chosen among on the validation split, per noise, TEXT_BASE's own values first
 #: (ties keep them). Client noise keeps TEXT_BASE's lots of 16 (MODES)
-BASE_GRID = {
+BASE_GRID: dict[str, list[dict[str, Any]]] = {
     "server": [{"local_learning_rate": lr, "local_batch_size": b, "clip_norm": s}
                for lr in (0.5, 0.25, 1.0) for b in (16, 32) for s in (1.0, 0.5)],
     "client": [{"local_learning_rate": lr, "clip_norm": s} for lr in (0.5, 0.25, 1.0) for s in (1.0, 0.5)],
 }
 #: --part base: where each noise's candidates run (the MODES entry, its rounds and step or epochs, ε): the setting
 #: --part modes chose for server noise at K = 500, ε = 3, and client noise's R5 E1 at K = 100
-BASE_AT = {
+BASE_AT: dict[str, tuple[tuple[str, int], dict[str, Any], float]] = {
     "server": (("server", 500), {"rounds": 10, "server_learning_rate": 3.0}, 3.0),
     "client": (("client", 100), {"rounds": 5, "local_epochs": 1}, 3.0),
 }
@@ -137,7 +140,7 @@ BASE_COMMAND = ".venv/bin/python bench/federated_text.py --part base"
 MODES_HEAD = {"text": {"head_init": "class_names"}}
 #: non-private baselines get more rounds (they cost nothing) at the same K, and choose their server step
 BASELINE_ROUNDS = 20
-BASELINE_CANDIDATES = {
+BASELINE_CANDIDATES: dict[str, list[dict[str, Any]]] = {
     "FedAvg": [{"server_learning_rate": 1.0}, {"server_learning_rate": 3.0}],
     "FedProx μ=0.1": [{"prox_mu": 0.1, "server_learning_rate": 1.0}, {"prox_mu": 0.1, "server_learning_rate": 3.0}],
     "FedAdam": [{"server_optimizer": "adam", "server_learning_rate": 0.03}],
@@ -368,7 +371,7 @@ def validate(base: dict, candidates: list[dict], splits: Splits, tag: str, seed:
     the best by validation accuracy (ties: the first listed). A candidate the ledger refuses is left out."""
     from privpipe.privacy import BudgetExceeded
 
-    tried = []
+    tried: list[dict[str, Any]] = []
     for i, setting in enumerate(candidates):
         try:
             row = run_text(merge(base, {"federated": setting}), splits, "validation", f"{tag}-c{i}", seed)
@@ -390,7 +393,10 @@ def private_choice(raw: dict, tried: list[dict]) -> float | None:
     """Client-level ε had the setting been chosen privately among the candidates (bench/protocol.py: the
     logarithmic selector, E[K] = the number of candidates, each run's candidate at random so the largest
     candidate's RDP counts), each candidate's run as it ran on the validation split (its z and rounds)."""
-    from protocol import private_selection_epsilon
+    if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+        from bench.protocol import private_selection_epsilon
+    else:
+        from protocol import private_selection_epsilon
 
     from privpipe.privacy import PoissonGaussianEvent
 
@@ -678,8 +684,8 @@ def part_lora(splits: Splits, seeds: list[int], results: dict, rounds: int, base
                        ("s/round (median)", "{seconds_per_round:.2f}"), ("trainable values", "{dim}")]))
 
 
-MNIST_FEDERATED = {"rounds": 20, "sample_rate": 0.5, "local_epochs": 1, "local_batch_size": 16,
-                   "local_learning_rate": 0.5, "clip_norm": 1.0, "min_records": 0}
+MNIST_FEDERATED: dict[str, Any] = {"rounds": 20, "sample_rate": 0.5, "local_epochs": 1, "local_batch_size": 16,
+                                   "local_learning_rate": 0.5, "clip_norm": 1.0, "min_records": 0}
 MNIST_SCALE = 8.0  # unit-norm pixel rows × 8, as the pipeline's front does for its MLP
 
 

@@ -87,7 +87,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -101,7 +101,11 @@ os.environ.update({"PREFECT_HOME": str(_STATE / "prefect"), "PREFECT_SERVER_ANAL
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
-from protocol import spread, spread_dict  # noqa: E402
+
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import spread, spread_dict
+else:
+    from protocol import spread, spread_dict
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from privpipe.config import Params, load_params  # noqa: E402
@@ -114,6 +118,7 @@ from privpipe.removal.features import feature_extractor, head_features, stored_r
 from tasks import paths  # noqa: E402
 from tasks.dp_pca import run_dp_pca  # noqa: E402
 from tasks.evaluate import accuracy as model_accuracy  # noqa: E402
+from tasks.finetune.deployed import DpSgdModel  # noqa: E402
 from tasks.finetune.stage import run_finetune  # noqa: E402
 from tasks.prepare import run_prepare  # noqa: E402
 from tasks.projection import load_projection  # noqa: E402
@@ -199,6 +204,8 @@ class Fold:
         start = time.perf_counter()
         projection = run_dp_pca(params, where=where)
         deployed = run_finetune(params, where=where)
+        if not isinstance(deployed, DpSgdModel):
+            raise RuntimeError(f"the finetune stage did not train with DP-SGD: {deployed}")
         model = load_released(where.finetune)
         self.params, self.train, self.evaluate = params, train, evaluate
         self.model_accuracy = model_accuracy(model, evaluate)
@@ -260,7 +267,8 @@ def count_removals(head: RemovableHead, *, seed: int) -> dict[str, Any]:
     cap = n - CAP_SLACK
     order = np.random.default_rng(np.random.SeedSequence([ORDER_STREAM, seed])).permutation(np.flatnonzero(
         head.active))
-    head._retrain = _refuse_retrain  # this head only
+    # this head only: mypy refuses assigning to a method; the instance attribute shadows it until the del below
+    head._retrain = _refuse_retrain  # type: ignore[method-assign]
     removals, stopped_by, kinds = 0, "cap", {"spectral": 0, "gram": 0, "rows": 0}
     try:
         for row in order[:cap]:
@@ -269,6 +277,8 @@ def count_removals(head: RemovableHead, *, seed: int) -> dict[str, Any]:
             except _StopAtRetrain:
                 stopped_by = "retrain"
                 break
+            if step is None:
+                raise RuntimeError(f"row {row} was not active")
             removals += 1
             kinds[step.certificate] += 1
     finally:
@@ -591,7 +601,7 @@ def markdown(r: dict[str, Any]) -> str:
                         f"best val. acc. with ≥ {r['rule']['scaled_goal_rows']} removals", "at"],
                        frontier(r)))
     lines += ["", f"## Screen (seed 0; DP model validation accuracy {100 * f0['dp_model_accuracy']:.2f} %)", ""]
-    twins = {}
+    twins: dict[tuple[str, float, float], list[int]] = {}
     for s in r["screen"]:
         if "removals" in s:
             twins.setdefault((s["features"], s["lam"], s["sigma"]), []).append(s["removals"])

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -141,7 +142,10 @@ def run_prepare(table: Path, checkout: Path | None, label: str) -> dict[str, flo
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"prepare failed ({label}):\n{done.stderr[-3000:]}")
-    rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
+    found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"prepare ({label}): no peak RSS in /usr/bin/time's output:\n{done.stderr[-3000:]}")
+    rss_kb = int(found.group(1))
     shutil.rmtree(folder, ignore_errors=True)
     return {"seconds": seconds, "peak_gb": rss_kb / 1e6}
 
@@ -160,7 +164,7 @@ def main() -> None:
     parser.add_argument("--name", default="ingest")
     args = parser.parse_args()
     started = time.perf_counter()
-    results = []
+    results: list[dict[str, Any]] = []
     sizes = args.images if args.images else args.rows
     for rows in [FIXED_ROWS, *sizes]:
         tables = {"png": write_images(rows)} if args.images else write_tables(rows, parquet=args.parquet)
@@ -170,9 +174,9 @@ def main() -> None:
                 runs["before"] = []
             for repeat in range(args.repeats):  # interleaved: before, after, before, after, ...
                 for which in runs:
-                    result = run_prepare(table, args.before if which == "before" else None, f"{which}-{rows}")
-                    runs[which].append(result)
-                    print(json.dumps({"rows": rows, "form": form, "which": which, "repeat": repeat, **result}),
+                    measured = run_prepare(table, args.before if which == "before" else None, f"{which}-{rows}")
+                    runs[which].append(measured)
+                    print(json.dumps({"rows": rows, "form": form, "which": which, "repeat": repeat, **measured}),
                           flush=True)
             size = sum(f.stat().st_size for f in table.rglob("*.png")) if table.is_dir() else table.stat().st_size
             results.append({"rows": rows, "form": form, "bytes": size, "runs": runs})
@@ -186,8 +190,8 @@ def main() -> None:
     fixed = {(r["form"], which): statistics.median(x["seconds"] for x in runs)
              for r in results if r["rows"] == FIXED_ROWS for which, runs in r["runs"].items()}
     for result in results:
-        for which, runs in result["runs"].items():
-            wall, peak = summary([r["seconds"] for r in runs]), summary([r["peak_gb"] for r in runs])
+        for which, timed in result["runs"].items():
+            wall, peak = summary([r["seconds"] for r in timed]), summary([r["peak_gb"] for r in timed])
             reader = f"before ({args.before})" if which == "before" else "after (this checkout)"
             past = (wall["median"] - fixed[(result["form"], which)]) / (result["rows"] - FIXED_ROWS) * 1e6 \
                 if result["rows"] > FIXED_ROWS else 0.0

@@ -53,6 +53,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
@@ -66,7 +67,10 @@ from privpipe.models import MNIST_IMAGE, front_layers, make_mlp, make_network, m
 from privpipe.privacy import Ledger, compute_epsilon
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from protocol import private_selection_epsilon, spread
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import private_selection_epsilon, spread
+else:
+    from protocol import private_selection_epsilon, spread
 
 DELTA = 1e-5
 OUT = Path(__file__).resolve().parent / "out" / "dpsgd" / "mnist_dpsgd.json"
@@ -101,12 +105,42 @@ class Config:
     ema_decay: float = 0.0  # release the moving average of the iterates (finetune.ema_decay)
 
 
+class SeedRecipe(TypedDict):
+    """The seed rows' shared fields (``Config(**SEED)``)."""
+
+    lot: int
+    clip: float
+    lr: float
+    lr_end: float
+    lr_schedule: str
+    input_scale: float
+
+
+class PixelRecipe(TypedDict):
+    """The pixel-CNN rows' shared fields."""
+
+    lot: int
+    clip: float
+    lr: float
+    lr_end: float
+    lr_schedule: str
+    momentum: float
+
+
+class FrontierRecipe(PixelRecipe):
+    """The frontier rows' shared fields."""
+
+    model: str
+    pca_sigma: float | None
+    epochs: int | None
+
+
 # the seed's model and noise; lots of 1200 at twice the paper's learning rates (0.2 → 0.1)
-SEED = dict(lot=1200, clip=4.0, lr=0.2, lr_end=0.1, lr_schedule="linear_then_constant", input_scale=10.0)
-SEED_LOT600 = {**SEED, "lot": 600, "lr": 0.1, "lr_end": 0.052}
-FRONTIER = dict(model="scatter-cnn", pca_sigma=None, epochs=40, lot=1024, clip=0.1, lr=1.0, lr_end=1.0,
-                lr_schedule="constant", momentum=0.9)
-PIXEL = dict(lot=512, clip=0.1, lr=1.0, lr_end=1.0, lr_schedule="constant", momentum=0.9)
+SEED = SeedRecipe(lot=1200, clip=4.0, lr=0.2, lr_end=0.1, lr_schedule="linear_then_constant", input_scale=10.0)
+SEED_LOT600: SeedRecipe = {**SEED, "lot": 600, "lr": 0.1, "lr_end": 0.052}
+FRONTIER = FrontierRecipe(model="scatter-cnn", pca_sigma=None, epochs=40, lot=1024, clip=0.1, lr=1.0, lr_end=1.0,
+                          lr_schedule="constant", momentum=0.9)
+PIXEL = PixelRecipe(lot=512, clip=0.1, lr=1.0, lr_end=1.0, lr_schedule="constant", momentum=0.9)
 CONFIGS = {
     # Abadi et al. 2016's three noise levels; paper: 90 / 95 / 97 % at ε 0.5 / 2 / 8
     "seed-large": Config(sigma=8, pca_sigma=16, target_epsilon=0.5, **SEED),
@@ -120,9 +154,9 @@ CONFIGS = {
     # the frontier: ScatterNet + CNN (Tramèr & Boneh 2021's recipe), 40 epochs, or 60
     "frontier-eps1": Config(target_epsilon=1.0, **FRONTIER),
     "frontier-eps3": Config(target_epsilon=3.0, **FRONTIER),
-    "frontier-eps1-60ep": Config(target_epsilon=1.0, **{**FRONTIER, "epochs": 60}),
-    "frontier-eps3-60ep": Config(target_epsilon=3.0, **{**FRONTIER, "epochs": 60}),
-    "frontier-nodp": Config(target_epsilon=None, **{**FRONTIER, "lot": 256, "lr": 0.05, "lr_end": 0.05}),
+    "frontier-eps1-60ep": Config(target_epsilon=1.0, **(FRONTIER | {"epochs": 60})),
+    "frontier-eps3-60ep": Config(target_epsilon=3.0, **(FRONTIER | {"epochs": 60})),
+    "frontier-nodp": Config(target_epsilon=None, **(FRONTIER | {"lot": 256, "lr": 0.05, "lr_end": 0.05})),
     # the end-to-end tanh CNN on raw pixels (finetune.model: cnn), for comparison
     "pixel-cnn-eps1": Config(model="cnn", pca_sigma=None, epochs=8, target_epsilon=1.0, **PIXEL),
     "pixel-cnn-eps1-15ep": Config(model="cnn", pca_sigma=None, epochs=15, target_epsilon=1.0, **PIXEL),
@@ -154,10 +188,14 @@ def pca_events(cfg: Config) -> list:
 
 def epochs_within(cfg: Config, n: int) -> int:
     """Largest epoch count (≤ max_epochs) whose total ε stays ≤ the config's target (bisection)."""
+    sigma, target = cfg.sigma, cfg.target_epsilon
+    if sigma is None or target is None:
+        raise ValueError(f"{cfg}: the epochs within a target ε need a fixed σ and a target")
+
     def fits(epochs: int) -> bool:
         schedule = dpsgd_schedule(n=n, lot_size=cfg.lot, epochs=epochs)
-        events = [*pca_events(cfg), schedule.event(noise_multiplier=cfg.sigma)]
-        return compute_epsilon(events, delta=DELTA).epsilon <= cfg.target_epsilon
+        events = [*pca_events(cfg), schedule.event(noise_multiplier=sigma)]
+        return compute_epsilon(events, delta=DELTA).epsilon <= target
 
     lo, hi = 0, cfg.max_epochs + 1  # fits(lo) (or lo = 0), not fits(hi)
     if fits(cfg.max_epochs):
@@ -171,12 +209,19 @@ def epochs_within(cfg: Config, n: int) -> int:
 def plan(cfg: Config, n: int) -> tuple[float | None, int]:
     """(σ, epochs) for the config: one is fixed, the other found for the target ε (σ None: no DP)."""
     if cfg.target_epsilon is None:
-        return None, cfg.epochs
+        return None, _fixed_epochs(cfg)
     if cfg.sigma is not None:
         return cfg.sigma, epochs_within(cfg, n)
-    schedule = dpsgd_schedule(n=n, lot_size=cfg.lot, epochs=cfg.epochs)
+    epochs = _fixed_epochs(cfg)
+    schedule = dpsgd_schedule(n=n, lot_size=cfg.lot, epochs=epochs)
     ledger = Ledger(epsilon_budget=cfg.target_epsilon, delta=DELTA, events=pca_events(cfg))
-    return ledger.calibrate(lambda s: schedule.event(noise_multiplier=s), target_epsilon=cfg.target_epsilon), cfg.epochs
+    return ledger.calibrate(lambda s: schedule.event(noise_multiplier=s), target_epsilon=cfg.target_epsilon), epochs
+
+
+def _fixed_epochs(cfg: Config) -> int:
+    if cfg.epochs is None:
+        raise ValueError(f"{cfg}: neither σ nor epochs is fixed")
+    return cfg.epochs
 
 
 def exact_pca(features: np.ndarray, components: int) -> np.ndarray:
@@ -208,14 +253,16 @@ def build(cfg: Config, train_x: np.ndarray, seed: int) -> tuple[torch.nn.Module,
     """(front, network, projection) for the config; the front is fixed (no trainable parameters)."""
     torch.manual_seed(seed)
     if cfg.model == "scatter-cnn":
-        front = ScatterNet(28, 2)
-        return front, make_scatter_cnn(front.maps, 10, channels=cfg.channels), None
+        scatter = ScatterNet(28, 2)
+        return scatter, make_scatter_cnn(scatter.maps, 10, channels=cfg.channels), None
     if cfg.model == "cnn":
         return torch.nn.Sequential(*front_layers("cnn", None, input_scale=1.0, image=MNIST_IMAGE)), make_network(
             "cnn", in_features=784, hidden_units=[], classes=10, image=MNIST_IMAGE), None
     if cfg.target_epsilon is None:
         projection = exact_pca(train_x, cfg.components)
     else:
+        if cfg.pca_sigma is None:
+            raise ValueError(f"{cfg}: a private model on PCA features needs pca_sigma")
         projection = dp_pca(train_x, components=cfg.components, noise_multiplier=cfg.pca_sigma,
                             rng=np.random.default_rng(seed))
     front = torch.nn.Sequential(*front_layers("mlp", projection, input_scale=cfg.input_scale))

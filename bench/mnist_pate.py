@@ -31,6 +31,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -49,7 +50,10 @@ from privpipe.pate.teachers import TeacherConfig, predict_labels, train_classifi
 from privpipe.privacy import RDP_ORDERS, NoiseSource, compute_epsilon
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from protocol import spread
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import spread
+else:
+    from protocol import spread
 
 DELTA = 1e-5
 TEACHERS = 250

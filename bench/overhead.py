@@ -53,7 +53,10 @@ def stage_seconds(folder: Path) -> dict[str, float]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("privpipe").experiment_id
+    found = client.get_experiment_by_name("privpipe")
+    if found is None:
+        raise SystemExit(f"no privpipe experiment in {folder / 'mlflow.db'}")
+    experiment = found.experiment_id
     (parent,) = client.search_runs([experiment], filter_string="tags.`privpipe.flow` = 'pipeline'",
                                    order_by=["attributes.start_time DESC"], max_results=1)
     children = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
@@ -91,6 +94,8 @@ def phases(log: str, *, started: float, wall: float) -> dict[str, float]:
     server, flow = at("Starting temporary server"), at("Beginning flow run")
     finished = at(r"Flow run '[^']*' - Finished in state")
     first = server if server is not None else flow
+    if first is None or flow is None or finished is None:
+        raise SystemExit(f"the run's Prefect log lines are missing:\n{log[-2000:]}")
     return {"start_up_s": first, "prefect_server_s": (flow - server) if server is not None else 0.0,
             "flow_s": finished - flow, "exit_s": wall - finished}
 

@@ -73,10 +73,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from protocol import spread_dict as spread
+
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import spread_dict as spread
+    from privpipe.data import Records
+else:
+    from protocol import spread_dict as spread
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -103,7 +108,10 @@ def _load_iris() -> Any:
 
 def iris() -> Any:
     """scikit-learn's iris as bench/own_data_tabular.py's DataSet (150 rows, 4 columns, 3 species)."""
-    from own_data_tabular import DataSet
+    if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+        from bench.own_data_tabular import DataSet
+    else:
+        from own_data_tabular import DataSet
 
     return DataSet("iris", "iris", "garden/irises.csv", "flower_id", "I", "species", _load_iris)
 
@@ -131,7 +139,10 @@ def test_file(spec: Any) -> str:
 
 def write_table(folder: Path, spec: Any, data: Any, *, with_test: bool) -> None:
     """The training file (every row outside the lockbox) and, ``with_test``, the lockbox as its test file."""
-    from own_data_tabular import write_csv
+    if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+        from bench.own_data_tabular import write_csv
+    else:
+        from own_data_tabular import write_csv
 
     held = lockbox(spec, data)
     write_csv(folder / spec.file, spec, data, keep={f"{spec.id_prefix}{i:04d}" for i in range(len(data.target))} - held)
@@ -167,8 +178,8 @@ def write_mnist_folders() -> tuple[Path, Path]:
             ink_colour, ground = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
         pixels = ink * ink_colour + (1 - ink) * ground + rng.normal(0, 8, (28, 28, 3))
         side = int(rng.integers(28, 45))
-        Image.fromarray(pixels.clip(0, 255).astype(np.uint8), "RGB").resize((side, side), Image.BILINEAR).save(
-            jpegs / str(labels[i]) / f"{i:05d}.jpg", quality=90)
+        Image.fromarray(pixels.clip(0, 255).astype(np.uint8), "RGB").resize(
+            (side, side), Image.Resampling.BILINEAR).save(jpegs / str(labels[i]) / f"{i:05d}.jpg", quality=90)
     (pngs / ".done").touch()
     (jpegs / ".done").touch()
     return pngs, jpegs
@@ -215,7 +226,7 @@ def run_project(folder: Path) -> dict[str, Any]:
             "selected": history.get("selection")}
 
 
-def _prepared(folder: Path, name: str):
+def _prepared(folder: Path, name: str) -> Records:
     from privpipe.data import Records
 
     return Records.load(next((folder / "data/prepared").iterdir()) / name)
@@ -237,7 +248,10 @@ def table_baseline(folder: Path, data: Any, prefix: str) -> float:
 def image_baseline(folder: Path, *, seed: int, epochs: int) -> float:
     """The released model's architecture (ScatterNet front and CNN) with fresh weights, trained without noise
     (bench/own_data_images.py's plain SGD), on the same training images, scored on the same test images."""
-    from own_data_images import nonprivate
+    if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+        from bench.own_data_images import nonprivate
+    else:
+        from own_data_images import nonprivate
 
     return nonprivate(folder, seeds=[seed], epochs=epochs)[0]
 
@@ -258,7 +272,10 @@ def _pixels(results: list[dict[str, Any]]) -> str:
 
 
 def cases(part: str) -> list[dict[str, Any]]:
-    from own_data_tabular import DATA_SETS
+    if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+        from bench.own_data_tabular import DATA_SETS
+    else:
+        from own_data_tabular import DATA_SETS
 
     out = []
     if part in ("all", "tables"):

@@ -72,10 +72,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from protocol import spread_dict as spread
+
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import spread_dict as spread
+    from tasks.paths import DatasetPaths
+else:
+    from protocol import spread_dict as spread
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench/out/own_data"
@@ -110,13 +115,13 @@ SVHN_GRID: list[tuple[str, str, dict[str, Any]]] = [
     ("scatter-cnn lr1 e20", "scatternet", {"epochs": 20, "lot_size": 512, "learning_rate": 1.0, "max_grad_norm": 0.1,
                                            "momentum": 0.9}),
 ]
-PLAIN = {"batch_size": 256, "learning_rate": 0.05, "momentum": 0.9}  # the non-private counterpart's SGD
+PLAIN: dict[str, Any] = {"batch_size": 256, "learning_rate": 0.05, "momentum": 0.9}  # the non-private counterpart's SGD
 
 
 # --- data ----------------------------------------------------------------------------------------------------
 
 
-def _where(folder: Path):
+def _where(folder: Path) -> DatasetPaths:
     """The folders of the dataset the project in ``folder`` runs on (its params.yaml names it)."""
     from privpipe.config import load_params
     from tasks import paths
@@ -336,7 +341,7 @@ def part_mnist(seeds: list[int], root: Path) -> dict[str, Any]:
     clock = time.perf_counter()
     pngs = mnist_pngs(mnist)
     png_seconds = time.perf_counter() - clock
-    paths = {
+    paths: dict[str, dict[str, Any]] = {
         "A": {"dataset": "mnist", "path": str(mnist), "public_path": str(pngs / "public")},
         "B": {"dataset": "imagefolder", "path": str(pngs / "train"), "test_path": str(pngs / "test"),
               "public_path": str(pngs / "public"), "channels": 1},

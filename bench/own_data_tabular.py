@@ -79,10 +79,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from protocol import spread_dict as spread
+
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import spread_dict as spread
+    from tasks.paths import DatasetPaths
+else:
+    from protocol import spread_dict as spread
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench/out/own_data"
@@ -112,7 +117,7 @@ class DataSet:
 
 
 
-def _where(folder: Path):
+def _where(folder: Path) -> DatasetPaths:
     """The folders of the dataset the project in ``folder`` runs on (its params.yaml names it)."""
     from privpipe.config import load_params
     from tasks import paths
@@ -314,7 +319,7 @@ def bench(seeds: list[int], root: Path) -> tuple[list[dict], list[dict]]:
                                                               "sizes", "seconds")}})
         # each seed's recipe from its own validation project only (ties: grid order): a seed's test rows are
         # other seeds' non-test rows, so a choice pooled over seeds would read them
-        picks = {seed: max(range(len(grid)), key=lambda k, i=i: (scores[k][i], -k)) for i, seed in enumerate(seeds)}
+        picks = {seed: max(range(len(grid)), key=lambda k: (scores[k][i], -k)) for i, seed in enumerate(seeds)}
         for seed in seeds:
             chosen = grid[picks[seed]]
             figures = run_pipeline(outer[seed], spec, schema, seed=seed, epsilon=epsilon, recipe=chosen)
@@ -378,7 +383,10 @@ def private_choice(runs: list[dict], name: str, epsilon: float) -> float:
     """ε had each seed's recipe been chosen privately among the grid on its validation rows (``finetune.recipe:
     auto``'s selection, bench/protocol.py): every candidate's run as it ran on the validation project (its σ,
     lot, epochs, training rows); the largest over seeds."""
-    from protocol import private_selection_epsilon
+    if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+        from bench.protocol import private_selection_epsilon
+    else:
+        from protocol import private_selection_epsilon
 
     from privpipe.dpsgd import dpsgd_schedule
 

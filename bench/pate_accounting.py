@@ -23,9 +23,12 @@ Prints the tables and writes bench/out/pate/accounting.txt.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from privpipe.data import load_mnist  # noqa: E402
-from privpipe.pate.aggregators import Aggregator, make_aggregator  # noqa: E402
+from privpipe.pate.aggregators import Aggregator, ConfidentGNMax, GNMax, LNMax, make_aggregator  # noqa: E402
 from privpipe.pate.analysis import (  # noqa: E402
     choose_analysis,
     data_independent_events,
@@ -46,7 +49,10 @@ from privpipe.pate.teachers import vote_histograms  # noqa: E402
 from privpipe.privacy import NoiseSource, compute_epsilon  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from protocol import spread  # noqa: E402
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import spread
+else:
+    from protocol import spread
 
 DELTA = 1e-5
 CONFIDENT = make_aggregator("confident_gnmax", 250, 10, threshold=200.0, sigma1=150.0, sigma2=40.0)
@@ -66,19 +72,21 @@ def _epsilon(events: list) -> float:
     return compute_epsilon(events, delta=DELTA).epsilon
 
 
-def reference_epsilon(core, spec: Aggregator, counts: np.ndarray, answered: np.ndarray) -> float:
+def reference_epsilon(core: ModuleType, spec: Aggregator, counts: np.ndarray, answered: np.ndarray) -> float:
     """What research/pate_2018 reports: per-query RDP summed (argmax on answered queries only), no release."""
     orders = np.concatenate((np.arange(2, 100 + 1, .5), np.logspace(np.log10(100), np.log10(500), num=100)))
     rdp = np.zeros(len(orders))
     for votes, was_answered in zip(counts.astype(float), answered):
-        if spec.mechanism == "lnmax":
+        if isinstance(spec, LNMax):
             rdp += core.rdp_pure_eps(core.compute_logq_laplace(votes, 1 / spec.gamma), 2 * spec.gamma, orders)
             continue
-        if spec.mechanism == "confident_gnmax":
+        if isinstance(spec, ConfidentGNMax):
             log_pr = core.compute_logpr_answered(spec.threshold, spec.sigma1, votes)
             rdp += core.compute_rdp_threshold(log_pr, spec.sigma1, orders)
             if not was_answered:
                 continue
+        if not isinstance(spec, (GNMax, ConfidentGNMax)):
+            raise TypeError(f"no reference analysis of {spec.mechanism}")
         rdp += core.rdp_gaussian(core.compute_logq_gaussian(votes, spec.argmax_sigma), spec.argmax_sigma, orders)
     return float(core.compute_eps_from_delta(orders, rdp, DELTA)[0])
 
@@ -91,11 +99,12 @@ def main() -> None:
     parser.add_argument("--reference", type=Path, help="tensorflow/privacy's research/pate_2018 folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="draws of the vote noise")
     args = parser.parse_args()
-    core = reference_ss = None
+    core: ModuleType | None = None
+    reference_ss: ModuleType | None = None
     if args.reference:
         sys.path.insert(0, str(args.reference))
-        import core  # the reference module
-        import smooth_sensitivity as reference_ss  # the reference module
+        core = importlib.import_module("core")  # the reference module
+        reference_ss = importlib.import_module("smooth_sensitivity")  # the reference module
     histograms = vote_histograms(np.load(args.votes), classes=10)
     truth = load_mnist(args.mnist)["test"].labels[:len(histograms)]
     lines = ["| aggregator | queries | answered | label acc. | ε data-indep. (PLD) | ε sanitised data-dep. "
@@ -133,7 +142,7 @@ def main() -> None:
                      f"| {independent:.3f} | {spread(draws['sanitised']).brief(3)} | {choice.analysis} | {reference} "
                      f"| {filtered} |")
         print(lines[-1] if len(lines) > 3 else "\n".join(lines), flush=True)
-        if spec.mechanism == "gnmax":
+        if isinstance(spec, GNMax):
             ours = local_sensitivity_by_distance(spec, counts, order=RELEASE["order"])
             theirs = None
             if reference_ss:

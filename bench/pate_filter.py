@@ -36,6 +36,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -44,8 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import mnist_pate  # noqa: E402  (the same teachers, student network and recipe)
-from protocol import spread  # noqa: E402
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    import bench.mnist_pate as mnist_pate
+    from bench.protocol import spread
+else:
+    import mnist_pate
+    from protocol import spread
 
 from privpipe.data import Records  # noqa: E402
 from privpipe.pate.aggregators import Aggregator, make_aggregator  # noqa: E402

@@ -41,12 +41,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from protocol import spread  # noqa: E402
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import spread
+else:
+    from protocol import spread
 
 STAGE_LINE = re.compile(r"Task run '[^']+' - (?!Finished in state)")
 PEAK = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
@@ -196,8 +200,8 @@ def _seeds_table(runs: list[tuple[int, dict[str, float], float]], commit: str, *
              f"run` of {what} in a scratch copy of the project's working tree at commit {commit}, "
              f"{date.today().isoformat()}): mean ± sample std [min, max]",
              "seed  " + "  ".join(f"{c:>8}" for c, _ in columns) + "    wall s"]
-    for seed, figures, seconds in runs:
-        lines.append(f"{seed:<4}  " + "  ".join(f"{figures[c]:>8.4f}" if c in figures else f"{'–':>8}"
+    for seed, found, seconds in runs:
+        lines.append(f"{seed:<4}  " + "  ".join(f"{found[c]:>8.4f}" if c in found else f"{'–':>8}"
                                                for c, _ in columns) + f"  {seconds:8.1f}")
     width = max(len(label) for _, label in columns)
     for c, label in columns:

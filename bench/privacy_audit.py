@@ -42,15 +42,20 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mnist_dpsgd
-from protocol import spread
-from removal import head_rows
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    import bench.mnist_dpsgd as mnist_dpsgd
+    from bench.protocol import spread
+    from bench.removal import head_rows
+else:
+    import mnist_dpsgd
+    from protocol import spread
+    from removal import head_rows
 
 from privpipe.models import ModelSpec, TrainingConfig, make_network, released_model, train_classifier
 from privpipe.privacy import NoiseSource, compute_epsilon
@@ -168,6 +173,8 @@ def removal(data: dict, seed: int) -> dict[str, Any]:
 
     before = attack(removed)
     step = head.remove(removed.tolist(), noise=NoiseSource(seed=seed + 2, secure=False))
+    if step is None:
+        raise RuntimeError("none of the removed rows was active")
     after, kept_after = attack(removed), attack(kept)
     return {"model": REMOVAL, "mechanism": step.mechanism, "accuracy_test": float((head.predict(Xt) == yt).mean()),
             "budget_used": head.used_total, "budget": head.budget, "retrains": head.retrains,

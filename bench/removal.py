@@ -60,7 +60,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -76,7 +76,10 @@ from privpipe.removal.features import feature_extractor, head_features, stored_r
 from privpipe.removal.logistic import fit_perturbed  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from protocol import spread  # noqa: E402
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import spread
+else:
+    from protocol import spread
 
 EPSILON, DELTA = 1.0, 1e-4
 PCA_COMPONENTS, PCA_EPSILON, PCA_DELTA = 50, 0.5, 1e-5
@@ -99,12 +102,17 @@ def dp_model_features(args: argparse.Namespace, mnist: dict, seed: int) -> dict[
     files = [cache / f"dp_model_seed{seed}_{split}.npy" for split in ("train", "test")]
     info_file = cache / f"dp_model_seed{seed}.json"
     if not all(f.exists() for f in files) or not info_file.exists():
-        import mnist_dpsgd  # (bench/ is on the path: see the imports)
+        if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+            import bench.mnist_dpsgd as mnist_dpsgd
+        else:
+            import mnist_dpsgd  # (bench/ is on the path: see the imports)
         import torch
 
         torch.set_num_threads(args.threads)
         print(f"training the ScatterNet CNN at ε = 1 (bench/mnist_dpsgd.py frontier-eps1), seed {seed} …", flush=True)
         trained = mnist_dpsgd.train(mnist_dpsgd.CONFIGS["frontier-eps1"], mnist, seed=seed)
+        if trained is None:
+            raise SystemExit("frontier-eps1: DP-PCA alone exceeds its ε")
         front, network = trained["model"][0], trained["model"][1]
         penultimate = torch.nn.Sequential(front, *list(network.children())[:-1]).eval()
         cache.mkdir(parents=True, exist_ok=True)
@@ -179,7 +187,8 @@ def count_removals(head: RemovableHead, *, cap: int, seed: int = 1, check_every:
     """Remove random rows one per call until a call would retrain (intercepted: the head keeps its last
     Newton update) or ``cap``; optionally check the bound against the exact residual as it goes."""
     order = np.random.default_rng(seed).permutation(np.flatnonzero(head.active))
-    head._retrain = _refuse_retrain  # this head only
+    # this head only: mypy refuses assigning to a method; the instance attribute shadows it until the del below
+    head._retrain = _refuse_retrain  # type: ignore[method-assign]
     certificates = {"spectral": 0, "gram": 0, "rows": 0}
     removals, stopped_by, checks, start = 0, "cap", [], time.perf_counter()
     try:
@@ -192,6 +201,8 @@ def count_removals(head: RemovableHead, *, cap: int, seed: int = 1, check_every:
                 head.active[int(row)] = True
                 stopped_by = "retrain"
                 break
+            if step is None:
+                raise RuntimeError(f"row {row} was not active")
             removals += 1
             certificates[step.certificate] += 1
             if check_every and removals % check_every == 0:

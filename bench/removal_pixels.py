@@ -40,7 +40,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from bench.busy import host  # noqa: E402
 from privpipe.data import load_mnist  # noqa: E402
 from privpipe.privacy import NoiseSource  # noqa: E402
-from privpipe.removal import RemovableHead, RemovalGuarantee  # noqa: E402
+from privpipe.removal import RemovableHead, RemovalGuarantee, RemovalStep  # noqa: E402
 from privpipe.removal.features import feature_extractor, head_features, stored_rows  # noqa: E402
 from privpipe.removal.logistic import gradient, objective  # noqa: E402
 
@@ -82,7 +84,7 @@ def fresh_head(X: np.ndarray, y: np.ndarray, refresh_every: int) -> RemovableHea
                                noise=NoiseSource(seed=0, secure=False))
 
 
-def timed(run) -> float:
+def timed(run: Callable[[], object]) -> float:
     start = time.perf_counter()
     run()
     return time.perf_counter() - start
@@ -129,11 +131,11 @@ def _measure(args: argparse.Namespace) -> None:
             reads.append(timed(lambda: X[row] @ inverse))
         run_head = fresh_head(X, y, args.refresh_every).prepare()
         order = np.random.default_rng(11).permutation(len(y))[:100]
-        steps = []
+        steps: list[RemovalStep | None] = []
         hundred = timed(lambda: steps.extend(run_head.remove([int(r)], noise=noise) for r in order))
     retrain_median = statistics.median(retrains)
     run_ref = run_head._reference()
-    figures = {
+    figures: dict[str, Any] = {
         "setting": {"busy": args.busy, "digits": [3, 8], "n": len(y), "d": X.shape[1], "lam": LAM, "sigma": SIGMA,
                     "epsilon": EPSILON,
                     "delta": DELTA, "refresh_every": args.refresh_every, "repeats": args.repeats,

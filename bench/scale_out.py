@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -61,11 +62,12 @@ def main() -> None:
     from flows.pipeline import _teachers
     from flows.runner import mapping_runner
     from privpipe.config import load_params
+    from tasks.common import Skipped
     from tasks.dp_pca import run_dp_pca
     from tasks.pate.partition import run_partition
     from tasks.prepare import run_prepare
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     runners = (("threads", 2), ("dask", 1), ("dask", 2))
     for repeat in range(args.repeats):  # interleaved: each runner once a round
         for kind, workers in runners:
@@ -76,15 +78,22 @@ def main() -> None:
             params = load_params("params.yaml")
             if not rows:  # the teachers' inputs, once
                 prepared = run_prepare(params)
-                shards = run_partition(params)
+                partition = run_partition(params)
+                if isinstance(partition, Skipped):
+                    raise SystemExit(f"partition was skipped: {partition.reason}")
+                shards = partition
                 projection = run_dp_pca(params)
-            timing = {}
+            timing: dict[str, float] = {}
 
             @flow(name="bench-teachers")
             def teachers_only() -> None:
                 start = time.perf_counter()
                 with mapping_runner(params) as runner:
                     if kind == "dask":
+                        from prefect_dask import DaskTaskRunner  # imported already: mapping_runner made one
+
+                        if not isinstance(runner, DaskTaskRunner):
+                            raise SystemExit(f"runner.kind dask made a {type(runner).__name__}")
                         runner.client.wait_for_workers(workers)
                     timing["startup_s"] = time.perf_counter() - start
                     begin = time.perf_counter()

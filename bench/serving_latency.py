@@ -29,6 +29,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +68,7 @@ def _wait(port: int, server: subprocess.Popen) -> None:
             time.sleep(0.5)
 
 
-def _seconds_per_row(call, rows: int, calls: int) -> float:
+def _seconds_per_row(call: Callable[[], object], rows: int, calls: int) -> float:
     times = []
     for _ in range(calls):
         start = time.perf_counter()

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -34,7 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench/out/pate"
 RATES = (0.001, 1e36)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from protocol import spread, spread_dict  # noqa: E402
+if TYPE_CHECKING:  # mypy names bench/'s modules bench.*; run as a script, bench/ is on sys.path
+    from bench.protocol import spread, spread_dict
+else:
+    from protocol import spread, spread_dict
 
 
 def run_once(rate: float, source: Path, seed: int = 0) -> dict:
@@ -68,12 +72,19 @@ def run_once(rate: float, source: Path, seed: int = 0) -> dict:
                     "model_saved": False}
         for stage in (run_prepare, run_partition, run_dp_pca, run_teachers, run_aggregate):
             stage(params)
-        trained = []  # the curve as training logged it, whether or not the stage then saved anything
+        # the curve as training logged it, whether or not the stage then saved anything (Any: what
+        # train_student returns differs between the checkouts this runs against)
+        trained: list[Any] = []
         original = student_stage.train_student
-        student_stage.train_student = lambda *a, **k: trained.append(original(*a, **k)) or trained[-1]
+
+        def recording(*a: Any, **k: Any) -> Any:
+            trained.append(original(*a, **k))
+            return trained[-1]
+
+        student_stage.train_student = recording
         start = time.perf_counter()
         try:
-            out = run_student(params)
+            out: Any = run_student(params)  # a dict at 0094349, a StudentModel since
             accuracy = out["accuracy_test"] if isinstance(out, dict) else out.accuracy_test  # 0094349: a dict
             outcome = {"saved": True, "accuracy_test": accuracy}
         except Exception as exc:  # the refusal is the figure here
@@ -159,8 +170,8 @@ def main() -> None:
         if saved:
             row["accuracy_test_spread"] = spread_dict(saved)
         runs.append(row)
-    report = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "source": str(source), "torch_threads": 1,
-              "seeds": seeds, "runs": runs}
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "source": str(source),
+                              "torch_threads": 1, "seeds": seeds, "runs": runs}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"student_loss_{args.label}.json").write_text(json.dumps(report, indent=2) + "\n")
     for row in report["runs"]:
@@ -169,4 +180,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
