@@ -54,7 +54,7 @@ ui: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/epoch_time.py
 	$(BIN)/python bench/accountant_speed.py
-	$(BIN)/python bench/mnist_dpsgd.py --config all
+	$(BIN)/python bench/mnist_dpsgd.py --rows all
 
 clean:
 	rm -rf artifacts data/prepared mlflow.db mlartifacts .prefect .site
