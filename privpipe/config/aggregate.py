@@ -21,17 +21,11 @@ from typing import ClassVar
 
 from privpipe.config.choices import Choice, Variant, fixed
 from privpipe.config.errors import require
-from privpipe.config.privacy import PrivacyConfig
+from privpipe.config.privacy import RDP_ORDERS, PrivacyConfig
 from privpipe.config.ranges import MAX_COUNT, MAX_EPSILON, MAX_SCALE, Range, above, at_least, check_ranges, fraction
 
 __all__ = ["AggregateConfig", "AggregatorSpec", "LNMaxSpec", "GNMaxSpec", "ConfidentGNMaxSpec", "AGGREGATORS",
-           "AnalysisSpec", "FilterSpec", "ANALYSES", "LEDGER_RDP_ORDERS", "check"]
-
-#: The RDP orders the privacy ledger composes at: dp_accounting's DEFAULT_RDP_ORDERS, as floats, exactly as
-#: privpipe.privacy.RDP_ORDERS builds them. Written out so that checking params does not import torch
-#: (privpipe.privacy does); tests/library/config/test_config.py fails if the two ever differ.
-LEDGER_RDP_ORDERS: tuple[float, ...] = tuple(
-    float(a) for a in [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024])
+           "AnalysisSpec", "FilterSpec", "ANALYSES", "check"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,8 +162,8 @@ def check(aggregate: AggregateConfig, *, privacy: PrivacyConfig) -> None:
             f"{aggregate.analysis.tag} needs Gaussian noise on every step ({' or '.join(gaussian)}), "
             f"not {aggregate.mechanism.tag}")
     aggregate.analysis.check("aggregate.analysis")
-    require(aggregate.rdp_order in LEDGER_RDP_ORDERS, "aggregate.rdp_order",
-            f"must be one of the ledger's RDP orders ({', '.join(f'{a:g}' for a in LEDGER_RDP_ORDERS)})")
+    require(aggregate.rdp_order in RDP_ORDERS, "aggregate.rdp_order",
+            f"must be one of the ledger's RDP orders ({', '.join(f'{a:g}' for a in RDP_ORDERS)})")
     beta_bound = 1 / (2 * aggregate.rdp_order)
     require(0 < aggregate.ss_beta < beta_bound, "aggregate.ss_beta",
             f"must be in (0, 1/(2·rdp_order)) = (0, {beta_bound:.4g}) for the smooth-sensitivity release")

@@ -13,6 +13,12 @@ from privpipe.config.choices import Choice, Variant, fixed
 from privpipe.config.errors import require
 from privpipe.config.ranges import MAX_EPSILON, Range, above, fraction
 
+#: The RDP orders the ledger evaluates every event at (custom curves must use these): dp_accounting's
+#: DEFAULT_RDP_ORDERS, as floats, written here so that checking aggregate.rdp_order imports no numerics;
+#: tests/library/config/test_config.py holds it to dp_accounting's list
+RDP_ORDERS: tuple[float, ...] = tuple(
+    float(a) for a in [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024])
+
 
 @dataclass(frozen=True, kw_only=True)
 class AccountantVariant(Variant):

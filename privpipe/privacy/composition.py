@@ -19,6 +19,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from numpy.typing import NDArray
 from scipy import optimize
 
+from privpipe.config.privacy import RDP_ORDERS
 from privpipe.privacy.events import Event, RdpCurveEvent
 from privpipe.privacy.quiet import quiet_rdp_warnings
 
@@ -26,8 +27,6 @@ __all__ = ["Spend", "RDP_ORDERS", "SEARCH_ORDERS", "PLD_MAX_STEPS", "SPLIT_DELTA
            "pld_at", "saddle_point", "refined_pld", "refined_pld_epsilon", "pld_epsilon_at", "orders_near",
            "split_candidates", "composed_steps", "classic_rdp_epsilon", "clear_caches"]
 
-#: The RDP orders every event is evaluated at; custom curves must use these.
-RDP_ORDERS: tuple[float, ...] = tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 #: the orders the σ search brackets with before its PLD steps: a quarter of RDP_ORDERS' time; an ε within
 #: about 0.1 % of theirs at moderate ε, far looser at large ε (no orders below 2), an upper bound always.
 #: Only the search's start and the PLD grid's span come from it, never a reported figure.

@@ -15,7 +15,7 @@ import yaml
 
 from conftest import PROJECT
 from privpipe.config import ConfigError, Params, load_params, parse_params
-from privpipe.config.aggregate import AGGREGATORS, ANALYSES, LEDGER_RDP_ORDERS
+from privpipe.config.aggregate import AGGREGATORS, ANALYSES
 from privpipe.config.cron import is_cron
 from privpipe.privacy import RDP_ORDERS
 
@@ -261,8 +261,11 @@ def test_the_first_error_reported_follows_the_order_of_the_checks(edits, message
     assert str(error.value) == message
 
 
-def test_the_rdp_orders_config_accepts_are_the_ledgers():
-    assert LEDGER_RDP_ORDERS == RDP_ORDERS
+def test_the_ledgers_rdp_orders_are_dp_accountings_defaults():
+    # written out in privpipe/config/privacy.py (the one list: the ledger and aggregate.rdp_order read it)
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    assert tuple(float(a) for a in rdp_privacy_accountant.DEFAULT_RDP_ORDERS) == RDP_ORDERS
 
 
 def test_reading_params_imports_neither_torch_nor_the_orchestration_stack():
