@@ -159,6 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
     dpsgd.add_argument("--steps", type=step_count, required=True, help="T")
     dpsgd.add_argument("--delta", type=positive_float, required=True, help="δ, below 1")
     dpsgd.add_argument("--accountant", default="best", metavar="NAME",
-                       help="privacy.accountant's: best (default): the smaller ε of PLD and RDP, and which one it is; "
-                            "pld; rdp")
+                       help="one that privacy.accountant accepts (default best: the smaller ε of PLD and RDP, and "
+                            "which one it is); another is refused naming them")
     return parser

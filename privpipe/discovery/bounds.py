@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 from scipy import stats
@@ -43,7 +42,8 @@ class BoundsEstimator(ABC):
     """The interface: noisy bins in, (min, max) out, and whether the estimate fell back on the top bin."""
 
     bins: LogBins = LOG_BINS
-    name: ClassVar[str] = ""
+    #: its tag in schema.bounds (privpipe.config.schema.BOUNDS_ESTIMATORS), which make_bounds_estimator gives it
+    name: str = ""
 
     def bounds(self, noisy: NoisyColumn) -> tuple[float, float]:
         span = self.span(noisy.numeric, noisy.sigma)
@@ -64,7 +64,6 @@ class BoundsEstimator(ABC):
 class ThresholdBounds(BoundsEstimator):
     #: chance that some empty bin passes the threshold (widening the bounds with noise alone)
     false_positive: float = 0.05
-    name: ClassVar[str] = "threshold"
 
     def threshold(self, sigma: float) -> float:
         return float(sigma * stats.norm.isf(self.false_positive / len(self.bins)))
@@ -78,7 +77,6 @@ class ThresholdBounds(BoundsEstimator):
 class QuantileBounds(BoundsEstimator):
     low: float = 0.02
     high: float = 0.98
-    name: ClassVar[str] = "quantile"
 
     def span(self, counts: np.ndarray, sigma: float) -> tuple[int, int] | None:
         mass = np.where(counts >= sigma * stats.norm.isf(0.5 / len(self.bins)), counts, 0.0)
@@ -110,7 +108,6 @@ def scan_window(counts: np.ndarray, sigma: float, *, max_width: int = 4, widen: 
 
 @dataclass(frozen=True)
 class ScanBounds(BoundsEstimator):
-    name: ClassVar[str] = "scan"
 
     def span(self, counts: np.ndarray, sigma: float) -> tuple[int, int] | None:
         return scan_window(counts, sigma)
@@ -123,5 +120,5 @@ BOUNDS_ESTIMATORS: tuple[str, ...] = ESTIMATORS.tags
 def make_bounds_estimator(name: str) -> BoundsEstimator:
     if name not in ESTIMATORS:
         raise ValueError(f"unknown bounds estimator {name!r} (choose one of {', '.join(BOUNDS_ESTIMATORS)})")
-    estimator: BoundsEstimator = ESTIMATORS.load(name)()
+    estimator: BoundsEstimator = ESTIMATORS.load(name)(name=name)
     return estimator

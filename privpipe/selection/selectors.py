@@ -40,7 +40,6 @@ __all__ = ["Selector", "LogarithmicSelector", "GeometricSelector", "SELECTORS", 
 @dataclass(frozen=True)
 class Selector(ABC):
     mean_runs: float  # E[K]
-    name: ClassVar[str] = ""
     eta: ClassVar[float] = 0.0
 
     @property
@@ -65,13 +64,11 @@ class Selector(ABC):
 
 @dataclass(frozen=True)
 class LogarithmicSelector(Selector):
-    name: ClassVar[str] = "logarithmic"
     eta: ClassVar[float] = 0.0
 
 
 @dataclass(frozen=True)
 class GeometricSelector(Selector):
-    name: ClassVar[str] = "geometric"
     eta: ClassVar[float] = 1.0
 
 

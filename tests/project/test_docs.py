@@ -160,7 +160,7 @@ def test_the_cli_reference_has_every_command_and_option():
     for name in commands.group(1).split(","):
         assert f"## `privpipe {name}`" in text
     assert "### `privpipe privacy dpsgd`" in text
-    assert "`--noise-multiplier`" in text and "`--record`" in text and "best (default)" in text and "pld; rdp" in text
+    assert "`--noise-multiplier`" in text and "`--record`" in text and "privacy.accountant accepts" in text
     assert "(default: params.yaml) (default" not in text  # a default the help already says is not said twice
 
 
