@@ -72,8 +72,7 @@ from tasks.registered import RegisteredModel
 from tasks.removal.head import head_task, run_head
 from tasks.removal.store import HeadVersion, head_model_name
 
-__all__ = ["pipeline", "privacy_markdown", "RunResult", "StageClock", "Preflight", "preflight", "preflighted",
-           "registry_preflight"]
+__all__ = ["pipeline", "privacy_markdown", "RunResult", "StageClock", "Preflight", "preflighted"]
 
 
 INSECURE_RNG_WARNING = (
@@ -194,13 +193,6 @@ class Preflight:
 
 #: the checks ``privpipe run`` made before Prefect started, handed to the pipeline flow it starts in this process
 _HANDED: list[Preflight] = []
-
-
-def preflight(params: Params) -> None:
-    """Load and check the data and the partition the run would make, writing nothing (what :func:`preflighted`
-    checks, the model names aside, its preparation dropped)."""
-    with _checked_input(params):
-        pass
 
 
 @contextmanager
@@ -333,7 +325,7 @@ def _prepare(params: Params, run: tracking.TrackedRun, runner: TaskRunner, admis
     """The prepare stage, adopting the sets the checks prepared (``ahead``) when nothing they were made from
     changed since; where the checks wait for the schema the run discovers, they are made now."""
     with ExitStack() as stack:
-        if discovery_plan(params) is not None:
+        if ahead is None:  # the checks waited for the schema the run discovers (_checked_input)
             admission.mark_published()  # prepare's schema stage releases a schema computed from the records
             # the preflight's checks, which need that schema: a refusal now is charged; prepare adopts their sets
             ahead = stack.enter_context(checked_data(params))

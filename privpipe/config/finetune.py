@@ -30,12 +30,13 @@ from privpipe.config.teachers import MODELS
 FINETUNE_MODES = ("dpsgd", "federated")
 LR_SCHEDULES = ("constant", "linear_then_constant", "cosine")  # privpipe.dpsgd.schedule follows each
 CLIPPINGS = ("flat", "per_layer")
+#: Opacus' grad_sample_modes (privpipe.dpsgd.opacus_engine runs each)
+OPACUS_MODES = ("ghost", "hooks", "functorch", "ew")
 #: finetune.grad_sample_mode: DP-SGD's engines (privpipe.dpsgd.engines), each line naming its class
 GRAD_SAMPLE_MODES: Choice[Variant] = Choice("finetune.grad_sample_mode", [
     Variant(tag="bk", implementation="privpipe.dpsgd.train:BookKeepingEngine"),  # book-keeping: one backward pass
     # Opacus' engine, in the mode of that name
-    *(Variant(tag=mode, implementation="privpipe.dpsgd.opacus_engine:OpacusEngine")
-      for mode in ("ghost", "hooks", "functorch", "ew")),
+    *(Variant(tag=mode, implementation="privpipe.dpsgd.opacus_engine:OpacusEngine") for mode in OPACUS_MODES),
 ])
 
 

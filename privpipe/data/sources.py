@@ -547,10 +547,7 @@ class Table(DataSource):
 
 def data_source(name: str) -> DataSource:
     """The kind ``prepare.dataset`` names."""
-    try:
-        kind = DATA_KINDS[name]
-    except ValueError:
-        raise ConfigError(f"prepare.dataset: unknown value {name!r} (choose one of {', '.join(DATA_KINDS.tags)})"
-                          ) from None
+    DATA_KINDS.check(name)  # (a ConfigError naming prepare.dataset and the kinds)
+    kind = DATA_KINDS[name]
     source: DataSource = kind.load()(kind)
     return source

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-from privpipe.privacy.accountants import accountant_named
+from privpipe.config.privacy import ACCOUNTANTS
 from privpipe.privacy.events import RdpCurveEvent
 from privpipe.privacy.ledger import RDP_ORDERS, Ledger
 
@@ -91,7 +91,7 @@ class DiscoveryMechanism:
             return cls(sigma, columns, labels, selection_delta, label_share).event()
 
         # (the release is an RDP curve: an accountant that cannot hold one, PLD alone, calibrates by RDP)
-        able = accountant_named(accountant).variant.accounts_rdp_curves
+        able = ACCOUNTANTS[accountant].accounts_rdp_curves
         ledger = Ledger(epsilon_budget=epsilon, delta=delta, accountant=accountant if able else "rdp")
         sigma = ledger.calibrate(make, target_epsilon=epsilon)
         return cls(sigma, columns, labels, selection_delta, label_share)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from privpipe.config.finetune import OPACUS_MODES
 from privpipe.dpsgd.layers import refuse_batch_mixing
 from privpipe.dpsgd.schedule import DpSgdSchedule, dpsgd_schedule
 from privpipe.dpsgd.settings import DpSgdSettings
@@ -30,7 +31,6 @@ from privpipe.privacy import secure_normal, secure_uniform
 __all__ = ["OPACUS_MODES", "OpacusEngine", "PrivateTraining", "check_opacus_settings", "make_private_training",
            "strip_opacus"]
 
-OPACUS_MODES = ("ghost", "hooks", "functorch", "ew")
 
 #: a TensorDataset's loader: (features, labels) batches
 Batches = DataLoader[tuple[torch.Tensor, ...]]

@@ -19,6 +19,7 @@ NOISE_MODES (which names the class, so that checking params does not import this
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -163,6 +164,7 @@ class ClientNoiseMode(NoiseMode):
                                   noise_multiplier=config.noise_multiplier, ledger=ledger, stage=stage)
 
 
+@functools.cache  # stateless: one object per name (FedAvgConfig.event asks at every σ searched)
 def noise_mode(name: str) -> NoiseMode:
     """The mode registered as ``name``."""
     if name not in NOISE_MODES:

@@ -29,6 +29,7 @@ bound, named ``rdp``: a PLD would take minutes to terabytes there.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -180,6 +181,7 @@ class BestAccountant(_PldFirst):
     rdp_competes = True
 
 
+@functools.cache  # stateless: one object per name, not an import and a construction per ε asked
 def accountant_named(name: str) -> Accountant:
     """The accountant params.yaml's ``privacy.accountant`` names (a ValueError naming the choices if none)."""
     variant = ACCOUNTANTS[name]

@@ -24,6 +24,7 @@ from typing import Any
 
 from dp_accounting.pld import privacy_loss_distribution
 
+from privpipe.config.privacy import ACCOUNTANTS
 from privpipe.privacy import composition
 from privpipe.privacy.accountants import Accountant, accountant_named
 from privpipe.privacy.composition import (
@@ -65,7 +66,7 @@ def compute_epsilon(events: Sequence[Event], *, delta: float, accountant: str = 
     asked for, where a PLD cannot be had: a σ so small that no order has a finite bound (ε = inf),
     or more than ``PLD_MAX_STEPS`` composed steps (minutes to terabytes).
     """
-    accountant_named(accountant)  # an unknown name is refused, naming the choices
+    ACCOUNTANTS[accountant]  # an unknown name is refused, naming the choices
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     return _composed(tuple(events), delta, accountant)

@@ -25,10 +25,8 @@ from torch import nn
 from privpipe.config.head import HEAD_FEATURES
 from privpipe.models import Projection, UnitNorm
 
-__all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "served_weights", "stored_rows",
-           "FEATURE_SOURCES"]
+__all__ = ["HeadFeatures", "feature_extractor", "head_features", "head_model", "served_weights", "stored_rows"]
 
-FEATURE_SOURCES = HEAD_FEATURES
 
 
 class HeadFeatures(nn.Module):
@@ -59,7 +57,7 @@ def feature_extractor(source: str, *, released: nn.Sequential | None = None,
         return nn.Sequential(transform).eval()
     if source == "raw":
         return nn.Sequential().eval()
-    raise ValueError(f"head.features: unknown source {source!r} (choose one of {', '.join(FEATURE_SOURCES)})")
+    raise ValueError(f"head.features: unknown source {source!r} (choose one of {', '.join(HEAD_FEATURES)})")
 
 
 def head_features(extractor: nn.Module, features: NDArray[Any], *, batch: int = 4096) -> NDArray[np.float64]:

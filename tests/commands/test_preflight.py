@@ -144,5 +144,5 @@ def test_a_refused_check_leaves_no_scratch_folder(project):
     params = load_params("params.yaml")
     with pytest.raises(ConfigError, match=r"^finetune.lot_size: 5000 exceeds the 1024 sensitive records"), \
             preflighted(params, hand_over=True):
-        pass
+        raise AssertionError("the checks let a lot larger than the data through")  # they refuse on entry
     assert not (project / "data/prepared").exists() and not (project / "artifacts").exists()

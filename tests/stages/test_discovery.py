@@ -265,13 +265,13 @@ def test_image_class_folders_keep_their_own_names_when_discovered(project):
 def test_a_runs_preflight_draws_no_release_and_a_refusal_after_the_draw_is_charged(project, monkeypatch):
     """privpipe run's checks before admission read the sources only; privpipe schema refusing after its draw
     (too few labels pass at a tiny ε) leaves the dataset charged."""
-    from flows.pipeline import preflight
+    from flows.pipeline import preflighted
     from tasks import discovery
 
     params = _no_schema_project(project)
     monkeypatch.setattr(discovery, "_RELEASES", {})
-    preflight(params)
-    assert discovery._RELEASES == {}
+    with preflighted(params):  # every check made
+        assert discovery._RELEASES == {}
     _no_schema_project(project, schema={"epsilon": 0.02})
     code, _, err = cli("schema", "--params", "params.yaml")
     assert code != 0 and "prepare.schema.labels: the schema stage found" in err
