@@ -15,6 +15,7 @@ from privpipe.models.front import Projection, Reshape, Scale, UnitNorm, apply_fr
 from privpipe.models.networks import (
     MNIST_IMAGE,
     MODELS,
+    ChannelsLastMaxPool2d,
     make_cnn,
     make_image_cnn,
     make_mlp,
@@ -27,4 +28,4 @@ from privpipe.models.training import TrainingConfig, predict_labels, seeded, tra
 __all__ = ["apply_front", "UnitNorm", "Projection", "Scale", "Reshape", "make_mlp", "make_cnn", "make_image_cnn",
            "make_scatter_cnn", "make_network", "front_layers", "network_maps", "ModelSpec", "released_model",
            "save_released", "load_released", "seeded", "MODELS", "MNIST_IMAGE", "diverged", "DIVERGED",
-           "TrainingConfig", "train_classifier", "predict_labels"]
+           "TrainingConfig", "train_classifier", "predict_labels", "ChannelsLastMaxPool2d"]

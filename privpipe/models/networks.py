@@ -16,13 +16,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from torch import nn
 
 from privpipe.config.teachers import MODELS
 
-__all__ = ["MODELS", "make_mlp", "make_cnn", "make_image_cnn", "make_scatter_cnn", "make_network", "MNIST_IMAGE"]
+__all__ = ["MODELS", "ChannelsLastMaxPool2d", "make_mlp", "make_cnn", "make_image_cnn", "make_scatter_cnn",
+           "make_network", "MNIST_IMAGE"]
 
 MNIST_IMAGE = (1, 28, 28)  # the one image shape Tramèr & Boneh's MNIST CNN fits
+
+
+class ChannelsLastMaxPool2d(nn.MaxPool2d):
+    """``nn.MaxPool2d`` that pools in channels-last memory order and hands that order on: there torch's kernel
+    runs along the channels, while on NCHW overlapping windows (2×2, stride 1) took half of the MNIST CNN's
+    training step (27 of 55 ms at lot 512, one thread; 12 ms channels last, conversion included). The values,
+    and the gradients, are MaxPool2d's; the convolutions after it take either order."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled: torch.Tensor = super().forward(x.contiguous(memory_format=torch.channels_last))
+        return pooled
 
 
 def make_mlp(in_features: int, hidden_units: Sequence[int], classes: int) -> nn.Sequential:
@@ -40,8 +53,8 @@ def make_cnn(classes: int) -> nn.Sequential:
     """Tramer & Boneh 2021's MNIST CNN: tanh activations, which DP-SGD trains better than ReLU
     (Papernot et al. 2021): 16 conv 8×8/2 → pool → 32 conv 4×4/2 → pool → 32 → classes."""
     return nn.Sequential(
-        nn.Conv2d(1, 16, 8, stride=2, padding=3), nn.Tanh(), nn.MaxPool2d(2, 1),
-        nn.Conv2d(16, 32, 4, stride=2), nn.Tanh(), nn.MaxPool2d(2, 1),
+        nn.Conv2d(1, 16, 8, stride=2, padding=3), nn.Tanh(), ChannelsLastMaxPool2d(2, 1),
+        nn.Conv2d(16, 32, 4, stride=2), nn.Tanh(), ChannelsLastMaxPool2d(2, 1),
         nn.Flatten(), nn.Linear(32 * 4 * 4, 32), nn.Tanh(), nn.Linear(32, classes),
     )
 

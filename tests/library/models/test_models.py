@@ -8,8 +8,18 @@ import json
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from privpipe.models import ModelSpec, load_released, make_mlp, make_network, released_model, save_released
+from privpipe.models import (
+    ChannelsLastMaxPool2d,
+    ModelSpec,
+    load_released,
+    make_cnn,
+    make_mlp,
+    make_network,
+    released_model,
+    save_released,
+)
 
 
 def test_released_model_normalises_projects_scales_then_classifies():
@@ -89,3 +99,22 @@ def test_seeded_builds_are_reproducible_and_leave_the_global_generator_alone():
     assert torch.equal(torch.get_rng_state(), before)
     assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
     assert not torch.equal(first[0].weight, other[0].weight)
+
+
+def test_the_channels_last_pool_gives_maxpools_values_and_gradients():
+    """The MNIST CNN's pools run channels last (NCHW's overlapping-window kernel took half its step): the same
+    outputs and input gradients as nn.MaxPool2d, ties included (tanh saturates to ±1 exactly), and the layers
+    after it take its channels-last output."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 3, 9, 9) * 20  # tanh of this saturates: ties inside windows
+    x = x.tanh()
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, expected = ChannelsLastMaxPool2d(2, 1)(ours), nn.MaxPool2d(2, 1)(theirs)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    grad = torch.randn_like(expected)
+    out.backward(grad)
+    expected.backward(grad)
+    assert torch.equal(out, expected) and torch.equal(ours.grad, theirs.grad)
+    cnn = make_cnn(10)
+    assert sum(isinstance(m, ChannelsLastMaxPool2d) for m in cnn) == 2
+    assert cnn(torch.rand(4, 1, 28, 28)).shape == (4, 10)
