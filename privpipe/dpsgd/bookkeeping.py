@@ -21,26 +21,34 @@ the ordinary weight gradient; only a layer whose gradients are cheaper to form t
 matrices (many positions, few weights, as a first layer on raw pixels) copies out its patches.
 Opacus 1.6 has ghost norms for Linear only, and its ghost clipping runs a second backward pass;
 this runs one.
+
+A first layer whose input is a fixed function of the record (the model starts with layers that hold
+no trainable weights and treat each record alone, as GroupNorm on ScatterNet features) has the same
+Aᵢ Aᵢᵀ at every step: given how many records there are (``records``) and, per batch, which ones
+(``with taps.batch(positions)``), it is computed at a record's first step and read back after.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.grad import conv2d_input, conv2d_weight
+from torch.nn.grad import conv2d_weight
 
 from privpipe.dpsgd.layers import UnsupportedLayer, refuse_batch_mixing
 
 __all__ = ["BookKeeping", "UnsupportedLayer", "clip_factors"]
 
-# torch leaves these unannotated (torch.nn.grad) or Any (torch.linalg): each returns one tensor
-_conv2d_input: Callable[..., torch.Tensor] = conv2d_input
+# torch leaves these unannotated (torch.nn.grad) or Any (torch.linalg, torch.ops): each returns one tensor, but
+# convolution_backward three (the input's, the weight's and the bias's gradient, None where not asked for)
+_convolution_backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = \
+    torch.ops.aten.convolution_backward
 _conv2d_weight: Callable[..., torch.Tensor] = conv2d_weight
 _vector_norm: Callable[..., torch.Tensor] = torch.linalg.vector_norm
 
@@ -59,6 +67,43 @@ class _Record:
 # much as this many multiply-adds of a batched matrix product (~0.15 ns), as measured on a 2-core x86 host
 _COPY, _GATHER = 20.0, 8.0
 
+#: layers that hold no trainable weight and map each record alone, the same way at every step: in front of a
+#: model's first tapped layer they leave its input a fixed function of the record (Dropout, RReLU and any type
+#: not named here are not assumed to)
+_FIXED_PER_RECORD = (nn.Flatten, nn.Unflatten, nn.Identity, nn.GroupNorm, nn.LayerNorm, nn.Tanh, nn.ReLU,
+                     nn.Sigmoid, nn.MaxPool2d, nn.AvgPool2d, nn.ZeroPad2d)
+
+
+class _GramCache:
+    """Each record's patch Gram matrix (its T(T + 1)/2 pairs) for a layer whose input depends on the record
+    alone, by the record's position in the training set: computed at its first batch, read back after."""
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+        self.grams: torch.Tensor | None = None  # (records, T(T + 1)/2), allocated at the first batch
+        self.known: torch.Tensor | None = None  # (records,) bool
+
+    def grams_of(self, positions: torch.Tensor, x: torch.Tensor,
+                 compute: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """(B, T(T + 1)/2) for the records at ``positions`` whose layer input is ``x``."""
+        if self.grams is None or self.known is None:
+            fresh = compute(x)
+            self.grams = fresh.new_empty((self.records, fresh.shape[1]))
+            self.known = torch.zeros(self.records, dtype=torch.bool, device=fresh.device)
+            self.grams[positions], self.known[positions] = fresh, True
+            return fresh
+        positions = positions.to(self.known.device)
+        missing = (~self.known[positions]).nonzero().reshape(-1)
+        if len(missing) == len(positions):
+            fresh = compute(x)
+        elif len(missing):
+            fresh = self.grams.index_select(0, positions)
+            fresh[missing] = compute(x[missing])
+        else:
+            return self.grams.index_select(0, positions)
+        self.grams[positions[missing]], self.known[positions[missing]] = fresh[missing], True
+        return fresh
+
 
 class _Tap:
     """One Linear or Conv2d layer: its op, its input gradient, and what the backward left behind."""
@@ -66,6 +111,10 @@ class _Tap:
     def __init__(self, module: nn.Linear | nn.Conv2d) -> None:
         self.module = module
         self.record: _Record | None = None
+        self.scratch = _Scratch()  # where its patches are copied, when it forms its per-example gradients
+        # its patch Gram matrices by record, where its input is a fixed function of the record
+        self.cache: _GramCache | None = None
+        self.positions: torch.Tensor | None = None  # the batch's records, within ``BookKeeping.batch``
         # the Gram matrices' gather, per shape: key, device, positions of each stride class, pairs
         self._pairs: tuple[tuple[int, ...], torch.device, list[torch.Tensor], torch.Tensor] | None = None
         self._upper: tuple[tuple[int, torch.device, torch.dtype], torch.Tensor, torch.Tensor] | None = None
@@ -79,7 +128,11 @@ class _Tap:
     def input_grad(self, x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         m = self.module
         if isinstance(m, nn.Conv2d):
-            return _conv2d_input(x.shape, weight, grad, m.stride, m.padding, m.dilation, m.groups)
+            # from x itself, not torch.nn.grad.conv2d_input's stand-in of x's shape: oneDNN then takes x's memory
+            # order, and channels last ran 3× faster (4 against 12 ms on the MNIST CNN's second layer, lot 512)
+            grad_x, _, _ = _convolution_backward(grad, x, weight, None, m.stride, m.padding, m.dilation, False,
+                                                 [0, 0], m.groups, [True, False, False])
+            return grad_x
         return grad @ weight
 
     def keep(self, x: torch.Tensor, grad: torch.Tensor) -> None:
@@ -150,13 +203,26 @@ class _Tap:
         g = g.reshape(*g.shape[:2], -1)  # (B, p, T)
         if self.norm_strategy(x.shape, r.output_grads.shape) == "gram":
             # ⟨AᵢAᵢᵀ, GᵢGᵢᵀ⟩ over the pairs t ≤ s, those off the diagonal counted twice (both are symmetric)
-            patch_gram = self._patch_gram(x, r.output_grads.shape)  # (B, T(T + 1)/2)
+            patch_gram = self._patch_grams(x, r.output_grads.shape)  # (B, T(T + 1)/2)
             pairs, weights = self._triangle(g.shape[2], g.device, g.dtype)
             grad_gram = torch.bmm(g.transpose(1, 2), g).reshape(len(g), -1).index_select(1, pairs)
             return (patch_gram * grad_gram) @ weights
-        patches, r.channels_last = _patches(x, m)
+        patches, r.channels_last = _patches(x, m, self.scratch)
         r.per_example = torch.bmm(g, patches)  # (B, p, a)
         return _vector_norm(r.per_example, dim=(1, 2)).square()
+
+    def _patch_grams(self, x: torch.Tensor, output_shape: torch.Size) -> torch.Tensor:
+        """``_patch_gram``, read from the cache for the records it holds (where the layer has one and the batch
+        named its records)."""
+        if self.cache is None or self.positions is None:
+            return self._patch_gram(x, output_shape)
+        if len(self.positions) != len(x):
+            raise RuntimeError(f"{self.module}: the batch names {len(self.positions)} records but holds {len(x)}")
+        pairs = output_shape[2] * output_shape[3] * (output_shape[2] * output_shape[3] + 1) // 2
+        if pairs > x[0].numel():  # kept only where a record's entry is no larger than its input, which the set holds
+            self.cache = None
+            return self._patch_gram(x, output_shape)
+        return self.cache.grams_of(self.positions, x, lambda part: self._patch_gram(part, output_shape))
 
     def _patch_gram(self, x: torch.Tensor, output_shape: torch.Size) -> torch.Tensor:
         """(B, T(T + 1)/2): ⟨patch t, patch s⟩ for t ≤ s of every example, from its input's Gram matrices
@@ -260,7 +326,24 @@ class _Tap:
         return self.record
 
 
-def _patches(x: torch.Tensor, conv: nn.Conv2d) -> tuple[torch.Tensor, bool]:
+class _Scratch:
+    """One buffer a layer copies its patches into at every step, kept from step to step: a fresh one of tens of
+    MB is new pages to fault in each time (3.5 ms a copy on the MNIST CNN's first layer, and up to 250 ms when
+    the host was reclaiming memory)."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+
+    def take(self, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+        """An uninitialised tensor of ``shape``, ``like``'s dtype and device, in the buffer (grown as needed)."""
+        size = math.prod(shape)
+        if self.buffer is None or self.buffer.numel() < size or self.buffer.dtype != like.dtype \
+                or self.buffer.device != like.device:
+            self.buffer = like.new_empty(size + size // 8)  # room for lots a little larger than this one
+        return self.buffer[:size].view(*shape)
+
+
+def _patches(x: torch.Tensor, conv: nn.Conv2d, scratch: _Scratch | None = None) -> tuple[torch.Tensor, bool]:
     """(B, T, a): every output position's receptive field, and whether it is channels last, in
     (kh, kw, C) order, or in the weight's (C, kh, kw). One strided view of the padded input and one
     copy, whose innermost runs are C long channels last and kw long (1 where dilated) in the weight's
@@ -286,7 +369,11 @@ def _patches(x: torch.Tensor, conv: nn.Conv2d) -> tuple[torch.Tensor, bool]:
     inner = [(kh, dh * row), (kw, dw * col), (channels, c)] if channels_last else \
         [(channels, c), (kh, dh * row), (kw, dw * col)]
     windows = source.as_strided(size + [n for n, _ in inner], stride + [step for _, step in inner])
-    return windows.reshape(batch, out_h * out_w, channels * kh * kw), channels_last
+    if scratch is None:
+        return windows.reshape(batch, out_h * out_w, channels * kh * kw), channels_last
+    patches = scratch.take(windows.shape, like=x)
+    patches.copy_(windows)
+    return patches.view(batch, out_h * out_w, channels * kh * kw), channels_last
 
 
 def _accumulate(param: torch.Tensor, value: torch.Tensor) -> None:
@@ -341,11 +428,34 @@ def _check_supported(model: nn.Module) -> list[nn.Linear | nn.Conv2d]:
     return layers
 
 
-class BookKeeping:
-    """Tap every trainable layer of ``model`` (see the module docstring); ``close`` restores it."""
+def _input_fixed_per_record(model: nn.Module, first: nn.Module) -> bool:
+    """Whether ``first`` (the model's first tapped layer) takes a fixed function of each record: ``model`` is a
+    Sequential (nested ones flattened) whose layers before it are all of the ``_FIXED_PER_RECORD`` kinds."""
+    def layers(module: nn.Module) -> Iterator[nn.Module]:
+        for child in module.children():
+            yield from layers(child) if isinstance(child, nn.Sequential) else (child,)
 
-    def __init__(self, model: nn.Module) -> None:
-        self.taps = [_Tap(layer) for layer in _check_supported(model)]
+    if not isinstance(model, nn.Sequential):
+        return model is first
+    for layer in layers(model):
+        if layer is first:
+            return True
+        if type(layer) not in _FIXED_PER_RECORD or any(p.requires_grad for p in layer.parameters()):
+            return False
+    return False
+
+
+class BookKeeping:
+    """Tap every trainable layer of ``model`` (see the module docstring); ``close`` restores it. With
+    ``records``, the size of the training set, a first convolution that takes a fixed function of each
+    record keeps its records' patch Gram matrices (used inside ``batch``, which names a batch's records)."""
+
+    def __init__(self, model: nn.Module, *, records: int | None = None) -> None:
+        layers = _check_supported(model)
+        self.taps = [_Tap(layer) for layer in layers]
+        if records is not None and layers and isinstance(layers[0], nn.Conv2d) \
+                and _input_fixed_per_record(model, layers[0]):
+            self.taps[0].cache = _GramCache(records)
         for tap in self.taps:
             # an instance attribute that shadows the class's forward (close() deletes it); mypy sees a method replaced
             tap.module.forward = self._forward_for(tap)  # type: ignore[method-assign, assignment]
@@ -356,6 +466,18 @@ class BookKeeping:
             out: torch.Tensor = _TappedOp.apply(x, tap.module.weight, tap.module.bias, tap)  # (apply: Any)
             return out
         return forward
+
+    @contextmanager
+    def batch(self, positions: torch.Tensor) -> Iterator[None]:
+        """The forward pass, backward pass and norms of one batch, whose records are those at ``positions`` in the
+        training set (in the batch's order): what a layer's cache is keyed by."""
+        for tap in self.taps:
+            tap.positions = positions
+        try:
+            yield
+        finally:
+            for tap in self.taps:
+                tap.positions = None
 
     @property
     def parameters(self) -> list[torch.Tensor]:
@@ -373,7 +495,7 @@ class BookKeeping:
         for tap in self.taps:
             if "forward" in vars(tap.module):
                 del tap.module.forward
-            tap.record = None
+            tap.record, tap.scratch, tap.cache = None, _Scratch(), None
         for p in self.parameters:
             if hasattr(p, "summed_grad"):
                 del p.summed_grad

@@ -176,10 +176,13 @@ def clipped_sum(model: nn.Module, taps: BookKeeping, rows: LotRows, lot: torch.T
     physical = max_physical_batch or max(len(lot), 1)
     losses = []
     for start in range(0, len(lot), physical):
-        x, y = rows.take(lot[start:start + physical])
-        loss = F.cross_entropy(model(x), y, reduction="sum")
-        torch.autograd.backward(loss)  # (loss.backward(), which torch leaves unannotated)
-        taps.add_clipped(clip_factors(taps.squared_norms(), max_grad_norm=max_grad_norm, clipping=clipping))
+        part = lot[start:start + physical]
+        x, y = rows.take(part)
+        with taps.batch(part):
+            loss = F.cross_entropy(model(x), y, reduction="sum")
+            torch.autograd.backward(loss)  # (loss.backward(), which torch leaves unannotated)
+            squared = taps.squared_norms()
+        taps.add_clipped(clip_factors(squared, max_grad_norm=max_grad_norm, clipping=clipping))
         losses.append(float(loss.detach()))
     sums = []
     for p in taps.parameters:
@@ -246,7 +249,9 @@ def train_bookkeeping(model: nn.Module, rows: LotRows, settings: DpSgdSettings, 
     """The bk engine's loop over ``schedule``'s steps (``settings`` checked by the caller); ``reducer`` makes the
     step's exchanges (``LotReducer``'s arguments): this process alone, or a process group's share."""
     max_grad_norm, secure_rng, ema_decay = settings.max_grad_norm, settings.secure_rng, settings.ema_decay
-    taps = BookKeeping(model)  # refuses a model with layers it cannot clip, before any step
+    # refuses a model with layers it cannot clip, before any step; a set in memory lets a first convolution keep
+    # each record's patch Gram matrix (no larger than the record's input: see _GramCache's use), a mapped one not
+    taps = BookKeeping(model, records=None if rows.mapped else len(rows))
     params = taps.parameters
     optimizer = torch.optim.SGD(params, lr=settings.learning_rate, momentum=settings.momentum)
     # secure draws are made one step ahead on a worker thread where a core is left for it, else inline;

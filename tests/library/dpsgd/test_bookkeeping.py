@@ -197,3 +197,88 @@ def test_the_patch_gram_is_the_same_gathered_on_one_thread_or_several():
     first, second = torch.triu_indices(shape[2] * shape[3], shape[2] * shape[3])
     expected = torch.bmm(patches, patches.transpose(1, 2))[:, first, second]
     assert torch.allclose(grams[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def _scatter_like() -> nn.Sequential:
+    """The ScatterNet CNN's shape, small: a first convolution on a fixed function of each record (GroupNorm on
+    many channels, few positions: its norms come from Gram matrices), then one that depends on the weights."""
+    return nn.Sequential(nn.Unflatten(1, (18, 5, 5)), nn.GroupNorm(6, 18, affine=False),
+                         nn.Conv2d(18, 4, 3, stride=2, padding=1), nn.Tanh(), nn.Conv2d(4, 6, 3, padding=1),
+                         nn.Tanh(), nn.Flatten(), nn.Linear(6 * 9, 5))
+
+
+def _norms_in_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batches: list[torch.Tensor], *,
+                      records: int | None) -> tuple[list[torch.Tensor], int]:
+    """Each batch's flat per-example norms, and how many times the first layer computed patch Gram matrices."""
+    taps = BookKeeping(model, records=records)
+    computed = 0
+    compute = taps.taps[0]._patch_gram
+
+    def counted(*args: torch.Tensor) -> torch.Tensor:
+        nonlocal computed
+        computed += len(args[0])
+        return compute(*args)  # type: ignore[arg-type]
+
+    taps.taps[0]._patch_gram = counted  # type: ignore[method-assign, assignment]
+    norms = []
+    for positions in batches:
+        with taps.batch(positions):
+            F.cross_entropy(model(x[positions]), y[positions], reduction="sum").backward()
+            squared = taps.squared_norms()
+        norms.append(torch.stack([n for layer in squared for n in layer.values()]).sum(0))
+        taps.add_clipped(clip_factors(squared, max_grad_norm=1.0, clipping="flat"))
+    taps.close()
+    return norms, computed
+
+
+def test_a_first_layer_on_a_fixed_function_of_the_record_computes_each_records_gram_once():
+    """Each record's patch Gram is computed at its first batch and read back after: the norms are brute force's
+    (as without the cache), in batches that repeat records, mix seen and unseen ones, and change in size."""
+    torch.manual_seed(0)
+    model = _scatter_like().double()
+    x, y = torch.randn(20, 18 * 25, dtype=torch.float64), torch.randint(0, 5, (20,))
+    batches = [torch.tensor(b) for b in ([0, 3, 5, 7], [3, 5, 7, 0], [1, 3, 9, 11, 19], [19, 1], [2, 4, 6, 8])]
+    assert _input_is_fixed(model)
+    cached, computed = _norms_in_batches(model, x, y, batches, records=20)
+    plain, all_computed = _norms_in_batches(model, x, y, batches, records=None)
+    assert computed == 4 + 0 + 4 + 0 + 4 and all_computed == sum(len(b) for b in batches)
+    brute = _brute_force(model, x, y)
+    for positions, got, uncached in zip(batches, cached, plain):
+        expected = torch.stack([sum(g.square().sum() for g in brute[i]) for i in positions.tolist()])
+        assert torch.allclose(got, expected, rtol=1e-9) and torch.allclose(uncached, expected, rtol=1e-9)
+
+
+def _input_is_fixed(model: nn.Module) -> bool:
+    return BookKeeping(model, records=1).taps[0].cache is not None
+
+
+def test_no_cache_where_the_first_layers_input_may_change_between_steps():
+    """Dropout (random at every step), a trainable layer in front (refused by bk anyway), a model that is no
+    Sequential, or no set size: the patch Gram is computed at every batch."""
+    assert _input_is_fixed(_scatter_like())
+    dropout = _scatter_like()
+    dropout.insert(1, nn.Dropout(0.1))
+    assert not _input_is_fixed(dropout)
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _scatter_like()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x * 2)
+
+    assert not _input_is_fixed(Wrapped())
+    assert BookKeeping(_scatter_like()).taps[0].cache is None
+    assert BookKeeping(_mlp(), records=10).taps[0].cache is None  # a Linear first: no Gram matrices to keep
+
+
+def test_a_batch_that_names_other_records_than_it_holds_is_refused():
+    model = _scatter_like()
+    taps = BookKeeping(model, records=10)
+    x, y = torch.randn(4, 18 * 25), torch.randint(0, 5, (4,))
+    with taps.batch(torch.tensor([0, 1, 2])):
+        F.cross_entropy(model(x), y, reduction="sum").backward()
+        with pytest.raises(RuntimeError, match="names 3 records but holds 4"):
+            taps.squared_norms()
+    taps.close()
