@@ -131,7 +131,7 @@ class _Reference:
 
 @dataclass
 class RemovableHead:
-    X: Floats  # (n, d) float64, rows with ‖x‖ ≤ 1
+    X: Floats  # (n, d) rows with ‖x‖ ≤ 1: float64, or float32 as saved (every product with them is float64)
     y: Labels  # (n,) class indices
     classes: int
     lam: float  # λ: the L2 weight is Λ = λ·n₀
@@ -170,8 +170,7 @@ class RemovableHead:
     def prepare(self) -> RemovableHead:
         """Build the reference the removals start from (H₀, G₀, H₀⁻¹: O(n d²)) now rather than at the
         first removal, so that the first costs what the others do: for a head kept in memory to answer
-        removals as they come. (A head that is trained, saved and loaded again, as the pipeline's is,
-        builds it at its first removal after loading either way.)"""
+        removals as they come. (A head saved with :meth:`reference_state` and loaded again adopts it instead.)"""
         self._reference()
         return self
 
@@ -428,7 +427,7 @@ class RemovableHead:
         new reference, with the (rounding-level) gradient the optimiser left as β₀, plus what the
         gradient's float64 evaluation can hide."""
         rows = self.active
-        X = self.X[rows]
+        X = self.X[rows].astype(np.float64)  # (a loaded head keeps its float32 rows: see from_state)
         self.B = noise.normal(self.W.shape, std=self.guarantee.sigma)
         hessians = []
         for c in range(len(self.W)):
@@ -467,21 +466,26 @@ class RemovableHead:
         self._ref, self._pending_hessians, self._move_due = None, hessians, False
 
     def _reference(self) -> _Reference:
-        if self._ref is None:  # after a retrain or refresh, or a head loaded from disk: build at w₀ over D₀
-            self._ref = self._build_reference(self._pending_hessians)
+        if self._ref is None:  # after a retrain or refresh, or a head loaded without its reference: build at w₀ over D₀
+            self._adopt(self._build_reference(self._pending_hessians))
             self._pending_hessians = None
-            removed = np.flatnonzero(self.ref_active & ~self.active)
-            ref = self._ref
-            if len(removed):  # a head loaded mid-way: its removed rows' columns, or the iterative solve
-                columns = self._woodbury_columns(ref, removed, self._loss_slopes(removed))
-                ref.kept = None if columns is None else len(removed)
-            ref.removed, ref.delta = removed, self._loss_gradients(removed)
-            ref.removed_X, ref.removed_curvature = self.X[removed], ref.curvature[:, removed]
+        assert self._ref is not None
         return self._ref
+
+    def _adopt(self, ref: _Reference) -> None:
+        """Take ``ref`` (built at w₀ over D₀) as the reference, with the rows removed since it (a head loaded
+        mid-way): their columns, or the iterative solve."""
+        self._ref = ref
+        removed = np.flatnonzero(self.ref_active & ~self.active)
+        if len(removed):
+            columns = self._woodbury_columns(ref, removed, self._loss_slopes(removed))
+            ref.kept = None if columns is None else len(removed)
+        ref.removed, ref.delta = removed, self._loss_gradients(removed)
+        ref.removed_X, ref.removed_curvature = self.X[removed], ref.curvature[:, removed]
 
     def _build_reference(self, hessians: Floats | None = None) -> _Reference:
         rows = self.ref_active
-        X = self.X[rows]
+        X = self.X[rows].astype(np.float64)
         margins = self._sign_matrix(rows) * (self.ref_W @ X.T)
         weights = sigmoid(margins) * sigmoid(-margins)  # ℓ'' at w₀ on D₀ (removed rows are always in D₀)
         curv = np.zeros((len(self.W), len(self.X)))
@@ -513,9 +517,42 @@ class RemovableHead:
 
     def state(self) -> tuple[dict[str, NDArray[Any]], HeadSettings]:
         """(arrays, settings) that :meth:`from_state` rebuilds the head from (the reference's matrices
-        excluded: they are rebuilt from w₀ and D₀)."""
+        excluded: see :meth:`reference_state`)."""
         arrays = {name: np.asarray(getattr(self, name)).copy() for name in self._ARRAYS}
         return arrays, self.settings()
+
+    def reference_state(self) -> dict[str, NDArray[Any]]:
+        """The reference's matrices (H₀, H₀⁻¹ as computed and its measured error ρ, G₀, ‖X₀‖₂, ℓ'' at w₀), built
+        now if not yet (O(n d²)), with the w₀ and D₀ they were built at: what :meth:`from_state` adopts, so
+        that a head saved and loaded again starts its next removal at one read of H₀⁻¹ rather than an O(n d²)
+        rebuild. They are functions of w₀ and of D₀'s rows: nothing of a row removed before w₀ was taken
+        (as :meth:`forget_removed` leaves it), and as private as the rows."""
+        ref = self._reference()
+        return {"curvature": ref.curvature, "hessian": ref.hessian, "inverse": ref.inverse,
+                "inverse_error": ref.inverse_error, "gram": ref.gram, "spectral": np.array(ref.spectral),
+                "rows": np.array(ref.rows), "at_W": self.ref_W, "over": self.ref_active}
+
+    def adopt_reference(self, arrays: Mapping[str, NDArray[Any]]) -> bool:
+        """Take the reference :meth:`reference_state` saved, if it was built at this head's w₀ over its D₀ with
+        this head's rows and classes (compared exactly); otherwise leave it (the reference is built at the next
+        removal, as without one). Whether it was taken."""
+        k, d = self.W.shape
+        shapes = {"curvature": (k, len(self.y)), "hessian": (k, d, d), "inverse": (k, d, d), "inverse_error": (k,),
+                  "gram": (d, d), "spectral": (), "rows": (), "at_W": (k, d), "over": (len(self.y),)}
+        if set(arrays) != set(shapes) or any(np.shape(arrays[name]) != shape for name, shape in shapes.items()):
+            return False
+        if not (np.array_equal(arrays["at_W"], self.ref_W) and np.array_equal(arrays["over"], self.ref_active)
+                and int(arrays["rows"]) == int(self.ref_active.sum())):
+            return False
+        floats = {name: np.asarray(arrays[name], dtype=np.float64) for name in
+                  ("curvature", "hessian", "inverse", "inverse_error", "gram")}
+        self._adopt(_Reference(curvature=floats["curvature"], hessian=floats["hessian"],
+                               inverse=floats["inverse"], inverse_error=floats["inverse_error"],
+                               gram=floats["gram"], spectral=float(arrays["spectral"]), rows=int(arrays["rows"]),
+                               removed=np.zeros(0, dtype=np.int64), removed_X=np.zeros((0, d)),
+                               removed_curvature=np.zeros((k, 0)), delta=np.zeros((k, d))))
+        self._pending_hessians = None
+        return True
 
     @classmethod
     def from_state(cls, arrays: Mapping[str, NDArray[Any]], settings: HeadSettings) -> RemovableHead:
@@ -524,7 +561,10 @@ class RemovableHead:
         # a state from before the reference point: its W minimised λ·n_now/2 ‖w‖² up to ``used``, so it is
         # its own reference with that Λ
         reg = float(settings.reg if settings.reg is not None else float(settings.lam) * int(active.sum()))
-        return cls(X=np.asarray(arrays["X"], dtype=np.float64), y=np.asarray(arrays["y"]),
+        # rows saved as float32 stay so (half the memory, no conversion on load): numpy takes them to float64 in
+        # every product with the float64 weights and matrices, so each result is the one float64 rows would give
+        X = np.asarray(arrays["X"])
+        return cls(X=X if X.dtype in (np.float32, np.float64) else X.astype(np.float64), y=np.asarray(arrays["y"]),
                    classes=settings.classes, lam=float(settings.lam), reg=reg, guarantee=settings.guarantee, W=W,
                    B=np.array(arrays["B"], dtype=np.float64), active=active, used=used,
                    ref_W=np.array(arrays.get("ref_W", W), dtype=np.float64),

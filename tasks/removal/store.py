@@ -24,15 +24,18 @@ from privpipe.models import load_released
 from privpipe.removal import DamagedHeadFile, HeadMeta, RemovableHead
 from privpipe.removal.features import feature_extractor, head_model
 from privpipe.requests import RequestQueue, base_id
-from tasks.common import read_json, write_json
+from tasks.common import read_json, stage_logger, write_json
 from tasks.paths import DatasetPaths
 from tasks.registered import RegisteredModel
 
 __all__ = ["HeadVersion", "head_model_name", "extractor_from", "served_model", "save_head", "load_head", "row_hashes",
-           "forget_removed", "ERASED"]
+           "forget_removed", "ERASED", "REFERENCE_FILE"]
 
 #: a removed row's entry in ids.npy: ``erased:`` and its hashed id (the deletion queue's HMAC), never the id
 ERASED = "erased:"
+#: the head's reference for its next removal (RemovableHead.reference_state): derived from state.npz, so a
+#: missing, damaged or mismatched one is rebuilt (logged), never an error
+REFERENCE_FILE = "reference.npz"
 
 
 @dataclass(frozen=True)
@@ -94,12 +97,16 @@ def served_model(folder: Path, head: RemovableHead) -> nn.Sequential:
 
 def save_head(folder: Path, head: RemovableHead, *, ids: np.ndarray, meta: HeadMeta) -> None:
     """Write a head's state into ``folder`` (a staging folder: the caller puts it in place), with ``meta``
-    (its ``head`` section the saved head's)."""
+    (its ``head`` section the saved head's), and the reference its next removal starts from (built now if
+    not yet: one O(n d²) Hessian, which that removal would otherwise pay after loading)."""
     arrays, settings = head.state()
     arrays = {**arrays, "X": arrays["X"].astype(np.float32)}  # exact: X was rounded to float32 before training
-    # the rows' features and ids: their owner's alone (mode 0600, as the folder staged_dir made is 0700)
+    # the rows' features and ids, and the reference made of them: their owner's alone (mode 0600, as the folder
+    # staged_dir made is 0700)
     with private_file(folder / "state.npz") as out:
         np.savez(out, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
+    with private_file(folder / REFERENCE_FILE) as out:
+        np.savez(out, **head.reference_state())  # type: ignore[arg-type]  # (as above)
     with private_file(folder / "ids.npy") as out:
         np.save(out, ids.astype(str))
     write_json(folder / "meta.json", dataclasses.replace(meta, head=settings).to_dict())
@@ -154,4 +161,21 @@ def load_head(folder: Path) -> tuple[RemovableHead, np.ndarray, HeadMeta]:
         ids = np.load(ids_file)
     with _reading(state_file):  # arrays of the wrong shape or kind
         head = RemovableHead.from_state(arrays, meta.head)
+    _adopt_reference(head, folder / REFERENCE_FILE)
     return head, ids, meta
+
+
+def _adopt_reference(head: RemovableHead, file: Path) -> None:
+    """Give ``head`` the reference saved beside it, unless it is absent (a head saved before it was kept),
+    unreadable or made for another state: then the head builds it at its first removal, as it used to."""
+    if not file.exists():
+        return
+    try:
+        with np.load(file) as saved:
+            arrays = {key: saved[key] for key in saved.files}
+    except _READ_ERRORS as exc:
+        stage_logger("removals").warning("%s: unreadable (%s: %s); the head's reference is rebuilt", file,
+                                         type(exc).__name__, exc)
+        return
+    if not head.adopt_reference(arrays):
+        stage_logger("removals").warning("%s: made for another state of the head; its reference is rebuilt", file)

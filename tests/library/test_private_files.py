@@ -89,6 +89,7 @@ def test_head_state_and_ids_are_private(tmp_path: Path) -> None:
     save_head(folder, head, ids=ids, meta=HeadMeta(features="raw", model_dir="", input_dim=3, classes=2,
                                                    head=head.settings()))
     assert mode(folder / "state.npz") == 0o600 and mode(folder / "ids.npy") == 0o600
+    assert mode(folder / "reference.npz") == 0o600  # H₀⁻¹ and G₀ are made of the rows too
     again, read_ids, _ = load_head(folder)
     assert np.array_equal(read_ids, ids) and np.array_equal(again.W, head.W)
 

@@ -776,6 +776,54 @@ def test_prepare_builds_the_reference_at_once_and_changes_nothing_else() -> None
     np.testing.assert_array_equal(lazy.used, prepared.used)
 
 
+def _saved(head: RemovableHead) -> tuple[dict[str, np.ndarray], HeadSettings, dict[str, np.ndarray]]:
+    """The head's state, settings (through JSON) and reference, as copies: what save_head writes and loads."""
+    arrays, meta = head.state()
+    return ({k: np.array(v) for k, v in arrays.items()},
+            HeadSettings.from_dict(json.loads(json.dumps(meta.to_dict())), source=META_FILE),
+            {k: np.array(v) for k, v in head.reference_state().items()})
+
+
+@pytest.mark.parametrize("mid_way", [False, True])
+def test_a_saved_reference_is_adopted_and_removals_go_on_exactly_as_without_saving(mid_way: bool) -> None:
+    """A head loaded with its saved reference needs no rebuild (its Hessian is never formed again), and its
+    removals give the very steps, weights and bounds of the head that was saved, also when it was saved with
+    rows removed since the reference (their Woodbury columns are rebuilt from the adopted H₀⁻¹)."""
+    head = make_head(3, refresh_every=0)
+    head.remove([1, 2], noise=noise(1))
+    if not mid_way:
+        head.forget_removed()
+    arrays, meta, reference = _saved(head)
+    loaded = RemovableHead.from_state(arrays, meta)
+    rebuilds = []
+    loaded._build_reference = lambda *a: rebuilds.append(a)  # type: ignore[method-assign, assignment]
+    assert loaded.adopt_reference(reference)
+    assert loaded.removed_since_reference == head.removed_since_reference == (2 if mid_way else 0)
+    for rows in ([5], [9, 10], [40]):
+        assert loaded.remove(rows, noise=noise(2)) == head.remove(rows, noise=noise(2))
+        np.testing.assert_array_equal(loaded.W, head.W)
+        np.testing.assert_array_equal(loaded.used, head.used)
+    assert rebuilds == []
+
+
+def test_a_reference_made_for_another_state_is_not_adopted() -> None:
+    """A reference saved at other weights, over other rows or for other shapes is refused (and then rebuilt at
+    the first removal, as without one): a stale H₀⁻¹ would certify the wrong step."""
+    head = make_head(3)
+    arrays, meta, reference = _saved(head)
+    head.remove([3], noise=noise(1))
+    head.forget_removed()  # the reference moved: w₀ and D₀ changed
+    moved_arrays, moved_meta, _ = _saved(head)
+    assert not RemovableHead.from_state(moved_arrays, moved_meta).adopt_reference(reference)
+    for broken in ({k: v for k, v in reference.items() if k != "gram"},
+                   {**reference, "inverse": reference["inverse"][:, :-1]},
+                   {**reference, "rows": np.array(int(reference["rows"]) - 1)}):
+        fresh = RemovableHead.from_state(arrays, meta)
+        assert not fresh.adopt_reference(broken) and fresh._ref is None
+    fresh = RemovableHead.from_state(arrays, meta)
+    assert fresh.adopt_reference(reference) and fresh._ref is not None
+
+
 def _long_double_residual(head: RemovableHead) -> float:
     """‖∇L_b(W; remaining)‖ (joint over classes) in 80-bit long double."""
     L = np.longdouble
