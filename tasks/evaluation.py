@@ -61,12 +61,12 @@ class Evaluation:
         """MLflow: accuracy metrics, the membership audit's figures (only when the user asks), what ε does not
         cover, and the run's privacy summary (no model yet: :func:`release_task` logs it)."""
         shown = self.metrics(params)
-        run.log_batch(metrics={f"accuracy.{k.removeprefix('accuracy_')}": v for k, v in shown.items()
-                               if k.startswith("accuracy_")})
-        run.set_tag("privacy.not_covered", uncovered.note(params))
         audit = dict(self.privacy_audit or {})
+        tags = {"privacy.not_covered": uncovered.note(params)}
         if membership_audit.metric_items(audit):  # the empirical lower bound and the AUCs, next to the claimed ε
-            run.set_tag("privacy.audit", membership_audit.AUDIT_TAG)
-            if uncovered.recorded(params):
-                run.log_figures(membership_audit.metric_items(audit))
+            tags["privacy.audit"] = membership_audit.AUDIT_TAG
+        run.log_batch(metrics={f"accuracy.{k.removeprefix('accuracy_')}": v for k, v in shown.items()
+                               if k.startswith("accuracy_")}, tags=tags)
+        if membership_audit.metric_items(audit) and uncovered.recorded(params):
+            run.log_figures(membership_audit.metric_items(audit))
         run.log_privacy(self.ledger())

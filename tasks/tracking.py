@@ -46,8 +46,8 @@ from tasks.versioning import git_commit
 __all__ = ["TrackedRun", "open_store", "tracked_run", "start_run", "experiment_id", "resolve_tracking_uri",
            "ensure_models_of", "store_made"]
 
-# MLflow's limits per log_batch call
-_MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
+# MLflow's limits per log_batch call: of each kind, and of all three together
+_MAX_METRICS, _MAX_PARAMS, _MAX_TAGS, _MAX_ENTITIES = 1000, 100, 100, 1000
 #: keys of a stage's figures that name its files: not tags
 _PATH_KEYS = ("dir", "ledger", "votes", "model_dir")
 
@@ -96,24 +96,22 @@ class TrackedRun:
         ``params`` and ``tags`` in as few calls as MLflow's per-call limits allow; one timestamp for all."""
         log_batch(self.client, self.run_id, metrics=metrics, params=params, tags=tags)
 
-    def log_figures(self, values: Mapping[str, float]) -> None:
+    def log_figures(self, values: Mapping[str, float], *, tags: Mapping[str, str] | None = None) -> None:
         """One-point figures: ε, accuracy and AUC figures as metrics (full precision), the rest as tags
-        (``run_view.format_value``), so the run's charts are the ones that say something."""
+        (``run_view.format_value``), so the run's charts are the ones that say something; ``tags`` (text)
+        beside them, in the same calls."""
         metrics = {k: v for k, v in values.items() if run_view.chart_worthy(k)}
-        tags = {k: run_view.format_value(v) for k, v in values.items() if k not in metrics}
-        self.log_batch(metrics=metrics, tags=tags)
+        texts = {k: run_view.format_value(v) for k, v in values.items() if k not in metrics}
+        self.log_batch(metrics=metrics, tags={**texts, **(tags or {})})
 
     def log_stage_figures(self, stage: str, figures: Mapping[str, Any]) -> None:
         """Every numeric figure of a stage as ``<stage>.<name>`` (:meth:`log_figures`); booleans and strings
         as tags (file paths left out)."""
         numbers = {f"{stage}.{k}": float(v) for k, v in figures.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self.log_figures(numbers)
-        for key, value in figures.items():
-            if isinstance(value, bool):
-                self.set_tag(f"{stage}.{key}", str(value).lower())
-            elif isinstance(value, str) and key not in _PATH_KEYS:
-                self.set_tag(f"{stage}.{key}", value)
+        texts = {f"{stage}.{k}": str(v).lower() if isinstance(v, bool) else v for k, v in figures.items()
+                 if isinstance(v, bool) or (isinstance(v, str) and k not in _PATH_KEYS)}
+        self.log_figures(numbers, tags=texts)
 
     def log_curve(self, key: str, points: Iterable[tuple[int, float]]) -> None:
         """A metric over steps (MLflow draws it as a curve)."""
@@ -127,8 +125,7 @@ class TrackedRun:
         for stage, spend in summary["stages"].items():
             values[f"privacy.{stage}.epsilon"] = spend["epsilon"]
             values[f"privacy.{stage}.delta"] = spend["delta"]
-        self.log_figures(values)
-        self.set_tag("privacy.accountant", summary["total"]["accountant"])
+        self.log_figures(values, tags={"privacy.accountant": summary["total"]["accountant"]})
         self.log_text(ledger.to_json(), "privacy/ledger.json")
 
     def log_data_input(self, *, data_version: str, source: str) -> None:
@@ -186,12 +183,13 @@ def log_batch(client: MlflowClient, run_id: str, *,
     rows = [m if isinstance(m, Metric) else Metric(m[0], float(m[1]), stamp, int(m[2])) for m in points]
     params_ = [Param(k, str(v)) for k, v in (params or {}).items()]
     tags_ = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-    for i in range(0, len(rows), _MAX_METRICS):
-        client.log_batch(run_id, metrics=rows[i:i + _MAX_METRICS])
-    for i in range(0, len(params_), _MAX_PARAMS):
-        client.log_batch(run_id, params=params_[i:i + _MAX_PARAMS])
-    for i in range(0, len(tags_), _MAX_TAGS):
-        client.log_batch(run_id, tags=tags_[i:i + _MAX_TAGS])
+    # all three kinds in each call (each call is a store transaction), as many as MLflow takes per call
+    while rows or params_ or tags_:
+        some_params, params_ = params_[:_MAX_PARAMS], params_[_MAX_PARAMS:]
+        some_tags, tags_ = tags_[:_MAX_TAGS], tags_[_MAX_TAGS:]
+        room = _MAX_ENTITIES - len(some_params) - len(some_tags)
+        some_rows, rows = rows[:room], rows[room:]
+        client.log_batch(run_id, metrics=some_rows, params=some_params, tags=some_tags)
 
 
 def log_dataset(client: MlflowClient, run_id: str, *, name: str, data_version: str, source: str) -> None:

@@ -7,6 +7,9 @@ refused at once and leaves no run state behind; then runs the flow and prints it
 from __future__ import annotations
 
 import argparse
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,18 +21,34 @@ if TYPE_CHECKING:  # types only: the flows import Prefect, MLflow and torch (sec
     from flows.federated import FederatedTextResult
     from flows.pipeline import RunResult
 
-__all__ = ["run", "federated"]
+__all__ = ["run", "federated", "importing"]
+
+
+@contextmanager
+def importing() -> Iterator[None]:
+    """Around a command's big imports (Prefect, MLflow, torch: millions of objects that live as long as the
+    process, and almost no garbage): no garbage collection while they run, and what they made frozen out of
+    every later one. Each full collection scans every object, and the heap's growth set one off at each
+    quarter it grew: 10 of them, 1.7 s of a default run (gc.callbacks), scanning the same modules again."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.freeze()
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks.recipe import load_run_params  # deferred: the data readers (torch, Prefect come later)
+    with importing():
+        from tasks.recipe import load_run_params  # deferred: the data readers (torch, Prefect come later)
 
     params = load_run_params(args.params)  # validate before Prefect starts anything; a recipe fitted where none is
-    # deferred until the params are known good: Prefect, MLflow and torch take seconds to import
-    from flows.cli.run_report import let_prefect_record
-    from flows.pipeline import pipeline, preflighted
-    from flows.prefect_api import flow_api
-    from tasks.privacy import budget
+    with importing():
+        # deferred until the params are known good: Prefect, MLflow and torch take seconds to import
+        from flows.cli.run_report import let_prefect_record
+        from flows.pipeline import pipeline, preflighted
+        from flows.prefect_api import flow_api
+        from tasks.privacy import budget
 
     # bad data, δ ≥ 1/n, an impossible partition, a model name that holds another dataset's versions: refused
     # before any run state exists. The flow takes these checks as its own, and its prepare stage the sets they
@@ -92,11 +111,12 @@ def federated(args: argparse.Namespace) -> int:
     client_level = not central and noise_mode(params.federated.noise).client_level
     budget.check_lifetime(params, budget.dataset_name(params, flow="federated-text"), what="federated text run",
                           private=central or params.federated.private, client_level=client_level)
-    # deferred until the input is known good and the budget allows the run: Prefect and MLflow take seconds
-    from flows.cli.run_report import let_prefect_record
-    from flows.federated import federated_text
-    from flows.prefect_api import flow_api
-    from tasks.tracking import ensure_models_of
+    with importing():
+        # deferred until the input is known good and the budget allows the run: Prefect and MLflow take seconds
+        from flows.cli.run_report import let_prefect_record
+        from flows.federated import federated_text
+        from flows.prefect_api import flow_api
+        from tasks.tracking import ensure_models_of
 
     # the text model's name holds no other corpus's versions: refused before any work
     ensure_models_of(params, budget.dataset_name(params, flow="federated-text"),

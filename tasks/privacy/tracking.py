@@ -76,13 +76,14 @@ def log_lifetime(run: TrackedRun, lifetime: LifetimeLedger) -> None:
     """The spend and what is left as metrics (compared across runs), budgets and counts as tags."""
     life = lifetime.summary()
     run.log_batch(metrics={"privacy.lifetime.epsilon": life["spent"],
-                           "privacy.lifetime.epsilon_remaining": life["left"]})
-    run.log_batch(tags={key: run_view.format_value(value) for key, value in {
-        "privacy.lifetime.delta": life["spent_delta"], "privacy.lifetime.epsilon_budget": life["budget"],
-        "privacy.lifetime.delta_budget": life["delta_budget"], "privacy.lifetime.delta_remaining": life["left_delta"],
-        "privacy.lifetime.runs": life["runs"], "privacy.lifetime.epsilon_reserved": life["reserved"],
-        "privacy.lifetime.runs_in_progress": life["in_progress"]}.items()})
-    run.set_tag("privacy.lifetime.composition", "basic (runs' ε and δ add up)")
+                           "privacy.lifetime.epsilon_remaining": life["left"]},
+                  tags={**{key: run_view.format_value(value) for key, value in {
+                      "privacy.lifetime.delta": life["spent_delta"], "privacy.lifetime.epsilon_budget": life["budget"],
+                      "privacy.lifetime.delta_budget": life["delta_budget"],
+                      "privacy.lifetime.delta_remaining": life["left_delta"], "privacy.lifetime.runs": life["runs"],
+                      "privacy.lifetime.epsilon_reserved": life["reserved"],
+                      "privacy.lifetime.runs_in_progress": life["in_progress"]}.items()},
+                        "privacy.lifetime.composition": "basic (runs' ε and δ add up)"})
     run.log_text(json.dumps(lifetime.to_dict(), indent=2), "privacy/lifetime.json")
     _figure(run, lifetime_figure(lifetime), "plots/lifetime_budget.png")
 

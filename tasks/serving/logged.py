@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import io
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -20,6 +22,7 @@ import pandas as pd
 import torch
 from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema
+from mlflow.utils import requirements_utils
 
 from privpipe.config.data_schema import ColumnSchema
 from privpipe.data.raw_input import ImageInput, RecordInput, VectorInput
@@ -27,7 +30,8 @@ from privpipe.serving import SERVED_FOLDER, ServedModel, output_columns
 
 LOADER_MODULE = "tasks.serving.loader"  # what an MLmodel's python_function flavour names
 
-__all__ = ["log_served", "served_signature", "schema_example", "export_graph", "served_requirements"]
+__all__ = ["log_served", "served_signature", "schema_example", "export_graph", "served_requirements",
+           "requirements_as_given"]
 
 
 def export_graph(network: torch.nn.Module, width: int) -> torch.export.ExportedProgram:
@@ -77,13 +81,32 @@ def served_requirements() -> list[str]:
     return [f"{name}=={version(name)}" for name in ("privpipe", "torch", "numpy", "pandas", "pillow")]
 
 
+@contextmanager
+def requirements_as_given() -> Iterator[None]:
+    """Around ``log_model`` with ``pip_requirements`` that name installed distributions: MLflow checks each
+    against the installed version, and first maps every installed distribution to its top-level modules
+    (``packages_distributions``: a scan of all of them, 1 s) for a fallback that
+    ``importlib.metadata.version`` makes unneeded for these. The map is left empty for the call (what MLflow
+    writes is the same), and unbuilt after it, so nothing else in the process sees it empty."""
+    if getattr(requirements_utils, "_MODULES_TO_PACKAGES", ...) is not None:  # built already, or an MLflow without it
+        yield
+        return
+    requirements_utils._MODULES_TO_PACKAGES = {}  # type: ignore[assignment]  # MLflow types it as its first value
+    try:
+        yield
+    finally:
+        requirements_utils._MODULES_TO_PACKAGES = requirements_utils._PACKAGES_TO_MODULES = None
+
+
 def log_served(network: torch.nn.Module, *, rule: RecordInput, classes: tuple[str, ...], width: int, name: str,
                tags: dict[str, str]) -> str:
     """Log the served model under ``name`` in the active run; its model URI."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / SERVED_FOLDER
         ServedModel.save(folder, rule=rule, classes=classes, program=export_graph(network, width))
-        info = mlflow.pyfunc.log_model(
-            name=name, loader_module=LOADER_MODULE, data_path=str(folder), signature=served_signature(rule, classes),
-            input_example=schema_example(rule), pip_requirements=served_requirements(), tags=tags)
+        with requirements_as_given():
+            info = mlflow.pyfunc.log_model(
+                name=name, loader_module=LOADER_MODULE, data_path=str(folder),
+                signature=served_signature(rule, classes), input_example=schema_example(rule),
+                pip_requirements=served_requirements(), tags=tags)
     return str(info.model_uri)

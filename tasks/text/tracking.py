@@ -15,6 +15,7 @@ from privpipe.config import Params
 from tasks.privacy import membership_audit
 from tasks.registered import RegisteredModel
 from tasks.release import register_logged_model
+from tasks.serving.logged import requirements_as_given
 from tasks.text.trained import DpSgdTextModel, TextModel
 from tasks.tracking import TrackedRun
 
@@ -37,7 +38,7 @@ def register_text_model(params: Params, run: TrackedRun, model: TextModel,
     else:
         tags = {"privacy.epsilon": "inf", "privacy.private": "false"}
     tags.update(membership_audit.version_tags(params, dict(model.privacy_audit)))
-    with mlflow.start_run(run_id=run.run_id):
+    with mlflow.start_run(run_id=run.run_id), requirements_as_given():  # installed distributions, named
         info = mlflow.pyfunc.log_model(
             # the code as a file, not a pickle: loading a version runs nothing that was not written here
             name="model", python_model=str(SERVED_MODEL_CODE),
