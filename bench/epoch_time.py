@@ -1,11 +1,14 @@
 """DP-SGD step time against a plain non-private torch loop, per model and engine, with peak memory.
 
     .venv/bin/python bench/epoch_time.py [--repeats 5] [--threads 1 2] [--hosts idle busy] [--engines bk bk+secure]
-                                         [--no-memory]    # → bench/out/dpsgd/epoch_time.json
-    # the published runs, stdout kept (the # lines atop each file written by hand); after the two older ones,
+                                         [--epochs 4] [--no-memory]    # → bench/out/dpsgd/epoch_time.json
+    # the published runs, stdout kept (the # lines atop each file written by hand); after the older ones,
     # `git checkout HEAD -- privpipe bench` restores this checkout:
-    .venv/bin/python bench/epoch_time.py --repeats 5 --threads 1 2 --hosts idle busy --engines bk bk+secure |
-        tee bench/out/dpsgd/epoch_time.txt                                      # the library at 17a79ba
+    .venv/bin/python bench/epoch_time.py --repeats 5 --threads 1 2 --hosts idle --engines bk bk+secure |
+        tee bench/out/dpsgd/epoch_time.txt                                      # issue 50's library
+    git checkout 17a79ba -- privpipe bench/epoch_time.py &&
+        .venv/bin/python bench/epoch_time.py --repeats 5 --threads 1 2 --hosts idle busy --engines bk bk+secure |
+        tee bench/out/dpsgd/epoch_time_issue37.txt   # (its JSON kept as epoch_time_issue37.json; 2 epochs, 2nd timed)
     git checkout 41a7db6 -- privpipe bench/epoch_time.py &&
         .venv/bin/python bench/epoch_time.py --repeats 5 --threads 1 2 | tee bench/out/dpsgd/epoch_time_before.txt
         # idle host, the library at 41a7db6; then the busy host, the same library, 0744223's script (--hosts):

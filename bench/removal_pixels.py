@@ -217,7 +217,8 @@ def _measure(args: argparse.Namespace) -> None:
              table_row("100 removals after the load, in retrains", figures["hundred_removals_in_retrains"], "{:.3f}"),
              table_row("100 removals + loading the reference, in retrains",
                  figures["hundred_with_reference_load_in_retrains"], "{:.3f}"),
-             table_row("100 removals + load_head, in retrains", figures["hundred_with_head_load_in_retrains"], "{:.3f}"),
+             table_row("100 removals + load_head, in retrains", figures["hundred_with_head_load_in_retrains"],
+                       "{:.3f}"),
              "", f"Training the head (L-BFGS, Newton steps) {training:.2f} s, preparing it (the reference: "
              f"Hessian, Gram, H₀⁻¹) {preparing:.2f} s, once: a head saved without its reference paid it again after "
              f"every load (100 removals with it: {figures['hundred_with_preparation_in_retrains']:.2f} retrains); its "
