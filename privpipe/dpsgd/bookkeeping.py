@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.grad import conv2d_weight
+from torch.nn.modules import module as torch_module
 
 from privpipe.dpsgd.layers import UnsupportedLayer, refuse_batch_mixing
 
@@ -430,19 +431,40 @@ def _check_supported(model: nn.Module) -> list[nn.Linear | nn.Conv2d]:
 
 def _input_fixed_per_record(model: nn.Module, first: nn.Module) -> bool:
     """Whether ``first`` (the model's first tapped layer) takes a fixed function of each record: ``model`` is a
-    Sequential (nested ones flattened) whose layers before it are all of the ``_FIXED_PER_RECORD`` kinds."""
+    plain Sequential (nested plain ones flattened; a subclass may override forward) whose layers before it are all
+    of the ``_FIXED_PER_RECORD`` kinds, and no forward hook, the model's, a layer's or a global one, may change
+    what reaches it."""
     def layers(module: nn.Module) -> Iterator[nn.Module]:
         for child in module.children():
-            yield from layers(child) if isinstance(child, nn.Sequential) else (child,)
+            yield child
+            if type(child) is nn.Sequential:
+                yield from layers(child)
 
-    if not isinstance(model, nn.Sequential):
-        return model is first
+    def hooked(module: nn.Module) -> bool:
+        return bool(module._forward_pre_hooks or module._forward_hooks)
+
+    if _global_module_hooks():
+        return False
+    if type(model) is not nn.Sequential:
+        return model is first and not hooked(model)
+    if hooked(model):
+        return False
     for layer in layers(model):
         if layer is first:
-            return True
-        if type(layer) not in _FIXED_PER_RECORD or any(p.requires_grad for p in layer.parameters()):
+            return not hooked(layer)
+        if type(layer) is nn.Sequential:
+            if hooked(layer):
+                return False
+            continue
+        if type(layer) not in _FIXED_PER_RECORD or hooked(layer) or any(p.requires_grad for p in layer.parameters()):
             return False
     return False
+
+
+def _global_module_hooks() -> bool:
+    """Whether forward hooks are registered for every module (torch.nn.modules.module.register_module_forward_hook
+    and its pre-hook; their registries are module-level dicts): they may change any layer's input."""
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
 
 
 class BookKeeping:

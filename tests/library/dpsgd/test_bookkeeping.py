@@ -269,6 +269,22 @@ def test_no_cache_where_the_first_layers_input_may_change_between_steps():
             return self.inner(x * 2)
 
     assert not _input_is_fixed(Wrapped())
+
+    class Noisy(nn.Sequential):  # a Sequential whose forward changes the input at every step
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x + torch.randn_like(x))
+
+    assert not _input_is_fixed(Noisy(*_scatter_like()))
+    for hooked in (0, 1, 2):  # a pre-hook on the model, on the GroupNorm in front, on the first convolution
+        model = _scatter_like()
+        (model if hooked == 0 else model[hooked]).register_forward_pre_hook(lambda m, args: args)
+        assert not _input_is_fixed(model)
+    handle = nn.modules.module.register_module_forward_hook(lambda m, args, out: out)
+    try:
+        assert not _input_is_fixed(_scatter_like())
+    finally:
+        handle.remove()
+    assert _input_is_fixed(nn.Sequential(nn.Sequential(*_scatter_like()[:2]), *_scatter_like()[2:]))  # nested
     assert BookKeeping(_scatter_like()).taps[0].cache is None
     assert BookKeeping(_mlp(), records=10).taps[0].cache is None  # a Linear first: no Gram matrices to keep
 
@@ -282,3 +298,38 @@ def test_a_batch_that_names_other_records_than_it_holds_is_refused():
         with pytest.raises(RuntimeError, match="names 3 records but holds 4"):
             taps.squared_norms()
     taps.close()
+
+
+def test_training_with_the_cache_takes_the_steps_of_training_without_it(monkeypatch: pytest.MonkeyPatch):
+    """Through train_dpsgd (Poisson lots smaller than the set, several epochs): the positions clipped_sum names
+    are the records' own, so the weights are those of a run that computes every Gram matrix afresh (up to the
+    float rounding of a Gram computed in another batch), and the cache did serve most batches."""
+    import numpy as np
+
+    from privpipe.dpsgd import DpSgdSettings, bookkeeping, train_dpsgd
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(120, 18 * 25)).astype(np.float32), rng.integers(0, 5, 120)
+    settings = DpSgdSettings(noise_multiplier=1.0, max_grad_norm=0.5, lot_size=20, epochs=4, learning_rate=0.2,
+                             momentum=0.9, grad_sample_mode="bk", secure_rng=False, seed=3)
+    computed: list[int] = []
+    compute = bookkeeping._Tap._patch_gram
+
+    def counted(self: bookkeeping._Tap, x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        if isinstance(self.module, nn.Conv2d) and self.module.in_channels == 18:  # the first layer's, not the second's
+            computed.append(len(x))
+        return compute(self, x, shape)
+
+    monkeypatch.setattr(bookkeeping._Tap, "_patch_gram", counted)
+    weights = []
+    for fixed in (bookkeeping._FIXED_PER_RECORD, ()):
+        monkeypatch.setattr(bookkeeping, "_FIXED_PER_RECORD", fixed)
+        computed.clear()
+        torch.manual_seed(0)
+        weights.append([p.detach().clone() for p in train_dpsgd(_scatter_like(), x, y, settings).model.parameters()])
+        grams = sum(computed)
+        if fixed:
+            cached_grams = grams
+    assert cached_grams <= 120 < grams  # each record's Gram at most once, against once per lot it was drawn in
+    for cached, fresh in zip(*weights):
+        assert torch.allclose(cached, fresh, rtol=0, atol=1e-5)
