@@ -21,7 +21,6 @@ version and model, and links to the MLflow run (which is tagged with the flow ru
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -36,6 +35,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import TaskRunner
 
 from flows.client_map import mapped_client_updates
+from flows.heap import settle_heap
 from flows.runner import describe_runner, mapping_runner
 from privpipe.config import Params, check_federated_use, check_pipeline_use
 from privpipe.data.partitioned import PartJob, PartMapper, PartResult
@@ -73,7 +73,7 @@ from tasks.registered import RegisteredModel
 from tasks.removal.head import head_task, run_head
 from tasks.removal.store import HeadVersion, head_model_name
 
-__all__ = ["pipeline", "privacy_markdown", "RunResult", "StageClock", "Preflight", "preflighted", "settle_heap"]
+__all__ = ["pipeline", "privacy_markdown", "RunResult", "StageClock", "Preflight", "preflighted"]
 
 
 INSECURE_RNG_WARNING = (
@@ -141,20 +141,10 @@ def privacy_markdown(ledger: Ledger, result: RunResult, *, mlflow_url: str | Non
     return "\n".join(lines)
 
 
-def settle_heap() -> None:
-    """In a command's process (its imports frozen out of garbage collection: flows.cli.flow_runs.importing), what a
-    stage leaves alive is frozen too, once its garbage is collected: the later stages' full collections scan
-    only what they make, not torch's compiler (imported by the first optimizer) or MLflow's model code again
-    (0.3 s of a default run). Elsewhere (a deployment's run, tests running flows in one process) nothing."""
-    if gc.get_freeze_count():
-        gc.collect()
-        gc.freeze()
-
-
 @dataclass
 class StageClock:
     """Wall seconds of each stage as the flow runs it (what the per-stage child runs record); None for a
-    stage whose time is withheld. Each stage ends with :func:`settle_heap`, on its clock."""
+    stage whose time is withheld. Each stage ends with :func:`flows.heap.settle_heap`, on its clock."""
 
     seconds: dict[str, float | None] = field(default_factory=dict)
 

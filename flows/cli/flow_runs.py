@@ -7,12 +7,10 @@ refused at once and leaves no run state behind; then runs the flow and prints it
 from __future__ import annotations
 
 import argparse
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flows.heap import command, importing
 from privpipe.config import Params, check_federated_use, check_text_use, load_params
 from privpipe.data import DataError
 from tasks.paths import for_params
@@ -21,24 +19,15 @@ if TYPE_CHECKING:  # types only: the flows import Prefect, MLflow and torch (sec
     from flows.federated import FederatedTextResult
     from flows.pipeline import RunResult
 
-__all__ = ["run", "federated", "importing"]
-
-
-@contextmanager
-def importing() -> Iterator[None]:
-    """Around a command's big imports (Prefect, MLflow, torch: millions of objects that live as long as the
-    process, and almost no garbage): no garbage collection while they run, and what they made frozen out of
-    every later one. Each full collection scans every object, and the heap's growth set one off at each
-    quarter it grew: 10 of them, 1.7 s of a default run (gc.callbacks), scanning the same modules again."""
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-        gc.freeze()
+__all__ = ["run", "federated"]
 
 
 def run(args: argparse.Namespace) -> int:
+    with command():  # garbage collection kept off the big imports and settled per stage (flows.heap)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     with importing():
         from tasks.recipe import load_run_params  # deferred: the data readers (torch, Prefect come later)
 
@@ -94,6 +83,11 @@ def _report_run(params: Params, result: RunResult) -> None:
 
 
 def federated(args: argparse.Namespace) -> int:
+    with command():  # (as run)
+        return _federated(args)
+
+
+def _federated(args: argparse.Namespace) -> int:
     params = load_params(args.params)  # validate before Prefect starts anything
     central = params.text.training == "dpsgd"  # central DP-SGD: the federated section is not used
     if not central:

@@ -122,34 +122,45 @@ def test_a_served_models_requirements_are_logged_as_given(tmp_path: Path, monkey
 
 
 def test_the_commands_imports_run_uncollected_and_are_frozen_after():
-    from flows.cli.flow_runs import importing
+    from flows.heap import command, importing
 
-    frozen = gc.get_freeze_count()
-    try:
+    assert gc.get_freeze_count() == 0
+    with command():
         with importing():
             assert not gc.isenabled()
             kept = [[] for _ in range(1000)]  # made during the imports: frozen after them
-        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(kept)
+        assert gc.isenabled() and gc.get_freeze_count() >= len(kept)
         with pytest.raises(ImportError), importing():
             raise ImportError("a failed import")
         assert gc.isenabled()  # collection comes back whatever happened
+    assert gc.get_freeze_count() == 0  # the command ended: the process's collector as it was
+    gc.disable()
+    try:
+        with importing():  # outside a command: paused only, and left as it was found
+            pass
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
     finally:
-        gc.unfreeze()
+        gc.enable()
 
 
 class _Node:
     other: object = None
 
 
-def test_a_stage_settles_the_heap_only_in_a_commands_process():
+def test_a_stage_settles_the_heap_only_inside_a_command():
+    from flows.heap import command
     from flows.pipeline import StageClock
 
-    gc.unfreeze()
     clock = StageClock()
-    with clock.timed("prepare"):
-        pass
-    assert gc.get_freeze_count() == 0  # a deployment's run, a test's: the collector as Python has it
+    gc.freeze()  # something else in the process froze objects: no command, so nothing is settled
     try:
+        outside = gc.get_freeze_count()
+        with clock.timed("prepare"):
+            kept_outside = [[] for _ in range(100)]
+        assert gc.get_freeze_count() == outside and kept_outside
+    finally:
+        gc.unfreeze()
+    with command():
         gc.freeze()  # as `privpipe run` does after its imports
         frozen = gc.get_freeze_count()
         with clock.timed("dp_pca"):
@@ -160,6 +171,5 @@ def test_a_stage_settles_the_heap_only_in_a_commands_process():
             kept = [[] for _ in range(1000)]  # alive after the stage: frozen
         assert dead() is None
         assert gc.get_freeze_count() >= frozen + len(kept)
-        assert set(clock.seconds) == {"prepare", "dp_pca"}
-    finally:
-        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    assert set(clock.seconds) == {"prepare", "dp_pca"}
