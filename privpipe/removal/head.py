@@ -266,7 +266,7 @@ class RemovableHead:
         """The Newton update removing rows ``new``, applied if its bound fits the budget: (the certificate
         that fitted, the joint bound), or (None, the bound it would have had) with nothing changed."""
         ref = self._reference()
-        Xr = np.concatenate([ref.removed_X, self.X[new]])
+        Xr = np.concatenate([ref.removed_X, self.X[new]]).astype(np.float64, copy=False)  # (float32 rows: see X)
         curv = np.concatenate([ref.removed_curvature, ref.curvature[:, new]], axis=1)
         slopes = self._loss_slopes(new)
         delta = ref.delta + slopes @ self.X[new]
@@ -481,7 +481,7 @@ class RemovableHead:
             columns = self._woodbury_columns(ref, removed, self._loss_slopes(removed))
             ref.kept = None if columns is None else len(removed)
         ref.removed, ref.delta = removed, self._loss_gradients(removed)
-        ref.removed_X, ref.removed_curvature = self.X[removed], ref.curvature[:, removed]
+        ref.removed_X, ref.removed_curvature = self.X[removed].astype(np.float64), ref.curvature[:, removed]
 
     def _build_reference(self, hessians: Floats | None = None) -> _Reference:
         rows = self.ref_active
@@ -561,8 +561,9 @@ class RemovableHead:
         # a state from before the reference point: its W minimised λ·n_now/2 ‖w‖² up to ``used``, so it is
         # its own reference with that Λ
         reg = float(settings.reg if settings.reg is not None else float(settings.lam) * int(active.sum()))
-        # rows saved as float32 stay so (half the memory, no conversion on load): numpy takes them to float64 in
-        # every product with the float64 weights and matrices, so each result is the one float64 rows would give
+        # rows saved as float32 stay so (half the memory, no conversion on load): the rows a computation takes are
+        # converted to float64 first (exactly: they were float32 values), or meet float64 weights and matrices
+        # in a product, which numpy computes in float64
         X = np.asarray(arrays["X"])
         return cls(X=X if X.dtype in (np.float32, np.float64) else X.astype(np.float64), y=np.asarray(arrays["y"]),
                    classes=settings.classes, lam=float(settings.lam), reg=reg, guarantee=settings.guarantee, W=W,
