@@ -83,11 +83,12 @@ def test_the_privacy_summary_and_its_accountant_are_one_call(monkeypatch: pytest
     assert texts == ["privacy/ledger.json"]
 
 
-def test_the_requirements_mlflow_writes_are_the_same_without_its_module_map():
+def test_the_requirements_mlflow_writes_are_the_same_without_its_module_map(monkeypatch: pytest.MonkeyPatch):
     """MLflow's requirement check maps every installed distribution first (a second); served_requirements()
     name installed distributions, which need no map: what MLflow makes of them is the same either way."""
-    if requirements_utils._MODULES_TO_PACKAGES is not None:
-        pytest.skip("MLflow's map was built earlier in this session")
+    # as in a fresh process (an earlier test may have built the map): put back as found when the test ends
+    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)
+    monkeypatch.setattr(requirements_utils, "_PACKAGES_TO_MODULES", None)
     with requirements_as_given():
         assert requirements_utils._MODULES_TO_PACKAGES == {}
         without_map = environment._process_pip_requirements([], pip_requirements=served_requirements())
