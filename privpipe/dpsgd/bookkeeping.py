@@ -109,10 +109,10 @@ class _GramCache:
 class _Tap:
     """One Linear or Conv2d layer: its op, its input gradient, and what the backward left behind."""
 
-    def __init__(self, module: nn.Linear | nn.Conv2d) -> None:
+    def __init__(self, module: nn.Linear | nn.Conv2d, scratch: _Scratch | None = None) -> None:
         self.module = module
         self.record: _Record | None = None
-        self.scratch = _Scratch()  # where its patches are copied (BookKeeping shares one among its layers)
+        self.scratch = scratch or _Scratch()  # where its patches are copied (BookKeeping shares one among its layers)
         # its patch Gram matrices by record, where its input is a fixed function of the record
         self.cache: _GramCache | None = None
         self.positions: torch.Tensor | None = None  # the batch's records, within ``BookKeeping.batch``
@@ -474,8 +474,10 @@ class BookKeeping:
 
     def __init__(self, model: nn.Module, *, records: int | None = None) -> None:
         layers = _check_supported(model)
-        self.taps = [_Tap(layer) for layer in layers]
-        self._share_scratch()
+        # one patch buffer for all layers: each layer's patches are used up (by its per-example product) before the
+        # next layer's are copied, so the buffer need only fit the largest, not the sum
+        self._scratch = _Scratch()
+        self.taps = [_Tap(layer, self._scratch) for layer in layers]
         if records is not None and layers and isinstance(layers[0], nn.Conv2d) \
                 and _input_fixed_per_record(model, layers[0]):
             self.taps[0].cache = _GramCache(records)
@@ -489,13 +491,6 @@ class BookKeeping:
             out: torch.Tensor = _TappedOp.apply(x, tap.module.weight, tap.module.bias, tap)  # (apply: Any)
             return out
         return forward
-
-    def _share_scratch(self) -> None:
-        """One patch buffer for all layers: each layer's patches are used up (by its per-example product) before
-        the next layer's are copied, so the buffer need only fit the largest, not the sum."""
-        shared = _Scratch()
-        for tap in self.taps:
-            tap.scratch = shared
 
     @contextmanager
     def batch(self, positions: torch.Tensor) -> Iterator[None]:
@@ -526,7 +521,7 @@ class BookKeeping:
             if "forward" in vars(tap.module):
                 del tap.module.forward
             tap.record, tap.cache = None, None
-        self._share_scratch()  # (the buffer let go)
+        self._scratch.buffer = None
         for p in self.parameters:
             if hasattr(p, "summed_grad"):
                 del p.summed_grad
