@@ -109,20 +109,11 @@ def queue_request(folder: Path, record_id: str = "digits-0001") -> None:
 def write_head(folder: Path, *, truncate: bool = False) -> None:
     """A small trained head in artifacts/digits/head (rows = the first digits ids); ``truncate``: its state.npz
     cut in half, as a full disk or a killed copy leaves it."""
-    from privpipe.privacy import NoiseSource
-    from privpipe.removal import HeadMeta, RemovableHead, RemovalGuarantee
+    from small_heads import save_small_head, small_head
     from tasks.identity import MadeFrom, stamp
-    from tasks.removal.store import save_head
 
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(40, 4))
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    head = RemovableHead.train(X, np.arange(40) % 10, classes=10, lam=1e-2, noise=NoiseSource(seed=0, secure=False),
-                               guarantee=RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0))
     target = folder / "artifacts/digits/head"
-    target.mkdir(parents=True, exist_ok=True)
-    save_head(target, head, ids=np.array([f"digits-{i:04d}" for i in range(40)]),
-              meta=HeadMeta(features="raw", model_dir="", input_dim=4, classes=10, head=head.settings()))
+    save_small_head(target, small_head(40, 4, 10), ids=np.array([f"digits-{i:04d}" for i in range(40)]))
     stamp(target, MadeFrom(dataset="digits", source="data/raw/digits.csv", data_version="test"))
     if truncate:
         state = target / "state.npz"

@@ -74,20 +74,13 @@ def test_prepared_sets_are_private(tmp_path: Path) -> None:
 
 def test_head_state_and_ids_are_private(tmp_path: Path) -> None:
     """artifacts/digits/head/state.npz (the rows' features) and ids.npy were mode 0644."""
-    from privpipe.privacy import NoiseSource
-    from privpipe.removal import HeadMeta, RemovableHead, RemovalGuarantee
-    from tasks.removal.store import load_head, save_head
+    from small_heads import save_small_head, small_head
+    from tasks.removal.store import load_head
 
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(20, 3))
-    X /= np.linalg.norm(X, axis=1, keepdims=True)
-    head = RemovableHead.train(X, np.arange(20) % 2, classes=2, lam=1e-2, noise=NoiseSource(seed=0, secure=False),
-                               guarantee=RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0))
+    head = small_head(20, 3, 2)
     folder = tmp_path / "head"
-    folder.mkdir()
     ids = np.array([f"r-{i}" for i in range(20)])
-    save_head(folder, head, ids=ids, meta=HeadMeta(features="raw", model_dir="", input_dim=3, classes=2,
-                                                   head=head.settings()))
+    save_small_head(folder, head, ids)
     assert mode(folder / "state.npz") == 0o600 and mode(folder / "ids.npy") == 0o600
     assert mode(folder / "reference.npz") == 0o600  # H₀⁻¹ and G₀ are made of the rows too
     again, read_ids, _ = load_head(folder)

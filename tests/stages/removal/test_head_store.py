@@ -10,19 +10,14 @@ import numpy as np
 import pytest
 
 from privpipe.privacy import NoiseSource
-from privpipe.removal import HeadMeta, RemovableHead, RemovalGuarantee
-from tasks.removal.store import REFERENCE_FILE, forget_removed, load_head, save_head
+from privpipe.removal import RemovableHead
+from small_heads import save_small_head, small_head
+from tasks.removal.store import REFERENCE_FILE, forget_removed, load_head
 
 
 def _saved_head(folder: Path) -> RemovableHead:
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(60, 4))
-    X = (X / (1.0 + 1e-6) / np.linalg.norm(X, axis=1, keepdims=True)).astype(np.float32).astype(np.float64)  # (stored)
-    head = RemovableHead.train(X, np.arange(60) % 3, classes=3, lam=1e-2, noise=NoiseSource(seed=0, secure=False),
-                               guarantee=RemovalGuarantee(epsilon=1.0, delta=1e-4, sigma=1.0))
-    folder.mkdir()
-    save_head(folder, head, ids=np.array([f"r-{i}" for i in range(60)]),
-              meta=HeadMeta(features="raw", model_dir="", input_dim=4, classes=3, head=head.settings()))
+    head = small_head(60, 4, 3)
+    save_small_head(folder, head, np.array([f"r-{i}" for i in range(60)]))
     return head
 
 
@@ -44,9 +39,7 @@ def test_a_loaded_head_removes_from_its_saved_reference_as_the_head_that_was_sav
     del loaded._build_reference  # (the class's again)
     # what a removal run saves: the reference moved to the new weights, over the rows left, nothing of row 7
     ids = forget_removed(loaded, ids, _Queue())  # type: ignore[arg-type]  # (the one method it calls)
-    (tmp_path / "next").mkdir()
-    save_head(tmp_path / "next", loaded, ids=ids, meta=HeadMeta(features="raw", model_dir="", input_dim=4, classes=3,
-                                                                head=loaded.settings()))
+    save_small_head(tmp_path / "next", loaded, ids)
     with np.load(tmp_path / "next" / REFERENCE_FILE) as saved:
         assert not saved["over"][7] and not saved["curvature"][:, 7].any()
         np.testing.assert_array_equal(saved["at_W"], loaded.W)
